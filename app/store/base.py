@@ -1,0 +1,119 @@
+"""The store interface: client keys and usage records, shared by every replica.
+
+Implementations are synchronous and are called from worker threads (the usage
+writer thread, `asyncio.to_thread` for key look-ups, the CLI), never on the
+event loop.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from typing import Literal, Protocol, Sequence
+
+GroupBy = Literal["key", "team", "model", "day"]
+GROUP_BYS: tuple[GroupBy, ...] = ("key", "team", "model", "day")
+
+OUTCOMES = ("ok", "rejected", "upstream_error", "client_disconnected", "upstream_failed")
+
+
+@dataclass(frozen=True, slots=True)
+class UsageRecord:
+    """One request that reached the handler. `record_id` makes inserts idempotent."""
+
+    record_id: str
+    ts: float  # unix seconds (UTC) when the request arrived
+    request_id: str
+    key_id: str
+    key_name: str
+    team: str
+    model: str
+    route: str
+    stream: bool
+    outcome: str
+    rule_code: str | None = None
+    upstream_status: int | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    prompt_cache_hit_tokens: int = 0
+    prompt_cache_miss_tokens: int = 0
+    reasoning_tokens: int = 0
+    cost_picousd: int = 0  # 1e-12 USD, integer so sums are exact
+    latency_ms: float = 0.0
+    ttfb_ms: float | None = None
+    tokens_exact: bool = True
+
+    @property
+    def day(self) -> str:
+        return dt.datetime.fromtimestamp(self.ts, dt.timezone.utc).strftime("%Y-%m-%d")
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKey:
+    key_id: str
+    name: str
+    team: str
+    prefix: str  # first characters of the secret, for people to recognise it
+    created_at: float
+    revoked_at: float | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.revoked_at is None
+
+
+@dataclass(frozen=True, slots=True)
+class ReportQuery:
+    group_by: GroupBy
+    since: float | None = None  # unix seconds, inclusive
+    until: float | None = None  # unix seconds, exclusive
+
+
+COUNTERS = (
+    "requests",
+    "rejected",
+    "prompt_tokens",
+    "completion_tokens",
+    "prompt_cache_hit_tokens",
+    "prompt_cache_miss_tokens",
+    "reasoning_tokens",
+    "cost_picousd",
+    "estimated_requests",
+)
+
+
+@dataclass(slots=True)
+class ReportRow:
+    group: dict[str, str]  # key: key_id, key_name, team; team: team; model: model; day: day
+    counters: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0))
+
+
+class StoreError(Exception):
+    """The store could not be reached or refused the operation."""
+
+
+class Store(Protocol):
+    url: str
+
+    def migrate(self) -> None:
+        """Create or upgrade the schema (versioned); safe to run concurrently from replicas."""
+
+    def ping(self) -> None:
+        """Raise StoreError unless the store is reachable and writable."""
+
+    def insert_usage(self, records: Sequence[UsageRecord]) -> None:
+        """Insert records in one transaction; a record_id already stored is skipped."""
+
+    def usage_report(self, query: ReportQuery) -> list[ReportRow]:
+        """Aggregated counters per group, ordered by group."""
+
+    def create_key(self, key_id: str, key_hash: str, prefix: str, team: str, name: str) -> ApiKey: ...
+
+    def list_keys(self) -> list[ApiKey]: ...
+
+    def revoke_key(self, key_id: str) -> bool:
+        """True when the key existed and was active."""
+
+    def find_key(self, key_hash: str) -> ApiKey | None: ...
+
+    def close(self) -> None: ...
