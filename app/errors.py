@@ -1,0 +1,79 @@
+"""The one error type chatgate produces, and its one rendering in the OpenAI shape."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+INVALID_REQUEST = "invalid_request_error"
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One thing wrong with a request: a stable rule `code`, the exact `param` path, a message saying how to fix it."""
+
+    code: str
+    param: str | None
+    message: str
+    rule: str | None = None  # checklist number from deepseek-api.md §11, e.g. "R16"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"code": self.code, "param": self.param, "message": self.message, "rule": self.rule}
+
+
+@dataclass(slots=True)
+class APIError(Exception):
+    """An error answered by chatgate itself (never forwarded from DeepSeek)."""
+
+    status: int
+    message: str
+    type: str = INVALID_REQUEST
+    param: str | None = None
+    code: str | None = None
+    problems: list[Problem] = field(default_factory=list)
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        return self.message
+
+    @classmethod
+    def from_problems(cls, problems: list[Problem]) -> APIError:
+        first = problems[0]
+        message = first.message
+        if len(problems) > 1:
+            message += f" ({len(problems) - 1} more problem(s) listed in error.problems)"
+        return cls(400, message, INVALID_REQUEST, first.param, first.code, list(problems))
+
+    def body(self) -> dict[str, Any]:
+        error: dict[str, Any] = {
+            "message": self.message,
+            "type": self.type,
+            "param": self.param,
+            "code": self.code,
+        }
+        if self.problems:
+            error["problems"] = [p.as_dict() for p in self.problems]
+        return {"error": error}
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(self.body())
+
+
+def not_found(path: str) -> APIError:
+    return APIError(404, f"Unknown route: {path}. chatgate serves /v1/chat/completions and /v1/models.",
+                    "invalid_request_error", None, "not_found")
+
+
+def unauthorized(message: str) -> APIError:
+    return APIError(401, message, "authentication_error", None, "invalid_api_key",
+                    headers={"www-authenticate": "Bearer"})
+
+
+def bad_gateway(message: str, code: str = "upstream_unreachable") -> APIError:
+    return APIError(502, message, "upstream_error", None, code)
+
+
+def gateway_timeout(message: str) -> APIError:
+    return APIError(504, message, "upstream_error", None, "upstream_timeout")
