@@ -8,8 +8,9 @@ event loop.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, Sequence
+from typing import Literal, Protocol
 
 GroupBy = Literal["key", "team", "model", "day"]
 GROUP_BYS: tuple[GroupBy, ...] = ("key", "team", "model", "day")
@@ -45,7 +46,7 @@ class UsageRecord:
 
     @property
     def day(self) -> str:
-        return dt.datetime.fromtimestamp(self.ts, dt.timezone.utc).strftime("%Y-%m-%d")
+        return dt.datetime.fromtimestamp(self.ts, dt.UTC).strftime("%Y-%m-%d")
 
 
 @dataclass(frozen=True, slots=True)

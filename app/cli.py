@@ -1,0 +1,245 @@
+"""`chatgate serve | keys | usage | config check | lint`."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from app import __version__
+from app.settings import ConfigError, LoadedSettings, effective, load_settings
+
+FLAGS_ENV = "_CHATGATE_SERVE_FLAGS"  # how `serve` hands its flags to uvicorn's worker processes
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        result: int = args.func(args)
+    except ConfigError as exc:
+        print(f"chatgate: config error: {exc}", file=sys.stderr)
+        return 2
+    return result
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="chatgate", description="Validating, metering proxy for DeepSeek.")
+    parser.add_argument("--version", action="version", version=f"chatgate {__version__}")
+    sub = parser.add_subparsers(metavar="COMMAND")
+
+    serve = sub.add_parser("serve", help="run the proxy", description="Run the proxy (OpenAI-compatible).")
+    _config_arg(serve)
+    serve.add_argument("--host", help="bind address (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port (default 8787)")
+    serve.add_argument("--workers", type=int, help="worker processes (default 1)")
+    serve.add_argument("--upstream", help="DeepSeek base URL (default https://api.deepseek.com)")
+    serve.add_argument("--auth", choices=["passthrough", "managed"], help="client key mode")
+    _store_arg(serve)
+    serve.set_defaults(func=cmd_serve)
+
+    keys = sub.add_parser("keys", help="manage client keys (managed mode)", description="Manage client keys.")
+    keys_sub = keys.add_subparsers(metavar="ACTION")
+    create = keys_sub.add_parser("create", help="create a key; prints it once", description="Create a key.")
+    create.add_argument("--team", required=True)
+    create.add_argument("--name", required=True)
+    listing = keys_sub.add_parser("list", help="list keys", description="List keys (never the secrets).")
+    revoke = keys_sub.add_parser("revoke", help="revoke a key", description="Revoke a key by id.")
+    revoke.add_argument("key_id")
+    for p, func in ((create, cmd_keys_create), (listing, cmd_keys_list), (revoke, cmd_keys_revoke)):
+        _config_arg(p)
+        _store_arg(p)
+        p.set_defaults(func=func)
+
+    usage = sub.add_parser("usage", help="usage report", description="Token usage and cost, grouped.")
+    usage.add_argument("--by", choices=["key", "team", "model", "day"], default="team")
+    usage.add_argument("--since", help="from this date/datetime (UTC), inclusive")
+    usage.add_argument("--until", help="to this date/datetime (UTC), exclusive")
+    usage.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    _config_arg(usage)
+    _store_arg(usage)
+    usage.set_defaults(func=cmd_usage)
+
+    config = sub.add_parser("config", help="configuration tools", description="Configuration tools.")
+    config_sub = config.add_subparsers(metavar="ACTION")
+    check = config_sub.add_parser("check", help="print the effective configuration and where each value "
+                                  "comes from", description="Print the effective configuration.")
+    _config_arg(check)
+    check.set_defaults(func=cmd_config_check)
+
+    lint = sub.add_parser("lint", help="check request bodies offline",
+                          description="Check chat-completions request bodies without any network: a JSON "
+                          "body, a JSONL file of bodies, or an OpenAI batch-input file.")
+    lint.add_argument("files", nargs="+", metavar="FILE")
+    lint.add_argument("--format", choices=["text", "json"], default="text")
+    lint.add_argument("--beta", action="store_true", help="check as if sent to /beta")
+    _config_arg(lint)
+    lint.set_defaults(func=cmd_lint)
+    return parser
+
+
+def _config_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="config file (TOML); default $CHATGATE_CONFIG")
+
+
+def _store_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--store", help="sqlite:///path.db, postgresql://user@host:port/db, or none")
+
+
+def _flags(args: argparse.Namespace) -> dict[str, Any]:
+    names = {"host": "server.host", "port": "server.port", "workers": "server.workers",
+             "upstream": "upstream.base_url", "auth": "auth.mode", "store": "store.url"}
+    return {dotted: getattr(args, name, None) for name, dotted in names.items()}
+
+
+def _load(args: argparse.Namespace) -> LoadedSettings:
+    return load_settings(getattr(args, "config", None), os.environ, _flags(args))
+
+
+# --- serve ----------------------------------------------------------------------------
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    loaded = _load(args)  # fail here, once, with exit code 2
+    s = loaded.settings.server
+    os.environ[FLAGS_ENV] = json.dumps({"config": loaded.config_path, "flags": _flags(args)})
+    _configure_logging()
+    uvicorn.run("app.cli:app_from_env", factory=True, host=s.host, port=s.port, workers=s.workers,
+                loop="uvloop", http="httptools", lifespan="on", access_log=False, server_header=False,
+                timeout_graceful_shutdown=int(s.shutdown_grace_seconds) or None, backlog=4096,
+                log_config=None, timeout_keep_alive=30)
+    return 0
+
+
+def app_from_env() -> Any:
+    """uvicorn's factory, also in worker processes: the same sources, loaded again."""
+    from app.app import create_app
+
+    spec = json.loads(os.environ.get(FLAGS_ENV, "{}"))
+    loaded = load_settings(spec.get("config"), os.environ, spec.get("flags") or {})
+    _configure_logging()
+    return create_app(loaded.settings)
+
+
+def _configure_logging() -> None:
+    import logging
+
+    if logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+
+
+# --- keys -------------------------------------------------------------------------------
+
+
+def _store(args: argparse.Namespace) -> Any:
+    from app.store import open_store
+
+    loaded = _load(args)
+    if not loaded.settings.store.enabled:
+        raise ConfigError("store.url: metering and keys need a store, got none")
+    store = open_store(loaded.settings.store.url)
+    store.migrate()
+    return store, loaded
+
+
+def cmd_keys_create(args: argparse.Namespace) -> int:
+    from app.auth import new_key
+
+    store, _ = _store(args)
+    key_id, secret, digest, prefix = new_key()
+    key = store.create_key(key_id, digest, prefix, args.team, args.name)
+    print(f"created key {key.key_id} (team {key.team}, name {key.name}); it is shown once, store it now:")
+    print(secret)
+    store.close()
+    return 0
+
+
+def cmd_keys_list(args: argparse.Namespace) -> int:
+    store, _ = _store(args)
+    rows = [("key_id", "name", "team", "prefix", "created", "revoked")]
+    for key in store.list_keys():
+        rows.append((key.key_id, key.name, key.team, key.prefix + "…", _when(key.created_at),
+                     _when(key.revoked_at) if key.revoked_at else ""))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    store.close()
+    return 0
+
+
+def cmd_keys_revoke(args: argparse.Namespace) -> int:
+    store, _ = _store(args)
+    done = store.revoke_key(args.key_id)
+    store.close()
+    if not done:
+        print(f"chatgate: no active key {args.key_id}", file=sys.stderr)
+        return 1
+    print(f"revoked {args.key_id}")
+    return 0
+
+
+def _when(ts: float | None) -> str:
+    return dt.datetime.fromtimestamp(ts or 0, dt.UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+# --- usage ----------------------------------------------------------------------------------
+
+
+def cmd_usage(args: argparse.Namespace) -> int:
+    from app.recorder import replay_spools
+    from app.reports import ReportError, build_report, make_query, render_csv, render_table
+
+    store, loaded = _store(args)
+    try:
+        query = make_query(args.by, args.since, args.until)
+    except ReportError as exc:
+        print(f"chatgate: {exc}", file=sys.stderr)
+        return 2
+    replay_spools(store, loaded.settings.store.spool_dir)
+    report = build_report(store, query)
+    store.close()
+    if args.format == "json":
+        print(json.dumps(report))
+    elif args.format == "csv":
+        sys.stdout.write(render_csv(report))
+    else:
+        sys.stdout.write(render_table(report))
+    return 0
+
+
+# --- config ----------------------------------------------------------------------------------
+
+
+def cmd_config_check(args: argparse.Namespace) -> int:
+    loaded = load_settings(args.config, os.environ, {})
+    print(f"# config file: {loaded.config_path or '(none)'}")
+    rows = effective(loaded)
+    width = max(len(r[0]) for r in rows)
+    for dotted, value, source in rows:
+        print(f"{dotted.ljust(width)}  = {value}  [{source}]")
+    print("# configuration is valid")
+    return 0
+
+
+# --- lint ---------------------------------------------------------------------------------------
+
+
+def cmd_lint(args: argparse.Namespace) -> int:
+    from app.lint import run_lint
+
+    loaded = load_settings(args.config, os.environ, {})
+    return run_lint(args.files, loaded.settings.policy(), fmt=args.format, beta=args.beta)

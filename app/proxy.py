@@ -1,0 +1,291 @@
+"""The chat-completions handler: authenticate, read, validate, forward, meter.
+
+Data flow: `Gateway.chat` -> `validate.check_body` -> `Upstream.send` -> (non-streaming) read the body and
+meter its `usage`, or (streaming) hand the upstream response to `relay.SSERelay`. Every request that reaches
+the handler ends in exactly one call to `Gateway.finish`, which writes the usage record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx2
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+
+from app.auth import Authenticator, Identity
+from app.errors import APIError, bad_gateway
+from app.metrics import Metrics
+from app.pricing import cost_picousd
+from app.recorder import Recorder
+from app.relay import SSERelay
+from app.settings import Settings
+from app.store.base import UsageRecord
+from app.tokens import count_text, prompt_text
+from app.upstream import Upstream, forward_headers, map_transport_error, response_headers
+from app.usage import StreamMeter, TokenCounts, usage_from_body
+from app.validate import Checked, Policy, check_body
+
+log = logging.getLogger("chatgate.access")
+
+JSON = "application/json"
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    label: str
+    upstream_path: str
+    beta: bool = False
+
+
+CHAT_ROUTES = {
+    "/v1/chat/completions": Route("/v1/chat/completions", "/chat/completions"),
+    "/chat/completions": Route("/chat/completions", "/chat/completions"),
+    "/beta/chat/completions": Route("/beta/chat/completions", "/beta/chat/completions", beta=True),
+    "/v1/beta/chat/completions": Route("/beta/chat/completions", "/beta/chat/completions", beta=True),
+}
+
+
+@dataclass(slots=True)
+class Exchange:
+    """One request through the gateway, from arrival to its usage record."""
+
+    route: Route
+    request_id: str
+    identity: Identity
+    ts: float = field(default_factory=time.time)
+    t0: float = field(default_factory=time.perf_counter)
+    body: bytes = b""
+    model: str = "unknown"
+    stream: bool = False
+    ttfb_ms: float | None = None
+    finished: bool = False
+
+    def mark_first_byte(self) -> None:
+        if self.ttfb_ms is None:
+            self.ttfb_ms = (time.perf_counter() - self.t0) * 1000
+
+
+def json_response(status: int, content: Any, headers: dict[str, str] | None = None) -> Response:
+    return Response(orjson.dumps(content), status, headers=headers, media_type=JSON)
+
+
+def error_response(error: APIError, request_id: str | None = None) -> Response:
+    headers = dict(error.headers)
+    if request_id:
+        headers["x-request-id"] = request_id
+    return Response(error.to_json(), error.status, headers=headers, media_type=JSON)
+
+
+def request_id_of(request: Request) -> str:
+    rid = request.headers.get("x-request-id", "")
+    return rid if 0 < len(rid) <= 200 and rid.isprintable() else uuid.uuid4().hex
+
+
+class Gateway:
+    def __init__(self, settings: Settings, upstream: Upstream, recorder: Recorder | None,
+                 auth: Authenticator, metrics: Metrics) -> None:
+        self.settings = settings
+        self.policy: Policy = settings.policy()
+        self.profiles = dict(self.policy.profiles)
+        self.upstream = upstream
+        self.recorder = recorder
+        self.auth = auth
+        self.metrics = metrics
+        self.background: set[asyncio.Task[None]] = set()
+
+    # --- entry points ---------------------------------------------------------------
+
+    async def chat(self, request: Request) -> Response:
+        route = CHAT_ROUTES[request.url.path]
+        request_id = request_id_of(request)
+        try:
+            identity = await self.auth.identify(request.headers.get("authorization"))
+            body = await read_json_body(request, self.settings.limits.max_body_bytes)
+        except APIError as error:
+            self.metrics.observe_status(route.label, error.status)
+            return error_response(error, request_id)
+        ex = Exchange(route, request_id, identity, body=body)
+        checked = self._check(ex)
+        if checked is not None and checked.problems:
+            return self._reject(ex, APIError.from_problems(checked.problems))
+        try:
+            return await self._forward(ex, request)
+        except APIError as error:
+            self.finish(ex, "upstream_failed", error.status, upstream_status=None)
+            return error_response(error, request_id)
+
+    async def validate_only(self, request: Request) -> Response:
+        route = Route(request.url.path, "", beta=request.url.path.startswith("/beta"))
+        try:
+            body = await read_json_body(request, self.settings.limits.max_body_bytes)
+        except APIError as error:
+            return error_response(error)
+        checked = check_body(body, self.policy, beta=route.beta)
+        if checked.problems:
+            return error_response(APIError.from_problems(checked.problems))
+        return json_response(200, {"valid": True, "model": checked.request.model if checked.request else None})
+
+    # --- steps -----------------------------------------------------------------------
+
+    def _check(self, ex: Exchange) -> Checked | None:
+        if not self.settings.validation.enabled:
+            hint = _peek(ex.body)
+            ex.model, ex.stream = str(hint.get("model", "unknown"))[:200], hint.get("stream") is True
+            return None
+        checked = check_body(ex.body, self.policy, beta=ex.route.beta)
+        if checked.request is not None:
+            ex.model, ex.stream = checked.request.model, checked.request.stream is True
+        else:
+            ex.model = str(_peek(ex.body).get("model", "unknown"))[:200]
+        return checked
+
+    def _reject(self, ex: Exchange, error: APIError) -> Response:
+        self.finish(ex, "rejected", 400, rule_code=error.code)
+        return error_response(error, ex.request_id)
+
+    async def _forward(self, ex: Exchange, request: Request) -> Response:
+        body, strip_usage = self._upstream_body(ex)
+        headers = forward_headers(request.headers.raw, ex.identity.upstream_authorization, ex.request_id)
+        deadline = ex.t0 + self.settings.upstream.total_timeout
+        resp = await self.upstream.send("POST", ex.route.upstream_path, headers, body)
+        ex.mark_first_byte()
+        if ex.stream and resp.status_code == 200:
+            return SSERelay(self, ex, resp, deadline, strip_usage)
+        return await self._buffered(ex, resp, deadline)
+
+    def _upstream_body(self, ex: Exchange) -> tuple[bytes, bool]:
+        """The client's bytes, unless chatgate must ask for streamed usage (then re-serialised, fields kept)."""
+        if not (ex.stream and self.settings.upstream.request_stream_usage):
+            return ex.body, False
+        data = orjson.loads(ex.body)
+        options = data.get("stream_options") or {}
+        if options.get("include_usage") is True:
+            return ex.body, False
+        data["stream_options"] = {**options, "include_usage": True}
+        return orjson.dumps(data), True
+
+    async def _buffered(self, ex: Exchange, resp: httpx2.Response, deadline: float) -> Response:
+        try:
+            async with asyncio.timeout(max(deadline - time.perf_counter(), 0.001)):
+                content = await resp.aread()
+        except (httpx2.TransportError, asyncio.TimeoutError, OSError) as exc:
+            raise map_transport_error(exc) from None
+        finally:
+            await resp.aclose()
+        headers = response_headers(resp.headers, ex.request_id)
+        if resp.status_code != 200:
+            self.finish(ex, "upstream_error", resp.status_code, upstream_status=resp.status_code)
+            return Response(content, resp.status_code, headers=dict(_decode(headers)))
+        is_json, tokens = usage_from_body(content)
+        if not is_json:
+            raise bad_gateway("DeepSeek answered 200 with a body that is not JSON (upstream broke the protocol).",
+                              "upstream_bad_response")
+        if tokens is None:
+            tokens = await self.estimate(ex, completion_text="")
+            self.finish(ex, "ok", 200, tokens, exact=False, upstream_status=200)
+        else:
+            self.finish(ex, "ok", 200, tokens, upstream_status=200)
+        return Response(content, 200, headers=dict(_decode(headers)))
+
+    # --- metering ---------------------------------------------------------------------
+
+    async def estimate(self, ex: Exchange, completion_text: str, reasoning_text: str = "") -> TokenCounts:
+        """DeepSeek sent no usage: count locally with its tokenizer, off the event loop."""
+        def count() -> TokenCounts:
+            prompt = count_text(prompt_text(_peek(ex.body)))
+            reasoning = count_text(reasoning_text)
+            completion = count_text(completion_text) + reasoning
+            return TokenCounts(prompt, completion, 0, prompt, reasoning)
+        return await asyncio.to_thread(count)
+
+    def estimate_meter(self, meter: StreamMeter) -> tuple[str, str]:
+        return "".join(meter.text), "".join(meter.reasoning)
+
+    def finish(self, ex: Exchange, outcome: str, status: int, tokens: TokenCounts | None = None, *,
+               exact: bool = True, rule_code: str | None = None, upstream_status: int | None = None) -> None:
+        if ex.finished:
+            return
+        ex.finished = True
+        tokens = tokens or TokenCounts()
+        profile = self.profiles.get(ex.model)
+        pricing = self.settings.pricing
+        cost = cost_picousd(tokens, profile.prices if profile else None, ex.ts, pricing.peak_hours_utc,
+                            pricing.off_peak_multiplier)
+        record = UsageRecord(
+            record_id=uuid.uuid4().hex, ts=ex.ts, request_id=ex.request_id, key_id=ex.identity.key_id,
+            key_name=ex.identity.key_name, team=ex.identity.team, model=ex.model, route=ex.route.label,
+            stream=ex.stream, outcome=outcome, rule_code=rule_code, upstream_status=upstream_status,
+            prompt_tokens=tokens.prompt_tokens, completion_tokens=tokens.completion_tokens,
+            prompt_cache_hit_tokens=tokens.prompt_cache_hit_tokens,
+            prompt_cache_miss_tokens=tokens.prompt_cache_miss_tokens, reasoning_tokens=tokens.reasoning_tokens,
+            cost_picousd=cost, latency_ms=round((time.perf_counter() - ex.t0) * 1000, 3),
+            ttfb_ms=round(ex.ttfb_ms, 3) if ex.ttfb_ms is not None else None, tokens_exact=exact)
+        if self.recorder is not None:
+            self.recorder.record(record)
+        self.metrics.observe(record, status)
+        if self.settings.server.access_log:
+            log.info("%s", orjson.dumps(access_line(record, status)).decode())
+
+    def spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
+
+    async def drain(self) -> None:
+        while self.background:
+            await asyncio.gather(*list(self.background), return_exceptions=True)
+
+
+def access_line(rec: UsageRecord, status: int) -> dict[str, Any]:
+    return {
+        "event": "request", "ts": rec.ts, "request_id": rec.request_id, "key_id": rec.key_id, "team": rec.team,
+        "model": rec.model, "route": rec.route, "stream": rec.stream, "status": status, "outcome": rec.outcome,
+        "rule_code": rec.rule_code, "prompt_tokens": rec.prompt_tokens,
+        "completion_tokens": rec.completion_tokens, "cache_hit_tokens": rec.prompt_cache_hit_tokens,
+        "reasoning_tokens": rec.reasoning_tokens, "tokens_exact": rec.tokens_exact,
+        "latency_ms": rec.latency_ms, "ttfb_ms": rec.ttfb_ms,
+    }
+
+
+def _peek(body: bytes) -> dict[str, Any]:
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _decode(headers: list[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
+    return [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers]
+
+
+def is_json_content_type(value: str) -> bool:
+    media = value.split(";", 1)[0].strip().lower()
+    return media == JSON or (media.startswith("application/") and media.endswith("+json"))
+
+
+async def read_json_body(request: Request, limit: int) -> bytes:
+    if not is_json_content_type(request.headers.get("content-type", "")):
+        raise APIError(415, "Request body must be JSON: send 'Content-Type: application/json'.",
+                       "invalid_request_error", None, "unsupported_media_type")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise _too_large(limit)
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise _too_large(limit)
+    return bytes(body)
+
+
+def _too_large(limit: int) -> APIError:
+    return APIError(413, f"Request body is larger than {limit} bytes (limits.max_body_bytes).",
+                    "invalid_request_error", None, "request_too_large")

@@ -1,0 +1,194 @@
+"""Usage records: spooled to a local append-only file at once, written to the store in batches.
+
+The request path calls `record()`: one `os.write` of a JSON line (survives `kill -9`: the bytes are in
+the OS page cache) and a queue put. A writer thread drains the queue into the store in batches (group
+commit) and retries while the store is down; the spool is truncated once everything in it is stored.
+On start, spool files left by dead processes are replayed (inserts are idempotent by record_id).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import logging
+import os
+import queue
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import orjson
+
+from app.store.base import Store, UsageRecord
+
+log = logging.getLogger("chatgate.recorder")
+
+SPOOL_TRUNCATE_AT = 1 << 20
+
+
+def encode(record: UsageRecord) -> bytes:
+    return orjson.dumps(dataclasses.asdict(record)) + b"\n"
+
+
+def decode(line: bytes) -> UsageRecord | None:
+    try:
+        return UsageRecord(**orjson.loads(line))
+    except (orjson.JSONDecodeError, TypeError):
+        return None  # a line torn by a crash mid-write
+
+
+class Recorder:
+    def __init__(self, store: Store, spool_dir: str, batch_max: int = 500, flush_interval: float = 0.02,
+                 retry_seconds: float = 1.0) -> None:
+        self.store = store
+        self.spool_dir = Path(spool_dir)
+        self.batch_max = batch_max
+        self.flush_interval = flush_interval
+        self.retry_seconds = retry_seconds
+        self._queue: queue.SimpleQueue[UsageRecord | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._pending = 0
+        self._fd = -1
+        self._thread: threading.Thread | None = None
+        self._path = Path()
+        self._orphans_left = True
+        self.last_error: str | None = None
+        self.written = 0
+
+    # --- lifecycle ---------------------------------------------------------------
+
+    def start(self) -> None:
+        self.spool_dir.mkdir(parents=True, exist_ok=True)
+        path = self.spool_dir / f"spool-{os.getpid()}-{uuid.uuid4().hex[:8]}.jsonl"
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        self._path = path
+        self._thread = threading.Thread(target=self._run, name="chatgate-usage-writer", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> bool:
+        """Flush what is queued; True when every record reached the store (else it stays spooled)."""
+        self._queue.put(None)
+        if self._thread is not None:
+            self._thread.join(timeout)
+        flushed = self._pending == 0
+        if self._fd >= 0:
+            if flushed:
+                with contextlib.suppress(OSError):
+                    self._path.unlink()
+            os.close(self._fd)
+            self._fd = -1
+        return flushed
+
+    # --- request path -------------------------------------------------------------
+
+    def record(self, record: UsageRecord) -> None:
+        line = encode(record)
+        with self._lock:
+            os.write(self._fd, line)
+            self._pending += 1
+        self._queue.put(record)
+
+    @property
+    def pending(self) -> int:
+        return self._pending
+
+    @property
+    def healthy(self) -> bool:
+        return self.last_error is None
+
+    # --- writer thread --------------------------------------------------------------
+
+    def _run(self) -> None:
+        self._replay_orphans()
+        stopping = False
+        while not stopping or self._pending:
+            batch, stopping = self._next_batch(stopping)
+            if batch:
+                self._write(batch, stopping)
+                if self._orphans_left and self.last_error is None:
+                    self._replay_orphans()
+            elif stopping:
+                break
+
+    def _next_batch(self, stopping: bool) -> tuple[list[UsageRecord], bool]:
+        batch: list[UsageRecord] = []
+        try:
+            first = self._queue.get(timeout=None if not stopping else 0.01)
+        except queue.Empty:
+            return batch, stopping
+        if first is None:
+            stopping = True
+        else:
+            batch.append(first)
+        deadline = time.monotonic() + self.flush_interval
+        while len(batch) < self.batch_max:
+            try:
+                item = self._queue.get(timeout=max(deadline - time.monotonic(), 0))
+            except queue.Empty:
+                break
+            if item is None:
+                stopping = True
+            else:
+                batch.append(item)
+        return batch, stopping
+
+    def _write(self, batch: list[UsageRecord], stopping: bool) -> None:
+        while True:
+            try:
+                self.store.insert_usage(batch)
+            except Exception as exc:  # the store is down: keep the records spooled, retry
+                self.last_error = f"usage store unavailable: {type(exc).__name__}: {exc}"
+                log.warning("%s; %d record(s) held in the spool", self.last_error, self._pending)
+                if stopping:
+                    return
+                time.sleep(self.retry_seconds)
+                continue
+            self.last_error = None
+            self.written += len(batch)
+            self._settle(len(batch))
+            return
+
+    def _settle(self, n: int) -> None:
+        with self._lock:
+            self._pending -= n
+            if self._pending == 0 and os.fstat(self._fd).st_size > SPOOL_TRUNCATE_AT:
+                os.ftruncate(self._fd, 0)
+
+    def _replay_orphans(self) -> None:
+        self._orphans_left = False
+        for path in sorted(self.spool_dir.glob("spool-*.jsonl")):
+            if path == self._path:
+                continue
+            with contextlib.suppress(OSError):
+                self._replay(path)
+
+    def _replay(self, path: Path) -> None:
+        fd = os.open(path, os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held by a live process: not an orphan
+        except OSError:
+            os.close(fd)
+            return
+        try:
+            records = [r for r in map(decode, Path(path).read_bytes().splitlines()) if r is not None]
+            for start in range(0, len(records), self.batch_max):
+                self.store.insert_usage(records[start:start + self.batch_max])
+            path.unlink()
+            if records:
+                log.info("replayed %d usage record(s) from %s", len(records), path.name)
+        except Exception as exc:
+            self._orphans_left = True
+            self.last_error = f"usage store unavailable while replaying {path.name}: {exc}"
+        finally:
+            os.close(fd)
+
+
+def replay_spools(store: Store, spool_dir: str) -> None:
+    """Write records left in spool files by dead processes (used by the CLI before reporting)."""
+    recorder = Recorder(store, spool_dir)
+    recorder.spool_dir.mkdir(parents=True, exist_ok=True)
+    recorder._path = Path("/nonexistent")
+    recorder._replay_orphans()

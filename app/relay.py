@@ -1,0 +1,155 @@
+"""Relay an upstream SSE stream to the client chunk by chunk, as it arrives.
+
+A raw ASGI response: it watches for the client's disconnect while relaying, so a client that goes away
+closes the upstream request at once (not at the next chunk). A stream that breaks after it started ends
+with an `error` event, which the openai SDK raises as an APIError, then closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING, Any
+
+import httpx2
+import orjson
+from starlette.types import Receive, Scope, Send
+
+from app.errors import APIError
+from app.upstream import map_transport_error, response_headers
+from app.usage import StreamMeter
+
+if TYPE_CHECKING:
+    from app.proxy import Exchange, Gateway
+
+DONE = b"data: [DONE]"
+
+
+class ClientGone(Exception):
+    pass
+
+
+class SSERelay:
+    def __init__(self, gateway: Gateway, ex: Exchange, resp: httpx2.Response, deadline: float,
+                 strip_usage: bool) -> None:
+        self.gateway = gateway
+        self.ex = ex
+        self.resp = resp
+        self.deadline = deadline
+        self.meter = StreamMeter()
+        self.stripper = UsageStripper() if strip_usage else None
+        self.client_gone = False
+        self._relaying = False
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._relaying = True
+        watcher = asyncio.create_task(self._watch(receive, task))
+        try:
+            await self._relay(send)
+        except ClientGone:
+            self.client_gone = True
+        except asyncio.CancelledError:
+            if not self.client_gone:
+                raise
+            task.uncancel()
+        finally:
+            self._relaying = False
+            watcher.cancel()
+            await self.resp.aclose()
+            if not self.ex.finished:
+                self.gateway.spawn(self._finish_estimated("client_disconnected", 499))
+
+    async def _watch(self, receive: Receive, task: asyncio.Task[Any]) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                self.client_gone = True
+                if self._relaying:
+                    task.cancel()
+                return
+
+    async def _relay(self, send: Send) -> None:
+        headers = response_headers(self.resp.headers, self.ex.request_id)
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        try:
+            async with asyncio.timeout(max(self.deadline - time.perf_counter(), 0.001)):
+                await self._pump(send)
+        except (httpx2.TransportError, asyncio.TimeoutError, OSError) as exc:
+            if self.client_gone:
+                raise ClientGone() from exc
+            await self._broken(send, map_transport_error(exc))
+            return
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _pump(self, send: Send) -> None:
+        async for chunk in self.resp.aiter_raw():
+            self.meter.feed(chunk)
+            if self.stripper is not None:
+                chunk = self.stripper.feed(chunk)
+            if DONE in chunk:
+                await self._finish_ok()
+            if chunk:
+                await _send_body(send, chunk)
+        if not self.ex.finished:
+            await self._finish_ok()
+
+    async def _finish_ok(self) -> None:
+        self.meter.finish()
+        if self.meter.usage is not None:
+            self.gateway.finish(self.ex, "ok", 200, self.meter.usage, upstream_status=200)
+        else:
+            await self._finish_estimated("ok", 200)
+
+    async def _finish_estimated(self, outcome: str, status: int) -> None:
+        self.meter.finish()
+        if self.meter.usage is not None:
+            self.gateway.finish(self.ex, outcome, status, self.meter.usage, upstream_status=200)
+            return
+        text, reasoning = self.gateway.estimate_meter(self.meter)
+        tokens = await self.gateway.estimate(self.ex, text, reasoning)
+        self.gateway.finish(self.ex, outcome, status, tokens, exact=False, upstream_status=200)
+
+    async def _broken(self, send: Send, error: APIError) -> None:
+        error.message = f"The upstream stream broke after it started: {error.message}"
+        error.code = "upstream_stream_broken"
+        await self._finish_estimated("upstream_failed", error.status)
+        event = b"data: " + orjson.dumps({"error": error.body()["error"]}) + b"\n\n"
+        await _send_body(send, event)
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _send_body(send: Send, chunk: bytes) -> None:
+    try:
+        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+    except OSError as exc:  # uvicorn: the client disconnected
+        raise ClientGone() from exc
+
+
+class UsageStripper:
+    """Removes from the client's stream the usage chatgate asked for and the client did not."""
+
+    def __init__(self) -> None:
+        self._tail = b""
+
+    def feed(self, chunk: bytes) -> bytes:
+        data = self._tail + chunk
+        cut = data.rfind(b"\n") + 1
+        self._tail = data[cut:]
+        out = []
+        for line in data[:cut].splitlines(keepends=True):
+            out.append(self._line(line))
+        return b"".join(out)
+
+    def _line(self, line: bytes) -> bytes:
+        if not line.startswith(b"data: {") or b'"usage"' not in line:
+            return line
+        try:
+            event = orjson.loads(line[6:])
+        except orjson.JSONDecodeError:
+            return line
+        if event.get("choices") == [] and event.get("usage") is not None:
+            return b""  # the separate usage-only chunk, and its blank separator stays harmless
+        event.pop("usage", None)
+        return b"data: " + orjson.dumps(event) + b"\n"

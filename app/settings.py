@@ -1,0 +1,280 @@
+"""Settings: defaults < config file < environment (CHATGATE_*) < command-line flags.
+
+`load_settings` records where each setting came from, for `chatgate config check`.
+A bad setting raises ConfigError naming it; `serve` turns that into one line and exit code 2.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from decimal import Decimal
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+import pydantic
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+
+from app.profiles import DEFAULT_PROFILES, ModelProfile, Prices
+from app.validate import Policy, ValidationOptions
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ServerSettings(Section):
+    host: str = "127.0.0.1"
+    port: int = Field(8787, ge=0, le=65535)
+    workers: int = Field(1, ge=1, le=64)
+    shutdown_grace_seconds: float = Field(30.0, ge=0)
+    access_log: bool = True
+    log_content: bool = False  # prompt and completion text in logs: off unless asked for
+
+
+class UpstreamSettings(Section):
+    base_url: str = "https://api.deepseek.com"
+    transport: Literal["aiohttp", "httpx"] = "aiohttp"
+    connect_timeout: float = Field(10.0, gt=0)
+    read_timeout: float = Field(660.0, gt=0)  # DeepSeek keeps a queued request up to 10 minutes
+    total_timeout: float = Field(3600.0, gt=0)
+    max_connections: int = Field(4096, ge=1)
+    request_stream_usage: bool = False  # ask for stream_options.include_usage, hide it from clients
+    models_cache_seconds: float = Field(60.0, ge=0)
+
+    @field_validator("base_url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError(f"must be an http(s) URL, got {value!r}")
+        return value.rstrip("/")
+
+
+class AuthSettings(Section):
+    mode: Literal["passthrough", "managed"] = "passthrough"
+    key_cache_seconds: float = Field(2.0, ge=0)
+    upstream_api_key: SecretStr | None = None  # DEEPSEEK_API_KEY, used in managed mode
+    admin_key: SecretStr | None = None  # CHATGATE_ADMIN_KEY, for /admin/*
+    passthrough_team: str = "default"
+
+
+class StoreSettings(Section):
+    url: str = "sqlite:///data/chatgate.db"
+    spool_dir: str = "data/spool"
+    batch_max: int = Field(500, ge=1)
+    flush_interval_ms: float = Field(20.0, ge=0)
+    retry_seconds: float = Field(1.0, gt=0)
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        if value != "none" and not re.match(r"^(sqlite:///.+|postgres(ql)?://.+)$", value):
+            raise ValueError(f"must be sqlite:///path, postgresql://user@host:port/db or none, got {value!r}")
+        return value
+
+    @property
+    def enabled(self) -> bool:
+        return self.url != "none"
+
+
+class ValidationSettings(Section):
+    enabled: bool = True
+    strict: bool = False
+    unknown_models: Literal["pass", "reject"] = "pass"
+    legacy_reasoner_rules: bool = False
+
+
+class PricingSettings(Section):
+    peak_hours_utc: list[str] = ["01:00-04:00", "06:00-10:00"]
+    off_peak_multiplier: Decimal = Decimal("0.5")
+
+    @field_validator("peak_hours_utc")
+    @classmethod
+    def _windows(cls, value: list[str]) -> list[str]:
+        for window in value:
+            if not re.match(r"^([01]\d|2[0-3]):[0-5]\d-([01]\d|2[0-4]):[0-5]\d$", window):
+                raise ValueError(f"window {window!r} must look like '06:00-10:00'")
+        return value
+
+
+class ModelSettings(Section):
+    context_window: int | None = Field(None, ge=1)
+    max_tokens_max: int | None = Field(None, ge=1)
+    vision: bool | None = None
+    thinking_default: bool | None = None
+    legacy_reasoner: bool | None = None
+    price_input_cache_hit: Decimal | None = Field(None, ge=0)
+    price_input_cache_miss: Decimal | None = Field(None, ge=0)
+    price_output: Decimal | None = Field(None, ge=0)
+
+
+class LimitsSettings(Section):
+    max_body_bytes: int = Field(64 * 1024 * 1024, ge=1024)
+    max_header_bytes: int = Field(64 * 1024, ge=1024)
+
+
+class Settings(Section):
+    server: ServerSettings = ServerSettings()
+    upstream: UpstreamSettings = UpstreamSettings()
+    auth: AuthSettings = AuthSettings()
+    store: StoreSettings = StoreSettings()
+    validation: ValidationSettings = ValidationSettings()
+    pricing: PricingSettings = PricingSettings()
+    limits: LimitsSettings = LimitsSettings()
+    models: dict[str, ModelSettings] = {}
+
+    def profiles(self) -> dict[str, ModelProfile]:
+        profiles = dict(DEFAULT_PROFILES)
+        for name, override in self.models.items():
+            profiles[name] = _apply_override(profiles.get(name, ModelProfile(name)), override)
+        return profiles
+
+    def policy(self) -> Policy:
+        v = self.validation
+        options = ValidationOptions(v.strict, v.unknown_models, v.legacy_reasoner_rules)
+        return Policy(self.profiles(), options)
+
+
+def _apply_override(profile: ModelProfile, o: ModelSettings) -> ModelProfile:
+    changes = {k: v for k, v in o.model_dump().items() if v is not None and not k.startswith("price_")}
+    base = profile.prices or Prices(Decimal(0), Decimal(0), Decimal(0))
+    prices = Prices(
+        o.price_input_cache_hit if o.price_input_cache_hit is not None else base.input_cache_hit,
+        o.price_input_cache_miss if o.price_input_cache_miss is not None else base.input_cache_miss,
+        o.price_output if o.price_output is not None else base.output,
+    )
+    has_price = profile.prices is not None or any(
+        v is not None for v in (o.price_input_cache_hit, o.price_input_cache_miss, o.price_output))
+    return profile.updated(**changes, prices=prices if has_price else None)
+
+
+class ConfigError(Exception):
+    """A setting is wrong; the message names it."""
+
+
+Source = Literal["default", "file", "env", "flag"]
+SECTIONS = ("server", "upstream", "auth", "store", "validation", "pricing", "limits")
+SPECIAL_ENV = {"DEEPSEEK_API_KEY": "auth.upstream_api_key", "CHATGATE_ADMIN_KEY": "auth.admin_key"}
+IGNORED_ENV = {"CHATGATE_CONFIG"}
+SECRETS = {"auth.upstream_api_key", "auth.admin_key"}
+
+
+@dataclass(frozen=True)
+class LoadedSettings:
+    settings: Settings
+    sources: dict[str, Source]
+    config_path: str | None
+
+
+def load_settings(config_path: str | None = None, env: Mapping[str, str] | None = None,
+                  flags: Mapping[str, Any] | None = None) -> LoadedSettings:
+    env = os.environ if env is None else env
+    config_path = config_path or env.get("CHATGATE_CONFIG") or None
+    layers: list[tuple[Source, dict[str, Any]]] = [
+        ("file", _read_file(config_path) if config_path else {}),
+        ("env", _from_env(env)),
+        ("flag", _nest({k: v for k, v in (flags or {}).items() if v is not None})),
+    ]
+    merged: dict[str, Any] = {}
+    sources: dict[str, Source] = {}
+    for source, layer in layers:
+        _merge(merged, layer, source, sources, "")
+    try:
+        settings = Settings.model_validate(merged)
+    except pydantic.ValidationError as exc:
+        raise ConfigError(_describe(exc, sources)) from None
+    return LoadedSettings(settings, sources, config_path)
+
+
+def _read_file(path: str) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path}: not found") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"config file {path}: not valid TOML: {exc}") from None
+
+
+def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for name, value in env.items():
+        if name in SPECIAL_ENV and value:
+            flat[SPECIAL_ENV[name]] = value
+        elif name.startswith("CHATGATE_") and name not in IGNORED_ENV and name not in SPECIAL_ENV:
+            flat[_env_key(name)] = _env_value(value)
+    return _nest(flat)
+
+
+def _env_key(name: str) -> str:
+    rest = name[len("CHATGATE_"):].lower()
+    for section in SECTIONS:
+        if rest.startswith(section + "_"):
+            return f"{section}.{rest[len(section) + 1:]}"
+    raise ConfigError(f"environment variable {name}: unknown setting (expected CHATGATE_<SECTION>_<KEY>, "
+                      f"sections: {', '.join(SECTIONS)})")
+
+
+def _env_value(value: str) -> Any:
+    if value.startswith("["):
+        try:
+            return tomllib.loads(f"v = {value}")["v"]
+        except tomllib.TOMLDecodeError:
+            return value
+    return value
+
+
+def _nest(flat: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for dotted, value in flat.items():
+        section, _, key = dotted.partition(".")
+        out.setdefault(section, {})[key] = value
+    return out
+
+
+def _merge(into: dict[str, Any], layer: Mapping[str, Any], source: Source, sources: dict[str, Source],
+           prefix: str) -> None:
+    for key, value in layer.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict) and isinstance(into.get(key, {}), dict):
+            _merge(into.setdefault(key, {}), value, source, sources, dotted + ".")
+        else:
+            into[key] = value
+            sources[dotted] = source
+
+
+def _describe(exc: pydantic.ValidationError, sources: Mapping[str, Source]) -> str:
+    error = exc.errors(include_url=False)[0]
+    dotted = ".".join(str(p) for p in error["loc"])
+    where = sources.get(dotted, "file")
+    msg = "unknown setting" if error["type"] == "extra_forbidden" else error["msg"]
+    return f"{dotted}: {msg} (from {where})"
+
+
+def effective(loaded: LoadedSettings) -> list[tuple[str, str, Source]]:
+    """Every setting with its value (secrets masked) and where it came from."""
+    rows: list[tuple[str, str, Source]] = []
+    data = loaded.settings.model_dump(mode="json")
+    for section, values in data.items():
+        for key, value in values.items():
+            dotted = f"{section}.{key}"
+            shown = "****" if dotted in SECRETS and value is not None else repr(value)
+            source = loaded.sources.get(dotted) or _nested_source(loaded.sources, dotted)
+            rows.append((dotted, shown, source))
+    return rows
+
+
+def _nested_source(sources: Mapping[str, Source], dotted: str) -> Source:
+    found = [s for k, s in sources.items() if k.startswith(dotted + ".")]
+    return found[-1] if found else "default"
+
+
+def data_path(path: str) -> Path:
+    p = Path(path)
+    p.mkdir(parents=True, exist_ok=True)
+    return p

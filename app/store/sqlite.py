@@ -1,0 +1,139 @@
+"""SQLite store: one WAL-mode connection per thread, shared safely with other processes."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, suppress
+from pathlib import Path
+
+from app.store._sql import CURRENT_VERSION, Queries, apply_migrations, key_from_row, report_rows, usage_params
+from app.store.base import ApiKey, ReportQuery, ReportRow, StoreError, UsageRecord
+
+_Q = Queries.with_placeholder("?")
+
+
+class SQLiteStore:
+    def __init__(
+        self, path: str | os.PathLike[str], *, url: str | None = None, busy_timeout_ms: int = 5000
+    ) -> None:
+        self.path = Path(path)
+        self.url = url or f"sqlite:///{self.path}"
+        self._busy_timeout_s = busy_timeout_ms / 1000
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._conns: dict[threading.Thread, sqlite3.Connection] = {}
+        self._closed = False
+
+    def migrate(self) -> None:
+        with self._write() as conn:
+            apply_migrations(conn.cursor(), _Q)
+
+    def schema_version(self) -> int:
+        """The applied schema version, 0 before the first migrate()."""
+        with self._errors():
+            conn = self._conn()
+            if conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'schema_version'").fetchone() is None:
+                return 0
+            return int(conn.execute(CURRENT_VERSION).fetchone()[0])
+
+    def ping(self) -> None:
+        with self._errors():
+            conn = self._conn()
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("ROLLBACK")
+
+    def insert_usage(self, records: Sequence[UsageRecord]) -> None:
+        if not records:
+            return
+        with self._write() as conn:
+            conn.executemany(_Q.insert_usage, [usage_params(r) for r in records])
+
+    def usage_report(self, query: ReportQuery) -> list[ReportRow]:
+        sql, params = _Q.report(query)
+        with self._errors():
+            rows = self._conn().execute(sql, params).fetchall()
+        return report_rows(query.group_by, rows)
+
+    def create_key(self, key_id: str, key_hash: str, prefix: str, team: str, name: str) -> ApiKey:
+        created_at = time.time()
+        with self._write() as conn:
+            conn.execute(_Q.insert_key, (key_id, key_hash, prefix, team, name, created_at))
+        return ApiKey(key_id=key_id, name=name, team=team, prefix=prefix, created_at=created_at)
+
+    def list_keys(self) -> list[ApiKey]:
+        with self._errors():
+            return [key_from_row(row) for row in self._conn().execute(_Q.list_keys)]
+
+    def revoke_key(self, key_id: str) -> bool:
+        with self._write() as conn:
+            return conn.execute(_Q.revoke_key, (time.time(), key_id)).rowcount == 1
+
+    def find_key(self, key_hash: str) -> ApiKey | None:
+        with self._errors():
+            row = self._conn().execute(_Q.find_key, (key_hash,)).fetchone()
+        return None if row is None else key_from_row(row)
+
+    def close(self) -> None:
+        """Close every thread's connection; call it once the other threads are done with the store."""
+        with self._lock:
+            self._closed = True
+            conns = list(self._conns.values())
+            self._conns.clear()
+        for conn in conns:
+            conn.close()
+
+    @contextmanager
+    def _errors(self) -> Iterator[None]:
+        try:
+            yield
+        except (sqlite3.Error, OSError) as e:
+            raise StoreError(f"SQLite store {self.path}: {e}") from e
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """A write transaction; IMMEDIATE takes the write lock up front so busy_timeout applies to it."""
+        with self._errors():
+            conn = self._conn()
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+                conn.execute("COMMIT")
+            except BaseException:
+                with suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+                raise
+
+    def _conn(self) -> sqlite3.Connection:
+        if self._closed:
+            raise StoreError(f"SQLite store {self.path} is closed")
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._connect()
+            with self._lock:
+                self._close_dead_threads_connections()
+                self._conns[threading.current_thread()] = conn
+            self._local.conn = conn
+        return conn
+
+    def _connect(self) -> sqlite3.Connection:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(
+            self.path, timeout=self._busy_timeout_s, isolation_level=None, check_same_thread=False
+        )
+        try:
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if mode != "wal":
+                raise StoreError(f"SQLite store {self.path}: cannot enable WAL (journal_mode is {mode})")
+            conn.execute("PRAGMA synchronous = NORMAL")
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _close_dead_threads_connections(self) -> None:
+        for thread in [t for t in self._conns if not t.is_alive()]:
+            self._conns.pop(thread).close()

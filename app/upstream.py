@@ -1,0 +1,82 @@
+"""The one upstream client: a pooled httpx2 AsyncClient per app, and the mapping of transport errors."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import httpx2
+from httpx_aiohttp.httpx2 import AiohttpTransport
+
+from app.errors import APIError, bad_gateway, gateway_timeout
+from app.settings import UpstreamSettings
+
+HOP_BY_HOP = frozenset({
+    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer", "trailers",
+    "transfer-encoding", "upgrade", "host", "content-length", "accept-encoding", "content-encoding",
+})
+
+
+def build_transport(settings: UpstreamSettings) -> httpx2.AsyncBaseTransport:
+    limits = httpx2.Limits(max_connections=settings.max_connections,
+                           max_keepalive_connections=settings.max_connections, keepalive_expiry=30)
+    if settings.transport == "aiohttp":
+        return AiohttpTransport(limits=limits)
+    return httpx2.AsyncHTTPTransport(limits=limits)
+
+
+class Upstream:
+    def __init__(self, settings: UpstreamSettings, transport: httpx2.AsyncBaseTransport | None = None) -> None:
+        self.base_url = settings.base_url
+        timeout = httpx2.Timeout(settings.read_timeout, connect=settings.connect_timeout,
+                                 pool=settings.connect_timeout)
+        self.client = httpx2.AsyncClient(transport=transport or build_transport(settings), timeout=timeout)
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+    async def send(self, method: str, path: str, headers: list[tuple[str, str]], body: bytes | None
+                   ) -> httpx2.Response:
+        """Send and return once the headers are in; the body is read by the caller (streamed)."""
+        request = self.client.build_request(method, self.base_url + path, headers=headers, content=body)
+        try:
+            return await self.client.send(request, stream=True)
+        except (httpx2.TransportError, aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            raise map_transport_error(exc) from None
+
+
+def map_transport_error(exc: BaseException) -> APIError:
+    """Unreachable or broken upstream -> 502; no answer in time -> 504. Never leaks a key or a path."""
+    if is_timeout(exc):
+        return gateway_timeout("DeepSeek did not answer in time (upstream timeout). Retry later, or raise "
+                               "upstream.read_timeout for long reasoning requests.")
+    cause = exc.__cause__ or exc
+    return bad_gateway(f"Could not reach DeepSeek (upstream unreachable: {type(cause).__name__}). Check "
+                       "upstream.base_url and the network.")
+
+
+def is_timeout(exc: BaseException) -> bool:
+    cause = exc.__cause__
+    if isinstance(cause, (asyncio.TimeoutError, aiohttp.ServerTimeoutError)):
+        return True
+    if isinstance(cause, aiohttp.ClientError):
+        return False  # httpx-aiohttp reports every aiohttp connection error as a ConnectTimeout
+    return isinstance(exc, (httpx2.TimeoutException, asyncio.TimeoutError))
+
+
+def forward_headers(raw: list[tuple[bytes, bytes]], authorization: str | None, request_id: str
+                    ) -> list[tuple[str, str]]:
+    out = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in raw
+           if k.lower().decode("latin-1") not in HOP_BY_HOP and k.lower() not in (b"authorization", b"x-request-id")]
+    if authorization:
+        out.append(("authorization", authorization))
+    out.append(("x-request-id", request_id))
+    out.append(("accept-encoding", "identity"))
+    return out
+
+
+def response_headers(headers: httpx2.Headers, request_id: str) -> list[tuple[bytes, bytes]]:
+    out = [(k, v) for k, v in headers.raw if k.lower().decode("latin-1") not in HOP_BY_HOP
+           and k.lower() != b"x-request-id"]
+    out.append((b"x-request-id", request_id.encode("latin-1")))
+    return out

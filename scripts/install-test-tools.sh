@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Tools some tests drive besides Python: Node.js + npm (openai-node), Chromium (dashboard screenshot).
+# Safe to run repeatedly; needs root for apt-get.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+need=()
+command -v node >/dev/null || need+=(nodejs npm)
+command -v chromium >/dev/null || need+=(chromium)
+if [ ${#need[@]} -gt 0 ]; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+if [ -f tests/compat/node/package.json ] && [ ! -d tests/compat/node/node_modules ]; then
+  (cd tests/compat/node && npm install --no-audit --no-fund --silent)
+fi

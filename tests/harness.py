@@ -1,0 +1,137 @@
+"""Run chatgate for real in tests: in-process on a loopback port (uvicorn in a thread), or as its own
+process (`python -m app serve`), for kill -9, SIGTERM and multi-replica tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import uvicorn
+
+from app.app import create_app
+from app.settings import Settings
+from tests.fakes.server import bind_socket
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def make_settings(tmp_path: Path, upstream_url: str = "http://127.0.0.1:9", **sections: dict[str, Any]
+                  ) -> Settings:
+    """Settings for a test: SQLite and spool under tmp_path, the given upstream, overrides per section."""
+    data: dict[str, Any] = {
+        "upstream": {"base_url": upstream_url},
+        "store": {"url": f"sqlite:///{tmp_path}/usage.db", "spool_dir": str(tmp_path / "spool"),
+                  "flush_interval_ms": 5},
+        "server": {"access_log": False},
+    }
+    for section, values in sections.items():
+        data.setdefault(section, {}).update(values)
+    return Settings.model_validate(data)
+
+
+@dataclass
+class RunningChatgate:
+    url: str
+    port: int
+    app: Any
+    server: uvicorn.Server
+
+    @property
+    def state(self) -> Any:
+        return self.app.state.chatgate
+
+
+@contextmanager
+def run_chatgate(settings: Settings, transport: Any = None) -> Iterator[RunningChatgate]:
+    """chatgate in this process on 127.0.0.1:<free port>, served by uvicorn (httptools) in a thread."""
+    app = create_app(settings, transport=transport)
+    sock = bind_socket()
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(app, lifespan="on", log_level="warning", access_log=False, http="httptools",
+                            loop="asyncio", timeout_graceful_shutdown=5)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 15
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("chatgate did not start")
+        time.sleep(0.01)
+    try:
+        yield RunningChatgate(f"http://127.0.0.1:{port}", port, app, server)
+    finally:
+        server.should_exit = True
+        thread.join(15)
+        sock.close()
+
+
+@dataclass
+class SpawnedChatgate:
+    url: str
+    port: int
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def kill9(self) -> None:
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(10)
+
+    def terminate(self, timeout: float = 30) -> int:
+        self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout)
+
+
+def free_port() -> int:
+    sock = bind_socket()
+    port: int = sock.getsockname()[1]
+    sock.close()
+    return port
+
+
+@contextmanager
+def spawn_chatgate(tmp_path: Path, *args: str, env: dict[str, str] | None = None, port: int | None = None,
+                   cwd: Path | None = None, name: str = "chatgate") -> Iterator[SpawnedChatgate]:
+    """`python -m app serve --port P ARGS…` as its own process; waits for /healthz."""
+    port = port or free_port()
+    log_path = tmp_path / f"{name}-{port}.log"
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("CHATGATE_")}
+    full_env.setdefault("CHATGATE_STORE_SPOOL_DIR", str(tmp_path / "spool"))
+    full_env.update(env or {})
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen([sys.executable, "-m", "app", "serve", "--port", str(port), *args],
+                                   cwd=cwd or tmp_path, env=full_env, stdout=log, stderr=subprocess.STDOUT)
+    spawned = SpawnedChatgate(f"http://127.0.0.1:{port}", port, process, log_path)
+    try:
+        wait_healthy(spawned)
+        yield spawned
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+
+
+def wait_healthy(spawned: SpawnedChatgate, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if spawned.process.poll() is not None:
+            raise RuntimeError(f"chatgate exited with {spawned.process.returncode}:\n{spawned.log()}")
+        try:
+            if httpx2.get(spawned.url + "/healthz", timeout=1).status_code == 200:
+                return
+        except httpx2.TransportError:
+            pass
+        time.sleep(0.05)
+    raise RuntimeError(f"chatgate did not become healthy:\n{spawned.log()}")
