@@ -19,6 +19,7 @@ from starlette.responses import Response
 from app import __version__
 from app.auth import Authenticator
 from app.errors import APIError, not_found
+from app.limits import LimitsMiddleware
 from app.metrics import Metrics
 from app.proxy import CHAT_ROUTES, Gateway, error_response, json_response
 from app.recorder import Recorder
@@ -90,6 +91,7 @@ def create_app(settings: Settings | None = None, transport: httpx2.AsyncBaseTran
     app.state.chatgate = state
     _add_routes(app, state)
     _add_error_handlers(app)
+    app.add_middleware(LimitsMiddleware, max_header_bytes=settings.limits.max_header_bytes)
     return app
 
 
