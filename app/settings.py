@@ -29,9 +29,9 @@ class Section(BaseModel):
 
 class ServerSettings(Section):
     host: str = "127.0.0.1"
-    port: int = Field(8787, ge=0, le=65535)
-    workers: int = Field(1, ge=1, le=64)
-    shutdown_grace_seconds: float = Field(30.0, ge=0)
+    port: int = Field(default=8787, ge=0, le=65535)
+    workers: int = Field(default=1, ge=1, le=64)
+    shutdown_grace_seconds: float = Field(default=30.0, ge=0)
     access_log: bool = True
     log_content: bool = False  # prompt and completion text in logs: off unless asked for
 
@@ -39,12 +39,12 @@ class ServerSettings(Section):
 class UpstreamSettings(Section):
     base_url: str = "https://api.deepseek.com"
     transport: Literal["aiohttp", "httpx"] = "aiohttp"
-    connect_timeout: float = Field(10.0, gt=0)
-    read_timeout: float = Field(660.0, gt=0)  # DeepSeek keeps a queued request up to 10 minutes
-    total_timeout: float = Field(3600.0, gt=0)
-    max_connections: int = Field(4096, ge=1)
+    connect_timeout: float = Field(default=10.0, gt=0)
+    read_timeout: float = Field(default=660.0, gt=0)  # DeepSeek keeps a queued request up to 10 minutes
+    total_timeout: float = Field(default=3600.0, gt=0)
+    max_connections: int = Field(default=4096, ge=1)
     request_stream_usage: bool = False  # ask for stream_options.include_usage, hide it from clients
-    models_cache_seconds: float = Field(60.0, ge=0)
+    models_cache_seconds: float = Field(default=60.0, ge=0)
 
     @field_validator("base_url")
     @classmethod
@@ -57,7 +57,7 @@ class UpstreamSettings(Section):
 
 class AuthSettings(Section):
     mode: Literal["passthrough", "managed"] = "passthrough"
-    key_cache_seconds: float = Field(2.0, ge=0)
+    key_cache_seconds: float = Field(default=2.0, ge=0)
     upstream_api_key: SecretStr | None = None  # DEEPSEEK_API_KEY, used in managed mode
     admin_key: SecretStr | None = None  # CHATGATE_ADMIN_KEY, for /admin/*
     passthrough_team: str = "default"
@@ -66,9 +66,9 @@ class AuthSettings(Section):
 class StoreSettings(Section):
     url: str = "sqlite:///data/chatgate.db"
     spool_dir: str = "data/spool"
-    batch_max: int = Field(500, ge=1)
-    flush_interval_ms: float = Field(20.0, ge=0)
-    retry_seconds: float = Field(1.0, gt=0)
+    batch_max: int = Field(default=500, ge=1)
+    flush_interval_ms: float = Field(default=20.0, ge=0)
+    retry_seconds: float = Field(default=1.0, gt=0)
 
     @field_validator("url")
     @classmethod
@@ -103,19 +103,19 @@ class PricingSettings(Section):
 
 
 class ModelSettings(Section):
-    context_window: int | None = Field(None, ge=1)
-    max_tokens_max: int | None = Field(None, ge=1)
+    context_window: int | None = Field(default=None, ge=1)
+    max_tokens_max: int | None = Field(default=None, ge=1)
     vision: bool | None = None
     thinking_default: bool | None = None
     legacy_reasoner: bool | None = None
-    price_input_cache_hit: Decimal | None = Field(None, ge=0)
-    price_input_cache_miss: Decimal | None = Field(None, ge=0)
-    price_output: Decimal | None = Field(None, ge=0)
+    price_input_cache_hit: Decimal | None = Field(default=None, ge=0)
+    price_input_cache_miss: Decimal | None = Field(default=None, ge=0)
+    price_output: Decimal | None = Field(default=None, ge=0)
 
 
 class LimitsSettings(Section):
-    max_body_bytes: int = Field(64 * 1024 * 1024, ge=1024)
-    max_header_bytes: int = Field(64 * 1024, ge=1024)
+    max_body_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
+    max_header_bytes: int = Field(default=64 * 1024, ge=1024)
 
 
 class Settings(Section):
