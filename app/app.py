@@ -112,6 +112,9 @@ def _add_routes(app: FastAPI, state: State) -> None:
     app.router.add_route("/readyz", _readyz_handler(state), methods=["GET"], include_in_schema=False)
     app.router.add_route("/metrics", _metrics_handler(state), methods=["GET"], include_in_schema=False)
     app.router.add_route("/admin/usage", _admin_usage_handler(state), methods=["GET"], include_in_schema=False)
+    from app.dashboard import add_dashboard
+
+    add_dashboard(app, state)
 
 
 async def _healthz(request: Request) -> Response:
