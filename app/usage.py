@@ -110,4 +110,4 @@ class StreamMeter:
         for call in delta.get("tool_calls") or ():
             fn = call.get("function") if isinstance(call, dict) else None
             if isinstance(fn, dict):
-                self.text.extend(v for v in (fn.get("name"), fn.get("arguments")) if isinstance(v, str))
+                self.text.extend(v for v in (fn.get("name"), fn.get("arguments")) if isinstance(v, str) and v)

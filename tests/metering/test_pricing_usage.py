@@ -1,0 +1,227 @@
+"""Cost from the price table (§8) and token extraction from DeepSeek's usage objects and SSE streams (§7)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from decimal import Decimal
+
+import orjson
+import pytest
+
+from app.pricing import cost_picousd, is_peak, picousd_to_usd
+from app.profiles import DEFAULT_PROFILES, FLASH_PRICES, PRO_PRICES
+from app.settings import Settings
+from app.usage import StreamMeter, TokenCounts, tokens_from_usage, usage_from_body
+
+PEAK = Settings().pricing.peak_hours_utc
+HALF = Settings().pricing.off_peak_multiplier
+
+
+def at(hhmmss: str, day: str = "2026-11-30") -> float:
+    return dt.datetime.fromisoformat(f"{day}T{hhmmss}+00:00").timestamp()
+
+
+def test_default_peak_windows_are_the_documented_ones() -> None:
+    """§8: peak 01:00-04:00 and 06:00-10:00 UTC; off-peak is half price."""
+    assert PEAK == ["01:00-04:00", "06:00-10:00"]
+    assert Decimal("0.5") == HALF
+
+
+@pytest.mark.parametrize(
+    ("clock", "peak"),
+    [("00:59:59", False), ("01:00:00", True), ("03:59:59", True), ("04:00:00", False), ("05:59:59", False),
+     ("06:00:00", True), ("09:59:59", True), ("10:00:00", False), ("23:30:00", False), ("12:00:00", False)],
+)
+def test_peak_window_boundaries(clock: str, peak: bool) -> None:
+    assert is_peak(at(clock), PEAK) is peak
+
+
+def test_peak_is_judged_in_utc_not_local_time() -> None:
+    # 02:30 UTC is peak even when written with a +08:00 offset (10:30 Beijing).
+    ts = dt.datetime.fromisoformat("2026-11-30T10:30:00+08:00").timestamp()
+    assert is_peak(ts, PEAK)
+
+
+def test_flash_cost_at_peak_prices_hit_miss_and_output_separately() -> None:
+    """deepseek-flash peak: 0.006 hit / 0.30 miss / 1.20 output USD per 1M tokens."""
+    tokens = TokenCounts(prompt_tokens=3000, completion_tokens=500, prompt_cache_hit_tokens=1000,
+                         prompt_cache_miss_tokens=2000, reasoning_tokens=200)
+    cost = cost_picousd(tokens, DEFAULT_PROFILES["deepseek-flash"].prices, at("02:00:00"), PEAK, HALF)
+    # 1000*0.006 + 2000*0.30 + 500*1.20 = 6 + 600 + 600 = 1206 USD per 1M -> 1206e-6 USD
+    assert cost == 1_206_000_000
+    assert picousd_to_usd(cost) == Decimal("0.001206")
+
+
+def test_off_peak_is_exactly_half_price() -> None:
+    tokens = TokenCounts(3000, 500, 1000, 2000, 0)
+    prices = DEFAULT_PROFILES["deepseek-flash"].prices
+    assert cost_picousd(tokens, prices, at("11:00:00"), PEAK, HALF) == 603_000_000
+    assert cost_picousd(tokens, prices, at("04:00:00"), PEAK, HALF) * 2 == cost_picousd(
+        tokens, prices, at("03:59:00"), PEAK, HALF)
+
+
+def test_cache_hits_are_priced_apart_from_misses() -> None:
+    """Same prompt size, different cache split: the cheaper hit price must show in the cost."""
+    all_miss = TokenCounts(1000, 0, 0, 1000, 0)
+    all_hit = TokenCounts(1000, 0, 1000, 0, 0)
+    ts = at("07:00:00")
+    assert cost_picousd(all_miss, PRO_PRICES, ts, PEAK, HALF) == 1_320_000_000  # 1.32 USD/M
+    assert cost_picousd(all_hit, PRO_PRICES, ts, PEAK, HALF) == 44_000_000  # 0.044 USD/M
+
+
+def test_cost_counts_completion_tokens_once_reasoning_is_inside_them() -> None:
+    """reasoning_tokens are part of completion_tokens: not billed a second time."""
+    base = TokenCounts(10, 100, 0, 10, 0)
+    with_reasoning = TokenCounts(10, 100, 0, 10, 90)
+    ts = at("08:00:00")
+    assert cost_picousd(base, FLASH_PRICES, ts, PEAK, HALF) == cost_picousd(with_reasoning, FLASH_PRICES, ts,
+                                                                            PEAK, HALF)
+
+
+def test_single_tokens_are_exact_integers_in_picousd() -> None:
+    """One off-peak cache-hit token of flash = 0.003e-6 USD = 3000 picoUSD, no float rounding."""
+    one_hit = TokenCounts(1, 0, 1, 0, 0)
+    cost = cost_picousd(one_hit, FLASH_PRICES, at("12:00:00"), PEAK, HALF)
+    assert type(cost) is int and cost == 3000
+    # A million such records sum exactly (floats would drift: 0.003e-6 * 1e6 != 0.003 in binary).
+    assert sum([cost] * 1_000_000) == 3_000_000_000
+    assert picousd_to_usd(sum([cost] * 1_000_000)) == Decimal("0.003")
+
+
+def test_pro_prices_with_fractional_cents() -> None:
+    """deepseek-v4-pro off-peak: 0.022 / 0.66 / 1.98 (half of 0.044 / 1.32 / 3.96)."""
+    tokens = TokenCounts(7, 3, 2, 5, 0)
+    cost = cost_picousd(tokens, PRO_PRICES, at("20:00:00"), PEAK, HALF)
+    expected = (2 * Decimal("0.022") + 5 * Decimal("0.66") + 3 * Decimal("1.98")) * 10**6
+    assert cost == int(expected) and Decimal(cost) == expected
+
+
+def test_unknown_model_costs_nothing() -> None:
+    assert cost_picousd(TokenCounts(100, 100, 0, 100, 0), None, at("02:00:00"), PEAK, HALF) == 0
+
+
+def test_custom_multiplier_and_windows() -> None:
+    tokens, windows, quarter = TokenCounts(0, 1000, 0, 0, 0), ["12:00-13:00"], Decimal("0.25")
+    assert cost_picousd(tokens, FLASH_PRICES, at("12:30:00"), windows, quarter) == 1_200_000_000
+    assert cost_picousd(tokens, FLASH_PRICES, at("13:30:00"), windows, quarter) == 300_000_000
+
+
+# --- tokens_from_usage -------------------------------------------------------------------------------
+
+
+DEEPSEEK_USAGE = {
+    "prompt_tokens": 120, "completion_tokens": 45, "total_tokens": 165,
+    "prompt_tokens_details": {"cached_tokens": 64},
+    "prompt_cache_hit_tokens": 64, "prompt_cache_miss_tokens": 56,
+    "completion_tokens_details": {"reasoning_tokens": 30},
+}  # fmt: skip
+
+
+def test_tokens_from_deepseek_usage() -> None:
+    assert tokens_from_usage(DEEPSEEK_USAGE) == TokenCounts(120, 45, 64, 56, 30)
+
+
+def test_deepseek_cache_fields_win_over_openai_details() -> None:
+    usage = {**DEEPSEEK_USAGE, "prompt_tokens_details": {"cached_tokens": 1}}
+    assert tokens_from_usage(usage) == TokenCounts(120, 45, 64, 56, 30)
+
+
+def test_openai_cached_tokens_fallback_derives_the_miss_count() -> None:
+    usage = {"prompt_tokens": 100, "completion_tokens": 7, "prompt_tokens_details": {"cached_tokens": 40}}
+    assert tokens_from_usage(usage) == TokenCounts(100, 7, 40, 60, 0)
+
+
+def test_usage_without_any_cache_field_is_all_miss() -> None:
+    assert tokens_from_usage({"prompt_tokens": 9, "completion_tokens": 2}) == TokenCounts(9, 2, 0, 9, 0)
+
+
+@pytest.mark.parametrize("usage", [None, [], "usage", 3])
+def test_no_usage_object(usage: object) -> None:
+    assert tokens_from_usage(usage) is None
+
+
+def test_garbage_numbers_count_as_zero() -> None:
+    usage = {"prompt_tokens": -5, "completion_tokens": True, "prompt_cache_hit_tokens": "3"}
+    assert tokens_from_usage(usage) == TokenCounts(0, 0, 0, 0, 0)
+
+
+def test_usage_from_body() -> None:
+    assert usage_from_body(orjson.dumps({"choices": [], "usage": DEEPSEEK_USAGE})) == (
+        True, TokenCounts(120, 45, 64, 56, 30))
+    assert usage_from_body(b'{"choices": []}') == (True, None)
+    assert usage_from_body(b"<html>502</html>") == (False, None)
+
+
+# --- StreamMeter ----------------------------------------------------------------------------------
+
+
+def sse(payload: object) -> bytes:
+    return b"data: " + orjson.dumps(payload) + b"\n\n"
+
+
+def chunk(delta: dict[str, object], finish: str | None = None, **extra: object) -> dict[str, object]:
+    return {"id": "c1", "object": "chat.completion.chunk", "model": "deepseek-flash",
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}], **extra}
+
+
+def feed_split(meter: StreamMeter, data: bytes, size: int) -> None:
+    """Feed in awkward pieces, like TCP does (a line can be cut anywhere)."""
+    for start in range(0, len(data), size):
+        meter.feed(data[start:start + size])
+    meter.finish()
+
+
+@pytest.mark.parametrize("piece", [1, 7, 4096])
+def test_meter_finds_usage_on_the_last_content_chunk(piece: int) -> None:
+    stream = (b": keep-alive\n\n" + sse(chunk({"role": "assistant", "content": ""}))
+              + sse(chunk({"content": "Hello"})) + sse(chunk({"content": ""}, "stop", usage=DEEPSEEK_USAGE))
+              + b"data: [DONE]\n\n")
+    meter = StreamMeter()
+    feed_split(meter, stream, piece)
+    assert meter.usage == TokenCounts(120, 45, 64, 56, 30)
+    assert meter.done
+
+
+def test_meter_finds_usage_on_a_separate_usage_only_chunk() -> None:
+    """OpenAI style: stream_options.include_usage -> a final chunk with choices [] carries usage."""
+    stream = (sse(chunk({"content": "Hi"}, usage=None)) + sse(chunk({"content": ""}, "stop", usage=None))
+              + sse({"id": "c1", "object": "chat.completion.chunk", "choices": [], "usage": DEEPSEEK_USAGE})
+              + b"data: [DONE]\n\n")
+    meter = StreamMeter()
+    feed_split(meter, stream, 13)
+    assert meter.usage == TokenCounts(120, 45, 64, 56, 30)
+
+
+def test_meter_collects_text_reasoning_and_tool_calls_when_usage_is_absent() -> None:
+    function = {"name": "get_weather", "arguments": ""}
+    call = {"index": 0, "id": "call_1", "type": "function", "function": function}
+    stream = (sse(chunk({"role": "assistant", "content": None, "reasoning_content": ""}))
+              + sse(chunk({"content": None, "reasoning_content": "Think"}))
+              + sse(chunk({"content": None, "reasoning_content": "ing."}))
+              + sse(chunk({"content": "Sunny"})) + sse(chunk({"content": " today"}))
+              + sse(chunk({"tool_calls": [call]}))
+              + sse(chunk({"tool_calls": [{"index": 0, "function": {"arguments": '{"city":"Oslo"}'}}]}))
+              + sse(chunk({"content": ""}, "tool_calls")) + b"data: [DONE]\n\n")
+    meter = StreamMeter()
+    feed_split(meter, stream, 5)
+    assert meter.usage is None
+    assert "".join(meter.reasoning) == "Thinking."
+    assert meter.text == ["Sunny", " today", "get_weather", '{"city":"Oslo"}']
+    assert meter.done
+
+
+def test_meter_handles_streams_larger_than_its_compaction_threshold() -> None:
+    """Past 64 KB the meter parses as it goes; a line cut at a chunk boundary must not be lost."""
+    body = b"".join(sse(chunk({"content": f"w{i} "})) for i in range(3000))
+    stream = body + sse(chunk({"content": ""}, "stop", usage=DEEPSEEK_USAGE)) + b"data: [DONE]\n\n"
+    meter = StreamMeter()
+    feed_split(meter, stream, 1000)
+    assert len(meter.text) == 3000 and meter.text[2999] == "w2999 "
+    assert meter.usage == TokenCounts(120, 45, 64, 56, 30)
+
+
+def test_meter_tolerates_a_stream_cut_mid_line() -> None:
+    stream = sse(chunk({"content": "partial"})) + b'data: {"id": "c1", "choi'
+    meter = StreamMeter()
+    feed_split(meter, stream, 8)
+    assert meter.text == ["partial"] and meter.usage is None and not meter.done
