@@ -1,0 +1,236 @@
+// chatgate usage dashboard: plain JS, inline SVG, no network besides this chatgate's own admin API.
+"use strict";
+(function () {
+  const KEY = "chatgate.adminKey";
+  const COLORS = ["#2f6fde", "#e67e22", "#27ae60", "#8e44ad", "#c0392b", "#16a085", "#d4ac0d", "#7f8c8d",
+                  "#2c3e50", "#e84393"];
+  const SVGNS = "http://www.w3.org/2000/svg";
+  const $ = (id) => document.getElementById(id);
+
+  // The key may arrive in the URL fragment (#key=...; never sent to the server); keep it for this tab only.
+  function readFragment() {
+    const params = new URLSearchParams(location.hash.replace(/^#/, ""));
+    if (params.get("key")) sessionStorage.setItem(KEY, params.get("key"));
+    if (params.get("bucket")) $("bucket").value = params.get("bucket");
+    if (params.get("span")) $("span").value = params.get("span");
+    if (location.hash) history.replaceState(null, "", location.pathname + location.search);
+  }
+
+  function setStatus(state, text) {
+    document.body.dataset.state = state;
+    $("status").textContent = text;
+  }
+
+  async function api(path) {
+    const key = sessionStorage.getItem(KEY);
+    const resp = await fetch(path, { headers: { Authorization: "Bearer " + key }, cache: "no-store" });
+    let body = null;
+    try { body = await resp.json(); } catch (e) { body = null; }
+    if (!resp.ok) {
+      const msg = body && body.error ? body.error.message : resp.status + " " + resp.statusText;
+      const err = new Error(msg);
+      err.status = resp.status;
+      throw err;
+    }
+    return body;
+  }
+
+  function el(tag, attrs, text) {
+    const node = document.createElementNS(SVGNS, tag);
+    for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, v);
+    if (text !== undefined) node.textContent = text;
+    return node;
+  }
+
+  function fmt(v, metric) {
+    if (metric === "cost_usd") return "$" + (v >= 1 ? v.toFixed(2) : v >= 0.01 ? v.toFixed(4) : v.toPrecision(2));
+    if (v >= 1e6) return (v / 1e6).toFixed(1) + "M";
+    if (v >= 1e3) return (v / 1e3).toFixed(1) + "k";
+    return String(Math.round(v * 100) / 100);
+  }
+
+  function niceMax(v) {
+    if (v <= 0) return 1;
+    const p = Math.pow(10, Math.floor(Math.log10(v)));
+    for (const m of [1, 2, 2.5, 5, 10]) if (m * p >= v) return m * p;
+    return 10 * p;
+  }
+
+  function legend(container, labels) {
+    const box = document.createElement("div");
+    box.className = "legend";
+    labels.forEach((label, i) => {
+      const item = document.createElement("span");
+      const swatch = document.createElement("i");
+      swatch.style.background = COLORS[i % COLORS.length];
+      item.append(swatch, document.createTextNode(label));
+      box.append(item);
+    });
+    container.append(box);
+  }
+
+  // Stacked bars: one bar per time bucket, one colour per series (team, key or model).
+  function stackedBars(container, buckets, series, metric) {
+    container.replaceChildren();
+    const W = 640, H = 240, L = 56, R = 10, T = 10, B = 34;
+    const totals = buckets.map((_, i) => series.reduce((s, e) => s + e[metric][i], 0));
+    const grand = totals.reduce((a, b) => a + b, 0);
+    container.dataset.series = String(series.length);
+    container.dataset.total = String(grand);
+    if (!series.length || grand === 0) {
+      const p = document.createElement("p");
+      p.className = "empty";
+      p.textContent = "No usage in this range.";
+      container.append(p);
+      return;
+    }
+    const max = niceMax(Math.max(...totals));
+    const svg = el("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": metric });
+    const plotW = W - L - R, plotH = H - T - B;
+    for (let t = 0; t <= 4; t++) {
+      const y = T + plotH - (plotH * t) / 4;
+      svg.append(el("line", { x1: L, x2: W - R, y1: y, y2: y, stroke: "#e2e5ea" }));
+      svg.append(el("text", { x: L - 6, y: y + 4, "text-anchor": "end" }, fmt((max * t) / 4, metric)));
+    }
+    const slot = plotW / buckets.length, bw = Math.max(2, Math.min(48, slot * 0.7));
+    const every = Math.ceil(buckets.length / 8);
+    buckets.forEach((b, i) => {
+      const x = L + slot * i + (slot - bw) / 2;
+      let y = T + plotH;
+      series.forEach((s, k) => {
+        const v = s[metric][i];
+        if (!v) return;
+        const h = (plotH * v) / max;
+        y -= h;
+        const rect = el("rect", { x: x, y: y, width: bw, height: Math.max(h, 0.5), fill: COLORS[k % COLORS.length],
+                                  class: "bar", "data-series": s.label });
+        rect.append(el("title", {}, `${s.label} ${b}: ${fmt(v, metric)}`));
+        svg.append(rect);
+      });
+      if (i % every === 0) {
+        const label = b.length > 10 ? b.slice(5, 13).replace("T", " ") + "h" : b.slice(5);
+        svg.append(el("text", { x: x + bw / 2, y: H - B + 16, "text-anchor": "middle" }, label));
+      }
+    });
+    svg.append(el("line", { x1: L, x2: W - R, y1: T + plotH, y2: T + plotH, stroke: "#9aa1ae" }));
+    container.append(svg);
+    legend(container, series.map((s) => `${s.label} (${fmt(metric === "tokens" ? s.total_tokens : s.total_cost_usd, metric)})`));
+  }
+
+  // Horizontal bars: rejected requests per rule code.
+  function ruleBars(container, rows) {
+    container.replaceChildren();
+    container.dataset.series = String(rows.length);
+    container.dataset.total = String(rows.reduce((s, r) => s + r.count, 0));
+    if (!rows.length) {
+      const p = document.createElement("p");
+      p.className = "empty";
+      p.textContent = "No rejected requests since this chatgate started.";
+      container.append(p);
+      return;
+    }
+    const shown = rows.slice(0, 12), rowH = 22, L = 200, W = 640, H = shown.length * rowH + 8;
+    const max = Math.max(...shown.map((r) => r.count));
+    const svg = el("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": "rejections by rule" });
+    shown.forEach((r, i) => {
+      const y = 4 + i * rowH, w = ((W - L - 50) * r.count) / max;
+      svg.append(el("text", { x: L - 8, y: y + 14, "text-anchor": "end" }, r.code));
+      const rect = el("rect", { x: L, y: y + 2, width: Math.max(w, 1), height: rowH - 6, fill: "#c0392b",
+                                class: "bar", "data-series": r.code });
+      rect.append(el("title", {}, `${r.code}: ${r.count}`));
+      svg.append(rect);
+      svg.append(el("text", { x: L + w + 6, y: y + 14 }, String(r.count)));
+    });
+    container.append(svg);
+  }
+
+  function offendersTable(container, rows) {
+    container.replaceChildren();
+    container.dataset.rows = String(rows.length);
+    if (!rows.length) {
+      const p = document.createElement("p");
+      p.className = "empty";
+      p.textContent = "No key has had a request rejected.";
+      container.append(p);
+      return;
+    }
+    const table = document.createElement("table");
+    const head = table.createTHead().insertRow();
+    for (const [h, cls] of [["key", ""], ["team", ""], ["rejected", "num"], ["requests", "num"], ["rejected %", "num"]]) {
+      const th = document.createElement("th");
+      th.textContent = h;
+      th.className = cls;
+      head.append(th);
+    }
+    const tbody = table.createTBody();
+    for (const r of rows) {
+      const tr = tbody.insertRow();
+      const pct = r.requests ? ((100 * r.rejected) / r.requests).toFixed(0) + "%" : "";
+      [[r.key_name || r.key_id, ""], [r.team, ""], [r.rejected, "num"], [r.requests, "num"], [pct, "num"]]
+        .forEach(([v, cls]) => { const td = tr.insertCell(); td.textContent = String(v); td.className = cls; });
+    }
+    container.append(table);
+  }
+
+  function totalsBox(report) {
+    const box = $("totals");
+    box.replaceChildren();
+    const t = report.totals;
+    for (const [label, value] of [["requests", t.requests], ["rejected", t.rejected],
+                                  ["prompt tokens", t.prompt_tokens], ["completion tokens", t.completion_tokens],
+                                  ["cost (USD)", "$" + t.cost_usd.toFixed(4)]]) {
+      const d = document.createElement("div");
+      d.className = "total";
+      const b = document.createElement("b");
+      b.textContent = typeof value === "number" ? fmt(value, "tokens") : value;
+      const s = document.createElement("span");
+      s.textContent = label;
+      d.append(b, s);
+      box.append(d);
+    }
+  }
+
+  async function load() {
+    if (!sessionStorage.getItem(KEY)) {
+      setStatus("locked", "Enter the admin key to load usage.");
+      return;
+    }
+    const bucket = $("bucket").value;
+    const span = Math.max(1, Math.min(400, parseInt($("span").value, 10) || 14));
+    const since = new Date(Date.now() - (span - 1) * (bucket === "day" ? 86400e3 : 3600e3));
+    since.setUTCMinutes(0, 0, 0);
+    if (bucket === "day") since.setUTCHours(0);
+    const q = `bucket=${bucket}&since=${Math.floor(since.getTime() / 1000)}`;
+    setStatus("loading", "Loading…");
+    try {
+      const [team, key, model, totals, rejections] = await Promise.all([
+        api(`/admin/usage/timeseries?by=team&${q}`), api(`/admin/usage/timeseries?by=key&${q}`),
+        api(`/admin/usage/timeseries?by=model&${q}`), api("/admin/usage?by=team"), api("/admin/rejections")]);
+      const byName = { team, key, model };
+      document.querySelectorAll(".chart[data-by]").forEach((c) => {
+        const data = byName[c.dataset.by];
+        stackedBars(c, data.buckets, data.series.slice(0, COLORS.length), c.dataset.metric);
+      });
+      totalsBox(totals);
+      ruleBars($("chart-rejections"), rejections.by_rule);
+      offendersTable($("offenders"), rejections.top_offenders);
+      setStatus("ready", `Last ${span} ${bucket}(s), UTC. Updated ${new Date().toLocaleTimeString()}.`);
+    } catch (err) {
+      if (err.status === 401) sessionStorage.removeItem(KEY);
+      setStatus("error", err.status === 401 ? "The admin key was refused: " + err.message : "Could not load: " + err.message);
+    }
+  }
+
+  $("key-form").addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    const value = $("admin-key").value.trim();
+    if (value) sessionStorage.setItem(KEY, value);
+    $("admin-key").value = "";
+    load();
+  });
+  $("forget").addEventListener("click", () => { sessionStorage.removeItem(KEY); location.reload(); });
+  $("refresh").addEventListener("click", load);
+  $("bucket").addEventListener("change", () => { $("span").value = $("bucket").value === "day" ? 14 : 48; load(); });
+  readFragment();
+  load();
+})();
