@@ -7,13 +7,14 @@ Types are strict because DeepSeek's deserializer is (`"1.3"` is not a number, R2
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
 
 class WireModel(BaseModel):
-    model_config = ConfigDict(extra="allow", strict=True, frozen=True)
+    # allow_inf_nan=False: DeepSeek's parser refuses NaN/Infinity (1e400 overflows); pydantic's does not.
+    model_config = ConfigDict(extra="allow", strict=True, frozen=True, allow_inf_nan=False)
 
 
 # --- message content ---------------------------------------------------------
@@ -45,7 +46,7 @@ class FilePart(WireModel):
     file: FileRef
 
 
-ContentPart = Annotated[Union[TextPart, ImageURLPart, FilePart], Field(discriminator="type")]
+ContentPart = Annotated[TextPart | ImageURLPart | FilePart, Field(discriminator="type")]
 
 
 def _content_kind(value: Any) -> str | None:
@@ -57,7 +58,7 @@ def _content_kind(value: Any) -> str | None:
 
 
 Content = Annotated[
-    Union[Annotated[str, Tag("text")], Annotated[list[ContentPart], Tag("parts")]],
+    Annotated[str, Tag("text")] | Annotated[list[ContentPart], Tag("parts")],
     Discriminator(
         _content_kind,
         custom_error_type="content_type",
@@ -110,7 +111,7 @@ class ToolMessage(WireModel):
 
 
 Message = Annotated[
-    Union[SystemMessage, UserMessage, AssistantMessage, ToolMessage], Field(discriminator="role")
+    SystemMessage | UserMessage | AssistantMessage | ToolMessage, Field(discriminator="role")
 ]
 ROLES = ("system", "user", "assistant", "tool")
 

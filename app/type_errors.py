@@ -23,6 +23,7 @@ _EXPECTED = {
     "model_type": "an object",
     "model_attributes_type": "an object",
     "content_type": "a string or an array of content parts",
+    "finite_number": "a finite number (JSON has no NaN or Infinity)",
 }
 
 _PARAM_RULES = {
@@ -55,7 +56,17 @@ def problems_from_validation_error(exc: pydantic.ValidationError, body: bytes) -
         key = problem.param or ""
         expected.setdefault(key, []).append(_EXPECTED.get(error["type"], ""))
         problems.setdefault(key, problem)  # union members report one param once per member
-    return [_merge_union(p, expected[p.param or ""]) for p in problems.values()]
+    return [_merge_union(p, expected[p.param or ""]) for p in problems.values()
+            if not _shadowed(p, problems)]
+
+
+def _shadowed(problem: Problem, problems: dict[str, Problem]) -> bool:
+    """A union (`stop: str | list[str]`) reports the whole value *and* the bad item inside the matching
+    member: keep only the deeper, more precise one (`stop[0]`, not `stop`)."""
+    param = problem.param
+    if not param or problem.code != "invalid_type":
+        return False
+    return any(other.startswith((param + ".", param + "[")) for other in problems)
 
 
 def _merge_union(problem: Problem, expected: list[str]) -> Problem:
@@ -63,7 +74,8 @@ def _merge_union(problem: Problem, expected: list[str]) -> Problem:
         return problem
     first = f"expected {expected[0]},"
     either = " or ".join(dict.fromkeys(e.replace("an array", "an array of them") for e in expected))
-    return Problem(problem.code, problem.param, problem.message.replace(first, f"expected {either},"), problem.rule)
+    message = problem.message.replace(first, f"expected {either},")
+    return Problem(problem.code, problem.param, message, problem.rule)
 
 
 def _problem(error: Any) -> Problem:
@@ -71,7 +83,8 @@ def _problem(error: Any) -> Problem:
     loc: tuple[Any, ...] = tuple(error["loc"])
     if kind == "json_invalid":
         return Problem("invalid_json", None,
-                       f"Request body is not valid JSON: {error['ctx']['error']}. Send a UTF-8 JSON object.", "R1")
+                       f"Request body is not valid JSON: {error['ctx']['error']}. Send a UTF-8 JSON object.",
+                       "R1")
     if not loc:
         return Problem("invalid_json", None,
                        f"Request body must be a JSON object, got {json_type(error.get('input'))}.", "R1")
@@ -86,7 +99,10 @@ def _problem(error: Any) -> Problem:
 
 
 def _path(loc: tuple[Any, ...]) -> tuple[list[Any], str | None]:
-    """Drop pydantic's union tags from a location: ('messages', 3, 'tool', 'content') -> messages[3].content."""
+    """Drop pydantic's union tags from a location.
+
+    ('messages', 3, 'tool', 'content') -> messages[3].content
+    """
     path: list[Any] = []
     role: str | None = None
     for n, part in enumerate(loc):
@@ -127,12 +143,18 @@ def _message_problem(kind: str, error: Any, path: list[Any], param: str, role: s
     field = path[2] if len(path) > 2 else None
     if len(path) == 2:
         return _message_itself(kind, error, i, param)
+    if field == "tool_calls":
+        return _tool_call_problem(kind, error, path, param, who)
     if kind == "missing":
         code = "missing_tool_call_id" if field == "tool_call_id" else "missing_required_parameter"
         rule = "R13" if field == "tool_call_id" else ("R5" if field == "role" else "R6")
         return Problem(code, param, f"Missing required parameter: '{param}' ({who}).", rule)
-    if field == "tool_calls":
-        return _tool_call_problem(kind, error, path, param, who)
+    if field == "content" and kind == "union_tag_not_found":
+        return Problem("invalid_content_part", f"{param}.type",
+                       f"{who}: content part {param.split('.')[-1]} has no 'type'; use "
+                       "{type: text, text}, {type: image_url, image_url: {url}} or "
+                       "{type: file, file: {...}}.",
+                       "R7")
     if field == "content" and kind == "union_tag_invalid":
         return Problem("invalid_content_part", f"{param}.type",
                        f"{who}: content part type '{error['ctx']['tag']}' is not supported; use text, "
@@ -147,8 +169,8 @@ def _message_problem(kind: str, error: Any, path: list[Any], param: str, role: s
         return Problem("content_not_string", param,
                        f"{who}: content must be {expected}, got {got}."
                        + (" Join text parts into one string." if got == "array" else ""), "R6")
-    rule = "R13" if field == "tool_call_id" else "R21" if field == "prefix" else None
-    return Problem("invalid_type", param, f"{who}: {_type_message(kind, error, param)}", rule)
+    other_rule = "R13" if field == "tool_call_id" else "R21" if field == "prefix" else None
+    return Problem("invalid_type", param, f"{who}: {_type_message(kind, error, param)}", other_rule)
 
 
 def _message_itself(kind: str, error: Any, i: int, param: str) -> Problem:
@@ -159,8 +181,8 @@ def _message_itself(kind: str, error: Any, i: int, param: str) -> Problem:
                        f"messages[{i}].role '{tag}' is not supported by DeepSeek; {fix}.", "R5")
     if kind == "union_tag_not_found":
         return Problem("missing_required_parameter", f"{param}.role",
-                       f"Missing required parameter: '{param}.role'. Each message needs a role: system, user, "
-                       "assistant or tool.", "R5")
+                       f"Missing required parameter: '{param}.role'. Each message needs a role: "
+                       "system, user, assistant or tool.", "R5")
     return Problem("invalid_type", param,
                    f"messages[{i}] must be an object with 'role' and 'content', got "
                    f"{json_type(error.get('input'))}.", "R4")

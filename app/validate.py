@@ -171,7 +171,8 @@ def rule_content(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Probl
             yield from _media_part(req, ctx, i, msg, j, part)
     if images > IMAGES_MAX:
         yield Problem("invalid_image", "messages",
-                      f"Too many images: {images} in this request, DeepSeek accepts at most {IMAGES_MAX}.", "R9")
+                      f"Too many images: {images} in this request, DeepSeek accepts at most "
+                      f"{IMAGES_MAX}.", "R9")
 
 
 def _media_part(req: ChatCompletionRequest, ctx: RuleContext, i: int, msg: Message, j: int,
@@ -179,7 +180,8 @@ def _media_part(req: ChatCompletionRequest, ctx: RuleContext, i: int, msg: Messa
     param = f"messages[{i}].content[{j}]"
     if not ctx.profile.vision:
         yield Problem("image_not_supported", param,
-                      f"{where(i, msg)}: content[{j}] is an {part.type} part, but model '{req.model}' does not "
+                      f"{where(i, msg)}: content[{j}] is an {part.type} part, but model "
+                      f"'{req.model}' does not "
                       "support images or files (This model does not support image). Use a vision model such "
                       "as 'deepseek-flash', or remove the part.", "R8")
         return
@@ -187,7 +189,8 @@ def _media_part(req: ChatCompletionRequest, ctx: RuleContext, i: int, msg: Messa
         yield from _image_url(i, msg, j, part, param)
     elif (part.file.file_id is None) == (part.file.file_data is None):
         yield Problem("invalid_image", f"{param}.file",
-                      f"{where(i, msg)}: content[{j}].file must have exactly one of 'file_id' or 'file_data'.",
+                      f"{where(i, msg)}: content[{j}].file must have exactly one of 'file_id' or "
+                      f"'file_data'.",
                       "R9")
 
 
@@ -195,7 +198,8 @@ def _image_url(i: int, msg: Message, j: int, part: ImageURLPart, param: str) -> 
     url = part.image_url.url
     if len(url) > IMAGE_URL_MAX and not url.startswith("data:"):
         yield Problem("invalid_image", f"{param}.image_url.url",
-                      f"{where(i, msg)}: content[{j}].image_url.url is {len(url)} characters; DeepSeek accepts "
+                      f"{where(i, msg)}: content[{j}].image_url.url is {len(url)} characters; "
+                      f"DeepSeek accepts "
                       f"image URLs of at most {IMAGE_URL_MAX}. Send the image inline as a data: URL.", "R9")
     elif not (url.startswith(("http://", "https://")) or _DATA_IMAGE.match(url)):
         yield Problem("invalid_image", f"{param}.image_url.url",
@@ -215,7 +219,8 @@ def rule_assistant_not_empty(req: ChatCompletionRequest, ctx: RuleContext) -> It
     for i, msg in enumerate(req.messages):
         if isinstance(msg, AssistantMessage) and msg.content is None and not msg.tool_calls:
             yield Problem("assistant_empty", f"messages[{i}]",
-                          f"Invalid assistant message: content or tool_calls must be set ({where(i, msg)} has "
+                          f"Invalid assistant message: content or tool_calls must be set "
+                          f"({where(i, msg)} has "
                           "neither). Send content \"\" or drop the message.", "R10")
 
 
@@ -287,7 +292,8 @@ def _tool_block(messages: list[Message], i: int, msg: AssistantMessage, end: int
     if unknown and (pending or ctx.strict):
         for t, tool in unknown:
             yield Problem("unknown_tool_call_id", f"messages[{t}].tool_call_id",
-                          f"Invalid parameter: 'tool_call_id' of '{tool.tool_call_id}' not found in 'tool_calls' "
+                          f"Invalid parameter: 'tool_call_id' of '{tool.tool_call_id}' not found in "
+                          f"'tool_calls' "
                           f"of previous message ({where(t, tool)}; messages[{i}] has tool_calls with ids "
                           f"{', '.join(repr(x) for x in ids)}). Use the id of the call this result answers.",
                           "R15")
@@ -318,7 +324,8 @@ def rule_reasoning_content(req: ChatCompletionRequest, ctx: RuleContext) -> Iter
             yield Problem("reasoning_content_missing", f"messages[{i}].reasoning_content",
                           "The `reasoning_content` in the thinking mode must be passed back to the API "
                           f"({where(i, msg)} with tool_calls has none). Send back the reasoning_content "
-                          "DeepSeek returned with this tool call, or set thinking.type = \"disabled\".", "R17")
+                          "DeepSeek returned with this tool call, or set thinking.type = "
+                          "\"disabled\".", "R17")
 
 
 THINKING_TYPES = ("enabled", "disabled")
@@ -328,7 +335,8 @@ REASONING_EFFORTS = ("low", "high", "max", "minimal", "medium", "xhigh", "ultra"
 def rule_thinking_params(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem]:
     if req.thinking is not None and req.thinking.type not in (*THINKING_TYPES, None):
         yield Problem("invalid_thinking", "thinking.type",
-                      f"Invalid 'thinking.type': '{req.thinking.type}'. Use \"enabled\" or \"disabled\".", "R36")
+                      f"Invalid 'thinking.type': '{req.thinking.type}'. Use \"enabled\" or "
+                      f"\"disabled\".", "R36")
     if req.reasoning_effort is not None and req.reasoning_effort not in REASONING_EFFORTS:
         yield Problem("invalid_thinking", "reasoning_effort",
                       f"Invalid 'reasoning_effort': '{req.reasoning_effort}'. Use one of low, high, max "
@@ -354,8 +362,10 @@ def rule_legacy_reasoner(req: ChatCompletionRequest, ctx: RuleContext) -> Iterat
     for i, msg in enumerate(req.messages):
         if isinstance(msg, AssistantMessage) and msg.reasoning_content is not None and not msg.prefix:
             yield Problem("reasoning_content_not_allowed", f"messages[{i}].reasoning_content",
-                          "The reasoning_content is an intermediate result for display purposes only and will "
-                          f"not be included in the context for inference ({where(i, msg)}). Please remove the "
+                          "The reasoning_content is an intermediate result for display purposes "
+                          "only and will "
+                          f"not be included in the context for inference ({where(i, msg)}). Please "
+                          f"remove the "
                           "reasoning_content from your message.", "R18")
     yield from _successive_roles(req)
     yield from _reasoner_order(req)
@@ -367,8 +377,11 @@ def _successive_roles(req: ChatCompletionRequest) -> Iterator[Problem]:
         if a.role == b.role and a.role in ("user", "assistant"):
             yield Problem("successive_roles", f"messages[{i}].role",
                           f"deepseek-reasoner does not support successive user or assistant messages "
-                          f"(messages[{i - 1}] and messages[{i}] in your input). You should interleave the "
-                          "user/assistant messages in the message sequence.", "R19")
+                          f"(messages[{i - 1}] and messages[{i}] in your input, both role "
+                          f"{b.role}). You should "
+                          "interleave the user/assistant messages in the message sequence: merge "
+                          "them into one "
+                          "message.", "R19")
 
 
 def _reasoner_order(req: ChatCompletionRequest) -> Iterator[Problem]:
@@ -377,19 +390,22 @@ def _reasoner_order(req: ChatCompletionRequest) -> Iterator[Problem]:
     if first is not None and not isinstance(msgs[first], UserMessage):
         yield Problem("reasoner_order", f"messages[{first}].role",
                       "The first message (except the system message) of deepseek-reasoner must be a user "
-                      f"message, but an {msgs[first].role} message detected (messages[{first}]).", "R20")
+                      f"message, but an {msgs[first].role} message detected ({where(first, msgs[first])}). "
+                      "Start the conversation with the user's message.", "R20")
     for i, m in enumerate(msgs):
         if isinstance(m, SystemMessage) and first is not None and i > first:
             yield Problem("reasoner_order", f"messages[{i}].role",
-                          "The system message of deepseek-reasoner must be put on the beginning of the message "
-                          f"sequence (messages[{i}]).", "R20")
+                          "The system message of deepseek-reasoner must be put on the beginning of "
+                          "the message "
+                          f"sequence ({where(i, m)}). Move it before messages[{first}].", "R20")
     last = msgs[-1] if msgs else None
     if last is not None and not (isinstance(last, UserMessage) or (
             isinstance(last, AssistantMessage) and last.prefix)):
         yield Problem("reasoner_order", f"messages[{len(msgs) - 1}].role",
                       "The last message of deepseek-reasoner must be a user message, or an assistant message "
-                      "with prefix mode on (refer to https://api-docs.deepseek.com/guides/chat_prefix_completion).",
-                      "R20")
+                      "with prefix mode on (refer to "
+                      "https://api-docs.deepseek.com/guides/chat_prefix_completion); "
+                      f"{where(len(msgs) - 1, last)} is last. End with the user's message.", "R20")
 
 
 # --- prefix completion (R21) ------------------------------------------------------
@@ -402,7 +418,8 @@ def rule_prefix(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Proble
             continue
         if i != last:
             yield Problem("invalid_prefix", f"messages[{i}].prefix",
-                          f"{where(i, msg)}: prefix is a Beta feature allowed only on the last message, which "
+                          f"{where(i, msg)}: prefix is a Beta feature allowed only on the last "
+                          f"message, which "
                           "must be the assistant message to continue. Remove 'prefix' here.", "R21")
         elif not ctx.beta:
             yield Problem("invalid_prefix", f"messages[{i}].prefix",
@@ -442,7 +459,8 @@ def _mentions_json(msg: Message) -> bool:
 def _range(name: str, value: float | None, lo: float, hi: float, rule: str,
            code: str = "out_of_range") -> Iterator[Problem]:
     if value is not None and not lo <= value <= hi:
-        yield Problem(code, name, f"Invalid '{name}': expected a value in [{lo:g}, {hi:g}], got {value:g}.", rule)
+        yield Problem(code, name, f"Invalid '{name}': expected a value in [{lo:g}, {hi:g}], got "
+                                  f"{value:g}.", rule)
 
 
 def rule_sampling(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem]:
@@ -484,7 +502,8 @@ def rule_logprobs(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Prob
     yield from _range("top_logprobs", req.top_logprobs, 0, 20, "R35")
     if req.top_logprobs is not None and req.logprobs is not True:
         yield Problem("top_logprobs_requires_logprobs", "top_logprobs",
-                      "Invalid 'top_logprobs': `logprobs` must be set to true if this parameter is used.", "R35")
+                      "Invalid 'top_logprobs': `logprobs` must be set to true if this parameter is "
+                      "used.", "R35")
 
 
 _USER_ID = re.compile(r"^[a-zA-Z0-9_-]{1,512}$")
@@ -498,7 +517,8 @@ def rule_user_id(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Probl
 
 def rule_n(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem]:
     if req.n is not None and req.n != 1:
-        yield Problem("n_not_supported", "n", f"DeepSeek supports only n = 1; got n = {req.n}. Remove 'n'.", "R38")
+        yield Problem("n_not_supported", "n",
+                      f"DeepSeek supports only n = 1; got n = {req.n}. Remove 'n'.", "R38")
 
 
 # --- tools (R30-R33) -----------------------------------------------------------------
@@ -511,7 +531,8 @@ def rule_tools(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem
     tools = req.tools or []
     if len(tools) > TOOLS_MAX:
         yield Problem("too_many_tools", "tools",
-                      f"Invalid 'tools': {len(tools)} functions; DeepSeek accepts a max of {TOOLS_MAX}.", "R30")
+                      f"Invalid 'tools': {len(tools)} functions; DeepSeek accepts a max of "
+                      f"{TOOLS_MAX}.", "R30")
     names: dict[str, int] = {}
     for k, tool in enumerate(tools):
         if tool.type != "function":
@@ -520,12 +541,15 @@ def rule_tools(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem
         name = tool.function.name
         if not _FUNCTION_NAME.match(name):
             yield Problem("invalid_function_name", f"tools[{k}].function.name",
-                          f"Invalid 'tools[{k}].function.name': string does not match pattern. Expected a string "
-                          f"that matches the pattern '^[a-zA-Z0-9_-]+$' (at most 64 characters); got {name!r}. "
+                          f"Invalid 'tools[{k}].function.name': string does not match pattern. "
+                          f"Expected a string "
+                          f"that matches the pattern '^[a-zA-Z0-9_-]+$' (at most 64 characters); "
+                          f"got {name!r}. "
                           "Replace '.', ':', spaces and non-ASCII characters with '_'.", "R31")
         elif name in names and ctx.strict:
             yield Problem("invalid_function_name", f"tools[{k}].function.name",
-                          f"Invalid 'tools[{k}].function.name': '{name}' is already defined by tools[{names[name]}].",
+                          f"Invalid 'tools[{k}].function.name': '{name}' is already defined by "
+                          f"tools[{names[name]}].",
                           "R31")
         names.setdefault(name, k)
         yield from _strict_tool(req, ctx, k)
@@ -557,13 +581,17 @@ def strict_schema_problems(schema: Any, path: str) -> Iterator[tuple[str, str]]:
             yield path, f"'{key}' is not supported in strict mode"
     if schema.get("type") == "object":
         props = schema.get("properties") or {}
-        required = set(schema.get("required") or [])
+        if not isinstance(props, dict):
+            props = {}
+        listed = schema.get("required")
+        # arbitrary client JSON: only string entries of a list count (never hash a dict/list)
+        required = {x for x in listed if isinstance(x, str)} if isinstance(listed, list) else set()
         missing = [name for name in props if name not in required]
         if missing:
             yield path, f"every property must be listed in 'required' (missing: {', '.join(missing)})"
         if schema.get("additionalProperties") is not False:
             yield path, "'additionalProperties' must be false"
-        for name, sub in props.items() if isinstance(props, dict) else ():
+        for name, sub in props.items():
             yield from strict_schema_problems(sub, f"{path}.properties.{name}")
     for key in ("items", "$defs", "$def", "definitions", "anyOf"):
         sub = schema.get(key)
@@ -588,7 +616,8 @@ def rule_tool_choice(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[P
         if choice not in TOOL_CHOICES:
             yield Problem("invalid_tool_choice", "tool_choice",
                           f"tool_choice: expected one of `none`, `auto`, `required` or a tool; got '{choice}'"
-                          + (" ('any' is Anthropic's spelling of 'required')." if choice == "any" else "."), "R33")
+                          + (" ('any' is Anthropic's spelling of "
+                             "'required')." if choice == "any" else "."), "R33")
         elif choice != "none" and not req.tools and ctx.strict:
             yield Problem("invalid_tool_choice", "tool_choice",
                           f"tool_choice '{choice}' needs 'tools'; none are defined.", "R33")
