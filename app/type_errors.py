@@ -145,6 +145,12 @@ def _message_problem(kind: str, error: Any, path: list[Any], param: str, role: s
         return _message_itself(kind, error, i, param)
     if field == "tool_calls":
         return _tool_call_problem(kind, error, path, param, who)
+    if kind == "missing" and field == "content" and len(path) > 3:
+        return Problem("invalid_content_part", param,
+                       f"{who}: missing required parameter '{param}'. Content parts are "
+                       "{type: text, text}, {type: image_url, image_url: {url}} or "
+                       "{type: file, file: {file_id | file_data}}.",
+                       "R7")
     if kind == "missing":
         code = "missing_tool_call_id" if field == "tool_call_id" else "missing_required_parameter"
         rule = "R13" if field == "tool_call_id" else ("R5" if field == "role" else "R6")
@@ -168,7 +174,10 @@ def _message_problem(kind: str, error: Any, path: list[Any], param: str, role: s
         expected = "a string" if role in ("system", "assistant") else "a string or an array of content parts"
         return Problem("content_not_string", param,
                        f"{who}: content must be {expected}, got {got}."
-                       + (" Join text parts into one string." if got == "array" else ""), "R6")
+                       + (" Join text parts into one string." if got == "array"
+                          else " Send the text as a JSON string" + (" (or null beside tool_calls)."
+                                                                     if role == "assistant" else ".")),
+                       "R6")
     other_rule = "R13" if field == "tool_call_id" else "R21" if field == "prefix" else None
     return Problem("invalid_type", param, f"{who}: {_type_message(kind, error, param)}", other_rule)
 
