@@ -43,6 +43,7 @@
   }
 
   function fmt(v, metric) {
+    if (v === 0) return metric === "cost_usd" ? "$0" : "0";
     if (metric === "cost_usd") return "$" + (v >= 1 ? v.toFixed(2) : v >= 0.01 ? v.toFixed(4) : v.toPrecision(2));
     if (v >= 1e6) return (v / 1e6).toFixed(1) + "M";
     if (v >= 1e3) return (v / 1e3).toFixed(1) + "k";
