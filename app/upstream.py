@@ -26,7 +26,8 @@ def build_transport(settings: UpstreamSettings) -> httpx2.AsyncBaseTransport:
 
 
 class Upstream:
-    def __init__(self, settings: UpstreamSettings, transport: httpx2.AsyncBaseTransport | None = None) -> None:
+    def __init__(self, settings: UpstreamSettings,
+                 transport: httpx2.AsyncBaseTransport | None = None) -> None:
         self.base_url = settings.base_url
         timeout = httpx2.Timeout(settings.read_timeout, connect=settings.connect_timeout,
                                  pool=settings.connect_timeout)
@@ -41,7 +42,7 @@ class Upstream:
         request = self.client.build_request(method, self.base_url + path, headers=headers, content=body)
         try:
             return await self.client.send(request, stream=True)
-        except (httpx2.TransportError, aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        except (TimeoutError, httpx2.TransportError, aiohttp.ClientError, OSError) as exc:
             raise map_transport_error(exc) from None
 
 
@@ -64,10 +65,18 @@ def is_timeout(exc: BaseException) -> bool:
     return isinstance(exc, (httpx2.TimeoutException, asyncio.TimeoutError))
 
 
+def _hop_by_hop(raw: list[tuple[bytes, bytes]]) -> frozenset[str]:
+    """The fixed hop-by-hop set plus every header named by the message's `Connection` (RFC 9110 7.6.1)."""
+    named = {token.strip().lower() for k, v in raw if k.lower() == b"connection"
+             for token in v.decode("latin-1").split(",") if token.strip()}
+    return HOP_BY_HOP | named
+
+
 def forward_headers(raw: list[tuple[bytes, bytes]], authorization: str | None, request_id: str
                     ) -> list[tuple[str, str]]:
+    drop = _hop_by_hop(raw) | {"authorization", "x-request-id"}
     out = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in raw
-           if k.lower().decode("latin-1") not in HOP_BY_HOP and k.lower() not in (b"authorization", b"x-request-id")]
+           if k.decode("latin-1").lower() not in drop]
     if authorization:
         out.append(("authorization", authorization))
     out.append(("x-request-id", request_id))
@@ -75,8 +84,12 @@ def forward_headers(raw: list[tuple[bytes, bytes]], authorization: str | None, r
     return out
 
 
+# uvicorn adds its own Date and Server: relaying DeepSeek's too would send each header twice.
+OWN_RESPONSE_HEADERS = frozenset({"x-request-id", "date", "server"})
+
+
 def response_headers(headers: httpx2.Headers, request_id: str) -> list[tuple[bytes, bytes]]:
-    out = [(k, v) for k, v in headers.raw if k.lower().decode("latin-1") not in HOP_BY_HOP
-           and k.lower() != b"x-request-id"]
+    drop = _hop_by_hop(headers.raw) | OWN_RESPONSE_HEADERS
+    out = [(k, v) for k, v in headers.raw if k.decode("latin-1").lower() not in drop]
     out.append((b"x-request-id", request_id.encode("latin-1")))
     return out
