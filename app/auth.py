@@ -1,4 +1,5 @@
-"""Who is calling: a chatgate-issued key (managed) or a fingerprint of the client's own DeepSeek key (passthrough)."""
+"""Who is calling: a chatgate-issued key (managed), or a fingerprint of the client's own DeepSeek key
+(passthrough)."""
 
 from __future__ import annotations
 
@@ -66,8 +67,8 @@ class Authenticator:
                                "`chatgate keys create --team T --name N`).")
         key = await self._lookup(token)
         if key is None or not key.active:
-            raise unauthorized("Invalid chatgate API key: unknown or revoked. Check the key, or create a new one "
-                               "with `chatgate keys create`.")
+            raise unauthorized("Invalid chatgate API key: unknown or revoked. Check the key, or create a new "
+                               "one with `chatgate keys create`.")
         return Identity(key.key_id, key.name, key.team, self._upstream)
 
     def _passthrough(self, token: str | None, authorization: str | None) -> Identity:

@@ -113,11 +113,25 @@ def cmd_serve(args: argparse.Namespace) -> int:
     s = loaded.settings.server
     os.environ[FLAGS_ENV] = json.dumps({"config": loaded.config_path, "flags": _flags(args)})
     _configure_logging()
+    _absorb_replayed_stop_signals()
     uvicorn.run("app.cli:app_from_env", factory=True, host=s.host, port=s.port, workers=s.workers,
                 loop="uvloop", http="httptools", lifespan="on", access_log=False, server_header=False,
                 timeout_graceful_shutdown=int(s.shutdown_grace_seconds) or None, backlog=4096,
                 log_config=None, timeout_keep_alive=30)
     return 0
+
+
+def _absorb_replayed_stop_signals() -> None:
+    """Exit 0 after a graceful SIGTERM/SIGINT shutdown.
+
+    uvicorn (>= 0.29) handles the signal, shuts down gracefully, then re-raises it against the handler that
+    was installed before it started; with the default handler the process would die with -15 after a clean
+    drain. A no-op handler here lets `serve` return normally once uvicorn is done.
+    """
+    import signal
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: None)
 
 
 def app_from_env() -> Any:

@@ -20,7 +20,8 @@ class Metrics:
                                   ["code"], registry=r)
         self.tokens = Counter("chatgate_tokens", "Tokens by kind, model and team", ["kind", "model", "team"],
                               registry=r)
-        self.cost = Counter("chatgate_cost_usd", "Cost in USD by model and team", ["model", "team"], registry=r)
+        self.cost = Counter("chatgate_cost_usd", "Cost in USD by model and team", ["model", "team"],
+                            registry=r)
         self.upstream_latency = Histogram("chatgate_upstream_latency_seconds", "Whole upstream exchange",
                                           ["model"], buckets=LATENCY_BUCKETS, registry=r)
         self.ttfb = Histogram("chatgate_time_to_first_byte_seconds", "Upstream time to first byte",
@@ -32,7 +33,8 @@ class Metrics:
             self.rejections.labels(rec.rule_code or "unknown").inc()
             return
         for kind, n in (("prompt", rec.prompt_tokens), ("completion", rec.completion_tokens),
-                        ("cache_hit", rec.prompt_cache_hit_tokens), ("cache_miss", rec.prompt_cache_miss_tokens),
+                        ("cache_hit", rec.prompt_cache_hit_tokens),
+                        ("cache_miss", rec.prompt_cache_miss_tokens),
                         ("reasoning", rec.reasoning_tokens)):
             if n:
                 self.tokens.labels(kind, rec.model, rec.team).inc(n)

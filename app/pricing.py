@@ -17,7 +17,7 @@ def _minutes(hhmm: str) -> int:
 
 
 def is_peak(ts: float, windows: list[str]) -> bool:
-    t = dt.datetime.fromtimestamp(ts, dt.timezone.utc)
+    t = dt.datetime.fromtimestamp(ts, dt.UTC)
     now = t.hour * 60 + t.minute
     for window in windows:
         start, end = (_minutes(x) for x in window.split("-"))

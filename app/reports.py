@@ -32,7 +32,8 @@ def parse_time(value: str | None, name: str) -> float | None:
     try:
         parsed = dt.datetime.fromisoformat(value)
     except ValueError:
-        raise ReportError(f"--{name}: expected a date (2026-11-30), a datetime or unix seconds, got {value!r}")
+        raise ReportError(
+            f"--{name}: expected a date (2026-11-30), a datetime or unix seconds, got {value!r}") from None
     if parsed.tzinfo is None:
         parsed = parsed.replace(tzinfo=dt.UTC)
     return parsed.timestamp()
@@ -41,7 +42,7 @@ def parse_time(value: str | None, name: str) -> float | None:
 def make_query(group_by: str, since: str | None, until: str | None) -> ReportQuery:
     if group_by not in GROUP_BYS:
         raise ReportError(f"group by must be one of {', '.join(GROUP_BYS)}, got {group_by!r}")
-    gb: GroupBy = group_by  # type: ignore[assignment]
+    gb: GroupBy = group_by
     return ReportQuery(gb, parse_time(since, "since"), parse_time(until, "until"))
 
 
@@ -89,7 +90,7 @@ def render_table(report: dict[str, Any]) -> str:
     total = {**report["totals"], group[0]: "TOTAL"}
     lines.append([_cell(total.get(k)) for k in keys])
     widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(heads)]
-    fmt = "  ".join("{:<%d}" % w if i < len(group) else "{:>%d}" % w for i, w in enumerate(widths))
+    fmt = "  ".join(f"{{:<{w}}}" if i < len(group) else f"{{:>{w}}}" for i, w in enumerate(widths))
     rule = "  ".join("-" * w for w in widths)
     return "\n".join([fmt.format(*heads), rule, *(fmt.format(*line) for line in lines[:-1]), rule,
                       fmt.format(*lines[-1])]) + "\n"
