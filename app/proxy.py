@@ -175,7 +175,7 @@ class Gateway:
         try:
             async with asyncio.timeout(max(deadline - time.perf_counter(), 0.001)):
                 content = await resp.aread()
-        except (httpx2.TransportError, asyncio.TimeoutError, OSError) as exc:
+        except (TimeoutError, httpx2.TransportError, OSError) as exc:
             raise map_transport_error(exc) from None
         finally:
             await resp.aclose()

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx2
 import orjson
+from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from app.errors import APIError
@@ -29,9 +30,12 @@ class ClientGone(Exception):
     pass
 
 
-class SSERelay:
+class SSERelay(Response):
+    """A Starlette Response only in type (route handlers return it); `__call__` does all the sending."""
+
     def __init__(self, gateway: Gateway, ex: Exchange, resp: httpx2.Response, deadline: float,
                  strip_usage: bool) -> None:
+        super().__init__(status_code=200, media_type="text/event-stream")
         self.gateway = gateway
         self.ex = ex
         self.resp = resp
@@ -76,7 +80,7 @@ class SSERelay:
         try:
             async with asyncio.timeout(max(self.deadline - time.perf_counter(), 0.001)):
                 await self._pump(send)
-        except (httpx2.TransportError, asyncio.TimeoutError, OSError) as exc:
+        except (TimeoutError, httpx2.TransportError, OSError) as exc:
             if self.client_gone:
                 raise ClientGone() from exc
             await self._broken(send, map_transport_error(exc))
