@@ -57,9 +57,8 @@ class Gate:
 @pytest.fixture(scope="package")
 def gate_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gate]:
     tmp: Path = tmp_path_factory.mktemp("compat")
-    with run_fake_deepseek() as fake:
-        with run_chatgate(make_settings(tmp, fake.url)) as gate:
-            yield Gate(gate.url, fake.state)
+    with run_fake_deepseek() as fake, run_chatgate(make_settings(tmp, fake.url)) as gate:
+        yield Gate(gate.url, fake.state)
 
 
 @pytest.fixture

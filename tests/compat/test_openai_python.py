@@ -23,14 +23,16 @@ def assistant_turn(message: Any) -> dict[str, Any]:
 
 def tool_results(message: Any) -> list[dict[str, Any]]:
     return [{"role": "tool", "tool_call_id": call.id,
-             "content": search_forecast(**json.loads(call.function.arguments))} for call in message.tool_calls]
+             "content": search_forecast(**json.loads(call.function.arguments))}
+            for call in message.tool_calls]
 
 
 BROKEN_HISTORY: list[dict[str, Any]] = [
     QUESTION,
     # The assistant's tool call came back without its reasoning_content: refused in thinking mode (R17).
     {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "call_0", "type": "function", "function": {"name": "search_forecast", "arguments": '{"q": "x"}'}}]},
+        {"id": "call_0", "type": "function",
+         "function": {"name": "search_forecast", "arguments": '{"q": "x"}'}}]},
     {"role": "tool", "tool_call_id": "call_0", "content": "18C"},
 ]
 
@@ -39,7 +41,8 @@ def check_refusal(exc: openai.BadRequestError, gate: Gate) -> None:
     assert exc.status_code == 400
     assert exc.code == "reasoning_content_missing"
     body: Any = exc.body
-    assert body["problems"][0]["rule"] == "R17" and body["problems"][0]["param"] == "messages[1].reasoning_content"
+    problem = body["problems"][0]
+    assert problem["rule"] == "R17" and problem["param"] == "messages[1].reasoning_content"
     assert gate.upstream_bodies() == []  # refused locally, DeepSeek never saw it
 
 
@@ -71,7 +74,8 @@ def test_sync_streamed_answer_arrives_in_chunks(client: openai.OpenAI, gate: Gat
                                             stream_options={"include_usage": True})
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    reasoning = "".join(getattr(c.choices[0].delta, "reasoning_content", None) or "" for c in chunks if c.choices)
+    reasoning = "".join(getattr(c.choices[0].delta, "reasoning_content", None) or ""
+                        for c in chunks if c.choices)
     assert len(chunks) > 3 and text.startswith("Answer 1") and reasoning
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
 
