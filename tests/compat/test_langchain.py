@@ -1,0 +1,73 @@
+"""LangChain `ChatOpenAI` with tools through a real chatgate.
+
+ChatOpenAI drops DeepSeek's `reasoning_content` (it is not kept on the AIMessage, so it cannot be sent
+back): a thinking-mode tool loop therefore breaks R17, and chatgate refuses it locally with a 400 that
+LangChain raises as `openai.BadRequestError`. The working loop disables thinking with
+`extra_body={"thinking": {"type": "disabled"}}`, which is what LangChain users must do.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import openai
+import pytest
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
+from langchain_core.tools import tool
+from langchain_openai import ChatOpenAI
+
+from tests.compat.conftest import CLIENT_KEY, MODEL, Gate
+from tests.compat.conftest import search_forecast as forecast
+
+NO_THINKING = {"thinking": {"type": "disabled"}}
+
+
+@tool
+def search_forecast(q: str) -> str:
+    """Search the weather forecast."""
+    return forecast(q)
+
+
+def chat(gate: Gate, **kwargs: Any) -> ChatOpenAI:
+    return ChatOpenAI(model=MODEL, base_url=gate.base_url, api_key=CLIENT_KEY,  # type: ignore[arg-type]
+                      max_retries=0, timeout=10, **kwargs)
+
+
+def run_tool_loop(llm: ChatOpenAI) -> tuple[AIMessage, AIMessage]:
+    bound = llm.bind_tools([search_forecast])
+    messages: list[BaseMessage] = [HumanMessage("Do I need an umbrella in Lisbon today?")]
+    first = bound.invoke(messages)
+    assert isinstance(first, AIMessage)
+    messages.append(first)
+    for call in first.tool_calls:
+        messages.append(ToolMessage(search_forecast.invoke(call["args"]), tool_call_id=call["id"]))
+    final = bound.invoke(messages)
+    assert isinstance(final, AIMessage)
+    return first, final
+
+
+def test_langchain_tool_loop_with_thinking_disabled(gate: Gate) -> None:
+    first, final = run_tool_loop(chat(gate, extra_body=NO_THINKING))
+    assert first.tool_calls[0]["name"] == "search_forecast" and first.tool_calls[0]["args"] == {"q": "x"}
+    assert final.content == "Answer 3: the tool said forecast for x: light rain"
+    bodies = gate.upstream_bodies()
+    assert [b["thinking"] for b in bodies] == [NO_THINKING["thinking"]] * 2
+    assert bodies[1]["messages"][2] == {"role": "tool", "tool_call_id": first.tool_calls[0]["id"],
+                                        "content": "forecast for x: light rain"}
+
+
+def test_langchain_streamed_answer_arrives_in_chunks(gate: Gate) -> None:
+    chunks = list(chat(gate, extra_body=NO_THINKING).stream("Do I need an umbrella in Lisbon today?"))
+    text = "".join(str(c.content) for c in chunks)
+    assert len([c for c in chunks if c.content]) > 3
+    assert text == "Answer 1: the fake DeepSeek says hello."
+    assert gate.upstream_bodies()[0]["stream"] is True
+
+
+def test_langchain_drops_reasoning_content_so_chatgate_refuses_the_loop_R17(gate: Gate) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        run_tool_loop(chat(gate))  # thinking on (the model's default)
+    assert info.value.status_code == 400 and info.value.code == "reasoning_content_missing"
+    body: Any = info.value.body
+    assert body["problems"][0]["rule"] == "R17"
+    assert len(gate.upstream_bodies()) == 1  # only the first turn reached DeepSeek
