@@ -130,7 +130,8 @@ class Gateway:
         checked = check_body(body, self.policy, beta=route.beta)
         if checked.problems:
             return error_response(APIError.from_problems(checked.problems))
-        return json_response(200, {"valid": True, "model": checked.request.model if checked.request else None})
+        model = checked.request.model if checked.request else None
+        return json_response(200, {"valid": True, "model": model})
 
     # --- steps -----------------------------------------------------------------------
 
@@ -157,11 +158,15 @@ class Gateway:
         resp = await self.upstream.send("POST", ex.route.upstream_path, headers, body)
         ex.mark_first_byte()
         if ex.stream and resp.status_code == 200:
+            if not is_event_stream(resp.headers.get("content-type", "")):
+                await resp.aclose()
+                raise bad_gateway("DeepSeek answered a streaming request with 200 but not an event stream "
+                                  "(upstream broke the protocol).", "upstream_bad_response")
             return SSERelay(self, ex, resp, deadline, strip_usage)
         return await self._buffered(ex, resp, deadline)
 
     def _upstream_body(self, ex: Exchange) -> tuple[bytes, bool]:
-        """The client's bytes, unless chatgate must ask for streamed usage (then re-serialised, fields kept)."""
+        """The client's bytes, unless chatgate must ask for streamed usage (re-serialised, fields kept)."""
         if not (ex.stream and self.settings.upstream.request_stream_usage):
             return ex.body, False
         data = orjson.loads(ex.body)
@@ -185,8 +190,8 @@ class Gateway:
             return Response(content, resp.status_code, headers=dict(_decode(headers)))
         is_json, tokens = usage_from_body(content)
         if not is_json:
-            raise bad_gateway("DeepSeek answered 200 with a body that is not JSON (upstream broke the protocol).",
-                              "upstream_bad_response")
+            raise bad_gateway("DeepSeek answered 200 with a body that is not JSON (upstream broke the "
+                              "protocol).", "upstream_bad_response")
         if tokens is None:
             tokens = await self.estimate(ex, completion_text="")
             self.finish(ex, "ok", 200, tokens, exact=False, upstream_status=200)
@@ -224,7 +229,8 @@ class Gateway:
             stream=ex.stream, outcome=outcome, rule_code=rule_code, upstream_status=upstream_status,
             prompt_tokens=tokens.prompt_tokens, completion_tokens=tokens.completion_tokens,
             prompt_cache_hit_tokens=tokens.prompt_cache_hit_tokens,
-            prompt_cache_miss_tokens=tokens.prompt_cache_miss_tokens, reasoning_tokens=tokens.reasoning_tokens,
+            prompt_cache_miss_tokens=tokens.prompt_cache_miss_tokens,
+            reasoning_tokens=tokens.reasoning_tokens,
             cost_picousd=cost, latency_ms=round((time.perf_counter() - ex.t0) * 1000, 3),
             ttfb_ms=round(ex.ttfb_ms, 3) if ex.ttfb_ms is not None else None, tokens_exact=exact)
         if self.recorder is not None:
@@ -245,8 +251,9 @@ class Gateway:
 
 def access_line(rec: UsageRecord, status: int) -> dict[str, Any]:
     return {
-        "event": "request", "ts": rec.ts, "request_id": rec.request_id, "key_id": rec.key_id, "team": rec.team,
-        "model": rec.model, "route": rec.route, "stream": rec.stream, "status": status, "outcome": rec.outcome,
+        "event": "request", "ts": rec.ts, "request_id": rec.request_id, "key_id": rec.key_id,
+        "team": rec.team, "model": rec.model, "route": rec.route, "stream": rec.stream, "status": status,
+        "outcome": rec.outcome,
         "rule_code": rec.rule_code, "prompt_tokens": rec.prompt_tokens,
         "completion_tokens": rec.completion_tokens, "cache_hit_tokens": rec.prompt_cache_hit_tokens,
         "reasoning_tokens": rec.reasoning_tokens, "tokens_exact": rec.tokens_exact,
@@ -264,6 +271,10 @@ def _peek(body: bytes) -> dict[str, Any]:
 
 def _decode(headers: list[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
     return [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers]
+
+
+def is_event_stream(value: str) -> bool:
+    return value.split(";", 1)[0].strip().lower() == "text/event-stream"
 
 
 def is_json_content_type(value: str) -> bool:

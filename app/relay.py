@@ -44,6 +44,9 @@ class SSERelay(Response):
         self.stripper = UsageStripper() if strip_usage else None
         self.client_gone = False
         self._relaying = False
+        # (outcome, status) once the upstream side has ended; a disconnect after that does not change it
+        self.end: tuple[str, int] | None = None
+        self._tail = b""  # the last bytes of the stream, to see whether it ended with an error event
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         task = asyncio.current_task()
@@ -63,7 +66,8 @@ class SSERelay(Response):
             watcher.cancel()
             await self.resp.aclose()
             if not self.ex.finished:
-                self.gateway.spawn(self._finish_estimated("client_disconnected", 499))
+                outcome, status = self.end or ("client_disconnected", 499)
+                self.gateway.spawn(self._finish_estimated(outcome, status))
 
     async def _watch(self, receive: Receive, task: asyncio.Task[Any]) -> None:
         while True:
@@ -90,21 +94,18 @@ class SSERelay(Response):
     async def _pump(self, send: Send) -> None:
         async for chunk in self.resp.aiter_raw():
             self.meter.feed(chunk)
+            self._tail = (self._tail + chunk)[-TAIL:]
             if self.stripper is not None:
                 chunk = self.stripper.feed(chunk)
             if DONE in chunk:
-                await self._finish_ok()
+                self.end = ("ok", 200)
+                await self._finish_estimated("ok", 200)
             if chunk:
                 await _send_body(send, chunk)
         if not self.ex.finished:
-            await self._finish_ok()
-
-    async def _finish_ok(self) -> None:
-        self.meter.finish()
-        if self.meter.usage is not None:
-            self.gateway.finish(self.ex, "ok", 200, self.meter.usage, upstream_status=200)
-        else:
-            await self._finish_estimated("ok", 200)
+            # No [DONE]: a stream DeepSeek ended with its own `error` event is its error, relayed as is.
+            self.end = ("upstream_error", 200) if ends_with_error_event(self._tail) else ("ok", 200)
+            await self._finish_estimated(*self.end)
 
     async def _finish_estimated(self, outcome: str, status: int) -> None:
         self.meter.finish()
@@ -118,10 +119,25 @@ class SSERelay(Response):
     async def _broken(self, send: Send, error: APIError) -> None:
         error.message = f"The upstream stream broke after it started: {error.message}"
         error.code = "upstream_stream_broken"
-        await self._finish_estimated("upstream_failed", error.status)
+        self.end = ("upstream_failed", error.status)
+        await self._finish_estimated(*self.end)
         event = b"data: " + orjson.dumps({"error": error.body()["error"]}) + b"\n\n"
         await _send_body(send, event)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+TAIL = 8192
+
+
+def ends_with_error_event(tail: bytes) -> bool:
+    for line in reversed(tail.split(b"\n")):
+        if line.startswith(b"data:"):
+            try:
+                event = orjson.loads(line[5:])
+            except orjson.JSONDecodeError:
+                return False
+            return isinstance(event, dict) and "error" in event
+    return False
 
 
 async def _send_body(send: Send, chunk: bytes) -> None:
