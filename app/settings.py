@@ -51,7 +51,7 @@ class UpstreamSettings(Section):
     def _url(cls, value: str) -> str:
         parts = urlsplit(value)
         if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise ValueError(f"must be an http(s) URL, got {value!r}")
+            raise ValueError(f"must be an http(s) URL, got {redact_url(value)!r}")
         return value.rstrip("/")
 
 
@@ -74,7 +74,8 @@ class StoreSettings(Section):
     @classmethod
     def _url(cls, value: str) -> str:
         if value != "none" and not re.match(r"^(sqlite:///.+|postgres(ql)?://.+)$", value):
-            raise ValueError(f"must be sqlite:///path, postgresql://user@host:port/db or none, got {value!r}")
+            raise ValueError("must be sqlite:///path, postgresql://user@host:port/db or none, "
+                             f"got {redact_url(value)!r}")
         return value
 
     @property
@@ -257,16 +258,28 @@ def _describe(exc: pydantic.ValidationError, sources: Mapping[str, Source]) -> s
 
 
 def effective(loaded: LoadedSettings) -> list[tuple[str, str, Source]]:
-    """Every setting with its value (secrets masked) and where it came from."""
+    """Every setting with its value (secrets, and passwords inside URLs, masked) and where it came from."""
     rows: list[tuple[str, str, Source]] = []
     data = loaded.settings.model_dump(mode="json")
     for section, values in data.items():
+        if not values:  # models = {}: no overrides
+            rows.append((section, "{}", "default"))
         for key, value in values.items():
             dotted = f"{section}.{key}"
-            shown = "****" if dotted in SECRETS and value is not None else repr(value)
+            if dotted in SECRETS and value is not None:
+                shown = "****"
+            elif isinstance(value, str) and "://" in value:
+                shown = repr(redact_url(value))
+            else:
+                shown = repr(value)
             source = loaded.sources.get(dotted) or _nested_source(loaded.sources, dotted)
             rows.append((dotted, shown, source))
     return rows
+
+
+def redact_url(url: str) -> str:
+    """The URL with any password replaced by ****: safe to print or log."""
+    return re.sub(r"(://[^/@:]*:)[^/@]*@", r"\1****@", url)
 
 
 def _nested_source(sources: Mapping[str, Source], dotted: str) -> Source:
