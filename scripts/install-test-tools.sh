@@ -4,11 +4,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 need=()
-command -v node >/dev/null || need+=(nodejs npm)
+command -v node >/dev/null || need+=(nodejs)
+command -v npm >/dev/null || need+=(npm)
 command -v chromium >/dev/null || need+=(chromium)
 if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
 fi
-if [ -f tests/compat/node/package.json ] && [ ! -d tests/compat/node/node_modules ]; then
+if [ -f tests/compat/node/package.json ] && [ ! -f tests/compat/node/node_modules/openai/package.json ]; then
   (cd tests/compat/node && npm install --no-audit --no-fund --silent)
 fi
