@@ -14,7 +14,7 @@ import httpx2
 import pytest
 
 from tests.dashboard.traffic import ADMIN_KEY, PLAN, Traffic, dashboard_traffic
-from tests.harness import REPO_ROOT
+from tests.harness import REPO_ROOT, make_settings, run_chatgate
 
 ARTIFACTS = REPO_ROOT / "tests" / "artifacts"
 
@@ -155,3 +155,12 @@ def test_headless_chromium_with_a_wrong_key_shows_the_refusal(traffic: Traffic, 
     assert 'data-state="error"' in dom
     assert "admin key was refused" in dom
     assert 'data-series="' not in dom  # nothing drawn
+
+
+def test_dashboard_data_is_503_when_metering_is_off(tmp_path: Path) -> None:
+    settings = make_settings(tmp_path, store={"url": "none"}, auth={"admin_key": ADMIN_KEY})
+    with run_chatgate(settings) as gate:
+        for path in ("/admin/usage/timeseries?by=team", "/admin/rejections"):
+            resp = httpx2.get(gate.url + path, headers={"authorization": f"Bearer {ADMIN_KEY}"}, timeout=10)
+            assert resp.status_code == 503 and resp.json()["error"]["code"] == "no_store"
+        assert httpx2.get(gate.url + "/admin/dashboard", timeout=10).status_code == 200
