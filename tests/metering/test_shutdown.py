@@ -1,0 +1,76 @@
+"""SIGTERM: the stream in flight completes, new connections are refused, every record is flushed, exit 0."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from pathlib import Path
+
+import httpx2
+import pytest
+
+from tests.fakes.server import run_fake_deepseek
+from tests.harness import spawn_chatgate
+from tests.metering.helpers import CHAT, chat_body, complete, sqlite_request_ids, wait_for
+
+
+def test_sigterm_drains_the_stream_in_flight_and_flushes_every_record(tmp_path: Path) -> None:
+    db = tmp_path / "usage.db"
+    with run_fake_deepseek() as fake:
+        with spawn_chatgate(tmp_path, "--upstream", fake.url, "--store", f"sqlite:///{db}") as cg:
+            earlier = [complete(cg.url, i, stream=i % 2 == 0, rid=f"earlier-{i}") for i in range(5)]
+            received: list[bytes] = []
+            first_bytes = threading.Event()
+            errors: list[BaseException] = []
+
+            def stream_slowly() -> None:
+                headers = {"authorization": "Bearer sk-team-a", "x-request-id": "in-flight",
+                           "x-fake-chunk-delay": "0.08"}  # ~20 events: lasts well over a second
+                try:
+                    with httpx2.stream("POST", cg.url + CHAT, json=chat_body(1, stream=True), headers=headers,
+                                       timeout=30) as resp:
+                        assert resp.status_code == 200
+                        for piece in resp.iter_raw():
+                            received.append(piece)
+                            if b"data: {" in piece:
+                                first_bytes.set()
+                except BaseException as exc:  # surfaced in the main thread
+                    errors.append(exc)
+                    first_bytes.set()
+
+            client = threading.Thread(target=stream_slowly)
+            client.start()
+            assert first_bytes.wait(10)
+            cg.process.send_signal(signal.SIGTERM)
+            # Once uvicorn has stopped listening, a new connection is refused while the stream still runs.
+            wait_for(lambda: _refused(cg.url), timeout=10, what="new connections refused")
+            assert client.is_alive(), "the in-flight stream should still be running when the listener closes"
+            client.join(30)
+            assert cg.process.wait(30) == 0, cg.log()
+        assert errors == []
+        body = b"".join(received)
+        assert body.rstrip().endswith(b"data: [DONE]"), body[-300:]
+        assert b'"finish_reason":"stop"' in body
+    ids = sqlite_request_ids(db)
+    assert sorted(ids) == sorted([*earlier, "in-flight"]), "every record flushed before exit"
+    assert list((tmp_path / "spool").glob("spool-*.jsonl")) == [], "a clean stop leaves no spool behind"
+
+
+def _refused(url: str) -> bool:
+    try:
+        httpx2.get(url + "/healthz", timeout=2)
+    except httpx2.ConnectError:
+        return True
+    except httpx2.TransportError:
+        return False
+    return False
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_idle_server_exits_zero_on_stop_signals(tmp_path: Path, sig: signal.Signals) -> None:
+    with run_fake_deepseek() as fake, \
+            spawn_chatgate(tmp_path, "--upstream", fake.url, "--store", f"sqlite:///{tmp_path}/u.db") as cg:
+        complete(cg.url, 3, stream=False, rid="only")
+        cg.process.send_signal(sig)
+        assert cg.process.wait(30) == 0, cg.log()
+    assert sqlite_request_ids(tmp_path / "u.db") == ["only"]
