@@ -1,0 +1,1 @@
+"""Benchmark harness: chatgate side by side with reference passthroughs (see bench/README.md)."""

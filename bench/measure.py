@@ -1,0 +1,163 @@
+"""Run settings, the round-robin loop, and the Python load tools run as subprocesses."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.common import REPO_DIR
+from bench.report import ScenarioResult
+from bench.stats import median
+from bench.targets import Target
+from bench.wrkload import run_wrk
+
+
+@dataclass(frozen=True)
+class Settings:
+    quick: bool
+    reps: int
+    wrk_seconds: int  # each closed-loop measurement
+    ttfb_count: int
+    slow_rate: float
+    slow_seconds: float
+    slow_delay_s: float
+    streams: int
+    stream_seconds: float
+    stream_interval_s: float
+    stream_ramp_s: float
+    big_seconds: int
+    mem_requests: int
+    mem_slice_s: int
+    mem_max_s: float  # time cap for scenario 9 (the count reached is reported)
+    validation_runs: int
+    extras_streaming: bool  # streaming also in scenario 1 (wrk), 8 and 10; all transports in 6
+
+    @staticmethod
+    def make(quick: bool, reps: int | None = None, wrk_seconds: int | None = None) -> Settings:
+        if quick:
+            s = Settings(True, 1, 1, 100, 100.0, 5.0, 1.5, 200, 5.0, 0.1, 0.5, 1, 10_000, 1, 20.0, 20, False)
+        else:
+            s = Settings(
+                False, 3, 5, 1000, 500.0, 20.0, 1.5, 2000, 30.0, 0.1, 5.0, 5, 100_000, 2, 900.0, 100, True
+            )
+        if reps is not None or wrk_seconds is not None:
+            s = Settings(
+                **{**s.__dict__, "reps": reps or s.reps, "wrk_seconds": wrk_seconds or s.wrk_seconds}
+            )
+        return s
+
+
+@dataclass
+class Context:
+    settings: Settings
+    bodies: dict[str, Path]
+    workdir: Path
+    chatgate_problem: str | None
+    log: Callable[[str], None]
+
+
+def median_dict(samples: list[dict[str, Any]]) -> dict[str, float]:
+    keys = [k for k, v in samples[0].items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    return {k: median([float(s[k]) for s in samples if k in s]) for k in keys}
+
+
+def round_robin(
+    ctx: Context,
+    res: ScenarioResult,
+    targets: list[Target],
+    measure: Callable[[Target], dict[str, Any]],
+    prefix: str = "",
+    reps: int | None = None,
+) -> None:
+    """Each repetition runs every target once, in order; rows get the per-metric medians (keys prefixed)."""
+    per_target: dict[str, list[dict[str, Any]]] = {}
+    for rep in range(reps or ctx.settings.reps):
+        for t in targets:
+            started = time.monotonic()
+            try:
+                sample = measure(t)
+            except Exception as exc:
+                res.notes.append(
+                    f"{t.name} {prefix or ''} rep {rep + 1} failed: {type(exc).__name__}: {exc}"[:400]
+                )
+                ctx.log(f"    {t.name}: FAILED {exc}")
+                continue
+            per_target.setdefault(t.name, []).append(sample)
+            ctx.log(
+                f"    {prefix}{t.name} rep {rep + 1}: {_brief(sample)} ({time.monotonic() - started:.1f} s)"
+            )
+    for name, samples in per_target.items():
+        res.samples.setdefault(name, []).extend({**s, "config": prefix} for s in samples)
+        row = res.rows.setdefault(name, {})
+        row.update({prefix + k: v for k, v in median_dict(samples).items()})
+
+
+def _brief(sample: dict[str, Any]) -> str:
+    keys = [
+        k
+        for k in (
+            "rps",
+            "p50_ms",
+            "p99_ms",
+            "ttfb_p50_ms",
+            "served_pct",
+            "errors",
+            "completed",
+            "coalesced_reads",
+            "added_gap_p99_ms",
+        )
+        if k in sample
+    ]
+    return ", ".join(
+        f"{k}={sample[k]:.3f}" if isinstance(sample[k], float) else f"{k}={sample[k]}" for k in keys
+    )
+
+
+def wrk_sample(target: Target, body: Path, connections: int, seconds: int) -> dict[str, Any]:
+    return run_wrk(target.port, body, connections, seconds).as_dict()
+
+
+def wrk_measure(body: Path, connections: int, seconds: int) -> Callable[[Target], dict[str, Any]]:
+    """A `round_robin` measurement: wrk with this body and concurrency."""
+
+    def measure(target: Target) -> dict[str, Any]:
+        return wrk_sample(target, body, connections, seconds)
+
+    return measure
+
+
+def run_tool(module: str, args: list[str], timeout_s: float) -> dict[str, Any]:
+    """Run a bench load tool in its own process and parse its `BENCH_JSON` line."""
+    proc = subprocess.run(
+        [sys.executable, "-m", module, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        cwd=str(REPO_DIR),
+        check=False,
+    )
+    for line in proc.stdout.splitlines():
+        if line.startswith("BENCH_JSON "):
+            result: dict[str, Any] = json.loads(line[len("BENCH_JSON ") :])
+            return result
+    raise RuntimeError(f"{module} rc={proc.returncode}: {proc.stderr[-600:]}")
+
+
+def added(res: ScenarioResult, name: str, metric: str, baseline: str = "direct") -> float | None:
+    row, base = res.rows.get(name), res.rows.get(baseline)
+    if not row or not base or metric not in row or metric not in base:
+        return None
+    return row[metric] - base[metric]
+
+
+def ratio(res: ScenarioResult, name: str, other: str, metric: str) -> float | None:
+    a, b = res.rows.get(name, {}).get(metric), res.rows.get(other, {}).get(metric)
+    if a is None or b is None or b == 0:
+        return None
+    return a / b
