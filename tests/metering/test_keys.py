@@ -70,7 +70,7 @@ def test_managed_key_works_and_upstream_sees_only_the_upstream_key(
 def test_unknown_or_missing_key_is_401_before_anything_reaches_upstream(
         managed: tuple[str, RunningFake, SpawnedChatgate]) -> None:
     _, fake, cg = managed
-    for auth in (None, "Bearer cg-not-a-real-key", "Bearer sk-some-deepseek-key", "Basic abc", "Bearer "):
+    for auth in (None, "Bearer cg-not-a-real-key", "Bearer sk-some-deepseek-key", "Basic abc", "Bearer"):
         headers = {"authorization": auth} if auth else {}
         resp = send_chat(cg.url, chat_body(1), key=None, headers=headers)
         assert resp.status_code == 401, (auth, resp.text)
