@@ -47,6 +47,8 @@ class SSERelay(Response):
         # (outcome, status) once the upstream side has ended; a disconnect after that does not change it
         self.end: tuple[str, int] | None = None
         self._tail = b""  # the last bytes of the stream, to see whether it ended with an error event
+        self._partial = b""  # an incomplete last line, held back until its newline arrives
+        self._sent_tail = b"\n\n"  # the last two bytes the client got (an event boundary at the start)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         task = asyncio.current_task()
@@ -92,20 +94,35 @@ class SSERelay(Response):
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _pump(self, send: Send) -> None:
-        async for chunk in self.resp.aiter_raw():
-            self.meter.feed(chunk)
-            self._tail = (self._tail + chunk)[-TAIL:]
+        async for raw in self.resp.aiter_raw():
+            self.meter.feed(raw)
+            self._tail = (self._tail + raw)[-TAIL:]
+            chunk = self._complete_lines(raw)
             if self.stripper is not None:
                 chunk = self.stripper.feed(chunk)
             if DONE in chunk:
                 self.end = ("ok", 200)
                 await self._finish_estimated("ok", 200)
             if chunk:
-                await _send_body(send, chunk)
+                await self._send(send, chunk)
+        if self._partial:  # the stream ended without a final newline: relay what there is
+            await self._send(send, self._partial)
+            self._partial = b""
         if not self.ex.finished:
             # No [DONE]: a stream DeepSeek ended with its own `error` event is its error, relayed as is.
             self.end = ("upstream_error", 200) if ends_with_error_event(self._tail) else ("ok", 200)
             await self._finish_estimated(*self.end)
+
+    def _complete_lines(self, chunk: bytes) -> bytes:
+        """Relay whole lines only: if the stream breaks mid-line, the client never gets half an event."""
+        data = self._partial + chunk
+        cut = data.rfind(b"\n") + 1
+        self._partial = data[cut:]
+        return data[:cut]
+
+    async def _send(self, send: Send, chunk: bytes) -> None:
+        await _send_body(send, chunk)
+        self._sent_tail = (self._sent_tail + chunk)[-2:]
 
     async def _finish_estimated(self, outcome: str, status: int) -> None:
         self.meter.finish()
@@ -117,11 +134,15 @@ class SSERelay(Response):
         self.gateway.finish(self.ex, outcome, status, tokens, exact=False, upstream_status=200)
 
     async def _broken(self, send: Send, error: APIError) -> None:
-        error.message = f"The upstream stream broke after it started: {error.message}"
+        why = ("DeepSeek sent nothing for longer than the upstream timeout" if error.status == 504
+               else "the connection to DeepSeek broke")
+        error.message = f"The answer is incomplete: {why} after the stream started. Retry the request."
         error.code = "upstream_stream_broken"
         self.end = ("upstream_failed", error.status)
         await self._finish_estimated(*self.end)
-        event = b"data: " + orjson.dumps({"error": error.body()["error"]}) + b"\n\n"
+        # End any event the client holds (a data line without its blank line) so ours stands alone.
+        boundary = b"" if self._sent_tail == b"\n\n" else b"\n"
+        event = boundary + b"data: " + orjson.dumps({"error": error.body()["error"]}) + b"\n\n"
         await _send_body(send, event)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 

@@ -21,10 +21,19 @@ def chat_body(content: str = "What is the capital of France?", **extra: Any) -> 
     return {"model": "deepseek-flash", "messages": [{"role": "user", "content": content}], **extra}
 
 
-@pytest.fixture
-def fake() -> Iterator[RunningFake]:
+@pytest.fixture(scope="module")
+def fake_server() -> Iterator[RunningFake]:
     with run_fake_deepseek() as running:
         yield running
+
+
+@pytest.fixture
+def fake(fake_server: RunningFake) -> Iterator[RunningFake]:
+    """The module's fake DeepSeek, with its records cleared and its configuration restored for each test."""
+    fake_server.state.reset()
+    yield fake_server
+    assert fake_server.state.wait_idle(5.0), "a request was still in flight at the fake after the test"
+    fake_server.state.reset()
 
 
 @pytest.fixture

@@ -3,7 +3,7 @@ with the right outcome. DeepSeek's own errors pass through unchanged; a broken t
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -171,7 +171,8 @@ def test_reset_mid_stream_raises_in_the_sdk(sdk: openai.OpenAI, fake: RunningFak
                                          extra_headers=fault("reset_mid_stream"))
     with pytest.raises(openai.APIError) as caught:
         consume(stream)
-    assert "upstream" in caught.value.message.lower()
+    assert caught.value.code == "upstream_stream_broken"
+    assert "incomplete" in caught.value.message
     assert fake.state.requests[0].outcome == "reset"
     row = one_record(tmp_path, "upstream_failed", 200)
     assert row["tokens_exact"] == 0
@@ -185,6 +186,36 @@ def test_reset_mid_stream_wire_format(gate: RunningChatgate, fake: RunningFake) 
     last = orjson.loads(blocks[-1].removeprefix(b"data: "))
     assert last["error"]["code"] == "upstream_stream_broken"
     assert b"[DONE]" not in response.content
+
+
+class CutMidLine(httpx2.AsyncByteStream):
+    """One whole chunk, then half of the next, then the connection resets."""
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        yield (b'data: {"id":"c1","object":"chat.completion.chunk","created":1,"model":"deepseek-flash",'
+               b'"choices":[{"index":0,"delta":{"role":"assistant","content":"Dear landlord,"},'
+               b'"finish_reason":null}]}\n\n')
+        yield b'data: {"id":"c1","object":"chat.completion.chu'
+        raise httpx2.ReadError("connection reset by peer")
+
+
+def test_reset_in_the_middle_of_an_event_still_raises_an_api_error(
+        start_gate: Callable[..., RunningChatgate], tmp_path: Path) -> None:
+    """The half event is not relayed; the error event stands alone, so the SDK raises APIError (not a
+    JSON decode error)."""
+    def handler(request: httpx2.Request) -> httpx2.Response:
+        return httpx2.Response(200, headers={"content-type": "text/event-stream"}, stream=CutMidLine())
+
+    gate = start_gate(upstream_url="http://deepseek.invalid", transport=httpx2.MockTransport(handler))
+    with openai.OpenAI(base_url=gate.url, api_key="sk-x", max_retries=0, timeout=10) as client:
+        received: list[str] = []
+        with pytest.raises(openai.APIError) as caught:
+            stream = client.chat.completions.create(model="deepseek-flash", messages=MESSAGES, stream=True)
+            received.extend(chunk.choices[0].delta.content or "" for chunk in stream)
+    assert received == ["Dear landlord,"]
+    assert caught.value.code == "upstream_stream_broken"
+    row = one_record(tmp_path, "upstream_failed", 200)
+    assert row["completion_tokens"] > 0
 
 
 def test_stall_mid_stream_past_read_timeout_raises(impatient: openai.OpenAI, fake: RunningFake,
