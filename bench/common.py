@@ -83,6 +83,17 @@ def group_memory(pgid: int) -> Memory:
     return Memory(rss, hwm)
 
 
+def _die_with_parent() -> None:
+    """preexec_fn: SIGTERM this child when the runner dies, even by SIGKILL (Linux prctl PR_SET_PDEATHSIG)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 @dataclass
 class Proc:
     """A child started in its own session (process group), killed as a group."""
@@ -107,6 +118,7 @@ class Proc:
                 env=env,
                 cwd=str(REPO_DIR),
                 start_new_session=True,
+                preexec_fn=_die_with_parent,
             )
         finally:
             log.close()
