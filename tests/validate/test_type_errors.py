@@ -278,7 +278,8 @@ def test_tool_message_without_tool_call_id_r13() -> None:
 
 
 def test_tool_call_id_not_a_string_r13() -> None:
-    only_problem(check(request([user(), calls(call("1")), tool(1)], tools=TOOLS)),  # type: ignore[arg-type]
+    result = {"role": "tool", "tool_call_id": 1, "content": "18 °C"}
+    only_problem(check(request([user(), calls(call("1")), result])),
                  "invalid_type", "messages[2].tool_call_id", "R13")
 
 
