@@ -1,0 +1,123 @@
+"""Settings precedence: command-line flags > environment (CHATGATE_*) > config file > built-in defaults, with
+the source of every value recorded (unit tests of app.settings.load_settings)."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+
+from app.settings import ConfigError, Settings, effective, load_settings
+
+FILE = """
+[server]
+port = 9001
+workers = 2
+
+[upstream]
+base_url = "http://127.0.0.1:7000/"
+read_timeout = 30
+
+[store]
+url = "sqlite:///from-file.db"
+
+[pricing]
+off_peak_multiplier = "0.25"
+
+[models."deepseek-v4-pro"]
+max_tokens_max = 8192
+"""
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> str:
+    path = tmp_path / "chatgate.toml"
+    path.write_text(FILE)
+    return str(path)
+
+
+def test_defaults_when_nothing_is_given() -> None:
+    loaded = load_settings(None, env={}, flags={})
+    assert loaded.settings == Settings()
+    assert loaded.sources == {}
+    assert loaded.settings.server.host == "127.0.0.1" and loaded.settings.server.port == 8787
+
+
+def test_file_overrides_defaults(config: str) -> None:
+    loaded = load_settings(config, env={}, flags={})
+    s = loaded.settings
+    assert (s.server.port, s.server.workers, s.store.url) == (9001, 2, "sqlite:///from-file.db")
+    assert s.upstream.base_url == "http://127.0.0.1:7000"  # trailing slash dropped
+    assert s.pricing.off_peak_multiplier == Decimal("0.25")
+    assert s.profiles()["deepseek-v4-pro"].max_tokens_max == 8192
+    assert loaded.sources["server.port"] == "file"
+    assert "server.host" not in loaded.sources  # still the default
+
+
+def test_env_overrides_file(config: str) -> None:
+    env = {"CHATGATE_SERVER_PORT": "9002", "CHATGATE_STORE_URL": "sqlite:///from-env.db",
+           "CHATGATE_VALIDATION_STRICT": "true", "CHATGATE_PRICING_PEAK_HOURS_UTC": '["02:00-03:00"]'}
+    loaded = load_settings(config, env=env, flags={})
+    s = loaded.settings
+    assert (s.server.port, s.store.url, s.validation.strict) == (9002, "sqlite:///from-env.db", True)
+    assert s.pricing.peak_hours_utc == ["02:00-03:00"]
+    assert s.server.workers == 2, "a setting the env does not name keeps its file value"
+    assert loaded.sources["server.port"] == "env" and loaded.sources["server.workers"] == "file"
+
+
+def test_flags_override_env_and_file(config: str) -> None:
+    env = {"CHATGATE_SERVER_PORT": "9002", "CHATGATE_STORE_URL": "sqlite:///from-env.db"}
+    flags = {"server.port": 9003, "store.url": "none", "auth.mode": None}  # None: flag not given
+    loaded = load_settings(config, env=env, flags=flags)
+    s = loaded.settings
+    assert (s.server.port, s.store.url, s.store.enabled) == (9003, "none", False)
+    assert s.auth.mode == "passthrough"
+    assert loaded.sources["server.port"] == "flag" and loaded.sources["store.url"] == "flag"
+    assert "auth.mode" not in loaded.sources
+
+
+def test_secrets_come_from_their_own_env_names() -> None:
+    env = {"DEEPSEEK_API_KEY": "sk-upstream-secret", "CHATGATE_ADMIN_KEY": "admin-secret"}
+    loaded = load_settings(None, env=env, flags={})
+    auth = loaded.settings.auth
+    assert auth.upstream_api_key is not None
+    assert auth.upstream_api_key.get_secret_value() == "sk-upstream-secret"
+    assert auth.admin_key is not None and auth.admin_key.get_secret_value() == "admin-secret"
+    assert "sk-upstream-secret" not in repr(loaded.settings)
+    assert loaded.sources["auth.upstream_api_key"] == "env"
+
+
+def test_config_file_named_by_chatgate_config_env(config: str) -> None:
+    loaded = load_settings(None, env={"CHATGATE_CONFIG": config}, flags={})
+    assert loaded.settings.server.port == 9001 and loaded.config_path == config
+
+
+def test_effective_lists_every_setting_with_its_source(config: str) -> None:
+    rows = effective(load_settings(config, env={"CHATGATE_SERVER_WORKERS": "3", "DEEPSEEK_API_KEY": "sk-s"},
+                                   flags={"server.port": 9100}))
+    by_name = {name: (value, source) for name, value, source in rows}
+    for section, model in Settings.model_fields.items():
+        if section == "models":
+            continue
+        for key in model.annotation.model_fields:  # type: ignore[union-attr]
+            assert f"{section}.{key}" in by_name
+    assert by_name["server.port"] == ("9100", "flag")
+    assert by_name["server.workers"] == ("3", "env")
+    assert by_name["store.url"] == ("'sqlite:///from-file.db'", "file")
+    assert by_name["server.host"] == ("'127.0.0.1'", "default")
+    assert by_name["auth.upstream_api_key"] == ("****", "env")
+    assert by_name["models.deepseek-v4-pro"][1] == "file"
+
+
+@pytest.mark.parametrize("env,setting", [
+    ({"CHATGATE_SERVER_PORT": "eighty"}, "server.port"),
+    ({"CHATGATE_UPSTREAM_BASE_URL": "ftp://deepseek"}, "upstream.base_url"),
+    ({"CHATGATE_SERVERPORT": "1"}, "CHATGATE_SERVERPORT"),
+    ({"CHATGATE_SERVER_COLOUR": "blue"}, "server.colour"),
+    ({"CHATGATE_LIMITS_MAX_BODY_BYTES": "10"}, "limits.max_body_bytes"),
+])
+def test_bad_env_names_the_setting(env: dict[str, str], setting: str) -> None:
+    with pytest.raises(ConfigError) as exc:
+        load_settings(None, env=env, flags={})
+    assert setting in str(exc.value) and "\n" not in str(exc.value)
