@@ -7,6 +7,7 @@ import os
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -88,6 +89,8 @@ def cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
     """`python -m app ARGS…` as its own process (the real CLI), CHATGATE_* from the outer env dropped."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("CHATGATE_")}
     full_env["PYTHONPATH"] = str(REPO_ROOT)
+    # `usage` replays orphaned spool files: never let it pick up another process's default data/spool.
+    full_env["CHATGATE_STORE_SPOOL_DIR"] = tempfile.mkdtemp(prefix="chatgate-cli-spool-")
     full_env.update(env or {})
     proc = subprocess.run([sys.executable, "-m", "app", *args], cwd=cwd or REPO_ROOT, env=full_env,
                           capture_output=True, text=True, timeout=60)
