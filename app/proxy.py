@@ -169,10 +169,10 @@ class Gateway:
         """The client's bytes, unless chatgate must ask for streamed usage (re-serialised, fields kept)."""
         if not (ex.stream and self.settings.upstream.request_stream_usage):
             return ex.body, False
-        data = orjson.loads(ex.body)
+        data = _peek(ex.body)
         options = data.get("stream_options") or {}
-        if options.get("include_usage") is True:
-            return ex.body, False
+        if not data or not isinstance(options, dict) or options.get("include_usage") is True:
+            return ex.body, False  # asked already, or a body chatgate did not validate: leave it alone
         data["stream_options"] = {**options, "include_usage": True}
         return orjson.dumps(data), True
 

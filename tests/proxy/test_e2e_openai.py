@@ -260,3 +260,14 @@ def test_managed_key_end_to_end(start_gate: Callable[..., RunningChatgate], fake
     assert [r.auth_key for r in fake.state.requests] == ["sk-house-deepseek-key"]
     (row,) = usage_rows(tmp_path, 1)
     assert (row["key_id"], row["team"], row["outcome"]) == (key_id, "search", "ok")
+
+
+def test_queued_request_keepalive_lines_before_the_json_body(sdk: openai.OpenAI, fake: RunningFake,
+                                                             tmp_path: Path, base_url: str) -> None:
+    """DeepSeek sends empty lines while a non-streaming request waits in its queue (§6): still one answer,
+    metered exactly."""
+    fake.state.configure(nonstream_keepalive_lines=3, chunk_delay=0.02)
+    reply = sdk.chat.completions.create(model="deepseek-flash", messages=[{"role": "user", "content": "Hi"}])
+    assert reply.choices[0].message.content == "Answer 1: the fake DeepSeek says hello."
+    (row,) = usage_rows(tmp_path, 1)
+    assert (row["outcome"], row["tokens_exact"]) == ("ok", 1)

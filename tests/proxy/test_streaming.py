@@ -172,3 +172,15 @@ def test_gateway_keeps_serving_after_a_disconnect(gate: RunningChatgate, fake: R
     fake.state.configure(chunk_delay=0.0)
     raw = read_all(gate, chat_body(stream=True))
     assert raw.endswith(b"data: [DONE]\n\n")
+
+
+def test_usage_request_leaves_odd_bodies_alone_when_validation_is_off(
+        start_gate: Callable[..., RunningChatgate], fake: RunningFake, tmp_path: Path) -> None:
+    """validation.enabled = false: chatgate must not crash re-writing a body it never checked; the
+    client's bytes go upstream and DeepSeek answers for itself."""
+    gate = start_gate(upstream={"request_stream_usage": True}, validation={"enabled": False})
+    body = orjson.dumps(chat_body(stream=True, stream_options=["include_usage"]))
+    response = httpx2.post(gate.url + "/v1/chat/completions", content=body, headers=JSON_HEADERS, timeout=10)
+    assert response.status_code == 200
+    assert fake.state.requests[0].body == body
+    usage_rows(tmp_path, 1)
