@@ -110,10 +110,18 @@ class ToolMessage(WireModel):
     tool_call_id: str
 
 
+class LatestReminderMessage(WireModel):
+    """Undocumented, but DeepSeek's deserializer lists it among the accepted roles (§4): never refuse it."""
+
+    role: Literal["latest_reminder"]
+    content: Content | None = None
+
+
 Message = Annotated[
-    SystemMessage | UserMessage | AssistantMessage | ToolMessage, Field(discriminator="role")
+    SystemMessage | UserMessage | AssistantMessage | ToolMessage | LatestReminderMessage,
+    Field(discriminator="role"),
 ]
-ROLES = ("system", "user", "assistant", "tool")
+ROLES = ("system", "user", "assistant", "tool", "latest_reminder")
 
 # --- request -------------------------------------------------------------------
 
