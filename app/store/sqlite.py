@@ -125,14 +125,32 @@ class SQLiteStore:
             self.path, timeout=self._busy_timeout_s, isolation_level=None, check_same_thread=False
         )
         try:
-            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-            if mode != "wal":
-                raise StoreError(f"SQLite store {self.path}: cannot enable WAL (journal_mode is {mode})")
+            self._enable_wal(conn)
             conn.execute("PRAGMA synchronous = NORMAL")
         except BaseException:
             conn.close()
             raise
         return conn
+
+    def _enable_wal(self, conn: sqlite3.Connection) -> None:
+        """Switch the file to WAL (a persistent setting) unless another connection already did.
+
+        The switch needs an exclusive lock and SQLite reports a conflict at once instead of
+        calling the busy handler, so this waits by itself, as long as busy_timeout would.
+        """
+        deadline = time.monotonic() + self._busy_timeout_s
+        while True:
+            try:
+                mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
+                if mode != "wal":
+                    mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+                break
+            except sqlite3.OperationalError as e:
+                if e.sqlite_errorcode != sqlite3.SQLITE_BUSY or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.01)
+        if mode != "wal":
+            raise StoreError(f"SQLite store {self.path}: cannot enable WAL (journal_mode is {mode})")
 
     def _close_dead_threads_connections(self) -> None:
         for thread in [t for t in self._conns if not t.is_alive()]:
