@@ -283,9 +283,10 @@ def test_valid_body_is_answered_200(client: httpx2.Client) -> None:
 def test_wrong_types_at_every_depth(gate: RunningChatgate, client: httpx2.Client) -> None:
     """Any field at any depth replaced/deleted/extended with random JSON: a 200 or an OpenAI-shaped 4xx."""
     @fuzz_settings(0.40)
-    @given(body=mutated_bodies())
-    def run(body: bytes) -> None:
-        resp = send(client, "POST", CHAT, body, JSON_HEADERS)
+    @given(body=mutated_bodies(),
+           route=st.sampled_from([CHAT, CHAT, "/beta/chat/completions", CHAT + "/validate"]))
+    def run(body: bytes, route: str) -> None:
+        resp = send(client, "POST", route, body, JSON_HEADERS)
         assert resp.status_code in (200, 400, 401, 413, 422), resp.text[:300]
     run()
     assert_alive(gate)

@@ -288,12 +288,13 @@ def test_internal_error_body_has_no_stack_trace_or_path(
         tmp_path, auth={"mode": "managed", "admin_key": ADMIN_KEY, "upstream_api_key": UPSTREAM_KEY}
     )
     with run_chatgate(settings) as gate:
-        gate.state.gw.auth.store = ExplodingStore()
-        gate.state.store = ExplodingStore()
+        real = gate.state.store
+        gate.state.gw.auth.store = gate.state.store = ExplodingStore()
         answers = [
             post(gate.url, "cg-some-client-key", QUESTION),
             httpx2.get(gate.url + "/admin/usage", headers={"authorization": f"Bearer {ADMIN_KEY}"}),
         ]
+        gate.state.gw.auth.store = gate.state.store = real  # a clean shutdown closes the real store
     for resp in answers:
         assert resp.status_code == 500, resp.text
         assert resp.json()["error"]["code"] == "internal_error"
