@@ -49,17 +49,7 @@ def readyz(cg: SpawnedChatgate, timeout: float = 30) -> httpx2.Response:
     return httpx2.get(cg.url + "/readyz", timeout=timeout)
 
 
-BLACKHOLE_BUG = (
-    "store bug: PostgresStore has no client-side deadline on a connection whose peer stops answering, so "
-    "store.ping() (readyz) and insert_usage() (the writer thread) block forever; records stay spooled "
-    "until a restart even after the path is back (see the metering report)"
-)
-
-
-@pytest.mark.parametrize("mode", [
-    "refuse",
-    pytest.param("blackhole", marks=pytest.mark.xfail(strict=True, reason=BLACKHOLE_BUG)),
-])
+@pytest.mark.parametrize("mode", ["refuse", "blackhole"])
 def test_store_outage_spools_then_writes_everything_once(
         setup: tuple[str, TcpForwarder, SpawnedChatgate], mode: str) -> None:
     """refuse = PostgreSQL went away (connections reset); blackhole = the path is dead (nothing answers,
