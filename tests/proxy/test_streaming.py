@@ -184,3 +184,14 @@ def test_usage_request_leaves_odd_bodies_alone_when_validation_is_off(
     assert response.status_code == 200
     assert fake.state.requests[0].body == body
     usage_rows(tmp_path, 1)
+
+
+def test_stream_carries_the_request_id_both_ways(gate: RunningChatgate, fake: RunningFake,
+                                                 tmp_path: Path) -> None:
+    with open_stream(gate, chat_body(stream=True), **{"x-request-id": "agent-run-7/step-3"}) as response:
+        response.read()
+        assert response.headers.get_list("x-request-id") == ["agent-run-7/step-3"]
+        assert len(response.headers.get_list("date")) == 1  # ours only, DeepSeek's is not relayed twice
+    assert fake.state.requests[0].request_id == "agent-run-7/step-3"
+    (row,) = usage_rows(tmp_path, 1)
+    assert row["request_id"] == "agent-run-7/step-3"
