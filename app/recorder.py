@@ -3,7 +3,9 @@
 The request path calls `record()`: one `os.write` of a JSON line (survives `kill -9`: the bytes are in
 the OS page cache) and a queue put. A writer thread drains the queue into the store in batches (group
 commit) and retries while the store is down; the spool is truncated once everything in it is stored.
-On start, spool files left by dead processes are replayed (inserts are idempotent by record_id).
+On start, spool files left by dead processes are replayed (inserts are idempotent by record_id). Spool
+file names carry a fingerprint of the store they were meant for, so a spool directory shared by processes
+(or a `chatgate usage --store OTHER`) never replays records into the wrong store.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
+import hashlib
 import logging
 import os
 import queue
@@ -30,6 +33,13 @@ SPOOL_TRUNCATE_AT = 1 << 20
 
 def encode(record: UsageRecord) -> bytes:
     return orjson.dumps(dataclasses.asdict(record)) + b"\n"
+
+
+def store_tag(store: Store) -> str:
+    """A short fingerprint of where the records go (SQLite: the resolved file; else the URL)."""
+    path = getattr(store, "path", None)
+    where = str(Path(path).resolve()) if path is not None else str(getattr(store, "url", ""))
+    return hashlib.sha256(where.encode("utf-8", "surrogateescape")).hexdigest()[:12]
 
 
 def decode(line: bytes) -> UsageRecord | None:
@@ -54,6 +64,7 @@ class Recorder:
         self._thread: threading.Thread | None = None
         self._path = Path()
         self._orphans_left = True
+        self._tag = store_tag(store)
         self.last_error: str | None = None
         self.written = 0
 
@@ -61,7 +72,7 @@ class Recorder:
 
     def start(self) -> None:
         self.spool_dir.mkdir(parents=True, exist_ok=True)
-        path = self.spool_dir / f"spool-{os.getpid()}-{uuid.uuid4().hex[:8]}.jsonl"
+        path = self.spool_dir / f"spool-{self._tag}-{os.getpid()}-{uuid.uuid4().hex[:8]}.jsonl"
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         self._path = path
@@ -159,7 +170,7 @@ class Recorder:
 
     def _replay_orphans(self) -> None:
         self._orphans_left = False
-        for path in sorted(self.spool_dir.glob("spool-*.jsonl")):
+        for path in sorted(self.spool_dir.glob(f"spool-{self._tag}-*.jsonl")):
             if path == self._path:
                 continue
             with contextlib.suppress(OSError):

@@ -113,3 +113,30 @@ def test_kill9_with_records_only_in_the_spool(tmp_path: Path) -> None:
         time.sleep(0.05)
         ids = restart_and_collect(tmp_path, fake.url, db, 11)
     assert Counter(ids) == Counter(["before-lock", *sent])
+
+
+def test_usage_cli_replays_a_dead_process_spool_only_into_its_own_store(tmp_path: Path) -> None:
+    """Records spooled for store A (A was locked, then chatgate was killed) must not land in store B when
+    `chatgate usage --store B` shares the spool directory; `chatgate usage --store A` writes them once."""
+    import sqlite3
+
+    from tests.metering.helpers import usage_json
+
+    db_a, db_b = tmp_path / "a.db", tmp_path / "b.db"
+    spool_env = {"CHATGATE_STORE_SPOOL_DIR": str(tmp_path / "spool")}
+    with run_fake_deepseek() as fake, \
+            spawn_chatgate(tmp_path, "--upstream", fake.url, "--store", f"sqlite:///{db_a}") as cg:
+        blocker = sqlite3.connect(db_a, isolation_level=None)
+        blocker.execute("BEGIN EXCLUSIVE")
+        try:
+            sent = [complete(cg.url, i, stream=i == 1, rid=f"for-a-{i}") for i in range(3)]
+            cg.kill9()
+        finally:
+            blocker.execute("ROLLBACK")
+            blocker.close()
+    assert usage_json(f"sqlite:///{db_b}", "key", env=spool_env)["totals"]["requests"] == 0
+    assert list(tmp_path.joinpath("spool").glob("spool-*.jsonl")), "A's spool is still waiting for A"
+    report = usage_json(f"sqlite:///{db_a}", "key", env=spool_env)
+    assert report["totals"]["requests"] == 3
+    assert Counter(sqlite_request_ids(db_a)) == Counter(sent)
+    assert list(tmp_path.joinpath("spool").glob("spool-*.jsonl")) == []
