@@ -85,7 +85,7 @@ def error_response(error: APIError, request_id: str | None = None) -> Response:
 
 def request_id_of(request: Request) -> str:
     rid = request.headers.get("x-request-id", "")
-    return rid if 0 < len(rid) <= 200 and rid.isprintable() else uuid.uuid4().hex
+    return rid if 0 < len(rid) <= 200 and rid.isascii() and rid.isprintable() else uuid.uuid4().hex
 
 
 class Gateway:

@@ -36,7 +36,8 @@ class Upstream:
     async def aclose(self) -> None:
         await self.client.aclose()
 
-    async def send(self, method: str, path: str, headers: list[tuple[str, str]], body: bytes | None
+    async def send(self, method: str, path: str,
+                   headers: list[tuple[str, str]] | list[tuple[bytes, bytes]], body: bytes | None
                    ) -> httpx2.Response:
         """Send and return once the headers are in; the body is read by the caller (streamed)."""
         request = self.client.build_request(method, self.base_url + path, headers=headers, content=body)
@@ -73,14 +74,14 @@ def _hop_by_hop(raw: list[tuple[bytes, bytes]]) -> frozenset[str]:
 
 
 def forward_headers(raw: list[tuple[bytes, bytes]], authorization: str | None, request_id: str
-                    ) -> list[tuple[str, str]]:
+                    ) -> list[tuple[bytes, bytes]]:
+    """The client's headers as raw bytes (obs-text values pass unchanged), minus hop-by-hop ones."""
     drop = _hop_by_hop(raw) | {"authorization", "x-request-id"}
-    out = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in raw
-           if k.decode("latin-1").lower() not in drop]
+    out = [(k, v) for k, v in raw if k.decode("latin-1").lower() not in drop]
     if authorization:
-        out.append(("authorization", authorization))
-    out.append(("x-request-id", request_id))
-    out.append(("accept-encoding", "identity"))
+        out.append((b"authorization", authorization.encode("latin-1", "replace")))
+    out.append((b"x-request-id", request_id.encode("latin-1", "replace")))
+    out.append((b"accept-encoding", b"identity"))
     return out
 
 

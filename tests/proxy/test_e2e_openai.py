@@ -271,3 +271,15 @@ def test_queued_request_keepalive_lines_before_the_json_body(sdk: openai.OpenAI,
     assert reply.choices[0].message.content == "Answer 1: the fake DeepSeek says hello."
     (row,) = usage_rows(tmp_path, 1)
     assert (row["outcome"], row["tokens_exact"]) == ("ok", 1)
+
+
+def test_non_ascii_header_reaches_deepseek_over_the_real_transport(gate: RunningChatgate,
+                                                                   fake: RunningFake) -> None:
+    headers = {b"content-type": b"application/json", b"authorization": b"Bearer sk-e2e",
+               b"x-team-label": "caf\u00e9".encode("latin-1")}
+    body = b'{"model": "deepseek-flash", "messages": [{"role": "user", "content": "hi"}]}'
+    response = httpx2.post(gate.url + "/v1/chat/completions", content=body, headers=headers, timeout=10)
+    assert response.status_code == 200, response.text
+    # The aiohttp transport re-encodes header text as UTF-8 (0xE9 -> 0xC3 0xA9): same text, other bytes.
+    sent = fake.state.requests[0].headers["x-team-label"].encode("latin-1")
+    assert sent in ("caf\u00e9".encode("latin-1"), "caf\u00e9".encode())

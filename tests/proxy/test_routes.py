@@ -393,3 +393,21 @@ def test_managed_mode_unknown_key_is_401_before_forwarding(managed: tuple[Runnin
                            headers={**JSON_HEADERS, "authorization": "Bearer cg-not-a-real-key"}, timeout=10)
     assert_openai_error(response, 401, "invalid_api_key")
     assert own_upstream.seen == []
+
+
+def test_non_ascii_header_value_is_forwarded_as_sent(client: httpx2.Client, upstream: MockUpstream) -> None:
+    """obs-text (0x80-0xFF) is legal in a header value: forwarded byte for byte, not a 500."""
+    headers = {b"content-type": b"application/json", b"authorization": b"Bearer sk-test-client-0001",
+               b"x-team-label": "caf\u00e9".encode("latin-1")}
+    response = client.post("/v1/chat/completions", content=orjson.dumps(chat_body()), headers=headers)
+    assert response.status_code == 200, response.text
+    assert (b"x-team-label", "caf\u00e9".encode("latin-1")) in upstream.seen[0].headers.raw
+
+
+def test_non_ascii_request_id_is_replaced(client: httpx2.Client, upstream: MockUpstream) -> None:
+    headers = {b"content-type": b"application/json", b"x-request-id": "r\u00e9q-1".encode("latin-1")}
+    response = client.post("/v1/chat/completions", content=orjson.dumps(chat_body()), headers=headers)
+    assert response.status_code == 200, response.text
+    rid = response.headers["x-request-id"]
+    assert rid.isascii() and rid != "r\u00e9q-1"
+    assert upstream.seen[0].headers["x-request-id"] == rid
