@@ -12,7 +12,8 @@ INVALID_REQUEST = "invalid_request_error"
 
 @dataclass(frozen=True, slots=True)
 class Problem:
-    """One thing wrong with a request: a stable rule `code`, the exact `param` path, a message saying how to fix it."""
+    """One thing wrong with a request: a stable rule `code`, the exact `param` path, a message saying how to
+    fix it."""
 
     code: str
     param: str | None
