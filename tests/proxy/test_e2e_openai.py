@@ -16,6 +16,7 @@ import httpx2
 import openai
 import pytest
 
+from app.auth import new_key
 from tests.fakes.server import RunningFake
 from tests.harness import RunningChatgate
 from tests.proxy.conftest import usage_rows
@@ -247,8 +248,6 @@ def test_validate_endpoint_agrees_with_forwarding(gate: RunningChatgate, fake: R
 
 def test_managed_key_end_to_end(start_gate: Callable[..., RunningChatgate], fake: RunningFake,
                                 tmp_path: Path) -> None:
-    from app.auth import new_key
-
     gate = start_gate(auth={"mode": "managed", "upstream_api_key": "sk-house-deepseek-key"})
     key_id, secret, key_hash, prefix = new_key()
     gate.state.store.create_key(key_id, key_hash, prefix, "search", "ranker-service")
