@@ -82,7 +82,7 @@ def round_robin(
             started = time.monotonic()
             try:
                 sample = measure(t)
-            except Exception as exc:
+            except Exception as exc:  # one failed measurement must not end the run
                 res.notes.append(
                     f"{t.name} {prefix or ''} rep {rep + 1} failed: {type(exc).__name__}: {exc}"[:400]
                 )

@@ -76,6 +76,8 @@ def render_markdown(meta: dict[str, Any], scenarios: list[ScenarioResult]) -> st
         "All targets of a scenario run round-robin within each repetition in this same run; ratios compare "
         "numbers measured side by side. Load generators run on the same cores as the servers."
     )
+    for error in meta.get("errors", []):
+        out.append(f"**Error:** {error}")
     out.append("")
     out.append("## Targets")
     out.append("")

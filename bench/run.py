@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 from typing import Any, NoReturn
@@ -168,18 +169,22 @@ def main(argv: list[str] | None = None) -> int:
         log(f"mode {meta['mode']}, {settings.reps} rep(s), workdir {workdir}")
         bodies = write_bodies(workdir / "bodies")
         ctx = Context(settings, bodies, workdir, chatgate_problem, log)
-        if "7" in only:
-            log("scenario 7: validation in process")
-            results.append(validation_scenario(settings))
-        if only & FAST_GROUP:
-            log("fast upstream group")
-            results += run_fast_group(ctx, only)
-        if "4" in only:
-            log("scenario 4: slow upstream, open loop")
-            results.append(slow_upstream(ctx))
-        if "5" in only:
-            log("scenario 5: long streams")
-            results.append(long_streams(ctx))
+        groups: list[tuple[str, Callable[[], list[ScenarioResult]]]] = [
+            ("scenario 7: validation in process", lambda: [validation_scenario(settings)]),
+            ("fast upstream group", lambda: run_fast_group(ctx, only)),
+            ("scenario 4: slow upstream, open loop", lambda: [slow_upstream(ctx)]),
+            ("scenario 5: long streams", lambda: [long_streams(ctx)]),
+        ]
+        wanted = ["7" in only, bool(only & FAST_GROUP), "4" in only, "5" in only]
+        for (label, run_group), want in zip(groups, wanted, strict=True):
+            if not want:
+                continue
+            log(label)
+            try:
+                results += run_group()
+            except Exception as exc:  # report it, go on with the other groups
+                log(f"{label} FAILED: {type(exc).__name__}: {exc}")
+                meta.setdefault("errors", []).append(f"{label}: {type(exc).__name__}: {exc}"[:1000])
     except KeyboardInterrupt as exc:
         interrupted = f"interrupted ({exc}); partial results"
         log(interrupted)

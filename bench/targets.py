@@ -198,7 +198,7 @@ class Cluster:
         for proc in reversed(self.procs):
             try:
                 proc.stop()
-            except Exception as exc:
+            except Exception as exc:  # keep stopping the others
                 print(f"warning: stopping {proc.name}: {exc}", file=sys.stderr)
 
     def live(self, names: list[str]) -> list[Target]:

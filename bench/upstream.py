@@ -256,7 +256,7 @@ class UpstreamProtocol(asyncio.Protocol):
             self._write(self.r.stream_tail, keep_alive)
         finally:
             self.busy = False
-            if self.pending and self.transport is not None:
+            while self.pending and not self.busy and self.transport is not None:
                 self._dispatch(self.pending.popleft())
 
 
