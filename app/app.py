@@ -111,7 +111,8 @@ def _add_routes(app: FastAPI, state: State) -> None:
     app.router.add_route("/healthz", _healthz, methods=["GET"], include_in_schema=False)
     app.router.add_route("/readyz", _readyz_handler(state), methods=["GET"], include_in_schema=False)
     app.router.add_route("/metrics", _metrics_handler(state), methods=["GET"], include_in_schema=False)
-    app.router.add_route("/admin/usage", _admin_usage_handler(state), methods=["GET"], include_in_schema=False)
+    app.router.add_route("/admin/usage", _admin_usage_handler(state), methods=["GET"],
+                         include_in_schema=False)
     from app.dashboard import add_dashboard
 
     add_dashboard(app, state)
@@ -123,7 +124,10 @@ async def _healthz(request: Request) -> Response:
 
 def _readyz_handler(state: State) -> Any:
     async def readyz(request: Request) -> Response:
-        problems = await asyncio.to_thread(readiness_problems, state)
+        try:
+            problems = await asyncio.wait_for(asyncio.to_thread(readiness_problems, state), 5.0)
+        except TimeoutError:
+            problems = ["usage store did not answer within 5 s"]
         body = {"ready": not problems, "problems": problems,
                 "spooled_records": state.recorder.pending if state.recorder else 0}
         return json_response(200 if not problems else 503, body)
@@ -221,7 +225,8 @@ def _add_error_handlers(app: FastAPI) -> None:
         if exc.status_code == 404:
             return error_response(not_found(request.url.path))
         if exc.status_code == 405:
-            return error_response(APIError(405, f"Method {request.method} is not allowed on {request.url.path}.",
+            message = f"Method {request.method} is not allowed on {request.url.path}."
+            return error_response(APIError(405, message,
                                            "invalid_request_error", None, "method_not_allowed"))
         return error_response(APIError(exc.status_code, str(exc.detail), "invalid_request_error", None, None))
 

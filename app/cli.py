@@ -154,6 +154,7 @@ def _configure_logging() -> None:
     root = logging.getLogger()
     root.addHandler(handler)
     root.setLevel(logging.INFO)
+    logging.getLogger("httpx2").setLevel(logging.WARNING)  # one line per upstream call is noise
 
 
 # --- keys -------------------------------------------------------------------------------

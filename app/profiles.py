@@ -46,7 +46,7 @@ DEFAULT_PROFILES: dict[str, ModelProfile] = {
     p.name: p
     for p in (
         ModelProfile("deepseek-flash", vision=True, prices=FLASH_PRICES),
-        # Legacy names still accepted and served by V4.1-Flash (native vision) at the Flash price (NEWS-260910).
+        # Legacy names, still accepted: served by V4.1-Flash (native vision) at the Flash price (NEWS-260910).
         ModelProfile("deepseek-v4-flash", vision=True, prices=FLASH_PRICES),
         ModelProfile("deepseek-v4-flash-vision-exp", vision=True, prices=FLASH_PRICES),
         ModelProfile("deepseek-v4-pro", vision=False, prices=PRO_PRICES),

