@@ -15,7 +15,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import socket
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -27,7 +26,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests import harness
 from tests.fakes import server as fake_server
 from tests.harness import RunningChatgate, make_settings, run_chatgate
 
@@ -78,22 +76,11 @@ VALID_BODY: dict[str, Any] = {
 # --- servers ---------------------------------------------------------------------------------------
 
 
-def nodelay_bind_socket(port: int = 0, host: str = "127.0.0.1") -> socket.socket:
-    """tests.fakes.server.bind_socket with proto=IPPROTO_TCP. With proto 0, asyncio does not set TCP_NODELAY
-    on accepted connections, and every response (headers and body written separately) waits ~40 ms for a
-    delayed ACK: 2,000 requests would take minutes instead of seconds."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(128)
-    return sock
-
-
 @pytest.fixture(scope="module")
 def gate(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningChatgate]:
     tmp = tmp_path_factory.mktemp("fuzz")
     started = time.monotonic()
-    with pytest.MonkeyPatch.context() as mp, run_fake_deepseek_fast(mp) as fake, run_chatgate(
+    with fake_server.run_fake_deepseek() as fake, run_chatgate(
             make_settings(tmp, fake.url, limits={"max_body_bytes": MAX_BODY})) as running:
         yield running
         assert not [r for r in fake.state.requests if (r.status or 0) >= 500], "the fake answered 5xx"
@@ -104,12 +91,6 @@ def gate(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningChatgate]:
     if os.environ.get("CHATGATE_FUZZ_REPORT"):
         with open(os.environ["CHATGATE_FUZZ_REPORT"], "w") as f:
             json.dump(figures, f)
-
-
-def run_fake_deepseek_fast(mp: pytest.MonkeyPatch) -> Any:
-    mp.setattr(fake_server, "bind_socket", nodelay_bind_socket)
-    mp.setattr(harness, "bind_socket", nodelay_bind_socket)
-    return fake_server.run_fake_deepseek()
 
 
 @pytest.fixture(scope="module")
