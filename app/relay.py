@@ -46,7 +46,6 @@ class SSERelay(Response):
         self._relaying = False
         # (outcome, status) once the upstream side has ended; a disconnect after that does not change it
         self.end: tuple[str, int] | None = None
-        self._tail = b""  # the last bytes of the stream, to see whether it ended with an error event
         self._partial = b""  # an incomplete last line, held back until its newline arrives
         self._sent_tail = b"\n\n"  # the last two bytes the client got (an event boundary at the start)
 
@@ -96,7 +95,6 @@ class SSERelay(Response):
     async def _pump(self, send: Send) -> None:
         async for raw in self.resp.aiter_raw():
             self.meter.feed(raw)
-            self._tail = (self._tail + raw)[-TAIL:]
             chunk = self._complete_lines(raw)
             if self.stripper is not None:
                 chunk = self.stripper.feed(chunk)
@@ -110,7 +108,8 @@ class SSERelay(Response):
             self._partial = b""
         if not self.ex.finished:
             # No [DONE]: a stream DeepSeek ended with its own `error` event is its error, relayed as is.
-            self.end = ("upstream_error", 200) if ends_with_error_event(self._tail) else ("ok", 200)
+            self.meter.finish()
+            self.end = ("upstream_error", 200) if self.meter.ended_with_error else ("ok", 200)
             await self._finish_estimated(*self.end)
 
     def _complete_lines(self, chunk: bytes) -> bytes:
@@ -122,7 +121,7 @@ class SSERelay(Response):
 
     async def _send(self, send: Send, chunk: bytes) -> None:
         await _send_body(send, chunk)
-        self._sent_tail = (self._sent_tail + chunk)[-2:]
+        self._sent_tail = chunk[-2:] if len(chunk) >= 2 else (self._sent_tail + chunk)[-2:]
 
     async def _finish_estimated(self, outcome: str, status: int) -> None:
         self.meter.finish()
@@ -145,20 +144,6 @@ class SSERelay(Response):
         event = boundary + b"data: " + orjson.dumps({"error": error.body()["error"]}) + b"\n\n"
         await _send_body(send, event)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-
-TAIL = 8192
-
-
-def ends_with_error_event(tail: bytes) -> bool:
-    for line in reversed(tail.split(b"\n")):
-        if line.startswith(b"data:"):
-            try:
-                event = orjson.loads(line[5:])
-            except orjson.JSONDecodeError:
-                return False
-            return isinstance(event, dict) and "error" in event
-    return False
 
 
 async def _send_body(send: Send, chunk: bytes) -> None:

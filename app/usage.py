@@ -56,7 +56,7 @@ class StreamMeter:
     Parsing happens in batches (when 64 KB have gathered, and once at the end), never per chunk.
     """
 
-    __slots__ = ("_buf", "done", "events", "reasoning", "text", "usage")
+    __slots__ = ("_buf", "done", "ended_with_error", "events", "reasoning", "text", "usage")
 
     def __init__(self) -> None:
         self._buf = bytearray()
@@ -64,6 +64,7 @@ class StreamMeter:
         self.reasoning: list[str] = []
         self.usage: TokenCounts | None = None
         self.done = False  # saw data: [DONE]
+        self.ended_with_error = False  # the last event was an `error` object (DeepSeek's own)
         self.events = 0
 
     def feed(self, chunk: bytes) -> None:
@@ -93,6 +94,7 @@ class StreamMeter:
         if not isinstance(chunk, dict):
             return
         self.events += 1
+        self.ended_with_error = "error" in chunk
         found = tokens_from_usage(chunk.get("usage"))
         if found is not None:
             self.usage = found
