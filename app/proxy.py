@@ -66,6 +66,7 @@ class Exchange:
     stream: bool = False
     ttfb_ms: float | None = None
     finished: bool = False
+    completion_text: str | None = None  # kept only when server.log_content is on
 
     def mark_first_byte(self) -> None:
         if self.ttfb_ms is None:
@@ -110,6 +111,10 @@ class Gateway:
             body = await read_json_body(request, self.settings.limits.max_body_bytes)
         except APIError as error:
             self.metrics.observe_status(route.label, error.status)
+            if self.settings.server.access_log:
+                log.info("%s", orjson.dumps({"event": "request", "ts": time.time(), "request_id": request_id,
+                                              "route": route.label, "status": error.status,
+                                              "outcome": "refused", "code": error.code}).decode())
             return error_response(error, request_id)
         ex = Exchange(route, request_id, identity, body=body)
         checked = self._check(ex)
@@ -192,6 +197,8 @@ class Gateway:
         if not is_json:
             raise bad_gateway("DeepSeek answered 200 with a body that is not JSON (upstream broke the "
                               "protocol).", "upstream_bad_response")
+        if self.settings.server.log_content:
+            ex.completion_text = content.decode("utf-8", "replace")
         if tokens is None:
             tokens = await self.estimate(ex, completion_text="")
             self.finish(ex, "ok", 200, tokens, exact=False, upstream_status=200)
@@ -237,7 +244,11 @@ class Gateway:
             self.recorder.record(record)
         self.metrics.observe(record, status)
         if self.settings.server.access_log:
-            log.info("%s", orjson.dumps(access_line(record, status)).decode())
+            line = access_line(record, status)
+            if self.settings.server.log_content:
+                line["request_body"] = ex.body.decode("utf-8", "replace")
+                line["completion"] = ex.completion_text
+            log.info("%s", orjson.dumps(line).decode())
 
     def spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)

@@ -125,6 +125,8 @@ class SSERelay(Response):
 
     async def _finish_estimated(self, outcome: str, status: int) -> None:
         self.meter.finish()
+        if self.gateway.settings.server.log_content:
+            self.ex.completion_text = "".join(self.meter.text)
         if self.meter.usage is not None:
             self.gateway.finish(self.ex, outcome, status, self.meter.usage, upstream_status=200)
             return
