@@ -15,11 +15,12 @@ from fastapi import FastAPI
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
 
 from app import __version__
 from app.auth import Authenticator
 from app.errors import APIError, not_found
-from app.limits import LimitsMiddleware
+from app.limits import LimitsMiddleware, header_bytes, headers_too_large
 from app.metrics import Metrics
 from app.proxy import CHAT_ROUTES, Gateway, error_response, json_response
 from app.recorder import Recorder
@@ -39,7 +40,7 @@ class State:
         self.settings = settings
         self.transport = transport
         self.store = store
-        self.metrics = Metrics()
+        self.metrics = Metrics(settings.profiles())
         self.recorder: Recorder | None = None
         self.gateway: Gateway | None = None
         self.models_cache: tuple[float, bytes] | None = None
@@ -74,6 +75,35 @@ class State:
             await asyncio.to_thread(self.store.close)
 
 
+class ChatgateApp(FastAPI):
+    """FastAPI serves every route, but the chat-completions POSTs (the hot path) skip its middleware
+    stack: the gateway renders its own errors, and the header limit is checked here as LimitsMiddleware
+    does for the other routes."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in CHAT_ROUTES:
+            await self._chat(scope, receive, send)
+        else:
+            await super().__call__(scope, receive, send)
+
+    async def _chat(self, scope: Scope, receive: Receive, send: Send) -> None:
+        state: State = self.state.chatgate
+        limit = state.settings.limits.max_header_bytes
+        if header_bytes(scope["headers"]) > limit:
+            response = error_response(headers_too_large(limit))
+        else:
+            try:
+                response = await state.gw.chat(Request(scope, receive))
+            except Exception:
+                log.exception("internal error on %s", scope["path"])
+                response = error_response(INTERNAL_ERROR)
+        await response(scope, receive, send)
+
+
+INTERNAL_ERROR = APIError(500, "chatgate hit an internal error; it has been logged.", "server_error", None,
+                          "internal_error")
+
+
 def create_app(settings: Settings | None = None, transport: httpx2.AsyncBaseTransport | None = None,
                store: Store | None = None) -> FastAPI:
     settings = settings or Settings()
@@ -87,7 +117,7 @@ def create_app(settings: Settings | None = None, transport: httpx2.AsyncBaseTran
         finally:
             await state.stop()
 
-    app = FastAPI(title="chatgate", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)
+    app = ChatgateApp(title="chatgate", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.chatgate = state
     _add_routes(app, state)
     _add_error_handlers(app)
@@ -232,8 +262,7 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     async def on_crash(request: Request, exc: Exception) -> Response:
         log.exception("internal error on %s", request.url.path)
-        return error_response(APIError(500, "chatgate hit an internal error; it has been logged.",
-                                       "server_error", None, "internal_error"))
+        return error_response(INTERNAL_ERROR)
 
     app.add_exception_handler(APIError, on_api_error)
     app.add_exception_handler(HTTPException, on_http_error)

@@ -117,7 +117,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     uvicorn.run("app.cli:app_from_env", factory=True, host=s.host, port=s.port, workers=s.workers,
                 loop="uvloop", http="httptools", lifespan="on", access_log=False, server_header=False,
                 timeout_graceful_shutdown=int(s.shutdown_grace_seconds) or None, backlog=4096,
-                log_config=None, timeout_keep_alive=30)
+                log_config=None, timeout_keep_alive=30, proxy_headers=False)
     return 0
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +20,7 @@ from starlette.responses import Response
 
 from app.auth import Authenticator, Identity
 from app.errors import APIError, bad_gateway
+from app.ids import new_id
 from app.metrics import Metrics
 from app.pricing import cost_picousd
 from app.recorder import Recorder
@@ -86,7 +86,7 @@ def error_response(error: APIError, request_id: str | None = None) -> Response:
 
 def request_id_of(request: Request) -> str:
     rid = request.headers.get("x-request-id", "")
-    return rid if 0 < len(rid) <= 200 and rid.isascii() and rid.isprintable() else uuid.uuid4().hex
+    return rid if 0 < len(rid) <= 200 and rid.isascii() and rid.isprintable() else new_id()
 
 
 class Gateway:
@@ -104,7 +104,7 @@ class Gateway:
     # --- entry points ---------------------------------------------------------------
 
     async def chat(self, request: Request) -> Response:
-        route = CHAT_ROUTES[request.url.path]
+        route = CHAT_ROUTES[request.scope["path"]]
         request_id = request_id_of(request)
         try:
             identity = await self.auth.identify(request.headers.get("authorization"))
@@ -231,7 +231,7 @@ class Gateway:
         cost = cost_picousd(tokens, profile.prices if profile else None, ex.ts, pricing.peak_hours_utc,
                             pricing.off_peak_multiplier)
         record = UsageRecord(
-            record_id=uuid.uuid4().hex, ts=ex.ts, request_id=ex.request_id, key_id=ex.identity.key_id,
+            record_id=new_id(), ts=ex.ts, request_id=ex.request_id, key_id=ex.identity.key_id,
             key_name=ex.identity.key_name, team=ex.identity.team, model=ex.model, route=ex.route.label,
             stream=ex.stream, outcome=outcome, rule_code=rule_code, upstream_status=upstream_status,
             prompt_tokens=tokens.prompt_tokens, completion_tokens=tokens.completion_tokens,

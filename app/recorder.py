@@ -1,8 +1,9 @@
 """Usage records: spooled to a local append-only file at once, written to the store in batches.
 
 The request path calls `record()`: one `os.write` of a JSON line (survives `kill -9`: the bytes are in
-the OS page cache) and a queue put. A writer thread drains the queue into the store in batches (group
-commit) and retries while the store is down; the spool is truncated once everything in it is stored.
+the OS page cache) and a list append. A writer thread takes the whole list every `flush_interval` and
+writes it to the store in batches (group commit), retrying while the store is down; the spool is
+truncated once everything in it is stored.
 On start, spool files left by dead processes are replayed (inserts are idempotent by record_id). Spool
 file names carry a fingerprint of the store they were meant for, so a spool directory shared by processes
 (or a `chatgate usage --store OTHER`) never replays records into the wrong store.
@@ -11,12 +12,10 @@ file names carry a fingerprint of the store they were meant for, so a spool dire
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import fcntl
 import hashlib
 import logging
 import os
-import queue
 import threading
 import time
 import uuid
@@ -32,7 +31,7 @@ SPOOL_TRUNCATE_AT = 1 << 20
 
 
 def encode(record: UsageRecord) -> bytes:
-    return orjson.dumps(dataclasses.asdict(record)) + b"\n"
+    return orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE)
 
 
 def store_tag(store: Store) -> str:
@@ -57,9 +56,11 @@ class Recorder:
         self.batch_max = batch_max
         self.flush_interval = flush_interval
         self.retry_seconds = retry_seconds
-        self._queue: queue.SimpleQueue[UsageRecord | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
-        self._pending = 0
+        self._wake = threading.Event()
+        self._queued: list[UsageRecord] = []  # spooled, not yet taken by the writer
+        self._stopping = False
+        self._pending = 0  # spooled, not yet in the store
         self._fd = -1
         self._thread: threading.Thread | None = None
         self._path = Path()
@@ -81,7 +82,8 @@ class Recorder:
 
     def stop(self, timeout: float = 10.0) -> bool:
         """Flush what is queued; True when every record reached the store (else it stays spooled)."""
-        self._queue.put(None)
+        self._stopping = True
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout)
         flushed = self._pending == 0
@@ -100,7 +102,10 @@ class Recorder:
         with self._lock:
             os.write(self._fd, line)
             self._pending += 1
-        self._queue.put(record)
+            self._queued.append(record)
+            first = len(self._queued) == 1
+        if first:
+            self._wake.set()
 
     @property
     def pending(self) -> int:
@@ -114,46 +119,28 @@ class Recorder:
 
     def _run(self) -> None:
         self._replay_orphans()
-        stopping = False
-        while not stopping or self._pending:
-            batch, stopping = self._next_batch(stopping)
-            if batch:
-                self._write(batch, stopping)
-                if self._orphans_left and self.last_error is None:
-                    self._replay_orphans()
-            elif stopping:
-                break
+        while True:
+            self._wake.wait()
+            if not self._stopping:
+                time.sleep(self.flush_interval)  # let a batch gather: one commit for many requests
+            with self._lock:
+                taken, self._queued = self._queued, []
+                self._wake.clear()
+            for start in range(0, len(taken), self.batch_max):
+                self._write(taken[start:start + self.batch_max])
+            if taken and self._orphans_left and self.last_error is None:
+                self._replay_orphans()
+            if self._stopping and not self._queued:
+                return
 
-    def _next_batch(self, stopping: bool) -> tuple[list[UsageRecord], bool]:
-        batch: list[UsageRecord] = []
-        try:
-            first = self._queue.get(timeout=None if not stopping else 0.01)
-        except queue.Empty:
-            return batch, stopping
-        if first is None:
-            stopping = True
-        else:
-            batch.append(first)
-        deadline = time.monotonic() + self.flush_interval
-        while len(batch) < self.batch_max:
-            try:
-                item = self._queue.get(timeout=max(deadline - time.monotonic(), 0))
-            except queue.Empty:
-                break
-            if item is None:
-                stopping = True
-            else:
-                batch.append(item)
-        return batch, stopping
-
-    def _write(self, batch: list[UsageRecord], stopping: bool) -> None:
+    def _write(self, batch: list[UsageRecord]) -> None:
         while True:
             try:
                 self.store.insert_usage(batch)
             except Exception as exc:  # the store is down: keep the records spooled, retry
                 self.last_error = f"usage store unavailable: {type(exc).__name__}: {exc}"
                 log.warning("%s; %d record(s) held in the spool", self.last_error, self._pending)
-                if stopping:
+                if self._stopping:
                     return
                 time.sleep(self.retry_seconds)
                 continue
