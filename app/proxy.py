@@ -8,7 +8,6 @@ the handler ends in exactly one call to `Gateway.finish`, which writes the usage
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,6 +17,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
+from app.accesslog import AccessLog
 from app.auth import Authenticator, Identity
 from app.errors import APIError, bad_gateway
 from app.ids import new_id
@@ -31,8 +31,6 @@ from app.tokens import count_text, prompt_text
 from app.upstream import Upstream, forward_headers, map_transport_error, response_headers
 from app.usage import StreamMeter, TokenCounts, usage_from_body
 from app.validate import Checked, Policy, check_body
-
-log = logging.getLogger("chatgate.access")
 
 JSON = "application/json"
 
@@ -100,6 +98,7 @@ class Gateway:
         self.auth = auth
         self.metrics = metrics
         self.background: set[asyncio.Task[None]] = set()
+        self.access_log = AccessLog() if settings.server.access_log else None
 
     # --- entry points ---------------------------------------------------------------
 
@@ -111,10 +110,10 @@ class Gateway:
             body = await read_json_body(request, self.settings.limits.max_body_bytes)
         except APIError as error:
             self.metrics.observe_status(route.label, error.status)
-            if self.settings.server.access_log:
-                log.info("%s", orjson.dumps({"event": "request", "ts": time.time(), "request_id": request_id,
-                                              "route": route.label, "status": error.status,
-                                              "outcome": "refused", "code": error.code}).decode())
+            if self.access_log is not None:
+                self.access_log.write({"event": "request", "ts": time.time(), "request_id": request_id,
+                                       "route": route.label, "status": error.status, "outcome": "refused",
+                                       "code": error.code})
             return error_response(error, request_id)
         ex = Exchange(route, request_id, identity, body=body)
         checked = self._check(ex)
@@ -184,7 +183,7 @@ class Gateway:
     async def _buffered(self, ex: Exchange, resp: httpx2.Response, deadline: float) -> Response:
         try:
             async with asyncio.timeout(max(deadline - time.perf_counter(), 0.001)):
-                content = await resp.aread()
+                content = await read_all(resp)
         except (TimeoutError, httpx2.TransportError, OSError) as exc:
             raise map_transport_error(exc) from None
         finally:
@@ -243,12 +242,12 @@ class Gateway:
         if self.recorder is not None:
             self.recorder.record(record)
         self.metrics.observe(record, status)
-        if self.settings.server.access_log:
+        if self.access_log is not None:
             line = access_line(record, status)
             if self.settings.server.log_content:
                 line["request_body"] = ex.body.decode("utf-8", "replace")
                 line["completion"] = ex.completion_text
-            log.info("%s", orjson.dumps(line).decode())
+            self.access_log.write(line)
 
     def spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -258,6 +257,8 @@ class Gateway:
     async def drain(self) -> None:
         while self.background:
             await asyncio.gather(*list(self.background), return_exceptions=True)
+        if self.access_log is not None:
+            self.access_log.flush()
 
 
 def access_line(rec: UsageRecord, status: int) -> dict[str, Any]:
@@ -270,6 +271,13 @@ def access_line(rec: UsageRecord, status: int) -> dict[str, Any]:
         "reasoning_tokens": rec.reasoning_tokens, "tokens_exact": rec.tokens_exact,
         "latency_ms": rec.latency_ms, "ttfb_ms": rec.ttfb_ms,
     }
+
+
+async def read_all(resp: httpx2.Response) -> bytes:
+    """The body as sent; decoded only if DeepSeek compressed it although chatgate asked for identity."""
+    if "content-encoding" in resp.headers:
+        return await resp.aread()
+    return b"".join([chunk async for chunk in resp.aiter_raw()])
 
 
 def _peek(body: bytes) -> dict[str, Any]:

@@ -1,0 +1,40 @@
+"""The access log: one JSON line per request on stdout, written in batches.
+
+Through the `logging` module a line cost about a tenth of a proxied request's CPU; here a line is one
+`orjson.dumps` and a list append, and the lines of each 50 ms go out in one write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from typing import Any
+
+import orjson
+
+FLUSH_SECONDS = 0.05
+
+
+class AccessLog:
+    def __init__(self, fd: int | None = None) -> None:
+        self._fd = fd if fd is not None else sys.stdout.fileno()
+        self._lines: list[bytes] = []
+        self._timer: asyncio.TimerHandle | None = None
+
+    def write(self, line: dict[str, Any]) -> None:
+        self._lines.append(orjson.dumps(line, option=orjson.OPT_APPEND_NEWLINE))
+        if self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(FLUSH_SECONDS, self.flush)
+
+    def flush(self) -> None:
+        self._timer = None
+        data, self._lines = b"".join(self._lines), []
+        view = memoryview(data)
+        while view:
+            try:
+                view = view[os.write(self._fd, view):]
+            except BlockingIOError:
+                continue
+            except OSError:
+                return  # stdout closed: the log is best effort, the request is not
