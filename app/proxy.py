@@ -191,7 +191,7 @@ class Gateway:
         headers = response_headers(resp.headers, ex.request_id)
         if resp.status_code != 200:
             self.finish(ex, "upstream_error", resp.status_code, upstream_status=resp.status_code)
-            return Response(content, resp.status_code, headers=dict(_decode(headers)))
+            return RawResponse(resp.status_code, headers, content)
         is_json, tokens = usage_from_body(content)
         if not is_json:
             raise bad_gateway("DeepSeek answered 200 with a body that is not JSON (upstream broke the "
@@ -203,7 +203,7 @@ class Gateway:
             self.finish(ex, "ok", 200, tokens, exact=False, upstream_status=200)
         else:
             self.finish(ex, "ok", 200, tokens, upstream_status=200)
-        return Response(content, 200, headers=dict(_decode(headers)))
+        return RawResponse(200, headers, content)
 
     # --- metering ---------------------------------------------------------------------
 
@@ -277,7 +277,10 @@ async def read_all(resp: httpx2.Response) -> bytes:
     """The body as sent; decoded only if DeepSeek compressed it although chatgate asked for identity."""
     if "content-encoding" in resp.headers:
         return await resp.aread()
-    return b"".join([chunk async for chunk in resp.aiter_raw()])
+    try:
+        return resp.content  # a transport that answers with the body already read (MockTransport)
+    except httpx2.ResponseNotRead:
+        return b"".join([chunk async for chunk in resp.aiter_raw()])
 
 
 def _peek(body: bytes) -> dict[str, Any]:
@@ -288,8 +291,14 @@ def _peek(body: bytes) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _decode(headers: list[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
-    return [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers]
+class RawResponse(Response):
+    """DeepSeek's status, headers and body as they came: no decoding and re-encoding of the headers."""
+
+    def __init__(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        self.status_code = status
+        self.body = body
+        self.background = None
+        self.raw_headers = [*headers, (b"content-length", str(len(body)).encode())]
 
 
 def is_event_stream(value: str) -> bool:
