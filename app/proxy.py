@@ -19,7 +19,7 @@ from starlette.responses import Response
 
 from app.accesslog import AccessLog
 from app.auth import Authenticator, Identity
-from app.errors import APIError, bad_gateway
+from app.errors import APIError, Problem, bad_gateway
 from app.ids import new_id
 from app.metrics import Metrics
 from app.pricing import cost_picousd
@@ -27,7 +27,7 @@ from app.recorder import Recorder
 from app.relay import SSERelay
 from app.settings import Settings
 from app.store.base import UsageRecord
-from app.tokens import count_text, prompt_text
+from app.tokens import context_overflow, count_text, prompt_text
 from app.upstream import Upstream, forward_headers, map_transport_error, response_headers
 from app.usage import StreamMeter, TokenCounts, usage_from_body
 from app.validate import Checked, Policy, check_body
@@ -65,6 +65,13 @@ class Exchange:
     ttfb_ms: float | None = None
     finished: bool = False
     completion_text: str | None = None  # kept only when server.log_content is on
+    warning: str | None = None  # sent back as x-chatgate-warning (R40)
+
+    def response_headers(self, resp: httpx2.Response) -> list[tuple[bytes, bytes]]:
+        headers = response_headers(resp.headers, self.request_id)
+        if self.warning:
+            headers.append((b"x-chatgate-warning", self.warning.encode("ascii", "replace")))
+        return headers
 
     def mark_first_byte(self) -> None:
         if self.ttfb_ms is None:
@@ -119,6 +126,10 @@ class Gateway:
         checked = self._check(ex)
         if checked is not None and checked.problems:
             return self._reject(ex, APIError.from_problems(checked.problems))
+        overflow = await self._context_guard(ex.body, checked)
+        if overflow is not None and self.settings.validation.strict:
+            return self._reject(ex, APIError.from_problems([overflow]))
+        ex.warning = overflow.message if overflow is not None else None
         try:
             return await self._forward(ex, request)
         except APIError as error:
@@ -134,8 +145,12 @@ class Gateway:
         checked = check_body(body, self.policy, beta=route.beta)
         if checked.problems:
             return error_response(APIError.from_problems(checked.problems))
+        overflow = await self._context_guard(body, checked)
+        if overflow is not None and self.settings.validation.strict:
+            return error_response(APIError.from_problems([overflow]))
         model = checked.request.model if checked.request else None
-        return json_response(200, {"valid": True, "model": model})
+        warnings = [overflow.as_dict()] if overflow is not None else []
+        return json_response(200, {"valid": True, "model": model, "warnings": warnings})
 
     # --- steps -----------------------------------------------------------------------
 
@@ -150,6 +165,24 @@ class Gateway:
         else:
             ex.model = str(_peek(ex.body).get("model", "unknown"))[:200]
         return checked
+
+    async def _context_guard(self, body: bytes, checked: Checked | None) -> Problem | None:
+        """R40, when validation.context_guard is on: only bodies larger than the window are counted."""
+        if not self.settings.validation.context_guard or checked is None or checked.request is None:
+            return None
+        request, profile = checked.request, checked.profile
+        if profile is None or len(body) <= profile.context_window:
+            return None
+        found = await asyncio.to_thread(context_overflow, _peek(body), len(body), profile.context_window,
+                                        request.max_tokens)
+        if found is None:
+            return None
+        prompt, total = found
+        return Problem("context_length_exceeded", "messages",
+                       f"This model's maximum context length is {profile.context_window} tokens. However, "
+                       f"you requested about {total} tokens ({prompt} in the messages by chatgate's count, "
+                       f"{request.max_tokens or 0} in the completion). Please reduce the length of the "
+                       "messages or completion.", "R40")
 
     def _reject(self, ex: Exchange, error: APIError) -> Response:
         self.finish(ex, "rejected", 400, rule_code=error.code)
@@ -188,7 +221,7 @@ class Gateway:
             raise map_transport_error(exc) from None
         finally:
             await resp.aclose()
-        headers = response_headers(resp.headers, ex.request_id)
+        headers = ex.response_headers(resp)
         if resp.status_code != 200:
             self.finish(ex, "upstream_error", resp.status_code, upstream_status=resp.status_code)
             return RawResponse(resp.status_code, headers, content)

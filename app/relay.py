@@ -17,7 +17,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from app.errors import APIError
-from app.upstream import map_transport_error, response_headers
+from app.upstream import map_transport_error
 from app.usage import StreamMeter
 
 if TYPE_CHECKING:
@@ -80,7 +80,7 @@ class SSERelay(Response):
                 return
 
     async def _relay(self, send: Send) -> None:
-        headers = response_headers(self.resp.headers, self.ex.request_id)
+        headers = self.ex.response_headers(self.resp)
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         try:
             async with asyncio.timeout(max(self.deadline - time.perf_counter(), 0.001)):

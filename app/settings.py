@@ -88,6 +88,7 @@ class ValidationSettings(Section):
     strict: bool = False
     unknown_models: Literal["pass", "reject"] = "pass"
     legacy_reasoner_rules: bool = False
+    context_guard: bool = False
 
 
 class PricingSettings(Section):

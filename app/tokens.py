@@ -51,3 +51,16 @@ def prompt_text(body: dict[str, Any]) -> str:
     for tool in body.get("tools") or ():
         parts.append(str(tool))
     return "\n".join(parts)
+
+
+def context_overflow(body: dict[str, Any], body_bytes: int, context_window: int, max_tokens: int | None
+                     ) -> tuple[int, int] | None:
+    """(estimated prompt tokens, requested total) when prompt + max_tokens exceeds the window (R40).
+
+    A token covers at least one byte, so a body of fewer bytes than the window has tokens is never counted.
+    """
+    if body_bytes <= context_window:
+        return None
+    prompt = count_text(prompt_text(body))
+    total = prompt + (max_tokens or 0)
+    return (prompt, total) if total > context_window else None
