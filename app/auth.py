@@ -98,3 +98,11 @@ class Authenticator:
         if not expected or token is None:
             return False
         return hmac.compare_digest(token.encode("utf-8", "surrogateescape"), expected.encode())
+
+
+def require_admin(auth: Authenticator, authorization: str | None) -> None:
+    """Admin routes take the admin key only; a client key, chatgate's or DeepSeek's, is refused."""
+    if not auth.is_admin(authorization):
+        raise APIError(401, "Admin routes need 'Authorization: Bearer <CHATGATE_ADMIN_KEY>'; client keys are "
+                       "refused.", "authentication_error", None, "invalid_admin_key",
+                       headers={"www-authenticate": "Bearer"})

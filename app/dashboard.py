@@ -22,13 +22,14 @@ from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import Response
 
+from app.auth import require_admin
 from app.errors import APIError
 from app.proxy import json_response
 from app.reports import ReportError, build_report, parse_time
 from app.store.base import ReportQuery, Store
 
 if TYPE_CHECKING:
-    from app.app import State
+    from app.state import State
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 STATIC_FILES = {"dashboard.js": "text/javascript; charset=utf-8", "dashboard.css": "text/css; charset=utf-8"}
@@ -49,8 +50,6 @@ PAGE_HEADERS = {
 
 def add_dashboard(app: FastAPI, state: State) -> None:
     """Register the dashboard page, its static files and its admin-only JSON endpoints."""
-    from app.app import require_admin  # app.app imports this module from inside _add_routes
-
     async def page(request: Request) -> Response:
         return _static("dashboard.html", "text/html; charset=utf-8")
 
@@ -61,7 +60,7 @@ def add_dashboard(app: FastAPI, state: State) -> None:
         return _static(name, STATIC_FILES[name])
 
     async def timeseries(request: Request) -> Response:
-        require_admin(state, request)
+        require_admin(state.gw.auth, request.headers.get("authorization"))
         store = _need_store(state)
         q = request.query_params
         by, bucket = q.get("by", "team"), q.get("bucket", "day")
@@ -80,7 +79,7 @@ def add_dashboard(app: FastAPI, state: State) -> None:
         return json_response(200, body, {"cache-control": "no-store"})
 
     async def rejections(request: Request) -> Response:
-        require_admin(state, request)
+        require_admin(state.gw.auth, request.headers.get("authorization"))
         store = _need_store(state)
         offenders = await asyncio.to_thread(top_offenders, store, 10)
         by_rule = rejections_by_rule(state)
