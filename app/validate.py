@@ -50,6 +50,34 @@ class Policy:
 
 
 @dataclass(frozen=True, slots=True)
+class MessageIndex:
+    """One pass over the messages, so that each rule visits only the messages it is about."""
+
+    roles: list[str]
+    assistants: list[tuple[int, AssistantMessage]]
+    with_calls: list[tuple[int, AssistantMessage]]  # assistants with non-empty tool_calls
+    arrays: list[tuple[int, UserMessage | ToolMessage]]  # content given as an array of parts
+    tools: list[int]
+
+
+def index_messages(messages: list[Message]) -> MessageIndex:
+    index = MessageIndex([], [], [], [], [])
+    for i, msg in enumerate(messages):
+        index.roles.append(msg.role)
+        if type(msg) is AssistantMessage:
+            index.assistants.append((i, msg))
+            if msg.tool_calls:
+                index.with_calls.append((i, msg))
+        elif type(msg) is ToolMessage:
+            index.tools.append(i)
+            if type(msg.content) is list:
+                index.arrays.append((i, msg))
+        elif type(msg) is UserMessage and type(msg.content) is list:
+            index.arrays.append((i, msg))
+    return index
+
+
+@dataclass(frozen=True, slots=True)
 class RuleContext:
     profile: ModelProfile
     known_model: bool
@@ -57,6 +85,7 @@ class RuleContext:
     options: ValidationOptions
     thinking: bool
     policy: Policy
+    index: MessageIndex
 
     @property
     def strict(self) -> bool:
@@ -88,7 +117,8 @@ def check_body(body: bytes, policy: Policy, *, beta: bool = False) -> Checked:
 
 def check_request(request: ChatCompletionRequest, policy: Policy, *, beta: bool = False) -> Checked:
     profile, known = policy.profile_for(request.model)
-    ctx = RuleContext(profile, known, beta, policy.options, is_thinking(request, profile, known), policy)
+    ctx = RuleContext(profile, known, beta, policy.options, is_thinking(request, profile, known), policy,
+                      index_messages(request.messages))
     problems = [p for rule in RULES for p in rule(request, ctx)]
     problems.sort(key=_position)
     return Checked(request, problems, profile)
@@ -156,9 +186,8 @@ _DATA_IMAGE = re.compile(r"^data:image/(jpeg|jpg|png|gif|webp);base64,", re.IGNO
 
 def rule_content(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem]:
     images = 0
-    for i, msg in enumerate(req.messages):
-        if not isinstance(msg, (UserMessage, ToolMessage)) or isinstance(msg.content, str):
-            continue
+    for i, msg in ctx.index.arrays:
+        assert isinstance(msg.content, list)
         if isinstance(msg, ToolMessage) and not ctx.profile.vision:
             yield Problem("content_not_string", f"messages[{i}].content",
                           f"{where(i, msg)}: content must be a string for model '{req.model}', got an array "
@@ -216,8 +245,8 @@ def _image_url(i: int, msg: Message, j: int, part: ImageURLPart, param: str) -> 
 
 
 def rule_assistant_not_empty(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem]:
-    for i, msg in enumerate(req.messages):
-        if isinstance(msg, AssistantMessage) and msg.content is None and not msg.tool_calls:
+    for i, msg in ctx.index.assistants:
+        if msg.content is None and not msg.tool_calls:
             yield Problem("assistant_empty", f"messages[{i}]",
                           f"Invalid assistant message: content or tool_calls must be set "
                           f"({where(i, msg)} has "
@@ -226,9 +255,7 @@ def rule_assistant_not_empty(req: ChatCompletionRequest, ctx: RuleContext) -> It
 
 def rule_tool_call_shape(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem]:
     seen: dict[str, int] = {}
-    for i, msg in enumerate(req.messages):
-        if not isinstance(msg, AssistantMessage):
-            continue
+    for i, msg in ctx.index.with_calls:
         for k, call in enumerate(msg.tool_calls or ()):
             if not call.id:
                 yield Problem("invalid_tool_call", f"messages[{i}].tool_calls[{k}].id",
@@ -245,21 +272,19 @@ def rule_tool_call_shape(req: ChatCompletionRequest, ctx: RuleContext) -> Iterat
 
 
 def rule_tool_sequence(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem]:
-    messages = req.messages
-    i = 0
-    while i < len(messages):
-        msg = messages[i]
-        if isinstance(msg, ToolMessage):
-            yield _orphan_tool(i, msg, i > 0 and isinstance(messages[i - 1], ToolMessage))
-            i += 1
-        elif isinstance(msg, AssistantMessage) and msg.tool_calls:
-            end = i + 1
-            while end < len(messages) and isinstance(messages[end], ToolMessage):
-                end += 1
-            yield from _tool_block(messages, i, msg, end, ctx)
-            i = end
-        else:
-            i += 1
+    messages, roles = req.messages, ctx.index.roles
+    answered: set[int] = set()  # tool messages inside a block that follows an assistant's tool_calls
+    for i, msg in ctx.index.with_calls:
+        end = i + 1
+        while end < len(roles) and roles[end] == "tool":
+            end += 1
+        answered.update(range(i + 1, end))
+        yield from _tool_block(messages, i, msg, end, ctx)
+    for t in ctx.index.tools:
+        if t not in answered:
+            tool = messages[t]
+            assert isinstance(tool, ToolMessage)
+            yield _orphan_tool(t, tool, t > 0 and roles[t - 1] == "tool")
 
 
 def _orphan_tool(i: int, msg: ToolMessage, after_tool: bool) -> Problem:
@@ -319,8 +344,8 @@ def _unanswered(messages: list[Message], i: int, ids: list[str], pending: set[st
 def rule_reasoning_content(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem]:
     if not ctx.thinking or (ctx.profile.legacy_reasoner and ctx.options.legacy_reasoner_rules):
         return
-    for i, msg in enumerate(req.messages):
-        if isinstance(msg, AssistantMessage) and msg.tool_calls and msg.reasoning_content is None:
+    for i, msg in ctx.index.with_calls:
+        if msg.reasoning_content is None:
             yield Problem("reasoning_content_missing", f"messages[{i}].reasoning_content",
                           "The `reasoning_content` in the thinking mode must be passed back to the API "
                           f"({where(i, msg)} with tool_calls has none). Send back the reasoning_content "
@@ -413,8 +438,8 @@ def _reasoner_order(req: ChatCompletionRequest) -> Iterator[Problem]:
 
 def rule_prefix(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem]:
     last = len(req.messages) - 1
-    for i, msg in enumerate(req.messages):
-        if not (isinstance(msg, AssistantMessage) and msg.prefix):
+    for i, msg in ctx.index.assistants:
+        if not msg.prefix:
             continue
         if i != last:
             yield Problem("invalid_prefix", f"messages[{i}].prefix",
