@@ -1,5 +1,6 @@
 """Scenario 7: validation alone, in process: median time of `app.validate.check_body` (parse with pydantic
-from bytes, then every rule) on a 1,000-message history with 200 tool-call pairs, under the default policy.
+from bytes, then every rule) on a 1,000-message history with 200 tool-call pairs, under the default policy, with the garbage-collector
+settings `chatgate serve` runs with (`app.cli.tune_gc`).
 
 Run alone: `.venv/bin/python -m bench.validation [--runs N]`.
 """
@@ -13,6 +14,7 @@ from typing import Any
 
 import orjson
 
+from app.cli import tune_gc
 from app.validate import Checked, Policy, check_body
 from bench.bodies import history_body
 from bench.stats import median, percentile
@@ -25,6 +27,7 @@ def run(runs: int = 50) -> dict[str, Any]:
     result: dict[str, Any] = {"body_bytes": len(body), "messages": 1000, "tool_pairs": 200,
                               "api": "check_body(body, Policy())"}
     policy = Policy()
+    tune_gc()
 
     def call(data: bytes) -> Checked:
         return check_body(data, policy)
