@@ -23,7 +23,7 @@ from pathlib import Path
 
 import orjson
 
-from app.store.base import Store, UsageRecord
+from app.store.base import Store, StoreError, UsageRecord
 
 log = logging.getLogger("chatgate.recorder")
 
@@ -137,13 +137,19 @@ class Recorder:
         while True:
             try:
                 self.store.insert_usage(batch)
-            except Exception as exc:  # the store is down: keep the records spooled, retry
+            except StoreError as exc:  # the store is down: keep the records spooled, retry
                 self.last_error = f"usage store unavailable: {type(exc).__name__}: {exc}"
                 log.warning("%s; %d record(s) held in the spool", self.last_error, self._pending)
                 if self._stopping:
                     return
                 time.sleep(self.retry_seconds)
                 continue
+            except Exception:  # a record the store cannot take: never let it block the others
+                if len(batch) > 1:
+                    for record in batch:
+                        self._write([record])
+                    return
+                log.exception("usage record dropped, the store refused it: %s", encode(batch[0]).decode())
             self.last_error = None
             self.written += len(batch)
             self._settle(len(batch))

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from app.store.base import COUNTERS, GROUP_BYS, ApiKey, GroupBy, ReportQuery, ReportRow, UsageRecord
+from app.store.base import COUNTERS, GROUP_BYS, ApiKey, GroupBy, ReportQuery, ReportRow
 
 # One entry per schema version; never edit a released entry, append a new one.
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
@@ -121,7 +121,6 @@ class Queries:
     """The statements of one placeholder style."""
 
     placeholder: str
-    insert_usage: str
     insert_key: str
     list_keys: str
     find_key: str
@@ -132,10 +131,6 @@ class Queries:
     def with_placeholder(cls, p: str) -> Queries:
         return cls(
             placeholder=p,
-            insert_usage=(
-                f"INSERT INTO usage ({', '.join(USAGE_COLUMNS)}) "
-                f"VALUES ({', '.join([p] * len(USAGE_COLUMNS))}) ON CONFLICT (record_id) DO NOTHING"
-            ),
             insert_key=(
                 "INSERT INTO api_keys (key_id, key_hash, prefix, team, name, created_at) "
                 f"VALUES ({p}, {p}, {p}, {p}, {p}, {p})"
@@ -183,10 +178,6 @@ def report_rows(group_by: GroupBy, rows: Iterable[Sequence[Any]]) -> list[Report
     # Sorted here rather than in SQL so both backends agree whatever PostgreSQL's collation is.
     out.sort(key=lambda r: tuple(r.group.values()))
     return out
-
-
-def usage_params(record: UsageRecord) -> tuple[Any, ...]:
-    return tuple(getattr(record, column) for column in USAGE_COLUMNS)
 
 
 def key_from_row(row: Sequence[Any]) -> ApiKey:

@@ -14,14 +14,31 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 
+import orjson
 import psycopg
 from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from app.store._sql import CURRENT_VERSION, Queries, apply_migrations, key_from_row, report_rows, usage_params
+from app.store._sql import (
+    CURRENT_VERSION,
+    USAGE_COLUMNS,
+    Queries,
+    apply_migrations,
+    key_from_row,
+    report_rows,
+)
 from app.store.base import ApiKey, ReportQuery, ReportRow, StoreError, UsageRecord
 
 _Q = Queries.with_placeholder("%s")
+
+
+# One statement per batch, the records as one JSON array unpacked by PostgreSQL (see sqlite.py).
+INSERT_USAGE_JSON = (
+    f"INSERT INTO usage ({', '.join(USAGE_COLUMNS)}) SELECT "
+    + ", ".join("to_char(to_timestamp(r.ts) AT TIME ZONE 'UTC', 'YYYY-MM-DD')" if c == "day" else f"r.{c}"
+                for c in USAGE_COLUMNS)
+    + " FROM json_populate_recordset(NULL::usage, %s::json) AS r ON CONFLICT (record_id) DO NOTHING"
+)
 _MIGRATION_LOCK = 0x6368_6174_6761_7465  # "chatgate": one advisory lock for every replica's migrate()
 
 _Connection = psycopg.Connection[TupleRow]
@@ -82,8 +99,9 @@ class PostgresStore:
     def insert_usage(self, records: Sequence[UsageRecord]) -> None:
         if not records:
             return
+        batch = orjson.dumps(list(records)).decode()
         with self._connection(self._insert_timeout) as conn, conn.transaction(), conn.cursor() as cur:
-            cur.executemany(_Q.insert_usage, [usage_params(r) for r in records])
+            cur.execute(INSERT_USAGE_JSON, (batch,))
 
     def usage_report(self, query: ReportQuery) -> list[ReportRow]:
         sql, params = _Q.report(query)
