@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Tools some tests drive besides Python: Node.js + npm (openai-node), Chromium (dashboard screenshot).
+# Tools some tests drive besides Python: Node.js + npm (openai-node), Chromium (dashboard screenshot),
+# and wrk, the benchmark's load generator.
 # Safe to run repeatedly; needs root for apt-get.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -7,6 +8,7 @@ need=()
 command -v node >/dev/null || need+=(nodejs)
 command -v npm >/dev/null || need+=(npm)
 command -v chromium >/dev/null || need+=(chromium)
+command -v wrk >/dev/null || need+=(wrk)
 if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
 fi

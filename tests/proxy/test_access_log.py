@@ -53,7 +53,7 @@ def test_log_content_setting_adds_prompt_and_completion(
                            headers={"x-request-id": "streamed"}) as resp:
             resp.read()
     gate.state.gw.access_log.flush()
-    found, out = access_lines(capfd)
+    found, _ = access_lines(capfd)
     lines = {line["request_id"]: line for line in found}
     for rid in ("plain", "streamed"):
         assert SECRET_PROMPT in lines[rid]["request_body"]
