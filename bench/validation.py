@@ -1,6 +1,6 @@
-"""Scenario 7: validation alone, in process: median time of `app.validate.check_body` (parse with pydantic
-from bytes, then every rule) on a 1,000-message history with 200 tool-call pairs, under the default policy, with the garbage-collector
-settings `chatgate serve` runs with (`app.cli.tune_gc`).
+"""Scenario 7: validation alone, in process: median time of `app.validate.check_body` (parse with
+pydantic from bytes, then every rule) on a 1,000-message history with 200 tool-call pairs, under the
+default policy, with the garbage-collector settings `chatgate serve` runs with (`app.cli.tune_gc`).
 
 Run alone: `.venv/bin/python -m bench.validation [--runs N]`.
 """
