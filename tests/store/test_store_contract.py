@@ -28,7 +28,7 @@ from app.store import (
     UsageRecord,
     open_store,
 )
-from app.store._sql import SCHEMA_VERSION
+from app.store._sql import CREATE_SCHEMA_VERSION, MIGRATIONS, SCHEMA_VERSION
 from app.store.postgres import PostgresStore
 from app.store.sqlite import SQLiteStore
 from tests.store.conftest import TcpProxy
@@ -546,3 +546,21 @@ def test_postgres_unreachable_is_a_store_error() -> None:
                 call()
     finally:
         store.close()
+
+
+def test_migration_from_version_1_drops_the_unused_indexes(tmp_path: Path) -> None:
+    """A store created by schema version 1 is upgraded in place."""
+    db = tmp_path / "v1.db"
+    conn = sqlite3.connect(db)
+    conn.execute(CREATE_SCHEMA_VERSION)
+    for statement in MIGRATIONS[0]:
+        conn.execute(statement)
+    conn.execute("INSERT INTO schema_version VALUES (1, 0)")
+    conn.commit()
+    conn.close()
+    store = SQLiteStore(db)
+    store.migrate()
+    assert store.schema_version() == SCHEMA_VERSION == 2
+    names = {row[0] for row in sqlite3.connect(db).execute("SELECT name FROM sqlite_master WHERE type='index'")}
+    assert "usage_ts" in names and not names & {"usage_team", "usage_key_id", "usage_model", "usage_day"}
+    store.close()
