@@ -350,12 +350,14 @@ async def read_json_body(request: Request, limit: int) -> bytes:
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise _too_large(limit)
-    body = bytearray()
+    chunks: list[bytes] = []
+    size = 0
     async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
+        size += len(chunk)
+        if size > limit:
             raise _too_large(limit)
-    return bytes(body)
+        chunks.append(chunk)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)  # one copy at most
 
 
 def _too_large(limit: int) -> APIError:

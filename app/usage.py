@@ -47,13 +47,14 @@ def usage_from_body(body: bytes) -> tuple[bool, TokenCounts | None]:
     return True, tokens_from_usage(data.get("usage")) if isinstance(data, dict) else None
 
 
-COMPACT_AT = 64 * 1024
+COMPACT_AT = 16 * 1024  # per stream: 2,000 long streams hold at most ~32 MB of raw events
 
 
 class StreamMeter:
     """Watches relayed SSE bytes: finds the chunk carrying `usage`, keeps the streamed text for estimates.
 
-    Parsing happens in batches (when 64 KB have gathered, and once at the end), never per chunk.
+    Parsing happens in batches (when 16 KB have gathered, and once at the end), never per chunk; the text
+    kept for an estimate is joined after each batch, so a long stream holds one string, not one per event.
     """
 
     __slots__ = ("_buf", "done", "ended_with_error", "events", "reasoning", "text", "usage")
@@ -82,6 +83,10 @@ class StreamMeter:
         for line in data[:cut].split(b"\n"):
             if line.startswith(b"data:"):
                 self._event(line[5:].strip())
+        if len(self.text) > 1:
+            self.text = ["".join(self.text)]
+        if len(self.reasoning) > 1:
+            self.reasoning = ["".join(self.reasoning)]
 
     def _event(self, payload: bytes) -> None:
         if payload == b"[DONE]":
