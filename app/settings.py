@@ -66,8 +66,8 @@ class AuthSettings(Section):
 class StoreSettings(Section):
     url: str = "sqlite:///data/chatgate.db"
     spool_dir: str = "data/spool"
-    batch_max: int = Field(default=500, ge=1)
-    flush_interval_ms: float = Field(default=20.0, ge=0)
+    batch_max: int = Field(default=1000, ge=1)
+    flush_interval_ms: float = Field(default=100.0, ge=0)
     retry_seconds: float = Field(default=1.0, gt=0)
 
     @field_validator("url")
