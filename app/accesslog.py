@@ -7,6 +7,7 @@ Through the `logging` module a line cost about a tenth of a proxied request's CP
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sys
 from typing import Any
@@ -24,8 +25,12 @@ class AccessLog:
 
     def write(self, line: dict[str, Any]) -> None:
         self._lines.append(orjson.dumps(line, option=orjson.OPT_APPEND_NEWLINE))
+        self._schedule()
+
+    def _schedule(self) -> None:
         if self._timer is None:
-            self._timer = asyncio.get_running_loop().call_later(FLUSH_SECONDS, self.flush)
+            with contextlib.suppress(RuntimeError):  # no running loop: the next write schedules it
+                self._timer = asyncio.get_running_loop().call_later(FLUSH_SECONDS, self.flush)
 
     def flush(self) -> None:
         self._timer = None
@@ -34,7 +39,9 @@ class AccessLog:
         while view:
             try:
                 view = view[os.write(self._fd, view):]
-            except BlockingIOError:
-                continue
+            except BlockingIOError:  # a full pipe: keep the rest for the next flush, never spin
+                self._lines.append(bytes(view))
+                self._schedule()
+                return
             except OSError:
                 return  # stdout closed: the log is best effort, the request is not

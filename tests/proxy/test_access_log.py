@@ -58,3 +58,38 @@ def test_log_content_setting_adds_prompt_and_completion(
     for rid in ("plain", "streamed"):
         assert SECRET_PROMPT in lines[rid]["request_body"]
         assert "Answer" in lines[rid]["completion"]
+
+
+def test_a_full_stdout_pipe_never_blocks_the_event_loop_and_loses_no_line() -> None:
+    """AccessLog keeps what a non-blocking pipe refused for its next flush instead of spinning."""
+    import asyncio
+    import contextlib
+    import fcntl
+    import os
+
+    from app.accesslog import AccessLog
+
+    read_fd, write_fd = os.pipe()
+    for fd in (read_fd, write_fd):
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_NONBLOCK)
+
+    async def scenario() -> bytes:
+        log = AccessLog(write_fd)
+        for i in range(20_000):  # ~1.3 MB, far more than a pipe holds
+            log.write({"i": i, "pad": "x" * 50})
+        log.flush()  # returns with the pipe full
+        got = b""
+        for _ in range(400):
+            with contextlib.suppress(BlockingIOError):
+                got += os.read(read_fd, 1 << 20)
+            if got.count(b"\n") == 20_000:
+                break
+            await asyncio.sleep(0.06)
+        return got
+
+    try:
+        got = asyncio.run(scenario())
+    finally:
+        os.close(read_fd)
+        os.close(write_fd)
+    assert [json.loads(line)["i"] for line in got.splitlines()] == list(range(20_000))
