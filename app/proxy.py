@@ -29,7 +29,7 @@ from app.settings import Settings
 from app.store.base import UsageRecord
 from app.tokens import context_overflow, count_text, prompt_text
 from app.upstream import Upstream, forward_headers, map_transport_error, response_headers
-from app.usage import StreamMeter, TokenCounts, usage_from_body
+from app.usage import TokenCounts, usage_from_body
 from app.validate import Checked, Policy, check_body
 
 JSON = "application/json"
@@ -248,9 +248,6 @@ class Gateway:
             completion = count_text(completion_text) + reasoning
             return TokenCounts(prompt, completion, 0, prompt, reasoning)
         return await asyncio.to_thread(count)
-
-    def estimate_meter(self, meter: StreamMeter) -> tuple[str, str]:
-        return "".join(meter.text), "".join(meter.reasoning)
 
     def finish(self, ex: Exchange, outcome: str, status: int, tokens: TokenCounts | None = None, *,
                exact: bool = True, rule_code: str | None = None, upstream_status: int | None = None) -> None:

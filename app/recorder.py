@@ -194,5 +194,4 @@ def replay_spools(store: Store, spool_dir: str) -> None:
     """Write records left in spool files by dead processes (used by the CLI before reporting)."""
     recorder = Recorder(store, spool_dir)
     recorder.spool_dir.mkdir(parents=True, exist_ok=True)
-    recorder._path = Path("/nonexistent")
-    recorder._replay_orphans()
+    recorder._replay_orphans()  # it owns no spool file, so every matching unlocked one is an orphan

@@ -130,8 +130,7 @@ class SSERelay(Response):
         if self.meter.usage is not None:
             self.gateway.finish(self.ex, outcome, status, self.meter.usage, upstream_status=200)
             return
-        text, reasoning = self.gateway.estimate_meter(self.meter)
-        tokens = await self.gateway.estimate(self.ex, text, reasoning)
+        tokens = await self.gateway.estimate(self.ex, "".join(self.meter.text), "".join(self.meter.reasoning))
         self.gateway.finish(self.ex, outcome, status, tokens, exact=False, upstream_status=200)
 
     async def _broken(self, send: Send, error: APIError) -> None:
