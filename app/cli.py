@@ -109,15 +109,20 @@ def _load(args: argparse.Namespace) -> LoadedSettings:
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from app import server
+
     loaded = _load(args)  # fail here, once, with exit code 2
     s = loaded.settings.server
     os.environ[FLAGS_ENV] = json.dumps({"config": loaded.config_path, "flags": _flags(args)})
     _configure_logging()
     _absorb_replayed_stop_signals()
-    uvicorn.run("app.cli:app_from_env", factory=True, host=s.host, port=s.port, workers=s.workers,
-                loop="uvloop", http="httptools", lifespan="on", access_log=False, server_header=False,
-                timeout_graceful_shutdown=int(s.shutdown_grace_seconds) or None, backlog=4096,
-                log_config=None, timeout_keep_alive=30, proxy_headers=False)
+    grace = int(s.shutdown_grace_seconds) or None
+    config = uvicorn.Config("app.cli:app_from_env", factory=True, host=s.host, port=s.port, workers=s.workers,
+                            loop="uvloop", http="httptools", lifespan="on", access_log=False,
+                            server_header=False, timeout_graceful_shutdown=grace, backlog=4096,
+                            log_config=None, timeout_keep_alive=30, proxy_headers=False)
+    if not server.run(config, s.accept_listeners):
+        return 3  # uvicorn's STARTUP_FAILURE: the app or the socket did not come up
     return 0
 
 

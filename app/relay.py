@@ -11,6 +11,7 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
+import aiohttp
 import httpx2
 import orjson
 from starlette.responses import Response
@@ -85,7 +86,7 @@ class SSERelay(Response):
         try:
             async with asyncio.timeout(max(self.deadline - time.perf_counter(), 0.001)):
                 await self._pump(send)
-        except (TimeoutError, httpx2.TransportError, OSError) as exc:
+        except (TimeoutError, httpx2.TransportError, aiohttp.ClientError, OSError) as exc:
             if self.client_gone:
                 raise ClientGone() from exc
             await self._broken(send, map_transport_error(exc))
@@ -93,16 +94,13 @@ class SSERelay(Response):
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _pump(self, send: Send) -> None:
-        async for raw in self.resp.aiter_raw():
-            self.meter.feed(raw)
-            chunk = self._complete_lines(raw)
-            if self.stripper is not None:
-                chunk = self.stripper.feed(chunk)
-            if DONE in chunk:
-                self.end = ("ok", 200)
-                await self._finish_estimated("ok", 200)
-            if chunk:
-                await self._send(send, chunk)
+        reader = aiohttp_reader(self.resp)
+        if reader is not None:  # the hot path: one await per upstream read, no iterator layers between
+            while raw := await reader.readany():
+                await self._relay_chunk(send, raw)
+        else:
+            async for raw in self.resp.aiter_raw():
+                await self._relay_chunk(send, raw)
         if self._partial:  # the stream ended without a final newline: relay what there is
             await self._send(send, self._partial)
             self._partial = b""
@@ -112,15 +110,29 @@ class SSERelay(Response):
             self.end = ("upstream_error", 200) if self.meter.ended_with_error else ("ok", 200)
             await self._finish_estimated(*self.end)
 
+    async def _relay_chunk(self, send: Send, raw: bytes) -> None:
+        self.meter.feed(raw)
+        chunk = self._complete_lines(raw)
+        if self.stripper is not None:
+            chunk = self.stripper.feed(chunk)
+        if DONE in chunk:
+            self.end = ("ok", 200)
+            await self._finish_estimated("ok", 200)
+        if chunk:
+            await self._send(send, chunk)
+
     def _complete_lines(self, chunk: bytes) -> bytes:
         """Relay whole lines only: if the stream breaks mid-line, the client never gets half an event."""
-        data = self._partial + chunk
+        data = self._partial + chunk if self._partial else chunk
         cut = data.rfind(b"\n") + 1
         self._partial = data[cut:]
-        return data[:cut]
+        return data[:cut] if cut != len(data) else data
 
     async def _send(self, send: Send, chunk: bytes) -> None:
-        await _send_body(send, chunk)
+        try:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except OSError as exc:  # uvicorn: the client disconnected
+            raise ClientGone() from exc
         self._sent_tail = chunk[-2:] if len(chunk) >= 2 else (self._sent_tail + chunk)[-2:]
 
     async def _finish_estimated(self, outcome: str, status: int) -> None:
@@ -143,15 +155,14 @@ class SSERelay(Response):
         # End any event the client holds (a data line without its blank line) so ours stands alone.
         boundary = b"" if self._sent_tail == b"\n\n" else b"\n"
         event = boundary + b"data: " + orjson.dumps({"error": error.body()["error"]}) + b"\n\n"
-        await _send_body(send, event)
+        await self._send(send, event)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-async def _send_body(send: Send, chunk: bytes) -> None:
-    try:
-        await send({"type": "http.response.body", "body": chunk, "more_body": True})
-    except OSError as exc:  # uvicorn: the client disconnected
-        raise ClientGone() from exc
+def aiohttp_reader(resp: httpx2.Response) -> aiohttp.StreamReader | None:
+    """The aiohttp body reader under httpx-aiohttp's response stream, when that is the transport."""
+    content = getattr(getattr(resp.stream, "_aiohttp_response", None), "content", None)
+    return content if isinstance(content, aiohttp.StreamReader) else None
 
 
 class UsageStripper:

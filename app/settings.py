@@ -31,6 +31,7 @@ class ServerSettings(Section):
     host: str = "127.0.0.1"
     port: int = Field(default=8787, ge=0, le=65535)
     workers: int = Field(default=1, ge=1, le=64)
+    accept_listeners: int = Field(default=16, ge=1, le=256)  # connections accepted per event-loop round
     shutdown_grace_seconds: float = Field(default=30.0, ge=0)
     access_log: bool = True
     log_content: bool = False  # prompt and completion text in logs: off unless asked for

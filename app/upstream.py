@@ -73,12 +73,12 @@ def map_transport_error(exc: BaseException) -> APIError:
 
 
 def is_timeout(exc: BaseException) -> bool:
-    cause = exc.__cause__
-    if isinstance(cause, (asyncio.TimeoutError, aiohttp.ServerTimeoutError)):
-        return True
-    if isinstance(cause, aiohttp.ClientError):
-        return False  # httpx-aiohttp reports every aiohttp connection error as a ConnectTimeout
-    return isinstance(exc, (httpx2.TimeoutException, asyncio.TimeoutError))
+    for err in (exc, exc.__cause__):
+        if isinstance(err, (asyncio.TimeoutError, aiohttp.ServerTimeoutError)):
+            return True
+        if isinstance(err, aiohttp.ClientError):
+            return False  # httpx-aiohttp reports every aiohttp connection error as a ConnectTimeout
+    return isinstance(exc, httpx2.TimeoutException)
 
 
 def _hop_by_hop(raw: list[tuple[bytes, bytes]]) -> frozenset[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,24 +50,35 @@ def usage_from_body(body: bytes) -> tuple[bool, TokenCounts | None]:
 
 COMPACT_AT = 16 * 1024  # per stream: 2,000 long streams hold at most ~32 MB of raw events
 
+# The streamed text is needed only for an estimate (a stream that ends without `usage`), so it is kept as
+# the raw JSON-escaped string values, found by regex scans over each batch, and decoded once at the end.
+# Inside a JSON string a quote is always escaped, so `"content":"` can only match a real key. Each pattern
+# starts with a literal, which the regex engine searches for fast; the rarer ones run only when a cheap
+# substring test says they can match.
+_STRING = rb'[ \t]*:[ \t]*"([^"\\]*(?:\\.[^"\\]*)*)"'
+_CONTENT = re.compile(rb'"content"' + _STRING)
+_REASONING = re.compile(rb'"reasoning_content"' + _STRING)
+_TOOL = re.compile(rb'"(?:name|arguments)"' + _STRING)
+_LAST_DATA = re.compile(rb"^data:[ \t]*(\{.*)$", re.MULTILINE)
+
 
 class StreamMeter:
     """Watches relayed SSE bytes: finds the chunk carrying `usage`, keeps the streamed text for estimates.
 
-    Parsing happens in batches (when 16 KB have gathered, and once at the end), never per chunk; the text
-    kept for an estimate is joined after each batch, so a long stream holds one string, not one per event.
+    Work happens in batches (when 16 KB have gathered, and once at the end), never per chunk, and costs a
+    few regex scans per batch: no event is parsed as JSON unless it carries `usage` or ends the stream.
     """
 
-    __slots__ = ("_buf", "done", "ended_with_error", "events", "reasoning", "text", "usage")
+    __slots__ = ("_buf", "_last_event", "_reasoning_raw", "_text_raw", "_tool_raw", "done", "usage")
 
     def __init__(self) -> None:
         self._buf = bytearray()
-        self.text: list[str] = []
-        self.reasoning: list[str] = []
+        self._text_raw: list[bytes] = []
+        self._reasoning_raw: list[bytes] = []
+        self._tool_raw: list[bytes] = []
+        self._last_event = b""  # the payload of the last JSON event seen
         self.usage: TokenCounts | None = None
         self.done = False  # saw data: [DONE]
-        self.ended_with_error = False  # the last event was an `error` object (DeepSeek's own)
-        self.events = 0
 
     def feed(self, chunk: bytes) -> None:
         self._buf += chunk
@@ -76,45 +88,82 @@ class StreamMeter:
     def finish(self) -> None:
         self._drain(final=True)
 
+    @property
+    def text(self) -> list[str]:
+        """Content, then tool names and arguments."""
+        return [_decode(self._text_raw) + _decode(self._tool_raw)]
+
+    @property
+    def reasoning(self) -> list[str]:
+        return [_decode(self._reasoning_raw)]
+
+    @property
+    def ended_with_error(self) -> bool:
+        """The last event was an `error` object (DeepSeek's own)."""
+        try:
+            event = orjson.loads(self._last_event) if self._last_event else None
+        except orjson.JSONDecodeError:
+            return False
+        return isinstance(event, dict) and "error" in event
+
     def _drain(self, final: bool) -> None:
         data = bytes(self._buf)
         cut = len(data) if final else data.rfind(b"\n") + 1
-        self._buf = bytearray(data[cut:])
-        for line in data[:cut].split(b"\n"):
-            if line.startswith(b"data:"):
-                self._event(line[5:].strip())
-        if len(self.text) > 1:
-            self.text = ["".join(self.text)]
-        if len(self.reasoning) > 1:
-            self.reasoning = ["".join(self.reasoning)]
-
-    def _event(self, payload: bytes) -> None:
-        if payload == b"[DONE]":
-            self.done = True
+        if not cut:
             return
+        self._buf = bytearray(data[cut:])
+        batch = data[:cut]
+        _collect(self._text_raw, _CONTENT.findall(batch))
+        if b'"reasoning_content"' in batch:
+            _collect(self._reasoning_raw, _REASONING.findall(batch))
+        if b'"tool_calls"' in batch:
+            _collect(self._tool_raw, _TOOL.findall(batch))
+        if b'"usage":{' in batch or b'"usage": {' in batch:
+            for payload in _data_lines_with(batch, b'"usage"'):
+                self._usage_line(payload)
+        if not self.done and b"[DONE]" in batch:
+            self.done = any(line.strip() == b"[DONE]" for line in _data_lines_with(batch, b"[DONE]"))
+        last = _LAST_DATA.match(batch, max(batch.rfind(b"\ndata: {"), batch.rfind(b"\ndata:{")) + 1)
+        if last is not None:
+            self._last_event = last.group(1).rstrip()
+
+    def _usage_line(self, payload: bytes) -> None:
         try:
-            chunk = orjson.loads(payload)
+            event = orjson.loads(payload)
         except orjson.JSONDecodeError:
             return
-        if not isinstance(chunk, dict):
-            return
-        self.events += 1
-        self.ended_with_error = "error" in chunk
-        found = tokens_from_usage(chunk.get("usage"))
+        found = tokens_from_usage(event.get("usage")) if isinstance(event, dict) else None
         if found is not None:
             self.usage = found
-        for choice in chunk.get("choices") or ():
-            delta = choice.get("delta") if isinstance(choice, dict) else None
-            if isinstance(delta, dict):
-                self._collect(delta)
 
-    def _collect(self, delta: dict[str, Any]) -> None:
-        reasoning, content = delta.get("reasoning_content"), delta.get("content")
-        if isinstance(reasoning, str) and reasoning:
-            self.reasoning.append(reasoning)
-        if isinstance(content, str) and content:
-            self.text.append(content)
-        for call in delta.get("tool_calls") or ():
-            fn = call.get("function") if isinstance(call, dict) else None
-            if isinstance(fn, dict):
-                self.text.extend(v for v in (fn.get("name"), fn.get("arguments")) if isinstance(v, str) and v)
+
+def _collect(parts: list[bytes], found: list[bytes]) -> None:
+    if found:
+        parts.append(b"".join(found))
+        if len(parts) > 1:
+            parts[:] = [b"".join(parts)]
+
+
+def _data_lines_with(batch: bytes, needle: bytes) -> list[bytes]:
+    """The payloads of the `data:` lines that contain `needle` (rare: callers test for it first)."""
+    out = []
+    at = batch.find(needle)
+    while at >= 0:
+        start = batch.rfind(b"\n", 0, at) + 1
+        end = batch.find(b"\n", at)
+        end = len(batch) if end < 0 else end
+        line = batch[start:end]
+        if line.startswith(b"data:"):
+            out.append(line[5:])
+        at = batch.find(needle, end)
+    return out
+
+
+def _decode(parts: list[bytes]) -> str:
+    """JSON-escaped pieces -> text; a piece cut by a broken stream is decoded as far as it goes."""
+    raw = b"".join(parts)
+    try:
+        text = orjson.loads(b'"' + raw + b'"')
+    except orjson.JSONDecodeError:
+        return raw.decode("utf-8", "replace")
+    return text if isinstance(text, str) else ""

@@ -39,18 +39,17 @@ class Settings:
     extras_streaming: bool  # streaming also in scenario 1 (wrk), 8 and 10; all transports in 6
 
     @staticmethod
-    def make(quick: bool, reps: int | None = None, wrk_seconds: int | None = None) -> Settings:
+    def make(
+        quick: bool, reps: int | None = None, wrk_seconds: int | None = None, streams: int | None = None
+    ) -> Settings:
         if quick:
             s = Settings(True, 1, 1, 100, 100.0, 5.0, 1.5, 200, 5.0, 0.1, 0.5, 1, 10_000, 1, 20.0, 20, False)
         else:
             s = Settings(
                 False, 3, 5, 1000, 500.0, 20.0, 1.5, 2000, 30.0, 0.1, 5.0, 5, 100_000, 2, 900.0, 100, True
             )
-        if reps is not None or wrk_seconds is not None:
-            s = Settings(
-                **{**s.__dict__, "reps": reps or s.reps, "wrk_seconds": wrk_seconds or s.wrk_seconds}
-            )
-        return s
+        overrides = {"reps": reps, "wrk_seconds": wrk_seconds, "streams": streams}
+        return Settings(**{**s.__dict__, **{k: v for k, v in overrides.items() if v is not None}})
 
 
 @dataclass

@@ -132,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="CI mode: small loads, one repetition (< 2 min)")
     parser.add_argument("--reps", type=int, help="repetitions per measurement (default 3, quick 1)")
     parser.add_argument("--duration", type=int, help="seconds per wrk measurement (default 5, quick 1)")
+    parser.add_argument("--streams", type=int, help="scenario 5: concurrent streams (2000; quick 200)")
     parser.add_argument("--only", default=",".join(ALL), help="comma-separated scenario numbers, e.g. 1,2,7")
     parser.add_argument("--skip-chatgate", action="store_true", help="benchmark only the reference targets")
     parser.add_argument("--out", type=Path, default=BENCH_DIR / "results", help="where latest.md/json go")
@@ -145,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, _on_sigterm)
     nofile = raise_nofile_limit()
-    settings = Settings.make(args.quick, args.reps, args.duration)
+    settings = Settings.make(args.quick, args.reps, args.duration, args.streams)
     started = time.monotonic()
 
     def log(msg: str) -> None:

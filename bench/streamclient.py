@@ -66,6 +66,8 @@ class StreamStats:
     reads_with_events: int = 0
     coalesced_reads: int = 0
     gaps: list[float] = field(default_factory=list)
+    first_event_s: float | None = None  # from connect to the first event
+    duration_s: float | None = None  # from connect to [DONE]
     done: bool = False
     status_ok: bool = False
     error: str | None = None
@@ -83,9 +85,11 @@ class StreamProtocol(asyncio.Protocol):
         self.carry = b""
         self.last_event_at: float | None = None
         self.transport: asyncio.Transport | None = None
+        self.connected_at = 0.0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        self.connected_at = time.perf_counter()
         transport.write(self.request)  # type: ignore[attr-defined]
 
     def data_received(self, data: bytes) -> None:
@@ -110,9 +114,12 @@ class StreamProtocol(asyncio.Protocol):
                 self.stats.coalesced_reads += 1
             if self.last_event_at is not None:
                 self.stats.gaps.append(now - self.last_event_at)
+            else:
+                self.stats.first_event_s = now - self.connected_at
             self.last_event_at = now
             if DONE in window:
                 self.stats.done = True
+                self.stats.duration_s = now - self.connected_at
                 if self.transport is not None:
                     self.transport.close()
         self.carry = window[-(len(DATA) - 1) :]
@@ -159,6 +166,11 @@ async def streams(
             await asyncio.sleep(delay)
         tasks.append(asyncio.create_task(one_stream(port, request, timeout_s)))
     results = await asyncio.gather(*tasks)
+    import os
+    if os.environ.get("STREAMS_DUMP"):
+        with open(os.environ["STREAMS_DUMP"], "w") as fh:
+            for i, r in enumerate(results):
+                fh.write(f"{i} {r.first_event_s} {r.duration_s} {r.error}\n")
     gaps = [g for r in results for g in r.gaps]
     errors: dict[str, int] = {}
     for r in results:
@@ -166,6 +178,8 @@ async def streams(
             key = r.error.split(":")[0]
             errors[key] = errors.get(key, 0) + 1
     added = [g - interval_s for g in gaps]
+    firsts = [r.first_event_s for r in results if r.first_event_s is not None]
+    durations = [r.duration_s for r in results if r.duration_s is not None]
     return {
         "streams": count,
         "completed": sum(1 for r in results if r.done and r.status_ok),
@@ -177,6 +191,9 @@ async def streams(
         "gap_p99_ms": percentile(gaps, 99) * 1000.0,
         "gap_max_ms": (max(gaps) * 1000.0) if gaps else float("nan"),
         "added_gap_p99_ms": percentile(added, 99) * 1000.0,
+        "first_event_p50_ms": percentile(firsts, 50) * 1000.0,
+        "first_event_p99_ms": percentile(firsts, 99) * 1000.0,
+        "duration_max_s": max(durations) if durations else float("nan"),
         "wall_s": time.perf_counter() - started,
     }
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 from decimal import Decimal
 
 import orjson
@@ -225,3 +226,37 @@ def test_meter_tolerates_a_stream_cut_mid_line() -> None:
     meter = StreamMeter()
     feed_split(meter, stream, 8)
     assert meter.text == ["partial"] and meter.usage is None and not meter.done
+
+
+def test_meter_decodes_escapes_and_unicode_in_the_kept_text() -> None:
+    """The text is kept JSON-escaped and decoded once: quotes, backslashes, newlines, emoji, CJK survive."""
+    args = '{"path": "C:\\\\tmp\\\\a.txt", "note": "say \\"hi\\"\\n"}'
+    stream = (sse(chunk({"content": "你好 \"quoted\" \\ back\nslash 😀"}))
+              + sse(chunk({"tool_calls": [{"index": 0, "function": {"name": "write", "arguments": args}}]}))
+              + b"data: " + json.dumps(chunk({"content": " ascii-escaped é"})).encode() + b"\n\n"
+              + b"data: [DONE]\n\n")
+    meter = StreamMeter()
+    feed_split(meter, stream, 3)
+    assert "".join(meter.text) == "你好 \"quoted\" \\ back\nslash 😀" + " ascii-escaped é" + "write" + args
+    assert meter.done and not meter.ended_with_error
+
+
+def test_meter_ignores_key_names_quoted_inside_content() -> None:
+    text = 'a "content": "x" and "usage": {"prompt_tokens": 9}'
+    stream = sse(chunk({"content": text})) + b"data: [DONE]\n\n"
+    meter = StreamMeter()
+    feed_split(meter, stream, 4096)
+    assert meter.text == [text]
+    assert meter.usage is None
+
+
+@pytest.mark.parametrize("piece", [5, 40000])
+def test_meter_sees_a_stream_that_ends_with_deepseeks_error_event(piece: int) -> None:
+    error = {"error": {"message": "Service busy", "type": "server_error", "code": "overloaded"}}
+    body = b"".join(sse(chunk({"content": f"w{i} "})) for i in range(400))
+    meter = StreamMeter()
+    feed_split(meter, body + sse(error), piece)
+    assert meter.ended_with_error and not meter.done
+    meter = StreamMeter()
+    feed_split(meter, sse(error) + body + b"data: [DONE]\n\n", piece)
+    assert not meter.ended_with_error and meter.done

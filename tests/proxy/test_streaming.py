@@ -3,6 +3,7 @@ and a client that goes away mid-stream."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -12,7 +13,12 @@ from typing import Any
 import httpx2
 import openai
 import orjson
+import pytest
 
+from app.relay import aiohttp_reader
+from app.settings import UpstreamSettings
+from app.upstream import Upstream
+from tests.fakes.deepseek import make_plan
 from tests.fakes.server import RunningFake
 from tests.harness import RunningChatgate
 from tests.proxy.conftest import JSON_HEADERS, chat_body, usage_rows
@@ -195,3 +201,39 @@ def test_stream_carries_the_request_id_both_ways(gate: RunningChatgate, fake: Ru
     assert fake.state.requests[0].request_id == "agent-run-7/step-3"
     (row,) = usage_rows(tmp_path, 1)
     assert row["request_id"] == "agent-run-7/step-3"
+
+
+@pytest.mark.parametrize("transport", ["aiohttp", "httpx"])
+def test_both_upstream_transports_relay_every_event_and_meter_it(
+        start_gate: Callable[..., RunningChatgate], fake: RunningFake, tmp_path: Path, transport: str
+) -> None:
+    """The aiohttp transport is read straight from aiohttp's body reader, the others through httpx2's
+    iterator: the client gets the same events either way, split across many small upstream writes."""
+    gate = start_gate(upstream={"transport": transport})
+    fake.state.configure(chunk_delay=0.002)
+    body = chat_body("Tell me a story", stream=True)
+    raw = read_all(gate, body)
+    events = data_events(raw)
+    assert raw.endswith(b"data: [DONE]\n\n") and raw.count(b"data: [DONE]") == 1
+    text = "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e["choices"])
+    assert text == "".join(make_plan(body).content) != ""
+    (row,) = usage_rows(tmp_path, 1)
+    assert (row["outcome"], row["tokens_exact"]) == ("ok", 1)
+
+
+def test_the_aiohttp_transport_exposes_its_body_reader(fake: RunningFake) -> None:
+    """The relay's fast path depends on httpx-aiohttp's response stream keeping aiohttp's response; an
+    upgrade that changes that must fail here, not silently fall back to the slower iterator."""
+    async def probe(transport: str) -> bool:
+        upstream = Upstream(UpstreamSettings(base_url=fake.url, transport=transport))  # type: ignore[arg-type]
+        body = orjson.dumps(chat_body(stream=True))
+        headers = [(b"content-type", b"application/json"), (b"authorization", b"Bearer sk-probe")]
+        resp = await upstream.send("POST", "/chat/completions", headers, body)
+        try:
+            return aiohttp_reader(resp) is not None
+        finally:
+            await resp.aclose()
+            await upstream.aclose()
+
+    assert asyncio.run(probe("aiohttp")) is True
+    assert asyncio.run(probe("httpx")) is False
