@@ -83,6 +83,18 @@ def group_memory(pgid: int) -> Memory:
     return Memory(rss, hwm)
 
 
+def group_cpu_seconds(pgid: int) -> float:
+    """User + system CPU time of a process group's live processes (Linux /proc)."""
+    ticks = 0
+    for pid in group_pids(pgid):
+        try:
+            rest = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        ticks += int(rest[11]) + int(rest[12])  # utime, stime
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 def _die_with_parent() -> None:
     """preexec_fn: SIGTERM this child when the runner dies, even by SIGKILL (Linux prctl PR_SET_PDEATHSIG)."""
     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import sqlite3
 import subprocess
@@ -30,7 +31,7 @@ from app.store import (
 )
 from app.store._sql import CREATE_SCHEMA_VERSION, MIGRATIONS, SCHEMA_VERSION
 from app.store.postgres import PostgresStore
-from app.store.sqlite import SQLiteStore
+from app.store.sqlite import SQLiteStore, _chunk_sizes
 from tests.store.conftest import TcpProxy
 
 REPO = Path(__file__).resolve().parents[2]
@@ -401,6 +402,36 @@ def test_sqlite_settings(tmp_path: Path) -> None:
             assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("sizes", [[1], [255, 256, 257], [1000, 3, 1337]])
+def test_sqlite_stores_every_column_of_every_record(tmp_path: Path, sizes: list[int]) -> None:
+    """Rows go in as multi-row statements of power-of-two sizes: every batch size, every column, in place."""
+    store = SQLiteStore(tmp_path / "s.db")
+    batches = [random_records(n, seed=i) for i, n in enumerate(sizes)]
+    try:
+        store.migrate()
+        for batch in batches:
+            store.insert_usage(batch)
+        with sqlite3.connect(store.path) as raw:
+            raw.row_factory = sqlite3.Row
+            rows = {row["record_id"]: dict(row) for row in raw.execute("SELECT * FROM usage")}
+    finally:
+        store.close()
+    expected = [r for batch in batches for r in batch]
+    assert len(rows) == len(expected)
+    for rec in expected:
+        row = rows[rec.record_id]
+        assert row.pop("day") == rec.day
+        assert {k: (bool(v) if k in ("stream", "tokens_exact") else v) for k, v in row.items()} == \
+            dataclasses.asdict(rec)
+
+
+def test_sqlite_statement_sizes_cover_any_batch() -> None:
+    assert list(_chunk_sizes(1337, 256)) == [256] * 5 + [32, 16, 8, 1]
+    assert list(_chunk_sizes(256, 256)) == [256]
+    assert list(_chunk_sizes(7, 4)) == [4, 2, 1]
+    assert list(_chunk_sizes(0, 256)) == []
 
 
 def test_sqlite_two_stores_on_one_file_both_writing(tmp_path: Path) -> None:
