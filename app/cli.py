@@ -12,6 +12,7 @@ from typing import Any
 
 from app import __version__
 from app.settings import ConfigError, LoadedSettings, effective, load_settings
+from app.store.base import GROUP_BYS
 
 FLAGS_ENV = "_CHATGATE_SERVE_FLAGS"  # how `serve` hands its flags to uvicorn's worker processes
 
@@ -59,7 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(func=func)
 
     usage = sub.add_parser("usage", help="usage report", description="Token usage and cost, grouped.")
-    usage.add_argument("--by", choices=["key", "team", "model", "day"], default="team")
+    usage.add_argument("--by", choices=list(GROUP_BYS), default="team",
+                       help="group by client key, team, model, UTC day, or rejecting rule")
     usage.add_argument("--since", help="from this date/datetime (UTC), inclusive")
     usage.add_argument("--until", help="to this date/datetime (UTC), exclusive")
     usage.add_argument("--format", choices=["table", "csv", "json"], default="table")

@@ -6,8 +6,8 @@ sessionStorage and sends it as `Authorization: Bearer <admin key>` to:
 - `GET /admin/usage?by=...` (app.app) for totals,
 - `GET /admin/usage/timeseries?by=team|key|model&bucket=day|hour[&since=&until=]`: tokens and cost
   per group per time bucket, built from `app.reports.build_report` over each bucket,
-- `GET /admin/rejections`: rejected requests by rule code (this process's Prometheus counter, since
-  the store has no per-rule query) and the keys with the most rejected requests (from the store).
+- `GET /admin/rejections`: rejected requests by rule code and the keys with the most rejected
+  requests, both from the store (all time, every replica).
 """
 
 from __future__ import annotations
@@ -82,10 +82,9 @@ def add_dashboard(app: FastAPI, state: State) -> None:
         require_admin(state.gw.auth, request.headers.get("authorization"))
         store = _need_store(state)
         offenders = await asyncio.to_thread(top_offenders, store, 10)
-        by_rule = rejections_by_rule(state)
+        by_rule = await asyncio.to_thread(rejections_by_rule, store)
         return json_response(200, {
             "by_rule": by_rule,
-            "by_rule_source": "metrics: rejections counted by this chatgate process since it started",
             "top_offenders": offenders,
         }, {"cache-control": "no-store"})
 
@@ -163,11 +162,8 @@ def top_offenders(store: Store, limit: int) -> list[dict[str, Any]]:
              "requests": r["requests"]} for r in worst[:limit]]
 
 
-def rejections_by_rule(state: State) -> list[dict[str, Any]]:
-    counts: dict[str, int] = {}
-    for family in state.metrics.rejections.collect():
-        for sample in family.samples:
-            if sample.name.endswith("_total"):
-                code = sample.labels.get("code", "unknown")
-                counts[code] = counts.get(code, 0) + int(sample.value)
-    return [{"code": c, "count": n} for c, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])) if n]
+def rejections_by_rule(store: Store) -> list[dict[str, Any]]:
+    """Rejected requests by rule code (all time, every replica that writes to this store), most first."""
+    rows = build_report(store, ReportQuery("rule"))["rows"]
+    counts = [(str(r["rule_code"]), int(r["rejected"])) for r in rows if r["rejected"]]
+    return [{"code": code, "count": n} for code, n in sorted(counts, key=lambda kv: (-kv[1], kv[0]))]

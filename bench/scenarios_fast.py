@@ -16,6 +16,7 @@ from bench.targets import (
     AIOHTTP_FLOOR,
     CHATGATE,
     CHATGATE_MEM,
+    CHATGATE_METERED,
     CHATGATE_NOMETER,
     CHATGATE_W2,
     DIRECT,
@@ -37,7 +38,7 @@ MB = 1024.0
 def fast_specs(only: set[str], quick: bool, chatgate_problem: str | None) -> list[TargetSpec]:
     specs = [DIRECT, REFERENCE, REFERENCE_HTTPX, AIOHTTP_FLOOR, CHATGATE]
     if "8" in only:
-        specs.append(CHATGATE_NOMETER)
+        specs += [CHATGATE_METERED, CHATGATE_NOMETER]
     if "10" in only:
         specs += [CHATGATE_W2, REFERENCE_W2]
     if "9" in only:
@@ -264,9 +265,10 @@ METERING_REP_FACTOR = 3  # metering's 10% line needs more pairs than other scena
 
 
 def metering(ctx: Context, cl: Cluster) -> ScenarioResult:
-    """Pairs: each repetition measures both servers back to back, in alternating order, and the cost is
-    the median of the per-pair costs, so drifts in machine speed between repetitions cancel out. The CPU
-    each server spends per request is reported beside it (less sensitive to the load generator)."""
+    """Two chatgate processes started together and warmed up the same way, one with a SQLite store and
+    one without, so only metering differs (not how long a process has been serving). Pairs: each
+    repetition measures both back to back, in alternating order, and the cost is the median of the
+    per-pair costs, so drifts in machine speed cancel out. CPU per request is reported beside it."""
     s = ctx.settings
     configs = [(False, "")] + ([(True, "stream_")] if s.extras_streaming else [])
     columns = [Column("rps", "c=16 req/s", "{:.0f}"), Column("cpu_us", "CPU µs/request", "{:.0f}")]
@@ -276,14 +278,19 @@ def metering(ctx: Context, cl: Cluster) -> ScenarioResult:
             Column("stream_cpu_us", "stream CPU µs/request", "{:.0f}"),
         ]
     res = ScenarioResult("8", "metering on vs off at c=16 (CHATGATE_STORE_URL=none turns it off)", columns)
-    targets = cl.live(["chatgate", "chatgate-nometer"])
+    pair = ["chatgate-metered", "chatgate-nometer"]
+    targets = cl.live(pair)
     if len(targets) < 2:
-        why = "; ".join(f"{k}: {v}" for k, v in cl.skipped(["chatgate", "chatgate-nometer"]).items())
+        why = "; ".join(f"{k}: {v}" for k, v in cl.skipped(pair).items())
         for _, tag in configs:
             res.skip(
                 f"throughput cost of metering{' (streaming)' if tag else ''}", "≤ 10%", why or "not started"
             )
         return res
+    small, stream_body = ctx.bodies["small"].read_bytes(), ctx.bodies["small_stream"].read_bytes()
+    for t in targets:  # two fresh processes with the same history: only metering differs
+        warm_up(t.port, [small, stream_body], 200)
+        run_wrk(t.port, ctx.bodies["small"], 16, 1)
     for stream, tag in configs:
         body = ctx.bodies["small_stream" if stream else "small"]
         costs = _metering_pairs(ctx, res, targets, body, tag)
@@ -292,8 +299,9 @@ def metering(ctx: Context, cl: Cluster) -> ScenarioResult:
             res.skip(name, "≤ 10%", "no measurement")
             continue
         cost = median(costs)
-        on, off = res.rows["chatgate"][tag + "rps"], res.rows["chatgate-nometer"][tag + "rps"]
-        cpu_on, cpu_off = res.rows["chatgate"][tag + "cpu_us"], res.rows["chatgate-nometer"][tag + "cpu_us"]
+        on, off = res.rows["chatgate-metered"][tag + "rps"], res.rows["chatgate-nometer"][tag + "rps"]
+        cpu_on = res.rows["chatgate-metered"][tag + "cpu_us"]
+        cpu_off = res.rows["chatgate-nometer"][tag + "cpu_us"]
         detail = (
             f"median of {len(costs)} pairs (min {min(costs):.1f}%, max {max(costs):.1f}%); {on:.0f} vs "
             f"{off:.0f} req/s; CPU per request {cpu_on:.0f} vs {cpu_off:.0f} µs"
@@ -322,7 +330,7 @@ def _metering_pairs(ctx: Context, res: ScenarioResult, targets: list[Target], bo
             pair[t.name] = sample
             samples[t.name].append(sample)
         if len(pair) == 2 and pair["chatgate-nometer"]["rps"] > 0:
-            on, off = pair["chatgate"]["rps"], pair["chatgate-nometer"]["rps"]
+            on, off = pair["chatgate-metered"]["rps"], pair["chatgate-nometer"]["rps"]
             costs.append((off - on) / off * 100.0)
             ctx.log(f"    {tag}pair {rep + 1}: {on:.0f} vs {off:.0f} req/s, cost {costs[-1]:.1f}%")
     for name, got in samples.items():

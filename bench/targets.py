@@ -35,6 +35,7 @@ REFERENCE = TargetSpec("reference", "reference", transport="aiohttp")
 REFERENCE_HTTPX = TargetSpec("reference-httpx", "reference", transport="httpx")
 AIOHTTP_FLOOR = TargetSpec("aiohttp-floor", "aiohttp")
 CHATGATE = TargetSpec("chatgate", "chatgate")
+CHATGATE_METERED = TargetSpec("chatgate-metered", "chatgate")  # scenario 8's twin of chatgate-nometer
 CHATGATE_NOMETER = TargetSpec("chatgate-nometer", "chatgate", metering=False)
 CHATGATE_W2 = TargetSpec("chatgate-w2", "chatgate", workers=2)
 CHATGATE_MEM = TargetSpec("chatgate-mem", "chatgate")

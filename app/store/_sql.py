@@ -102,6 +102,7 @@ _GROUP_FIELDS: dict[GroupBy, tuple[tuple[str, str], ...]] = {
     "team": (("team", "team"),),
     "model": (("model", "model"),),
     "day": (("day", "day"),),
+    "rule": (("rule_code", "coalesce(rule_code, '')"),),  # '' for requests that were not rejected
 }
 _COUNTER_SQL = {
     "requests": "count(*)",

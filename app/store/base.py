@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-GroupBy = Literal["key", "team", "model", "day"]
-GROUP_BYS: tuple[GroupBy, ...] = ("key", "team", "model", "day")
+GroupBy = Literal["key", "team", "model", "day", "rule"]
+GROUP_BYS: tuple[GroupBy, ...] = ("key", "team", "model", "day", "rule")
 
 OUTCOMES = ("ok", "rejected", "upstream_error", "client_disconnected", "upstream_failed")
 

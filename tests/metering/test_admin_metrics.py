@@ -71,7 +71,7 @@ def test_admin_usage_needs_the_admin_key(served: Served) -> None:
         assert "rows" not in resp.json()
 
 
-@pytest.mark.parametrize("by", ["key", "team", "model", "day"])
+@pytest.mark.parametrize("by", ["key", "team", "model", "day", "rule"])
 def test_admin_usage_equals_the_cli(served: Served, by: str) -> None:
     resp = admin_get(served, f"Bearer {ADMIN_KEY}", by=by)
     assert resp.status_code == 200

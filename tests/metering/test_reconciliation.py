@@ -9,6 +9,7 @@ import io
 import sqlite3
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +34,8 @@ TOKEN_FIELDS = ("prompt_tokens", "completion_tokens", "prompt_cache_hit_tokens",
                 "reasoning_tokens")
 REPORT_KEYS = {"group_by", "since", "until", "rows", "totals"}
 COUNTER_KEYS = {*OUTPUT_COUNTERS, "cost_usd", "cost_picousd"}
-GROUP_KEYS = {"key": {"key_id", "key_name", "team"}, "team": {"team"}, "model": {"model"}, "day": {"day"}}
+GROUP_KEYS = {"key": {"key_id", "key_name", "team"}, "team": {"team"}, "model": {"model"}, "day": {"day"},
+              "rule": {"rule_code"}}
 
 
 @dataclass
@@ -188,7 +190,7 @@ def test_every_cost_is_the_price_table_at_the_record_time(traffic: Traffic) -> N
     assert report["totals"]["cost_picousd"] == sum(r["cost_picousd"] for r in recs)
 
 
-@pytest.mark.parametrize("by", ["key", "team", "model", "day"])
+@pytest.mark.parametrize("by", ["key", "team", "model", "day", "rule"])
 def test_usage_json_shape_and_totals(traffic: Traffic, by: str) -> None:
     report = usage_json(traffic.store, by)
     recs = records(traffic.db)
@@ -269,3 +271,13 @@ def test_usage_table_ends_with_a_totals_line(traffic: Traffic) -> None:
     total = lines[-1].split()
     assert total[0] == "TOTAL" and int(total[1]) == report["totals"]["requests"]
     assert int(total[3]) == report["totals"]["prompt_tokens"]
+
+
+def test_usage_by_rule_counts_each_rejecting_rule(traffic: Traffic) -> None:
+    report = usage_json(traffic.store, "rule")
+    rejected = {row["rule_code"]: row["rejected"] for row in report["rows"] if row["rule_code"]}
+    expected = Counter(r["rule_code"] for r in records(traffic.db) if r["outcome"] == "rejected")
+    assert rejected == expected and len(expected) == 3  # empty messages, orphan tool message, bad type
+    assert sum(rejected.values()) == sum(traffic.rejected.values())
+    passed = [row for row in report["rows"] if not row["rule_code"]]
+    assert len(passed) == 1 and passed[0]["rejected"] == 0

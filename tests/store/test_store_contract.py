@@ -96,6 +96,7 @@ def reference_report(records: Sequence[UsageRecord], query: ReportQuery) -> list
             "team": {"team": r.team},
             "model": {"model": r.model},
             "day": {"day": r.day},
+            "rule": {"rule_code": r.rule_code or ""},
         }[query.group_by]
         counters = rows.setdefault(tuple(group.values()), ReportRow(group=group)).counters
         counters["requests"] += 1
