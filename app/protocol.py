@@ -1,47 +1,60 @@
 """Wire models of DeepSeek's chat-completions request (deepseek-api.md §3, §4).
 
-These models check types and shapes only; sequence and model rules live in `validate.py`.
-Every model keeps unknown fields (`extra="allow"`): DeepSeek ignores them and so do we (R39).
-Types are strict because DeepSeek's deserializer is (`"1.3"` is not a number, R25).
+These types check types and shapes only; sequence and model rules live in `validate.py`.
+Unknown fields are accepted (R39): DeepSeek ignores them, and chatgate forwards the client's original
+bytes, so nothing is lost by not keeping them here. Types are strict because DeepSeek's deserializer is
+(`"1.3"` is not a number, R25).
+
+What repeats (messages, content parts, tool calls, tools) is a `TypedDict`: pydantic validates a
+1,000-message history into plain dicts 2.2x faster than into model instances (bench scenario 7). The
+request itself and its one-off objects stay models.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NotRequired
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, with_config
+from typing_extensions import TypedDict  # pydantic refuses typing.TypedDict before Python 3.12
+
+# allow_inf_nan=False: DeepSeek's parser refuses NaN/Infinity (1e400 overflows); pydantic's does not.
+WIRE = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
 
 
 class WireModel(BaseModel):
-    # allow_inf_nan=False: DeepSeek's parser refuses NaN/Infinity (1e400 overflows); pydantic's does not.
-    model_config = ConfigDict(extra="allow", strict=True, frozen=True, allow_inf_nan=False)
+    model_config = ConfigDict(**WIRE, frozen=True)
 
 
 # --- message content ---------------------------------------------------------
 
 
-class TextPart(WireModel):
+@with_config(WIRE)
+class TextPart(TypedDict):
     type: Literal["text"]
     text: str
 
 
-class ImageURL(WireModel):
+@with_config(WIRE)
+class ImageURL(TypedDict):
     url: str
-    detail: str | None = None
+    detail: NotRequired[str | None]
 
 
-class ImageURLPart(WireModel):
+@with_config(WIRE)
+class ImageURLPart(TypedDict):
     type: Literal["image_url"]
     image_url: ImageURL
 
 
-class FileRef(WireModel):
-    file_id: str | None = None
-    file_data: str | None = None
-    filename: str | None = None
+@with_config(WIRE)
+class FileRef(TypedDict):
+    file_id: NotRequired[str | None]
+    file_data: NotRequired[str | None]
+    filename: NotRequired[str | None]
 
 
-class FilePart(WireModel):
+@with_config(WIRE)
+class FilePart(TypedDict):
     type: Literal["file"]
     file: FileRef
 
@@ -69,52 +82,59 @@ Content = Annotated[
 # --- tool calls ----------------------------------------------------------------
 
 
-class FunctionCall(WireModel):
+@with_config(WIRE)
+class FunctionCall(TypedDict):
     name: str
     arguments: str  # a JSON *string*, not an object: the most common mistake (seed, R11)
 
 
-class ToolCall(WireModel):
+@with_config(WIRE)
+class ToolCall(TypedDict):
     id: str
-    type: Literal["function"] | None = None
+    type: NotRequired[Literal["function"] | None]
     function: FunctionCall
 
 
 # --- messages ------------------------------------------------------------------
 
 
-class SystemMessage(WireModel):
+@with_config(WIRE)
+class SystemMessage(TypedDict):
     role: Literal["system"]
     content: str
-    name: str | None = None
+    name: NotRequired[str | None]
 
 
-class UserMessage(WireModel):
+@with_config(WIRE)
+class UserMessage(TypedDict):
     role: Literal["user"]
     content: Content
-    name: str | None = None
+    name: NotRequired[str | None]
 
 
-class AssistantMessage(WireModel):
+@with_config(WIRE)
+class AssistantMessage(TypedDict):
     role: Literal["assistant"]
-    content: str | None = None
-    name: str | None = None
-    tool_calls: list[ToolCall] | None = None
-    reasoning_content: str | None = None
-    prefix: bool | None = None
+    content: NotRequired[str | None]
+    name: NotRequired[str | None]
+    tool_calls: NotRequired[list[ToolCall] | None]
+    reasoning_content: NotRequired[str | None]
+    prefix: NotRequired[bool | None]
 
 
-class ToolMessage(WireModel):
+@with_config(WIRE)
+class ToolMessage(TypedDict):
     role: Literal["tool"]
     content: Content  # arrays: only vision models accept them (§12.4), checked in validate.py
     tool_call_id: str
 
 
-class LatestReminderMessage(WireModel):
+@with_config(WIRE)
+class LatestReminderMessage(TypedDict):
     """Undocumented, but DeepSeek's deserializer lists it among the accepted roles (§4): never refuse it."""
 
     role: Literal["latest_reminder"]
-    content: Content | None = None
+    content: NotRequired[Content | None]
 
 
 Message = Annotated[
@@ -138,14 +158,16 @@ class StreamOptions(WireModel):
     include_usage: bool | None = None
 
 
-class FunctionDef(WireModel):
+@with_config(WIRE)
+class FunctionDef(TypedDict):
     name: str
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-    strict: bool | None = None
+    description: NotRequired[str | None]
+    parameters: NotRequired[dict[str, Any] | None]
+    strict: NotRequired[bool | None]
 
 
-class Tool(WireModel):
+@with_config(WIRE)
+class Tool(TypedDict):
     type: str
     function: FunctionDef
 

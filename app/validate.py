@@ -22,8 +22,6 @@ from app.protocol import (
     FilePart,
     ImageURLPart,
     Message,
-    SystemMessage,
-    TextPart,
     ToolMessage,
     UserMessage,
 )
@@ -57,22 +55,22 @@ class MessageIndex:
     assistants: list[tuple[int, AssistantMessage]]
     with_calls: list[tuple[int, AssistantMessage]]  # assistants with non-empty tool_calls
     arrays: list[tuple[int, UserMessage | ToolMessage]]  # content given as an array of parts
-    tools: list[int]
+    tools: dict[int, str]  # position of each tool message -> its tool_call_id
 
 
 def index_messages(messages: list[Message]) -> MessageIndex:
-    index = MessageIndex([], [], [], [], [])
+    index = MessageIndex([], [], [], [], {})
     for i, msg in enumerate(messages):
-        index.roles.append(msg.role)
-        if type(msg) is AssistantMessage:
+        index.roles.append(msg["role"])
+        if msg["role"] == "assistant":
             index.assistants.append((i, msg))
-            if msg.tool_calls:
+            if msg.get("tool_calls"):
                 index.with_calls.append((i, msg))
-        elif type(msg) is ToolMessage:
-            index.tools.append(i)
-            if type(msg.content) is list:
+        elif msg["role"] == "tool":
+            index.tools[i] = msg["tool_call_id"]
+            if type(msg["content"]) is list:
                 index.arrays.append((i, msg))
-        elif type(msg) is UserMessage and type(msg.content) is list:
+        elif msg["role"] == "user" and type(msg["content"]) is list:
             index.arrays.append((i, msg))
     return index
 
@@ -155,7 +153,7 @@ def _position(problem: Problem) -> tuple[int, int]:
 
 
 def where(i: int, message: Message) -> str:
-    return f"messages[{i}] (role {message.role})"
+    return f"messages[{i}] (role {message['role']})"
 
 
 # --- model and messages (R3, R4) -------------------------------------------------
@@ -187,14 +185,15 @@ _DATA_IMAGE = re.compile(r"^data:image/(jpeg|jpg|png|gif|webp);base64,", re.IGNO
 def rule_content(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem]:
     images = 0
     for i, msg in ctx.index.arrays:
-        assert isinstance(msg.content, list)
-        if isinstance(msg, ToolMessage) and not ctx.profile.vision:
+        parts = msg["content"]
+        assert isinstance(parts, list)
+        if msg["role"] == "tool" and not ctx.profile.vision:
             yield Problem("content_not_string", f"messages[{i}].content",
                           f"{where(i, msg)}: content must be a string for model '{req.model}', got an array "
                           "of content parts. Join the text parts into one string.", "R6")
             continue
-        for j, part in enumerate(msg.content):
-            if isinstance(part, TextPart):
+        for j, part in enumerate(parts):
+            if part["type"] == "text":
                 continue
             images += 1
             yield from _media_part(req, ctx, i, msg, j, part)
@@ -209,14 +208,14 @@ def _media_part(req: ChatCompletionRequest, ctx: RuleContext, i: int, msg: Messa
     param = f"messages[{i}].content[{j}]"
     if not ctx.profile.vision:
         yield Problem("image_not_supported", param,
-                      f"{where(i, msg)}: content[{j}] is an {part.type} part, but model "
+                      f"{where(i, msg)}: content[{j}] is an {part['type']} part, but model "
                       f"'{req.model}' does not "
                       "support images or files (This model does not support image). Use a vision model such "
                       "as 'deepseek-flash', or remove the part.", "R8")
         return
-    if isinstance(part, ImageURLPart):
+    if part["type"] == "image_url":
         yield from _image_url(i, msg, j, part, param)
-    elif (part.file.file_id is None) == (part.file.file_data is None):
+    elif (part["file"].get("file_id") is None) == (part["file"].get("file_data") is None):
         yield Problem("invalid_image", f"{param}.file",
                       f"{where(i, msg)}: content[{j}].file must have exactly one of 'file_id' or "
                       f"'file_data'.",
@@ -224,7 +223,7 @@ def _media_part(req: ChatCompletionRequest, ctx: RuleContext, i: int, msg: Messa
 
 
 def _image_url(i: int, msg: Message, j: int, part: ImageURLPart, param: str) -> Iterator[Problem]:
-    url = part.image_url.url
+    url = part["image_url"]["url"]
     if len(url) > IMAGE_URL_MAX and not url.startswith("data:"):
         yield Problem("invalid_image", f"{param}.image_url.url",
                       f"{where(i, msg)}: content[{j}].image_url.url is {len(url)} characters; "
@@ -234,7 +233,7 @@ def _image_url(i: int, msg: Message, j: int, part: ImageURLPart, param: str) -> 
         yield Problem("invalid_image", f"{param}.image_url.url",
                       f"{where(i, msg)}: content[{j}].image_url.url must be an http(s) URL or "
                       "'data:image/(jpeg|png|gif|webp);base64,…'.", "R9")
-    detail = part.image_url.detail
+    detail = part["image_url"].get("detail")
     if detail is not None and detail not in IMAGE_DETAILS:
         yield Problem("invalid_image", f"{param}.image_url.detail",
                       f"{where(i, msg)}: content[{j}].image_url.detail '{detail}' is not one of "
@@ -246,7 +245,7 @@ def _image_url(i: int, msg: Message, j: int, part: ImageURLPart, param: str) -> 
 
 def rule_assistant_not_empty(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem]:
     for i, msg in ctx.index.assistants:
-        if msg.content is None and not msg.tool_calls:
+        if msg.get("content") is None and not msg.get("tool_calls"):
             yield Problem("assistant_empty", f"messages[{i}]",
                           f"Invalid assistant message: content or tool_calls must be set "
                           f"({where(i, msg)} has "
@@ -256,34 +255,40 @@ def rule_assistant_not_empty(req: ChatCompletionRequest, ctx: RuleContext) -> It
 def rule_tool_call_shape(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem]:
     seen: dict[str, int] = {}
     for i, msg in ctx.index.with_calls:
-        for k, call in enumerate(msg.tool_calls or ()):
-            if not call.id:
+        for k, call in enumerate(msg.get("tool_calls") or ()):
+            call_id = call["id"]
+            if not call_id:
                 yield Problem("invalid_tool_call", f"messages[{i}].tool_calls[{k}].id",
                               f"{where(i, msg)}: tool_calls[{k}].id is empty. Keep the id DeepSeek returned.",
                               "R11")
-            elif call.id in seen and ctx.strict:
+            elif call_id in seen and ctx.strict:
                 yield Problem("duplicate_tool_call_id", f"messages[{i}].tool_calls[{k}].id",
-                              f"{where(i, msg)}: tool_calls[{k}].id '{call.id}' is already used by "
-                              f"messages[{seen[call.id]}]. Tool call ids must be unique in a request.", "R12")
-            seen.setdefault(call.id, i)
+                              f"{where(i, msg)}: tool_calls[{k}].id '{call_id}' is already used by "
+                              f"messages[{seen[call_id]}]. Tool call ids must be unique in a request.", "R12")
+            seen.setdefault(call_id, i)
 
 
 # --- tool message ordering (R14-R16) -------------------------------------------------
 
 
 def rule_tool_sequence(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem]:
-    messages, roles = req.messages, ctx.index.roles
+    messages, roles, answers = req.messages, ctx.index.roles, ctx.index.tools
     answered: set[int] = set()  # tool messages inside a block that follows an assistant's tool_calls
     for i, msg in ctx.index.with_calls:
         end = i + 1
         while end < len(roles) and roles[end] == "tool":
             end += 1
         answered.update(range(i + 1, end))
-        yield from _tool_block(messages, i, msg, end, ctx)
-    for t in ctx.index.tools:
+        ids = [call["id"] for call in msg.get("tool_calls") or ()]
+        # The usual block answers each call once, in order: nothing to report unless strict (duplicate ids).
+        if ctx.strict or [answers[t] for t in range(i + 1, end)] != ids:
+            yield from _tool_block(messages, i, ids, end, ctx)
+    if len(answered) == len(answers):
+        return
+    for t in answers:
         if t not in answered:
             tool = messages[t]
-            assert isinstance(tool, ToolMessage)
+            assert tool["role"] == "tool"
             yield _orphan_tool(t, tool, t > 0 and roles[t - 1] == "tool")
 
 
@@ -292,24 +297,24 @@ def _orphan_tool(i: int, msg: ToolMessage, after_tool: bool) -> Problem:
             else "the message before it is not an assistant message with tool_calls")
     return Problem("tool_without_tool_calls", f"messages[{i}].role",
                    f"Messages with role 'tool' must be a response to a preceding message with 'tool_calls': "
-                   f"{where(i, msg)} answers tool_call_id '{msg.tool_call_id}', but {hint}. Put each tool "
+                   f"{where(i, msg)} answers tool_call_id '{msg['tool_call_id']}', but {hint}. Put each tool "
                    "result directly after the assistant message whose tool_calls it answers.", "R14")
 
 
-def _tool_block(messages: list[Message], i: int, msg: AssistantMessage, end: int,
+def _tool_block(messages: list[Message], i: int, ids: list[str], end: int,
                 ctx: RuleContext) -> Iterator[Problem]:
-    ids = [call.id for call in msg.tool_calls or ()]
     pending = set(ids)
     unknown: list[tuple[int, ToolMessage]] = []
     for t in range(i + 1, end):
         tool = messages[t]
-        assert isinstance(tool, ToolMessage)
-        if tool.tool_call_id in pending:
-            pending.discard(tool.tool_call_id)
-        elif tool.tool_call_id in ids:
+        assert tool["role"] == "tool"
+        answers = tool["tool_call_id"]
+        if answers in pending:
+            pending.discard(answers)
+        elif answers in ids:
             if ctx.strict:
                 yield Problem("duplicate_tool_result", f"messages[{t}].tool_call_id",
-                              f"{where(t, tool)}: tool_call_id '{tool.tool_call_id}' was already answered. "
+                              f"{where(t, tool)}: tool_call_id '{answers}' was already answered. "
                               "Send one tool message per call.", "R15")
         else:
             unknown.append((t, tool))
@@ -317,7 +322,7 @@ def _tool_block(messages: list[Message], i: int, msg: AssistantMessage, end: int
     if unknown and (pending or ctx.strict):
         for t, tool in unknown:
             yield Problem("unknown_tool_call_id", f"messages[{t}].tool_call_id",
-                          f"Invalid parameter: 'tool_call_id' of '{tool.tool_call_id}' not found in "
+                          f"Invalid parameter: 'tool_call_id' of '{tool['tool_call_id']}' not found in "
                           f"'tool_calls' "
                           f"of previous message ({where(t, tool)}; messages[{i}] has tool_calls with ids "
                           f"{', '.join(repr(x) for x in ids)}). Use the id of the call this result answers.",
@@ -345,7 +350,7 @@ def rule_reasoning_content(req: ChatCompletionRequest, ctx: RuleContext) -> Iter
     if not ctx.thinking or (ctx.profile.legacy_reasoner and ctx.options.legacy_reasoner_rules):
         return
     for i, msg in ctx.index.with_calls:
-        if msg.reasoning_content is None:
+        if msg.get("reasoning_content") is None:
             yield Problem("reasoning_content_missing", f"messages[{i}].reasoning_content",
                           "The `reasoning_content` in the thinking mode must be passed back to the API "
                           f"({where(i, msg)} with tool_calls has none). Send back the reasoning_content "
@@ -385,7 +390,8 @@ def rule_legacy_reasoner(req: ChatCompletionRequest, ctx: RuleContext) -> Iterat
     if not (ctx.profile.legacy_reasoner and ctx.options.legacy_reasoner_rules):
         return
     for i, msg in enumerate(req.messages):
-        if isinstance(msg, AssistantMessage) and msg.reasoning_content is not None and not msg.prefix:
+        if (msg["role"] == "assistant" and msg.get("reasoning_content") is not None
+                and not msg.get("prefix")):
             yield Problem("reasoning_content_not_allowed", f"messages[{i}].reasoning_content",
                           "The reasoning_content is an intermediate result for display purposes "
                           "only and will "
@@ -399,11 +405,11 @@ def rule_legacy_reasoner(req: ChatCompletionRequest, ctx: RuleContext) -> Iterat
 def _successive_roles(req: ChatCompletionRequest) -> Iterator[Problem]:
     for i in range(1, len(req.messages)):
         a, b = req.messages[i - 1], req.messages[i]
-        if a.role == b.role and a.role in ("user", "assistant"):
+        if a["role"] == b["role"] and a["role"] in ("user", "assistant"):
             yield Problem("successive_roles", f"messages[{i}].role",
                           f"deepseek-reasoner does not support successive user or assistant messages "
                           f"(messages[{i - 1}] and messages[{i}] in your input, both role "
-                          f"{b.role}). You should "
+                          f"{b['role']}). You should "
                           "interleave the user/assistant messages in the message sequence: merge "
                           "them into one "
                           "message.", "R19")
@@ -411,21 +417,22 @@ def _successive_roles(req: ChatCompletionRequest) -> Iterator[Problem]:
 
 def _reasoner_order(req: ChatCompletionRequest) -> Iterator[Problem]:
     msgs = req.messages
-    first = next((i for i, m in enumerate(msgs) if not isinstance(m, SystemMessage)), None)
-    if first is not None and not isinstance(msgs[first], UserMessage):
+    first = next((i for i, m in enumerate(msgs) if m["role"] != "system"), None)
+    if first is not None and msgs[first]["role"] != "user":
         yield Problem("reasoner_order", f"messages[{first}].role",
                       "The first message (except the system message) of deepseek-reasoner must be a user "
-                      f"message, but an {msgs[first].role} message detected ({where(first, msgs[first])}). "
+                      f"message, but an {msgs[first]['role']} message detected "
+                      f"({where(first, msgs[first])}). "
                       "Start the conversation with the user's message.", "R20")
     for i, m in enumerate(msgs):
-        if isinstance(m, SystemMessage) and first is not None and i > first:
+        if m["role"] == "system" and first is not None and i > first:
             yield Problem("reasoner_order", f"messages[{i}].role",
                           "The system message of deepseek-reasoner must be put on the beginning of "
                           "the message "
                           f"sequence ({where(i, m)}). Move it before messages[{first}].", "R20")
     last = msgs[-1] if msgs else None
-    if last is not None and not (isinstance(last, UserMessage) or (
-            isinstance(last, AssistantMessage) and last.prefix)):
+    if last is not None and not (last["role"] == "user" or (
+            last["role"] == "assistant" and last.get("prefix"))):
         yield Problem("reasoner_order", f"messages[{len(msgs) - 1}].role",
                       "The last message of deepseek-reasoner must be a user message, or an assistant message "
                       "with prefix mode on (refer to "
@@ -439,7 +446,7 @@ def _reasoner_order(req: ChatCompletionRequest) -> Iterator[Problem]:
 def rule_prefix(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem]:
     last = len(req.messages) - 1
     for i, msg in ctx.index.assistants:
-        if not msg.prefix:
+        if not msg.get("prefix"):
             continue
         if i != last:
             yield Problem("invalid_prefix", f"messages[{i}].prefix",
@@ -470,11 +477,11 @@ def rule_response_format(req: ChatCompletionRequest, ctx: RuleContext) -> Iterat
 
 
 def _mentions_json(msg: Message) -> bool:
-    content = msg.content
+    content = msg.get("content")
     if isinstance(content, str):
         return "json" in content.lower()
     if isinstance(content, list):
-        return any(isinstance(p, TextPart) and "json" in p.text.lower() for p in content)
+        return any(p["type"] == "text" and "json" in p["text"].lower() for p in content)
     return False
 
 
@@ -560,10 +567,11 @@ def rule_tools(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem
                       f"{TOOLS_MAX}.", "R30")
     names: dict[str, int] = {}
     for k, tool in enumerate(tools):
-        if tool.type != "function":
+        if tool["type"] != "function":
             yield Problem("invalid_tool", f"tools[{k}].type",
-                          f"Invalid 'tools[{k}].type': '{tool.type}'. Only \"function\" is supported.", "R30")
-        name = tool.function.name
+                          f"Invalid 'tools[{k}].type': '{tool['type']}'. Only \"function\" is supported.",
+                          "R30")
+        name = tool["function"]["name"]
         if not _FUNCTION_NAME.match(name):
             yield Problem("invalid_function_name", f"tools[{k}].function.name",
                           f"Invalid 'tools[{k}].function.name': string does not match pattern. "
@@ -581,15 +589,15 @@ def rule_tools(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem
 
 
 def _strict_tool(req: ChatCompletionRequest, ctx: RuleContext, k: int) -> Iterator[Problem]:
-    function = (req.tools or [])[k].function
-    if not function.strict:
+    function = (req.tools or [])[k]["function"]
+    if not function.get("strict"):
         return
     if not ctx.beta:
         yield Problem("strict_requires_beta", f"tools[{k}].function.strict",
                       f"tools[{k}].function.strict is a Beta feature: set base_url to …/beta "
                       "(chatgate: http://127.0.0.1:8787/beta), or remove 'strict'.", "R32")
         return
-    for path, why in strict_schema_problems(function.parameters or {}, "parameters"):
+    for path, why in strict_schema_problems(function.get("parameters") or {}, "parameters"):
         yield Problem("invalid_parameters_schema", f"tools[{k}].function.{path}",
                       f"tools[{k}].function.{path}: {why} (strict mode).", "R32")
 
@@ -650,7 +658,7 @@ def rule_tool_choice(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[P
     if choice.type != "function":
         yield Problem("invalid_tool_choice", "tool_choice.type",
                       f"tool_choice.type must be \"function\", got '{choice.type}'.", "R33")
-    elif ctx.strict and choice.function.name not in {t.function.name for t in req.tools or ()}:
+    elif ctx.strict and choice.function.name not in {t["function"]["name"] for t in req.tools or ()}:
         yield Problem("invalid_tool_choice", "tool_choice.function.name",
                       f"tool_choice names function '{choice.function.name}', which is not in 'tools'.", "R33")
 

@@ -65,7 +65,7 @@ def test_surrogate_pairs_and_raw_emoji_are_valid() -> None:
     checked = check(body)
     assert_valid(checked)
     assert checked.request is not None
-    assert checked.request.messages[0].content == "escaped 😀 raw 😀 accents é café cjk 你好"
+    assert checked.request.messages[0]["content"] == "escaped 😀 raw 😀 accents é café cjk 你好"
 
 
 def test_invalid_utf8_is_invalid_json_r1() -> None:
