@@ -25,8 +25,15 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.validate import Checked
-from tests.validate.conversations import TOOLS, check, summary
+from app.validate import (
+    Checked,
+    RuleContext,
+    _tool_block,
+    index_messages,
+    is_thinking,
+    rule_tool_sequence,
+)
+from tests.validate.conversations import TOOLS, call, calls, check, policy, request, summary, tool, user
 
 FUZZ_EXAMPLES = int(os.environ.get("CHATGATE_FUZZ_EXAMPLES", "0") or 0)
 
@@ -530,3 +537,35 @@ def test_check_body_never_raises_on_corrupted_valid_bodies(
         at = data.draw(st.integers(0, len(body) - 1))
         body[at : at + data.draw(st.integers(0, 3))] = data.draw(st.binary(max_size=3))
     assert isinstance(check(bytes(body)), Checked)
+
+
+
+# --- the tool-block shortcut never hides a problem (R14-R16) --------------------------------------
+
+
+@examples(300)
+@given(
+    ids=st.lists(st.sampled_from(["a", "b", "c"]), min_size=1, max_size=3),
+    answers=st.lists(st.sampled_from(["a", "b", "c", "x"]), max_size=4),
+    tail=st.booleans(),
+    strict=st.booleans(),
+)
+def test_tool_block_shortcut_reports_what_the_detailed_check_reports(
+    ids: list[str], answers: list[str], tail: bool, strict: bool
+) -> None:
+    """`rule_tool_sequence` skips the detailed block check when the results answer each call once, in
+    order. Whatever the block, it must report exactly what the detailed check (`_tool_block`) reports."""
+    messages = [user(), calls(*(call(i) for i in ids)), *(tool(a) for a in answers)]
+    if tail:
+        messages.append(user("thanks"))
+    checked = check(request(messages, tools=TOOLS), strict=strict)
+    req = checked.request
+    assert req is not None
+    pol = policy(strict=strict)
+    profile, known = pol.profile_for(req.model)
+    ctx = RuleContext(profile, known, False, pol.options, is_thinking(req, profile, known), pol,
+                      index_messages(req.messages))
+    reported = sorted((p.code, p.param or "", p.message) for p in rule_tool_sequence(req, ctx))
+    detailed = sorted((p.code, p.param or "", p.message)
+                      for p in _tool_block(req.messages, 1, ids, 2 + len(answers), ctx))
+    assert reported == detailed
