@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import datetime as dt
+import functools
 from decimal import ROUND_HALF_UP, Decimal
 
 from app.profiles import Prices
@@ -16,14 +16,14 @@ def _minutes(hhmm: str) -> int:
     return int(h) * 60 + int(m)
 
 
+@functools.lru_cache(maxsize=16)
+def _spans(windows: tuple[str, ...]) -> tuple[tuple[int, int], ...]:
+    return tuple((_minutes(w.split("-")[0]), _minutes(w.split("-")[1])) for w in windows)
+
+
 def is_peak(ts: float, windows: list[str]) -> bool:
-    t = dt.datetime.fromtimestamp(ts, dt.UTC)
-    now = t.hour * 60 + t.minute
-    for window in windows:
-        start, end = (_minutes(x) for x in window.split("-"))
-        if start <= now < end:
-            return True
-    return False
+    now = int(ts // 60) % (24 * 60)  # minute of the UTC day: POSIX time has no leap seconds
+    return any(start <= now < end for start, end in _spans(tuple(windows)))
 
 
 def cost_picousd(tokens: TokenCounts, prices: Prices | None, ts: float, windows: list[str],

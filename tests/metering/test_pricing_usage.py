@@ -8,6 +8,8 @@ from decimal import Decimal
 
 import orjson
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from app.pricing import cost_picousd, is_peak, picousd_to_usd
 from app.profiles import DEFAULT_PROFILES, FLASH_PRICES, PRO_PRICES
@@ -35,6 +37,13 @@ def test_default_peak_windows_are_the_documented_ones() -> None:
 )
 def test_peak_window_boundaries(clock: str, peak: bool) -> None:
     assert is_peak(at(clock), PEAK) is peak
+
+
+@given(st.floats(min_value=0, max_value=4.1e9, allow_nan=False))
+def test_peak_minute_of_day_agrees_with_datetime(ts: float) -> None:
+    t = dt.datetime.fromtimestamp(ts, dt.UTC)
+    minute = t.hour * 60 + t.minute
+    assert is_peak(ts, PEAK) is (60 <= minute < 240 or 360 <= minute < 600)
 
 
 def test_peak_is_judged_in_utc_not_local_time() -> None:
