@@ -8,7 +8,9 @@ the handler ends in exactly one call to `Gateway.finish`, which writes the usage
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +18,7 @@ import httpx2
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
 
 from app.accesslog import AccessLog
 from app.auth import Authenticator, Identity
@@ -223,20 +226,19 @@ class Gateway:
             await resp.aclose()
         headers = ex.response_headers(resp)
         if resp.status_code != 200:
-            self.finish(ex, "upstream_error", resp.status_code, upstream_status=resp.status_code)
-            return RawResponse(resp.status_code, headers, content)
+            return RawResponse(resp.status_code, headers, content, functools.partial(
+                self.finish, ex, "upstream_error", resp.status_code, upstream_status=resp.status_code))
         is_json, tokens = usage_from_body(content)
         if not is_json:
             raise bad_gateway("DeepSeek answered 200 with a body that is not JSON (upstream broke the "
                               "protocol).", "upstream_bad_response")
         if self.settings.server.log_content:
             ex.completion_text = content.decode("utf-8", "replace")
+        exact = tokens is not None
         if tokens is None:
             tokens = await self.estimate(ex, completion_text="")
-            self.finish(ex, "ok", 200, tokens, exact=False, upstream_status=200)
-        else:
-            self.finish(ex, "ok", 200, tokens, upstream_status=200)
-        return RawResponse(200, headers, content)
+        record = functools.partial(self.finish, ex, "ok", 200, tokens, exact=exact, upstream_status=200)
+        return RawResponse(200, headers, content, record)
 
     # --- metering ---------------------------------------------------------------------
 
@@ -322,13 +324,27 @@ def _peek(body: bytes) -> dict[str, Any]:
 
 
 class RawResponse(Response):
-    """DeepSeek's status, headers and body as they came: no decoding and re-encoding of the headers."""
+    """DeepSeek's status, headers and body as they came: no decoding and re-encoding of the headers.
 
-    def __init__(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+    `on_sent` (the usage record) runs once the body is handed to the server, sent or not: the client
+    does not wait for metering, and a client gone mid-send still leaves its record."""
+
+    def __init__(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes,
+                 on_sent: Callable[[], None] | None = None) -> None:
         self.status_code = status
         self.body = body
         self.background = None
         self.raw_headers = [*headers, (b"content-length", str(len(body)).encode())]
+        self.on_sent = on_sent
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await send({"type": "http.response.start", "status": self.status_code,
+                        "headers": self.raw_headers})
+            await send({"type": "http.response.body", "body": self.body})
+        finally:
+            if self.on_sent is not None:
+                self.on_sent()
 
 
 def is_event_stream(value: str) -> bool:
