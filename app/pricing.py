@@ -18,7 +18,8 @@ def _minutes(hhmm: str) -> int:
 
 @functools.lru_cache(maxsize=16)
 def _spans(windows: tuple[str, ...]) -> tuple[tuple[int, int], ...]:
-    return tuple((_minutes(w.split("-")[0]), _minutes(w.split("-")[1])) for w in windows)
+    pairs = (window.split("-") for window in windows)
+    return tuple((_minutes(start), _minutes(end)) for start, end in pairs)
 
 
 def is_peak(ts: float, windows: list[str]) -> bool:
