@@ -138,11 +138,11 @@ class SSERelay(Response):
     async def _finish_estimated(self, outcome: str, status: int) -> None:
         self.meter.finish()
         if self.gateway.settings.server.log_content:
-            self.ex.completion_text = "".join(self.meter.text)
+            self.ex.completion_text = self.meter.text
         if self.meter.usage is not None:
             self.gateway.finish(self.ex, outcome, status, self.meter.usage, upstream_status=200)
             return
-        tokens = await self.gateway.estimate(self.ex, "".join(self.meter.text), "".join(self.meter.reasoning))
+        tokens = await self.gateway.estimate(self.ex, self.meter.text, self.meter.reasoning)
         self.gateway.finish(self.ex, outcome, status, tokens, exact=False, upstream_status=200)
 
     async def _broken(self, send: Send, error: APIError) -> None:

@@ -89,13 +89,13 @@ class StreamMeter:
         self._drain(final=True)
 
     @property
-    def text(self) -> list[str]:
+    def text(self) -> str:
         """Content, then tool names and arguments."""
-        return [_decode(self._text_raw) + _decode(self._tool_raw)]
+        return _decode(self._text_raw) + _decode(self._tool_raw)
 
     @property
-    def reasoning(self) -> list[str]:
-        return [_decode(self._reasoning_raw)]
+    def reasoning(self) -> str:
+        return _decode(self._reasoning_raw)
 
     @property
     def ended_with_error(self) -> bool:

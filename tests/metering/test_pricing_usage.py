@@ -215,8 +215,8 @@ def test_meter_collects_text_reasoning_and_tool_calls_when_usage_is_absent() -> 
     meter = StreamMeter()
     feed_split(meter, stream, 5)
     assert meter.usage is None
-    assert "".join(meter.reasoning) == "Thinking."
-    assert "".join(meter.text) == "Sunny todayget_weather{\"city\":\"Oslo\"}"
+    assert meter.reasoning == "Thinking."
+    assert meter.text == "Sunny todayget_weather{\"city\":\"Oslo\"}"
     assert meter.done
 
 
@@ -226,7 +226,7 @@ def test_meter_handles_streams_larger_than_its_compaction_threshold() -> None:
     stream = body + sse(chunk({"content": ""}, "stop", usage=DEEPSEEK_USAGE)) + b"data: [DONE]\n\n"
     meter = StreamMeter()
     feed_split(meter, stream, 1000)
-    assert "".join(meter.text) == "".join(f"w{i} " for i in range(3000))
+    assert meter.text == "".join(f"w{i} " for i in range(3000))
     assert meter.usage == TokenCounts(120, 45, 64, 56, 30)
 
 
@@ -234,7 +234,7 @@ def test_meter_tolerates_a_stream_cut_mid_line() -> None:
     stream = sse(chunk({"content": "partial"})) + b'data: {"id": "c1", "choi'
     meter = StreamMeter()
     feed_split(meter, stream, 8)
-    assert meter.text == ["partial"] and meter.usage is None and not meter.done
+    assert meter.text == "partial" and meter.usage is None and not meter.done
 
 
 def test_meter_decodes_escapes_and_unicode_in_the_kept_text() -> None:
@@ -246,7 +246,7 @@ def test_meter_decodes_escapes_and_unicode_in_the_kept_text() -> None:
               + b"data: [DONE]\n\n")
     meter = StreamMeter()
     feed_split(meter, stream, 3)
-    assert "".join(meter.text) == "你好 \"quoted\" \\ back\nslash 😀" + " ascii-escaped é" + "write" + args
+    assert meter.text == "你好 \"quoted\" \\ back\nslash 😀" + " ascii-escaped é" + "write" + args
     assert meter.done and not meter.ended_with_error
 
 
@@ -255,7 +255,7 @@ def test_meter_ignores_key_names_quoted_inside_content() -> None:
     stream = sse(chunk({"content": text})) + b"data: [DONE]\n\n"
     meter = StreamMeter()
     feed_split(meter, stream, 4096)
-    assert meter.text == [text]
+    assert meter.text == text
     assert meter.usage is None
 
 
