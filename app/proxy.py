@@ -326,25 +326,23 @@ def _peek(body: bytes) -> dict[str, Any]:
 class RawResponse(Response):
     """DeepSeek's status, headers and body as they came: no decoding and re-encoding of the headers.
 
-    `on_sent` (the usage record) runs once the body is handed to the server, sent or not: the client
-    does not wait for metering, and a client gone mid-send still leaves its record."""
+    `before_send` (the usage record) runs before anything is sent: once the client has the end of the
+    answer, its record is spooled (a `kill -9` between the two cannot lose it), and a client gone
+    mid-send still leaves its record."""
 
     def __init__(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes,
-                 on_sent: Callable[[], None] | None = None) -> None:
+                 before_send: Callable[[], None] | None = None) -> None:
         self.status_code = status
         self.body = body
         self.background = None
         self.raw_headers = [*headers, (b"content-length", str(len(body)).encode())]
-        self.on_sent = on_sent
+        self.before_send = before_send
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await send({"type": "http.response.start", "status": self.status_code,
-                        "headers": self.raw_headers})
-            await send({"type": "http.response.body", "body": self.body})
-        finally:
-            if self.on_sent is not None:
-                self.on_sent()
+        if self.before_send is not None:
+            self.before_send()
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        await send({"type": "http.response.body", "body": self.body})
 
 
 def is_event_stream(value: str) -> bool:

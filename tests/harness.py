@@ -103,15 +103,19 @@ def free_port() -> int:
 
 @contextmanager
 def spawn_chatgate(tmp_path: Path, *args: str, env: dict[str, str] | None = None, port: int | None = None,
-                   cwd: Path | None = None, name: str = "chatgate") -> Iterator[SpawnedChatgate]:
-    """`python -m app serve --port P ARGS…` as its own process; waits for /healthz."""
+                   cwd: Path | None = None, name: str = "chatgate", module: str = "app"
+                   ) -> Iterator[SpawnedChatgate]:
+    """`python -m app serve --port P ARGS…` as its own process; waits for /healthz. `module` runs a test
+    build instead (e.g. `tests.pausebuild`), importable from the repository root."""
     port = port or free_port()
     log_path = tmp_path / f"{name}-{port}.log"
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("CHATGATE_")}
     full_env.setdefault("CHATGATE_STORE_SPOOL_DIR", str(tmp_path / "spool"))
+    if module != "app":
+        full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), full_env.get("PYTHONPATH")]))
     full_env.update(env or {})
     with open(log_path, "wb") as log:
-        process = subprocess.Popen([sys.executable, "-m", "app", "serve", "--port", str(port), *args],
+        process = subprocess.Popen([sys.executable, "-m", module, "serve", "--port", str(port), *args],
                                    cwd=cwd or tmp_path, env=full_env, stdout=log, stderr=subprocess.STDOUT)
     spawned = SpawnedChatgate(f"http://127.0.0.1:{port}", port, process, log_path)
     try:

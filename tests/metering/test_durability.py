@@ -46,6 +46,36 @@ def test_kill9_right_after_the_last_response_loses_and_doubles_nothing(tmp_path:
     assert list(tmp_path.joinpath("spool").glob("spool-*.jsonl")) == [], "replayed spool files are removed"
 
 
+def test_kill9_before_a_non_streaming_answer_is_sent_keeps_its_record(tmp_path: Path) -> None:
+    """The window the promise is about, made wide: a test build of chatgate pauses after the usage record and
+    before the first byte of a non-streaming answer. kill -9 during the pause: the client never got its
+    answer, yet after a restart its record is there (it was spooled first). Recording after the send, as
+    chatgate once did, loses it; that window, narrow in production, made the test above fail once."""
+    db = tmp_path / "usage.db"
+    paused = tmp_path / "paused"
+    env = {"PAUSEBUILD_SEND_PAUSE": "30", "PAUSEBUILD_PAUSED_FILE": str(paused)}
+    outcome: dict[str, object] = {}
+
+    def call(url: str) -> None:
+        try:
+            outcome["response"] = send_chat(url, chat_body(1), request_id="paused-1", timeout=60)
+        except httpx2.TransportError as exc:
+            outcome["error"] = exc
+
+    with run_fake_deepseek() as fake:
+        with spawn_chatgate(tmp_path, "--upstream", fake.url, "--store", f"sqlite:///{db}", env=env,
+                            module="tests.pausebuild") as cg:
+            client = threading.Thread(target=call, args=(cg.url,))
+            client.start()
+            wait_for(paused.exists, what="the pause before the answer is sent")
+            cg.kill9()
+            client.join(15)
+        assert "error" in outcome and "response" not in outcome, "the client must not have its answer"
+        assert fake.state.requests[0].outcome == "completed", "DeepSeek answered before the kill"
+        ids = restart_and_collect(tmp_path, fake.url, db, 1)
+    assert ids == ["paused-1"]
+
+
 def test_kill9_under_concurrent_load_keeps_every_completed_request(tmp_path: Path) -> None:
     """Crash safety: kill -9 while 6 clients stream and post. Every request whose client got the complete
     response has exactly one record after restart; cut-off requests have at most one; the store opens."""

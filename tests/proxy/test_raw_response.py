@@ -1,4 +1,6 @@
-"""`RawResponse`: DeepSeek's non-streaming answer as it came, and the usage record made once it is sent."""
+"""`RawResponse`: DeepSeek's non-streaming answer as it came, and the usage record spooled before any of it
+is sent (the README's durability promise: once the client has the end of its answer, its record survives a
+`kill -9`)."""
 
 from __future__ import annotations
 
@@ -19,14 +21,14 @@ def run(response: RawResponse, send: Any) -> None:
     asyncio.run(response({"type": "http"}, receive, send))
 
 
-def test_the_record_is_made_after_the_body_is_handed_to_the_server() -> None:
+def test_the_record_is_made_before_anything_is_sent() -> None:
     events: list[str] = []
 
     async def send(message: dict[str, Any]) -> None:
         events.append(message["type"])
 
     run(RawResponse(200, HEADERS, b'{"ok":true}', lambda: events.append("recorded")), send)
-    assert events == ["http.response.start", "http.response.body", "recorded"]
+    assert events == ["recorded", "http.response.start", "http.response.body"]
 
 
 def test_headers_and_body_are_sent_as_they_came_with_their_length() -> None:
