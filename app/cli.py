@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from app import __version__
+from app.metering.store.base import GROUP_BYS
 from app.settings import ConfigError, LoadedSettings, effective, load_settings
-from app.store.base import GROUP_BYS
 
 FLAGS_ENV = "_CHATGATE_SERVE_FLAGS"  # how `serve` hands its flags to uvicorn's worker processes
 
@@ -143,7 +143,7 @@ def _absorb_replayed_stop_signals() -> None:
 
 def app_from_env() -> Any:
     """uvicorn's factory, also in worker processes: the same sources, loaded again."""
-    from app.app import create_app
+    from app.web.app import create_app
 
     spec = json.loads(os.environ.get(FLAGS_ENV, "{}"))
     loaded = load_settings(spec.get("config"), os.environ, spec.get("flags") or {})
@@ -181,7 +181,7 @@ def _configure_logging() -> None:
 
 
 def _store(args: argparse.Namespace) -> Any:
-    from app.store import open_store
+    from app.metering.store import open_store
 
     loaded = _load(args)
     if not loaded.settings.store.enabled:
@@ -192,7 +192,7 @@ def _store(args: argparse.Namespace) -> Any:
 
 
 def cmd_keys_create(args: argparse.Namespace) -> int:
-    from app.auth import new_key
+    from app.gateway.auth import new_key
 
     store, _ = _store(args)
     key_id, secret, digest, prefix = new_key()
@@ -235,8 +235,8 @@ def _when(ts: float | None) -> str:
 
 
 def cmd_usage(args: argparse.Namespace) -> int:
-    from app.recorder import replay_spools
-    from app.reports import ReportError, build_report, make_query, render_csv, render_table
+    from app.metering.recorder import replay_spools
+    from app.metering.reports import ReportError, build_report, make_query, render_csv, render_table
 
     store, loaded = _store(args)
     try:

@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 
 from app.errors import Problem
-from app.validate import Policy, check_body
+from app.openai.rules import Policy, check_body
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,8 +19,8 @@ from urllib.parse import urlsplit
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
+from app.openai.rules import Policy, ValidationOptions
 from app.profiles import DEFAULT_PROFILES, ModelProfile, Prices
-from app.validate import Policy, ValidationOptions
 
 
 class Section(BaseModel):

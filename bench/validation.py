@@ -1,4 +1,4 @@
-"""Scenario 7: validation alone, in process: median time of `app.validate.check_body` (parse with
+"""Scenario 7: validation alone, in process: median time of `app.openai.rules.check_body` (parse with
 pydantic from bytes, then every rule) on a 1,000-message history with 200 tool-call pairs, under the
 default policy, with the garbage-collector settings `chatgate serve` runs with (`app.cli.tune_gc`).
 
@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 
 from app.cli import tune_gc
-from app.validate import Checked, Policy, check_body
+from app.openai.rules import Checked, Policy, check_body
 from bench.bodies import history_body
 from bench.stats import median, percentile
 

@@ -18,8 +18,8 @@ from typing import Any
 import httpx2
 import uvicorn
 
-from app.app import create_app
 from app.settings import Settings
+from app.web.app import create_app
 from tests.fakes.server import bind_socket
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

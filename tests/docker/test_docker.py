@@ -152,7 +152,7 @@ def test_build_context_sends_what_the_copies_need_and_nothing_else() -> None:
     for src in sources:
         assert (REPO_ROOT / src).exists(), src
         assert not ignored(src, patterns), f"{src} is excluded by .dockerignore"
-    for needed in ("app/static/dashboard.html", "app/static/dashboard.js", "app/dashboard.py"):
+    for needed in ("app/web/static/dashboard.html", "app/web/static/dashboard.js", "app/web/dashboard.py"):
         assert not ignored(needed, patterns), needed
     for private in (".venv/bin/python", "data/chatgate.db", "tests/harness.py", ".git/config",
                     "app/__pycache__/app.cpython-311.pyc"):

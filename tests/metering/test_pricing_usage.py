@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.pricing import cost_picousd, is_peak, picousd_to_usd
+from app.metering.pricing import cost_picousd, is_peak, picousd_to_usd
+from app.metering.usage import StreamMeter, TokenCounts, tokens_from_usage, usage_from_body
 from app.profiles import DEFAULT_PROFILES, FLASH_PRICES, PRO_PRICES
 from app.settings import Settings
-from app.usage import StreamMeter, TokenCounts, tokens_from_usage, usage_from_body
 
 PEAK = Settings().pricing.peak_hours_utc
 HALF = Settings().pricing.off_peak_multiplier

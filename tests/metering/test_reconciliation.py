@@ -19,12 +19,12 @@ import httpx2
 import openai
 import pytest
 
-from app.auth import fingerprint
-from app.pricing import cost_picousd
+from app.gateway.auth import fingerprint
+from app.metering.pricing import cost_picousd
+from app.metering.reports import OUTPUT_COUNTERS
+from app.metering.usage import TokenCounts
 from app.profiles import DEFAULT_PROFILES
-from app.reports import OUTPUT_COUNTERS
 from app.settings import Settings
-from app.usage import TokenCounts
 from tests.fakes.server import RunningFake, run_fake_deepseek
 from tests.harness import make_settings, run_chatgate
 from tests.metering.helpers import CHAT, WEATHER_TOOL, chat_body, cli, send_chat, usage_json, wait_for

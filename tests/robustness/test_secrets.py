@@ -17,7 +17,7 @@ import httpx2
 import orjson
 import pytest
 
-from app.auth import fingerprint, hash_key
+from app.gateway.auth import fingerprint, hash_key
 from app.settings import Settings
 from tests.fakes.server import RunningFake, run_fake_deepseek
 from tests.harness import REPO_ROOT, free_port, make_settings, run_chatgate, spawn_chatgate

@@ -1,0 +1,108 @@
+"""Who is calling: a chatgate-issued key (managed), or a fingerprint of the client's own DeepSeek key
+(passthrough)."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import secrets
+import time
+from dataclasses import dataclass
+
+from app.errors import APIError, unauthorized
+from app.metering.store.base import ApiKey, Store
+from app.settings import AuthSettings
+
+KEY_PREFIX = "cg-"
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    key_id: str
+    key_name: str
+    team: str
+    upstream_authorization: str | None  # what goes upstream as Authorization
+
+
+def hash_key(secret: str) -> str:
+    return hashlib.sha256(secret.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def new_key() -> tuple[str, str, str, str]:
+    """(key_id, secret, hash, prefix) for `chatgate keys create`."""
+    secret = KEY_PREFIX + secrets.token_urlsafe(32)
+    return "key_" + secrets.token_hex(6), secret, hash_key(secret), secret[:7]
+
+
+def bearer(header: str | None) -> str | None:
+    if not header:
+        return None
+    scheme, _, token = header.partition(" ")
+    return token.strip() or None if scheme.lower() == "bearer" else None
+
+
+def fingerprint(secret: str) -> str:
+    return "fp-" + hash_key(secret)[:12]
+
+
+class Authenticator:
+    def __init__(self, settings: AuthSettings, store: Store | None) -> None:
+        self.settings = settings
+        self.store = store
+        self._cache: dict[str, tuple[float, ApiKey | None]] = {}
+        upstream_key = settings.upstream_api_key.get_secret_value() if settings.upstream_api_key else None
+        self._upstream = f"Bearer {upstream_key}" if upstream_key else None
+
+    @property
+    def managed(self) -> bool:
+        return self.settings.mode == "managed"
+
+    async def identify(self, authorization: str | None) -> Identity:
+        token = bearer(authorization)
+        if not self.managed:
+            return self._passthrough(token, authorization)
+        if token is None:
+            raise unauthorized("Missing chatgate API key: send 'Authorization: Bearer cg-…' (create one with "
+                               "`chatgate keys create --team T --name N`).")
+        key = await self._lookup(token)
+        if key is None or not key.active:
+            raise unauthorized("Invalid chatgate API key: unknown or revoked. Check the key, or create a new "
+                               "one with `chatgate keys create`.")
+        return Identity(key.key_id, key.name, key.team, self._upstream)
+
+    def _passthrough(self, token: str | None, authorization: str | None) -> Identity:
+        if token is None:
+            return Identity("anonymous", "anonymous", self.settings.passthrough_team, authorization)
+        fp = fingerprint(token)
+        return Identity(fp, fp, self.settings.passthrough_team, authorization)
+
+    async def _lookup(self, token: str) -> ApiKey | None:
+        digest = hash_key(token)
+        now = time.monotonic()
+        cached = self._cache.get(digest)
+        if cached is not None and cached[0] > now:
+            return cached[1]
+        if self.store is None:
+            raise APIError(503, "Managed keys need a store; set store.url.", "server_error", None, "no_store")
+        # Looked up by SHA-256 of the secret: lookup timing reveals nothing an attacker can steer.
+        key = await asyncio.to_thread(self.store.find_key, digest)
+        if len(self._cache) > 10_000:
+            self._cache.clear()
+        self._cache[digest] = (now + self.settings.key_cache_seconds, key)
+        return key
+
+    def is_admin(self, authorization: str | None) -> bool:
+        expected = self.settings.admin_key.get_secret_value() if self.settings.admin_key else None
+        token = bearer(authorization)
+        if not expected or token is None:
+            return False
+        return hmac.compare_digest(token.encode("utf-8", "surrogateescape"), expected.encode())
+
+
+def require_admin(auth: Authenticator, authorization: str | None) -> None:
+    """Admin routes take the admin key only; a client key, chatgate's or DeepSeek's, is refused."""
+    if not auth.is_admin(authorization):
+        raise APIError(401, "Admin routes need 'Authorization: Bearer <CHATGATE_ADMIN_KEY>'; client keys are "
+                       "refused.", "authentication_error", None, "invalid_admin_key",
+                       headers={"www-authenticate": "Bearer"})

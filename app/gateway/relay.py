@@ -1,0 +1,193 @@
+"""Relay an upstream SSE stream to the client chunk by chunk, as it arrives.
+
+A raw ASGI response: it watches for the client's disconnect while relaying, so a client that goes away
+closes the upstream request at once (not at the next chunk). A stream that breaks after it started ends
+with an `error` event, which the openai SDK raises as an APIError, then closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+import httpx2
+import orjson
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from app.errors import APIError
+from app.gateway.upstream import map_transport_error
+from app.metering.usage import StreamMeter
+
+if TYPE_CHECKING:
+    from app.gateway.proxy import Exchange, Gateway
+
+DONE = b"data: [DONE]"
+
+
+class ClientGone(Exception):
+    pass
+
+
+class SSERelay(Response):
+    """A Starlette Response only in type (route handlers return it); `__call__` does all the sending."""
+
+    def __init__(self, gateway: Gateway, ex: Exchange, resp: httpx2.Response, deadline: float,
+                 strip_usage: bool) -> None:
+        super().__init__(status_code=200, media_type="text/event-stream")
+        self.gateway = gateway
+        self.ex = ex
+        self.resp = resp
+        self.deadline = deadline
+        self.meter = StreamMeter()
+        self.stripper = UsageStripper() if strip_usage else None
+        self.client_gone = False
+        self._relaying = False
+        # (outcome, status) once the upstream side has ended; a disconnect after that does not change it
+        self.end: tuple[str, int] | None = None
+        self._partial = b""  # an incomplete last line, held back until its newline arrives
+        self._sent_tail = b"\n\n"  # the last two bytes the client got (an event boundary at the start)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._relaying = True
+        watcher = asyncio.create_task(self._watch(receive, task))
+        try:
+            await self._relay(send)
+        except ClientGone:
+            self.client_gone = True
+        except asyncio.CancelledError:
+            if not self.client_gone:
+                raise
+            task.uncancel()
+        finally:
+            self._relaying = False
+            watcher.cancel()
+            await self.resp.aclose()
+            if not self.ex.finished:
+                outcome, status = self.end or ("client_disconnected", 499)
+                self.gateway.spawn(self._finish_estimated(outcome, status))
+
+    async def _watch(self, receive: Receive, task: asyncio.Task[Any]) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                self.client_gone = True
+                if self._relaying:
+                    task.cancel()
+                return
+
+    async def _relay(self, send: Send) -> None:
+        headers = self.ex.response_headers(self.resp)
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        try:
+            async with asyncio.timeout(max(self.deadline - time.perf_counter(), 0.001)):
+                await self._pump(send)
+        except (TimeoutError, httpx2.TransportError, aiohttp.ClientError, OSError) as exc:
+            if self.client_gone:
+                raise ClientGone() from exc
+            await self._broken(send, map_transport_error(exc))
+            return
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _pump(self, send: Send) -> None:
+        reader = aiohttp_reader(self.resp)
+        if reader is not None:  # the hot path: one await per upstream read, no iterator layers between
+            while raw := await reader.readany():
+                await self._relay_chunk(send, raw)
+        else:
+            async for raw in self.resp.aiter_raw():
+                await self._relay_chunk(send, raw)
+        if self._partial:  # the stream ended without a final newline: relay what there is
+            await self._send(send, self._partial)
+            self._partial = b""
+        if not self.ex.finished:
+            # No [DONE]: a stream DeepSeek ended with its own `error` event is its error, relayed as is.
+            self.meter.finish()
+            self.end = ("upstream_error", 200) if self.meter.ended_with_error else ("ok", 200)
+            await self._finish_estimated(*self.end)
+
+    async def _relay_chunk(self, send: Send, raw: bytes) -> None:
+        self.meter.feed(raw)
+        chunk = self._complete_lines(raw)
+        if self.stripper is not None:
+            chunk = self.stripper.feed(chunk)
+        if DONE in chunk:
+            self.end = ("ok", 200)
+            await self._finish_estimated("ok", 200)
+        if chunk:
+            await self._send(send, chunk)
+
+    def _complete_lines(self, chunk: bytes) -> bytes:
+        """Relay whole lines only: if the stream breaks mid-line, the client never gets half an event."""
+        data = self._partial + chunk if self._partial else chunk
+        cut = data.rfind(b"\n") + 1
+        self._partial = data[cut:]
+        return data[:cut] if cut != len(data) else data
+
+    async def _send(self, send: Send, chunk: bytes) -> None:
+        try:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except OSError as exc:  # uvicorn: the client disconnected
+            raise ClientGone() from exc
+        self._sent_tail = chunk[-2:] if len(chunk) >= 2 else (self._sent_tail + chunk)[-2:]
+
+    async def _finish_estimated(self, outcome: str, status: int) -> None:
+        self.meter.finish()
+        if self.gateway.settings.server.log_content:
+            self.ex.completion_text = self.meter.text
+        if self.meter.usage is not None:
+            self.gateway.finish(self.ex, outcome, status, self.meter.usage, upstream_status=200)
+            return
+        tokens = await self.gateway.estimate(self.ex, self.meter.text, self.meter.reasoning)
+        self.gateway.finish(self.ex, outcome, status, tokens, exact=False, upstream_status=200)
+
+    async def _broken(self, send: Send, error: APIError) -> None:
+        why = ("DeepSeek sent nothing for longer than the upstream timeout" if error.status == 504
+               else "the connection to DeepSeek broke")
+        error.message = f"The answer is incomplete: {why} after the stream started. Retry the request."
+        error.code = "upstream_stream_broken"
+        self.end = ("upstream_failed", error.status)
+        await self._finish_estimated(*self.end)
+        # End any event the client holds (a data line without its blank line) so ours stands alone.
+        boundary = b"" if self._sent_tail == b"\n\n" else b"\n"
+        event = boundary + b"data: " + orjson.dumps({"error": error.body()["error"]}) + b"\n\n"
+        await self._send(send, event)
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def aiohttp_reader(resp: httpx2.Response) -> aiohttp.StreamReader | None:
+    """The aiohttp body reader under httpx-aiohttp's response stream, when that is the transport."""
+    content = getattr(getattr(resp.stream, "_aiohttp_response", None), "content", None)
+    return content if isinstance(content, aiohttp.StreamReader) else None
+
+
+class UsageStripper:
+    """Removes from the client's stream the usage chatgate asked for and the client did not."""
+
+    def __init__(self) -> None:
+        self._tail = b""
+
+    def feed(self, chunk: bytes) -> bytes:
+        data = self._tail + chunk
+        cut = data.rfind(b"\n") + 1
+        self._tail = data[cut:]
+        out = []
+        for line in data[:cut].splitlines(keepends=True):
+            out.append(self._line(line))
+        return b"".join(out)
+
+    def _line(self, line: bytes) -> bytes:
+        if not line.startswith(b"data: {") or b'"usage"' not in line:
+            return line
+        try:
+            event = orjson.loads(line[6:])
+        except orjson.JSONDecodeError:
+            return line
+        if event.get("choices") == [] and event.get("usage") is not None:
+            return b""  # the separate usage-only chunk, and its blank separator stays harmless
+        event.pop("usage", None)
+        return b"data: " + orjson.dumps(event) + b"\n"

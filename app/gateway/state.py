@@ -1,0 +1,75 @@
+"""What the routes share, one per app: settings, store, recorder, metrics and the gateway."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import httpx2
+
+from app.gateway.auth import Authenticator
+from app.gateway.proxy import Gateway
+from app.gateway.upstream import Upstream
+from app.metering.metrics import Metrics
+from app.metering.recorder import Recorder
+from app.metering.store import Store, open_store
+from app.settings import Settings
+
+log = logging.getLogger("chatgate")
+
+
+class State:
+    """What the routes share; one per app."""
+
+    def __init__(self, settings: Settings, transport: httpx2.AsyncBaseTransport | None,
+                 store: Store | None) -> None:
+        self.settings = settings
+        self.transport = transport
+        self.store = store
+        self.metrics = Metrics(settings.profiles())
+        self.recorder: Recorder | None = None
+        self.gateway: Gateway | None = None
+        self.models_cache: tuple[float, bytes] | None = None
+
+    @property
+    def gw(self) -> Gateway:
+        assert self.gateway is not None, "the app has not started"
+        return self.gateway
+
+    async def start(self) -> None:
+        s = self.settings
+        if self.store is None and s.store.enabled:
+            self.store = await asyncio.to_thread(open_store, s.store.url)
+        if self.store is not None:
+            await asyncio.to_thread(self.store.migrate)
+            self.recorder = Recorder(self.store, s.store.spool_dir, s.store.batch_max,
+                                     s.store.flush_interval_ms / 1000, s.store.retry_seconds)
+            self.recorder.start()
+        upstream = Upstream(s.upstream, self.transport)
+        self.gateway = Gateway(s, upstream, self.recorder, Authenticator(s.auth, self.store), self.metrics)
+
+    async def stop(self) -> None:
+        if self.gateway is not None:
+            await self.gateway.drain()
+            await self.gateway.upstream.aclose()
+        if self.recorder is not None:
+            flushed = await asyncio.to_thread(self.recorder.stop, 30.0)
+            if not flushed:
+                log.warning("%d usage record(s) left in the spool; they are written on the next start",
+                            self.recorder.pending)
+        if self.store is not None:
+            await asyncio.to_thread(self.store.close)
+
+    def readiness_problems(self) -> list[str]:
+        problems = []
+        if self.store is not None:
+            try:
+                self.store.ping()
+            except Exception as exc:
+                problems.append(f"usage store not writable: {type(exc).__name__}")
+        if self.recorder is not None and not self.recorder.healthy:
+            problems.append(self.recorder.last_error or "usage writer failing")
+        auth = self.settings.auth
+        if auth.mode == "managed" and auth.upstream_api_key is None:
+            problems.append("auth.mode is managed but DEEPSEEK_API_KEY is not set")
+        return problems

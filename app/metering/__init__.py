@@ -1,0 +1,1 @@
+"""Usage metering: the recorder, token counts, prices, reports, metrics and the stores."""

@@ -1,0 +1,72 @@
+"""Prometheus metrics, one registry per app (no import-time globals)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+
+from app.metering.store.base import UsageRecord
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+
+
+class Metrics:
+    """Label children are cached: `labels()` takes a lock and builds a key, a few µs each, per request.
+
+    The model label is the model name only for models with a profile, else "other": clients choose the
+    name, and unbounded label values would grow memory without limit.
+    """
+
+    def __init__(self, known_models: Iterable[str] = ()) -> None:
+        self.registry = CollectorRegistry()
+        self.known_models = frozenset(known_models)
+        r = self.registry
+        self.requests = Counter("chatgate_requests", "Requests by route, status and model",
+                                ["route", "status", "model"], registry=r)
+        self.rejections = Counter("chatgate_rejections", "Requests rejected locally, by rule code",
+                                  ["code"], registry=r)
+        self.tokens = Counter("chatgate_tokens", "Tokens by kind, model and team", ["kind", "model", "team"],
+                              registry=r)
+        self.cost = Counter("chatgate_cost_usd", "Cost in USD by model and team", ["model", "team"],
+                            registry=r)
+        self.upstream_latency = Histogram("chatgate_upstream_latency_seconds", "Whole upstream exchange",
+                                          ["model"], buckets=LATENCY_BUCKETS, registry=r)
+        self.ttfb = Histogram("chatgate_time_to_first_byte_seconds", "Upstream time to first byte",
+                              ["model"], buckets=LATENCY_BUCKETS, registry=r)
+        self._children: dict[tuple[Any, ...], Any] = {}
+
+    def _child(self, metric: Any, *labels: str) -> Any:
+        key = (id(metric), *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
+
+    def model_label(self, model: str) -> str:
+        return model if model in self.known_models else "other"
+
+    def observe(self, rec: UsageRecord, status: int) -> None:
+        model = self.model_label(rec.model)
+        self._child(self.requests, rec.route, str(status), model).inc()
+        if rec.outcome == "rejected":
+            self._child(self.rejections, rec.rule_code or "unknown").inc()
+            return
+        for kind, n in (("prompt", rec.prompt_tokens), ("completion", rec.completion_tokens),
+                        ("cache_hit", rec.prompt_cache_hit_tokens),
+                        ("cache_miss", rec.prompt_cache_miss_tokens),
+                        ("reasoning", rec.reasoning_tokens)):
+            if n:
+                self._child(self.tokens, kind, model, rec.team).inc(n)
+        if rec.cost_picousd:
+            self._child(self.cost, model, rec.team).inc(rec.cost_picousd / 1e12)
+        self._child(self.upstream_latency, model).observe(rec.latency_ms / 1000)
+        if rec.ttfb_ms is not None:
+            self._child(self.ttfb, model).observe(rec.ttfb_ms / 1000)
+
+    def observe_status(self, route: str, status: int) -> None:
+        self._child(self.requests, route, str(status), "").inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,44 @@
+"""Cost of a request from the price table, DeepSeek's peak / off-peak windows applied by time (§8)."""
+
+from __future__ import annotations
+
+import functools
+from decimal import ROUND_HALF_UP, Decimal
+
+from app.metering.usage import TokenCounts
+from app.profiles import Prices
+
+PICO_PER_USD_PER_MTOK = Decimal(1_000_000)  # USD per 1M tokens -> picoUSD per token
+
+
+def _minutes(hhmm: str) -> int:
+    h, m = hhmm.split(":")
+    return int(h) * 60 + int(m)
+
+
+@functools.lru_cache(maxsize=16)
+def _spans(windows: tuple[str, ...]) -> tuple[tuple[int, int], ...]:
+    pairs = (window.split("-") for window in windows)
+    return tuple((_minutes(start), _minutes(end)) for start, end in pairs)
+
+
+def is_peak(ts: float, windows: list[str]) -> bool:
+    now = int(ts // 60) % (24 * 60)  # minute of the UTC day: POSIX time has no leap seconds
+    return any(start <= now < end for start, end in _spans(tuple(windows)))
+
+
+def cost_picousd(tokens: TokenCounts, prices: Prices | None, ts: float, windows: list[str],
+                 off_peak_multiplier: Decimal) -> int:
+    """Integer picoUSD (1e-12 USD) so that sums over millions of records stay exact."""
+    if prices is None:
+        return 0
+    usd_per_mtok = (tokens.prompt_cache_hit_tokens * prices.input_cache_hit
+                    + tokens.prompt_cache_miss_tokens * prices.input_cache_miss
+                    + tokens.completion_tokens * prices.output)
+    if not is_peak(ts, windows):
+        usd_per_mtok *= off_peak_multiplier
+    return int((usd_per_mtok * PICO_PER_USD_PER_MTOK).to_integral_value(ROUND_HALF_UP))
+
+
+def picousd_to_usd(pico: int) -> Decimal:
+    return Decimal(pico) / Decimal(10**12)

@@ -1,0 +1,197 @@
+"""Usage records: spooled to a local append-only file at once, written to the store in batches.
+
+The request path calls `record()`: one `os.write` of a JSON line (survives `kill -9`: the bytes are in
+the OS page cache) and a list append. A writer thread takes the whole list every `flush_interval` and
+writes it to the store in batches (group commit), retrying while the store is down; the spool is
+truncated once everything in it is stored.
+On start, spool files left by dead processes are replayed (inserts are idempotent by record_id). Spool
+file names carry a fingerprint of the store they were meant for, so a spool directory shared by processes
+(or a `chatgate usage --store OTHER`) never replays records into the wrong store.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import logging
+import os
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import orjson
+
+from app.metering.store.base import Store, StoreError, UsageRecord
+
+log = logging.getLogger("chatgate.recorder")
+
+SPOOL_TRUNCATE_AT = 1 << 20
+
+
+def encode(record: UsageRecord) -> bytes:
+    return orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE)
+
+
+def store_tag(store: Store) -> str:
+    """A short fingerprint of where the records go (SQLite: the resolved file; else the URL)."""
+    path = getattr(store, "path", None)
+    where = str(Path(path).resolve()) if path is not None else str(getattr(store, "url", ""))
+    return hashlib.sha256(where.encode("utf-8", "surrogateescape")).hexdigest()[:12]
+
+
+def decode(line: bytes) -> UsageRecord | None:
+    try:
+        return UsageRecord(**orjson.loads(line))
+    except (orjson.JSONDecodeError, TypeError):
+        return None  # a line torn by a crash mid-write
+
+
+class Recorder:
+    def __init__(self, store: Store, spool_dir: str, batch_max: int = 500, flush_interval: float = 0.02,
+                 retry_seconds: float = 1.0) -> None:
+        self.store = store
+        self.spool_dir = Path(spool_dir)
+        self.batch_max = batch_max
+        self.flush_interval = flush_interval
+        self.retry_seconds = retry_seconds
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._queued: list[UsageRecord] = []  # spooled, not yet taken by the writer
+        self._stopping = False
+        self._pending = 0  # spooled, not yet in the store
+        self._fd = -1
+        self._thread: threading.Thread | None = None
+        self._path = Path()
+        self._orphans_left = True
+        self._tag = store_tag(store)
+        self.last_error: str | None = None
+        self.written = 0
+
+    # --- lifecycle ---------------------------------------------------------------
+
+    def start(self) -> None:
+        self.spool_dir.mkdir(parents=True, exist_ok=True)
+        path = self.spool_dir / f"spool-{self._tag}-{os.getpid()}-{uuid.uuid4().hex[:8]}.jsonl"
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        self._path = path
+        self._thread = threading.Thread(target=self._run, name="chatgate-usage-writer", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> bool:
+        """Flush what is queued; True when every record reached the store (else it stays spooled)."""
+        self._stopping = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        flushed = self._pending == 0
+        if self._fd >= 0:
+            if flushed:
+                with contextlib.suppress(OSError):
+                    self._path.unlink()
+            os.close(self._fd)
+            self._fd = -1
+        return flushed
+
+    # --- request path -------------------------------------------------------------
+
+    def record(self, record: UsageRecord) -> None:
+        line = encode(record)
+        with self._lock:
+            os.write(self._fd, line)
+            self._pending += 1
+            self._queued.append(record)
+            first = len(self._queued) == 1
+        if first:
+            self._wake.set()
+
+    @property
+    def pending(self) -> int:
+        return self._pending
+
+    @property
+    def healthy(self) -> bool:
+        return self.last_error is None
+
+    # --- writer thread --------------------------------------------------------------
+
+    def _run(self) -> None:
+        self._replay_orphans()
+        while True:
+            self._wake.wait()
+            if not self._stopping:
+                time.sleep(self.flush_interval)  # let a batch gather: one commit for many requests
+            with self._lock:
+                taken, self._queued = self._queued, []
+                self._wake.clear()
+            for start in range(0, len(taken), self.batch_max):
+                self._write(taken[start:start + self.batch_max])
+            if taken and self._orphans_left and self.last_error is None:
+                self._replay_orphans()
+            if self._stopping and not self._queued:
+                return
+
+    def _write(self, batch: list[UsageRecord]) -> None:
+        while True:
+            try:
+                self.store.insert_usage(batch)
+            except StoreError as exc:  # the store is down: keep the records spooled, retry
+                self.last_error = f"usage store unavailable: {type(exc).__name__}: {exc}"
+                log.warning("%s; %d record(s) held in the spool", self.last_error, self._pending)
+                if self._stopping:
+                    return
+                time.sleep(self.retry_seconds)
+                continue
+            except Exception:  # a record the store cannot take: never let it block the others
+                if len(batch) > 1:
+                    for record in batch:
+                        self._write([record])
+                    return
+                log.exception("usage record dropped, the store refused it: %s", encode(batch[0]).decode())
+            self.last_error = None
+            self.written += len(batch)
+            self._settle(len(batch))
+            return
+
+    def _settle(self, n: int) -> None:
+        with self._lock:
+            self._pending -= n
+            if self._pending == 0 and os.fstat(self._fd).st_size > SPOOL_TRUNCATE_AT:
+                os.ftruncate(self._fd, 0)
+
+    def _replay_orphans(self) -> None:
+        self._orphans_left = False
+        for path in sorted(self.spool_dir.glob(f"spool-{self._tag}-*.jsonl")):
+            if path == self._path:
+                continue
+            with contextlib.suppress(OSError):
+                self._replay(path)
+
+    def _replay(self, path: Path) -> None:
+        fd = os.open(path, os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held by a live process: not an orphan
+        except OSError:
+            os.close(fd)
+            return
+        try:
+            records = [r for r in map(decode, Path(path).read_bytes().splitlines()) if r is not None]
+            for start in range(0, len(records), self.batch_max):
+                self.store.insert_usage(records[start:start + self.batch_max])
+            path.unlink()
+            if records:
+                log.info("replayed %d usage record(s) from %s", len(records), path.name)
+        except Exception as exc:
+            self._orphans_left = True
+            self.last_error = f"usage store unavailable while replaying {path.name}: {exc}"
+        finally:
+            os.close(fd)
+
+
+def replay_spools(store: Store, spool_dir: str) -> None:
+    """Write records left in spool files by dead processes (used by the CLI before reporting)."""
+    recorder = Recorder(store, spool_dir)
+    recorder.spool_dir.mkdir(parents=True, exist_ok=True)
+    recorder._replay_orphans()  # it owns no spool file, so every matching unlocked one is an orphan

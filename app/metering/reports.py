@@ -1,0 +1,105 @@
+"""Usage reports: the same numbers for `chatgate usage` and `GET /admin/usage`."""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import io
+from decimal import Decimal
+from typing import Any
+
+from app.metering.pricing import picousd_to_usd
+from app.metering.store.base import COUNTERS, GROUP_BYS, GroupBy, ReportQuery, ReportRow, Store
+
+GROUP_FIELDS: dict[str, tuple[str, ...]] = {
+    "key": ("key_id", "key_name", "team"), "team": ("team",), "model": ("model",), "day": ("day",),
+    "rule": ("rule_code",),
+}
+OUTPUT_COUNTERS = tuple(c for c in COUNTERS if c != "cost_picousd")
+
+
+class ReportError(ValueError):
+    """A bad filter; the message names it."""
+
+
+def parse_time(value: str | None, name: str) -> float | None:
+    """ISO date or datetime (UTC unless it says otherwise), or unix seconds."""
+    if value is None or value == "":
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    try:
+        parsed = dt.datetime.fromisoformat(value)
+    except ValueError:
+        raise ReportError(
+            f"--{name}: expected a date (2026-11-30), a datetime or unix seconds, got {value!r}") from None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=dt.UTC)
+    return parsed.timestamp()
+
+
+def make_query(group_by: str, since: str | None, until: str | None) -> ReportQuery:
+    if group_by not in GROUP_BYS:
+        raise ReportError(f"group by must be one of {', '.join(GROUP_BYS)}, got {group_by!r}")
+    gb: GroupBy = group_by
+    return ReportQuery(gb, parse_time(since, "since"), parse_time(until, "until"))
+
+
+def _usd(pico: int) -> float:
+    return float(picousd_to_usd(pico).quantize(Decimal("0.000000001")))
+
+
+def _counters(counters: dict[str, int]) -> dict[str, Any]:
+    out: dict[str, Any] = {name: int(counters.get(name, 0)) for name in OUTPUT_COUNTERS}
+    out["cost_usd"] = _usd(int(counters.get("cost_picousd", 0)))
+    out["cost_picousd"] = int(counters.get("cost_picousd", 0))
+    return out
+
+
+def build_report(store: Store, query: ReportQuery) -> dict[str, Any]:
+    rows: list[ReportRow] = store.usage_report(query)
+    totals = dict.fromkeys(COUNTERS, 0)
+    out_rows = []
+    for row in rows:
+        for name in COUNTERS:
+            totals[name] += int(row.counters.get(name, 0))
+        fields = {f: row.group.get(f) for f in GROUP_FIELDS[query.group_by]}
+        out_rows.append({**fields, **_counters(row.counters)})
+    return {"group_by": query.group_by, "since": query.since, "until": query.until,
+            "rows": out_rows, "totals": _counters(totals)}
+
+
+def render_csv(report: dict[str, Any]) -> str:
+    fields = [*GROUP_FIELDS[report["group_by"]], *OUTPUT_COUNTERS, "cost_usd"]
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(report["rows"])
+    writer.writerow({fields[0]: "TOTAL", **report["totals"]})
+    return buf.getvalue()
+
+
+def render_table(report: dict[str, Any]) -> str:
+    group = list(GROUP_FIELDS[report["group_by"]])
+    heads = [*group, "requests", "rejected", "prompt", "completion", "cache_hit", "cache_miss", "reasoning",
+             "cost_usd", "estimated"]
+    keys = [*group, "requests", "rejected", "prompt_tokens", "completion_tokens", "prompt_cache_hit_tokens",
+            "prompt_cache_miss_tokens", "reasoning_tokens", "cost_usd", "estimated_requests"]
+    lines = [[_cell(row.get(k)) for k in keys] for row in report["rows"]]
+    total = {**report["totals"], group[0]: "TOTAL"}
+    lines.append([_cell(total.get(k)) for k in keys])
+    widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(heads)]
+    fmt = "  ".join(f"{{:<{w}}}" if i < len(group) else f"{{:>{w}}}" for i, w in enumerate(widths))
+    rule = "  ".join("-" * w for w in widths)
+    return "\n".join([fmt.format(*heads), rule, *(fmt.format(*line) for line in lines[:-1]), rule,
+                      fmt.format(*lines[-1])]) + "\n"
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.6f}"
+    return str(value)

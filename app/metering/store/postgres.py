@@ -1,0 +1,223 @@
+"""PostgreSQL store on a small psycopg connection pool.
+
+The pool checks each connection before handing it out and reconnects in the
+background, so after a server restart (or a killed backend) the store recovers
+without help; while the server is away every call raises StoreError.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, suppress
+
+import orjson
+import psycopg
+from psycopg.rows import TupleRow
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from app.metering.store._sql import (
+    CURRENT_VERSION,
+    USAGE_COLUMNS,
+    Queries,
+    apply_migrations,
+    key_from_row,
+    report_rows,
+)
+from app.metering.store.base import ApiKey, ReportQuery, ReportRow, StoreError, UsageRecord
+
+_Q = Queries.with_placeholder("%s")
+
+
+# One statement per batch, the records as one JSON array unpacked by PostgreSQL (see sqlite.py).
+INSERT_USAGE_JSON = (
+    f"INSERT INTO usage ({', '.join(USAGE_COLUMNS)}) SELECT "
+    + ", ".join("to_char(to_timestamp(r.ts) AT TIME ZONE 'UTC', 'YYYY-MM-DD')" if c == "day" else f"r.{c}"
+                for c in USAGE_COLUMNS)
+    + " FROM json_populate_recordset(NULL::usage, %s::json) AS r ON CONFLICT (record_id) DO NOTHING"
+)
+_MIGRATION_LOCK = 0x6368_6174_6761_7465  # "chatgate": one advisory lock for every replica's migrate()
+
+_Connection = psycopg.Connection[TupleRow]
+
+
+class PostgresStore:
+    def __init__(
+        self,
+        url: str,
+        *,
+        max_size: int = 4,
+        timeout: float = 5.0,
+        insert_timeout: float = 15.0,
+        slow_timeout: float = 300.0,
+    ) -> None:
+        """Deadlines, in seconds: `timeout` to get a connection and for the quick calls (ping,
+        keys); `insert_timeout` for an insert_usage batch; `slow_timeout` for reports and migrate()."""
+        self.url = url
+        self._timeout = timeout
+        self._insert_timeout = insert_timeout
+        self._slow_timeout = slow_timeout
+        self._watchdog = _Watchdog()
+        self._pool: ConnectionPool[_Connection] = ConnectionPool(
+            url,
+            min_size=1,
+            max_size=max_size,
+            open=False,
+            timeout=timeout,
+            # Give up a reconnection attempt as soon as a caller would, so the next call starts a
+            # fresh attempt instead of waiting out an exponential backoff.
+            reconnect_timeout=timeout,
+            check=self._check,
+            kwargs={"autocommit": True, "connect_timeout": max(2, round(timeout))},
+            name="chatgate-store",
+        )
+        self._pool.open(wait=False)
+
+    def migrate(self) -> None:
+        with self._connection(self._slow_timeout) as conn, conn.transaction(), conn.cursor() as cur:
+            cur.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+            apply_migrations(cur, _Q)
+
+    def schema_version(self) -> int:
+        """The applied schema version, 0 before the first migrate()."""
+        with self._connection(self._timeout) as conn:
+            row = conn.execute("SELECT to_regclass('schema_version') IS NOT NULL").fetchone()
+            if row is None or not row[0]:
+                return 0
+            row = conn.execute(CURRENT_VERSION).fetchone()
+        return 0 if row is None else int(row[0])
+
+    def ping(self) -> None:
+        with self._connection(self._timeout) as conn:
+            row = conn.execute("SELECT current_setting('transaction_read_only')").fetchone()
+        if row is None or row[0] != "off":
+            raise StoreError("PostgreSQL store: the server is read-only")
+
+    def insert_usage(self, records: Sequence[UsageRecord]) -> None:
+        if not records:
+            return
+        batch = orjson.dumps(list(records)).decode()
+        with self._connection(self._insert_timeout) as conn, conn.transaction(), conn.cursor() as cur:
+            cur.execute(INSERT_USAGE_JSON, (batch,))
+
+    def usage_report(self, query: ReportQuery) -> list[ReportRow]:
+        sql, params = _Q.report(query)
+        with self._connection(self._slow_timeout) as conn:
+            rows = conn.execute(sql, params).fetchall()
+        return report_rows(query.group_by, rows)
+
+    def create_key(self, key_id: str, key_hash: str, prefix: str, team: str, name: str) -> ApiKey:
+        created_at = time.time()
+        with self._connection(self._timeout) as conn:
+            conn.execute(_Q.insert_key, (key_id, key_hash, prefix, team, name, created_at))
+        return ApiKey(key_id=key_id, name=name, team=team, prefix=prefix, created_at=created_at)
+
+    def list_keys(self) -> list[ApiKey]:
+        with self._connection(self._timeout) as conn:
+            return [key_from_row(row) for row in conn.execute(_Q.list_keys)]
+
+    def revoke_key(self, key_id: str) -> bool:
+        with self._connection(self._timeout) as conn:
+            return conn.execute(_Q.revoke_key, (time.time(), key_id)).rowcount == 1
+
+    def find_key(self, key_hash: str) -> ApiKey | None:
+        with self._connection(self._timeout) as conn:
+            row = conn.execute(_Q.find_key, (key_hash,)).fetchone()
+        return None if row is None else key_from_row(row)
+
+    def close(self) -> None:
+        self._pool.close()
+        self._watchdog.close()
+
+    @contextmanager
+    def _connection(self, deadline: float) -> Iterator[_Connection]:
+        """A pooled autocommit connection, cut after `deadline` seconds; failures become StoreError."""
+        try:
+            with self._pool.connection() as conn, self._watchdog.guard(conn, deadline):
+                yield conn
+        except PoolTimeout as e:
+            raise StoreError(f"PostgreSQL store: {e}{self._why_no_connection()}") from e
+        except psycopg.Error as e:
+            raise StoreError(f"PostgreSQL store: {_message(e)}") from e
+
+    def _check(self, conn: _Connection) -> None:
+        """Run by the pool before handing out a connection: one that was killed is replaced."""
+        with self._watchdog.guard(conn, self._timeout):
+            conn.execute("")
+
+    def _why_no_connection(self) -> str:
+        """The pool only logs why it cannot connect, so ask the server once ourselves."""
+        try:
+            psycopg.connect(self.url, connect_timeout=2).close()
+        except psycopg.Error as e:
+            return f" ({_message(e)})"
+        return ""
+
+
+class _Watchdog:
+    """Cuts the socket of a connection whose call overran its deadline.
+
+    psycopg has no client-side deadline for a query: on a dead network path (nothing
+    answers, no reset) a call would block its thread forever. Shutting the socket
+    down makes libpq fail at once, and the pool then drops the broken connection.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._deadlines: dict[object, tuple[float, _Connection]] = {}
+        self._cut: set[object] = set()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    @contextmanager
+    def guard(self, conn: _Connection, seconds: float) -> Iterator[None]:
+        token = object()
+        with self._cond:
+            self._deadlines[token] = (time.monotonic() + seconds, conn)
+            self._start()
+            self._cond.notify()
+        try:
+            yield
+        except psycopg.Error as e:
+            if token in self._cut:
+                raise StoreError(f"PostgreSQL store: no answer within {seconds:g} s, connection cut") from e
+            raise
+        finally:
+            with self._cond:
+                self._deadlines.pop(token, None)
+                self._cut.discard(token)
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+
+    def _start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="chatgate-store-watchdog", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        with self._cond:
+            while not self._closed:
+                now = time.monotonic()
+                for token, (deadline, conn) in list(self._deadlines.items()):
+                    if deadline <= now:
+                        # Under the lock the guarded call has not returned, so conn's socket is still its own.
+                        del self._deadlines[token]
+                        self._cut.add(token)
+                        _shut_down(conn)
+                wake = min((deadline for deadline, _ in self._deadlines.values()), default=None)
+                self._cond.wait(None if wake is None else wake - now)
+
+
+def _shut_down(conn: _Connection) -> None:
+    with suppress(OSError, psycopg.Error), socket.socket(fileno=os.dup(conn.pgconn.socket)) as sock:
+        sock.shutdown(socket.SHUT_RDWR)
+
+
+def _message(e: psycopg.Error) -> str:
+    return " ".join(str(e).split()) or type(e).__name__

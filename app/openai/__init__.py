@@ -1,0 +1,1 @@
+"""The OpenAI chat-completions family: wire models, rules, type errors."""

@@ -1,0 +1,688 @@
+"""Request rules (deepseek-api.md §11, R1-R38) as pure functions over the parsed request.
+
+`check_body` parses the bytes once with pydantic and returns every problem found; the
+proxy answers 400 when there is any. Rules marked uncertain in §12 only fire with
+`strict` on: a false alarm costs the user more than a miss.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import pydantic
+
+from app.errors import Problem
+from app.openai.protocol import (
+    AssistantMessage,
+    ChatCompletionRequest,
+    FilePart,
+    ImageURLPart,
+    Message,
+    ToolMessage,
+    UserMessage,
+)
+from app.openai.type_errors import problems_from_validation_error
+from app.profiles import DEFAULT_PROFILES, ModelProfile, generic_profile
+
+UnknownModels = Literal["pass", "reject"]
+
+
+@dataclass(frozen=True, slots=True)
+class ValidationOptions:
+    strict: bool = False
+    unknown_models: UnknownModels = "pass"
+    legacy_reasoner_rules: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    profiles: Mapping[str, ModelProfile] = field(default_factory=lambda: dict(DEFAULT_PROFILES))
+    options: ValidationOptions = field(default_factory=ValidationOptions)
+
+    def profile_for(self, model: str) -> tuple[ModelProfile, bool]:
+        profile = self.profiles.get(model)
+        return (profile, True) if profile is not None else (generic_profile(model), False)
+
+
+@dataclass(frozen=True, slots=True)
+class MessageIndex:
+    """One pass over the messages, so that each rule visits only the messages it is about."""
+
+    roles: list[str]
+    assistants: list[tuple[int, AssistantMessage]]
+    with_calls: list[tuple[int, AssistantMessage]]  # assistants with non-empty tool_calls
+    arrays: list[tuple[int, UserMessage | ToolMessage]]  # content given as an array of parts
+    tools: dict[int, str]  # position of each tool message -> its tool_call_id
+
+
+def index_messages(messages: list[Message]) -> MessageIndex:
+    index = MessageIndex([], [], [], [], {})
+    for i, msg in enumerate(messages):
+        index.roles.append(msg["role"])
+        if msg["role"] == "assistant":
+            index.assistants.append((i, msg))
+            if msg.get("tool_calls"):
+                index.with_calls.append((i, msg))
+        elif msg["role"] == "tool":
+            index.tools[i] = msg["tool_call_id"]
+            if type(msg["content"]) is list:
+                index.arrays.append((i, msg))
+        elif msg["role"] == "user" and type(msg["content"]) is list:
+            index.arrays.append((i, msg))
+    return index
+
+
+@dataclass(frozen=True, slots=True)
+class RuleContext:
+    profile: ModelProfile
+    known_model: bool
+    beta: bool
+    options: ValidationOptions
+    thinking: bool
+    policy: Policy
+    index: MessageIndex
+
+    @property
+    def strict(self) -> bool:
+        return self.options.strict
+
+
+@dataclass(frozen=True, slots=True)
+class Checked:
+    request: ChatCompletionRequest | None
+    problems: list[Problem]
+    profile: ModelProfile | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+Rule = Callable[[ChatCompletionRequest, RuleContext], Iterable[Problem]]
+
+
+def check_body(body: bytes, policy: Policy, *, beta: bool = False) -> Checked:
+    """Parse and check a request body; never raises."""
+    try:
+        request = ChatCompletionRequest.model_validate_json(body)
+    except pydantic.ValidationError as exc:
+        return Checked(None, problems_from_validation_error(exc, body))
+    return check_request(request, policy, beta=beta)
+
+
+def check_request(request: ChatCompletionRequest, policy: Policy, *, beta: bool = False) -> Checked:
+    profile, known = policy.profile_for(request.model)
+    ctx = RuleContext(profile, known, beta, policy.options, is_thinking(request, profile, known), policy,
+                      index_messages(request.messages))
+    problems = [p for rule in RULES for p in rule(request, ctx)]
+    problems.sort(key=_position)
+    return Checked(request, problems, profile)
+
+
+def is_thinking(request: ChatCompletionRequest, profile: ModelProfile, known: bool) -> bool:
+    """§11 "Thinking": legacy reasoner always; V4/flash unless disabled or effort "none" (R36)."""
+    if not known or profile.non_thinking_only:
+        return False
+    if profile.thinking_only:
+        return True
+    if request.thinking is not None and request.thinking.type == "disabled":
+        return False
+    if request.reasoning_effort == "none":
+        return False
+    if request.thinking is not None and request.thinking.type == "enabled":
+        return True
+    return profile.thinking_default
+
+
+_MSG_INDEX = re.compile(r"^messages\[(\d+)\]")
+
+
+def _position(problem: Problem) -> tuple[int, int]:
+    param = problem.param or ""
+    if param == "model":
+        return (0, 0)
+    match = _MSG_INDEX.match(param)
+    if match:
+        return (1, int(match.group(1)))
+    if param.startswith("messages"):
+        return (1, -1)
+    return (2, 0)
+
+
+def where(i: int, message: Message) -> str:
+    return f"messages[{i}] (role {message['role']})"
+
+
+# --- model and messages (R3, R4) -------------------------------------------------
+
+
+def rule_model_known(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem]:
+    if ctx.known_model or ctx.options.unknown_models == "pass":
+        return
+    known = ", ".join(sorted(ctx.policy.profiles))
+    yield Problem("model_not_found", "model",
+                  f"Model '{req.model}' does not exist. Known models: {known}.", "R3")
+
+
+def rule_messages_not_empty(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem]:
+    if not req.messages:
+        yield Problem("empty_array", "messages",
+                      "Invalid 'messages': empty array. Expected an array with minimum length 1, "
+                      "but got an empty array instead. Send at least one message.", "R4")
+
+
+# --- content (R6-R9) ---------------------------------------------------------------
+
+IMAGE_URL_MAX = 8192
+IMAGES_MAX = 600
+IMAGE_DETAILS = ("low", "high", "auto", "original")
+_DATA_IMAGE = re.compile(r"^data:image/(jpeg|jpg|png|gif|webp);base64,", re.IGNORECASE)
+
+
+def rule_content(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem]:
+    images = 0
+    for i, msg in ctx.index.arrays:
+        parts = msg["content"]
+        assert isinstance(parts, list)
+        if msg["role"] == "tool" and not ctx.profile.vision:
+            yield Problem("content_not_string", f"messages[{i}].content",
+                          f"{where(i, msg)}: content must be a string for model '{req.model}', got an array "
+                          "of content parts. Join the text parts into one string.", "R6")
+            continue
+        for j, part in enumerate(parts):
+            if part["type"] == "text":
+                continue
+            images += 1
+            yield from _media_part(req, ctx, i, msg, j, part)
+    if images > IMAGES_MAX:
+        yield Problem("invalid_image", "messages",
+                      f"Too many images: {images} in this request, DeepSeek accepts at most "
+                      f"{IMAGES_MAX}.", "R9")
+
+
+def _media_part(req: ChatCompletionRequest, ctx: RuleContext, i: int, msg: Message, j: int,
+                part: ImageURLPart | FilePart) -> Iterator[Problem]:
+    param = f"messages[{i}].content[{j}]"
+    if not ctx.profile.vision:
+        yield Problem("image_not_supported", param,
+                      f"{where(i, msg)}: content[{j}] is an {part['type']} part, but model "
+                      f"'{req.model}' does not "
+                      "support images or files (This model does not support image). Use a vision model such "
+                      "as 'deepseek-flash', or remove the part.", "R8")
+        return
+    if part["type"] == "image_url":
+        yield from _image_url(i, msg, j, part, param)
+    elif (part["file"].get("file_id") is None) == (part["file"].get("file_data") is None):
+        yield Problem("invalid_image", f"{param}.file",
+                      f"{where(i, msg)}: content[{j}].file must have exactly one of 'file_id' or "
+                      f"'file_data'.",
+                      "R9")
+
+
+def _image_url(i: int, msg: Message, j: int, part: ImageURLPart, param: str) -> Iterator[Problem]:
+    url = part["image_url"]["url"]
+    if len(url) > IMAGE_URL_MAX and not url.startswith("data:"):
+        yield Problem("invalid_image", f"{param}.image_url.url",
+                      f"{where(i, msg)}: content[{j}].image_url.url is {len(url)} characters; "
+                      f"DeepSeek accepts "
+                      f"image URLs of at most {IMAGE_URL_MAX}. Send the image inline as a data: URL.", "R9")
+    elif not (url.startswith(("http://", "https://")) or _DATA_IMAGE.match(url)):
+        yield Problem("invalid_image", f"{param}.image_url.url",
+                      f"{where(i, msg)}: content[{j}].image_url.url must be an http(s) URL or "
+                      "'data:image/(jpeg|png|gif|webp);base64,…'.", "R9")
+    detail = part["image_url"].get("detail")
+    if detail is not None and detail not in IMAGE_DETAILS:
+        yield Problem("invalid_image", f"{param}.image_url.detail",
+                      f"{where(i, msg)}: content[{j}].image_url.detail '{detail}' is not one of "
+                      f"{', '.join(IMAGE_DETAILS)}.", "R9")
+
+
+# --- assistant messages and tool calls (R10-R12) -------------------------------------
+
+
+def rule_assistant_not_empty(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem]:
+    for i, msg in ctx.index.assistants:
+        if msg.get("content") is None and not msg.get("tool_calls"):
+            yield Problem("assistant_empty", f"messages[{i}]",
+                          f"Invalid assistant message: content or tool_calls must be set "
+                          f"({where(i, msg)} has "
+                          "neither). Send content \"\" or drop the message.", "R10")
+
+
+def rule_tool_call_shape(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem]:
+    seen: dict[str, int] = {}
+    for i, msg in ctx.index.with_calls:
+        for k, call in enumerate(msg.get("tool_calls") or ()):
+            call_id = call["id"]
+            if not call_id:
+                yield Problem("invalid_tool_call", f"messages[{i}].tool_calls[{k}].id",
+                              f"{where(i, msg)}: tool_calls[{k}].id is empty. Keep the id DeepSeek returned.",
+                              "R11")
+            elif call_id in seen and ctx.strict:
+                yield Problem("duplicate_tool_call_id", f"messages[{i}].tool_calls[{k}].id",
+                              f"{where(i, msg)}: tool_calls[{k}].id '{call_id}' is already used by "
+                              f"messages[{seen[call_id]}]. Tool call ids must be unique in a request.", "R12")
+            seen.setdefault(call_id, i)
+
+
+# --- tool message ordering (R14-R16) -------------------------------------------------
+
+
+def rule_tool_sequence(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem]:
+    messages, roles, answers = req.messages, ctx.index.roles, ctx.index.tools
+    answered: set[int] = set()  # tool messages inside a block that follows an assistant's tool_calls
+    for i, msg in ctx.index.with_calls:
+        end = i + 1
+        while end < len(roles) and roles[end] == "tool":
+            end += 1
+        answered.update(range(i + 1, end))
+        ids = [call["id"] for call in msg.get("tool_calls") or ()]
+        # The usual block answers each call once, in order: nothing to report unless strict (duplicate ids).
+        if ctx.strict or [answers[t] for t in range(i + 1, end)] != ids:
+            yield from _tool_block(messages, i, ids, end, ctx)
+    if len(answered) == len(answers):
+        return
+    for t in answers:
+        if t not in answered:
+            tool = messages[t]
+            assert tool["role"] == "tool"
+            yield _orphan_tool(t, tool, t > 0 and roles[t - 1] == "tool")
+
+
+def _orphan_tool(i: int, msg: ToolMessage, after_tool: bool) -> Problem:
+    hint = ("it follows tool results whose assistant message has no tool_calls" if after_tool
+            else "the message before it is not an assistant message with tool_calls")
+    return Problem("tool_without_tool_calls", f"messages[{i}].role",
+                   f"Messages with role 'tool' must be a response to a preceding message with 'tool_calls': "
+                   f"{where(i, msg)} answers tool_call_id '{msg['tool_call_id']}', but {hint}. Put each tool "
+                   "result directly after the assistant message whose tool_calls it answers.", "R14")
+
+
+def _tool_block(messages: list[Message], i: int, ids: list[str], end: int,
+                ctx: RuleContext) -> Iterator[Problem]:
+    pending = set(ids)
+    unknown: list[tuple[int, ToolMessage]] = []
+    for t in range(i + 1, end):
+        tool = messages[t]
+        assert tool["role"] == "tool"
+        answers = tool["tool_call_id"]
+        if answers in pending:
+            pending.discard(answers)
+        elif answers in ids:
+            if ctx.strict:
+                yield Problem("duplicate_tool_result", f"messages[{t}].tool_call_id",
+                              f"{where(t, tool)}: tool_call_id '{answers}' was already answered. "
+                              "Send one tool message per call.", "R15")
+        else:
+            unknown.append((t, tool))
+    # An unknown id is certainly an error when a call stays unanswered; alone it is an inference (§12).
+    if unknown and (pending or ctx.strict):
+        for t, tool in unknown:
+            yield Problem("unknown_tool_call_id", f"messages[{t}].tool_call_id",
+                          f"Invalid parameter: 'tool_call_id' of '{tool['tool_call_id']}' not found in "
+                          f"'tool_calls' "
+                          f"of previous message ({where(t, tool)}; messages[{i}] has tool_calls with ids "
+                          f"{', '.join(repr(x) for x in ids)}). Use the id of the call this result answers.",
+                          "R15")
+    if pending:
+        yield _unanswered(messages, i, ids, pending, end)
+
+
+def _unanswered(messages: list[Message], i: int, ids: list[str], pending: set[str], end: int) -> Problem:
+    missing = ", ".join(x for x in ids if x in pending)
+    if end < len(messages):
+        after = f"{where(end, messages[end])} comes before they are all answered"
+    else:
+        after = "the conversation ends before they are all answered"
+    return Problem("tool_calls_unanswered", f"messages[{i}].tool_calls",
+                   "An assistant message with 'tool_calls' must be followed by tool messages responding to "
+                   f"each 'tool_call_id'. Missing: {missing} (messages[{i}], role assistant); {after}. Add a "
+                   "tool message for each id directly after it, or remove the unanswered calls.", "R16")
+
+
+# --- thinking mode (R17, R34, R36) -----------------------------------------------
+
+
+def rule_reasoning_content(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem]:
+    if not ctx.thinking or (ctx.profile.legacy_reasoner and ctx.options.legacy_reasoner_rules):
+        return
+    for i, msg in ctx.index.with_calls:
+        if msg.get("reasoning_content") is None:
+            yield Problem("reasoning_content_missing", f"messages[{i}].reasoning_content",
+                          "The `reasoning_content` in the thinking mode must be passed back to the API "
+                          f"({where(i, msg)} with tool_calls has none). Send back the reasoning_content "
+                          "DeepSeek returned with this tool call, or set thinking.type = "
+                          "\"disabled\".", "R17")
+
+
+THINKING_TYPES = ("enabled", "disabled")
+REASONING_EFFORTS = ("low", "high", "max", "minimal", "medium", "xhigh", "ultra", "none")
+
+
+def rule_thinking_params(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem]:
+    if req.thinking is not None and req.thinking.type not in (*THINKING_TYPES, None):
+        yield Problem("invalid_thinking", "thinking.type",
+                      f"Invalid 'thinking.type': '{req.thinking.type}'. Use \"enabled\" or "
+                      f"\"disabled\".", "R36")
+    if req.reasoning_effort is not None and req.reasoning_effort not in REASONING_EFFORTS:
+        yield Problem("invalid_thinking", "reasoning_effort",
+                      f"Invalid 'reasoning_effort': '{req.reasoning_effort}'. Use one of low, high, max "
+                      "(minimal, medium, xhigh, ultra and none are mapped by DeepSeek).", "R36")
+
+
+def rule_tool_choice_thinking(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem]:
+    forced = req.tool_choice == "required" or (
+        req.tool_choice is not None and not isinstance(req.tool_choice, str))
+    if ctx.thinking and forced:
+        yield Problem("tool_choice_in_thinking", "tool_choice",
+                      "Thinking mode does not support this tool_choice: 'required' and a named function are "
+                      f"refused while model '{req.model}' thinks. Set thinking.type = \"disabled\" or use "
+                      "tool_choice \"auto\".", "R34")
+
+
+# --- legacy deepseek-reasoner (R18-R20), behind validation.legacy_reasoner_rules ---------
+
+
+def rule_legacy_reasoner(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem]:
+    if not (ctx.profile.legacy_reasoner and ctx.options.legacy_reasoner_rules):
+        return
+    for i, msg in enumerate(req.messages):
+        if (msg["role"] == "assistant" and msg.get("reasoning_content") is not None
+                and not msg.get("prefix")):
+            yield Problem("reasoning_content_not_allowed", f"messages[{i}].reasoning_content",
+                          "The reasoning_content is an intermediate result for display purposes "
+                          "only and will "
+                          f"not be included in the context for inference ({where(i, msg)}). Please "
+                          f"remove the "
+                          "reasoning_content from your message.", "R18")
+    yield from _successive_roles(req)
+    yield from _reasoner_order(req)
+
+
+def _successive_roles(req: ChatCompletionRequest) -> Iterator[Problem]:
+    for i in range(1, len(req.messages)):
+        a, b = req.messages[i - 1], req.messages[i]
+        if a["role"] == b["role"] and a["role"] in ("user", "assistant"):
+            yield Problem("successive_roles", f"messages[{i}].role",
+                          f"deepseek-reasoner does not support successive user or assistant messages "
+                          f"(messages[{i - 1}] and messages[{i}] in your input, both role "
+                          f"{b['role']}). You should "
+                          "interleave the user/assistant messages in the message sequence: merge "
+                          "them into one "
+                          "message.", "R19")
+
+
+def _reasoner_order(req: ChatCompletionRequest) -> Iterator[Problem]:
+    msgs = req.messages
+    first = next((i for i, m in enumerate(msgs) if m["role"] != "system"), None)
+    if first is not None and msgs[first]["role"] != "user":
+        yield Problem("reasoner_order", f"messages[{first}].role",
+                      "The first message (except the system message) of deepseek-reasoner must be a user "
+                      f"message, but an {msgs[first]['role']} message detected "
+                      f"({where(first, msgs[first])}). "
+                      "Start the conversation with the user's message.", "R20")
+    for i, m in enumerate(msgs):
+        if m["role"] == "system" and first is not None and i > first:
+            yield Problem("reasoner_order", f"messages[{i}].role",
+                          "The system message of deepseek-reasoner must be put on the beginning of "
+                          "the message "
+                          f"sequence ({where(i, m)}). Move it before messages[{first}].", "R20")
+    last = msgs[-1] if msgs else None
+    if last is not None and not (last["role"] == "user" or (
+            last["role"] == "assistant" and last.get("prefix"))):
+        yield Problem("reasoner_order", f"messages[{len(msgs) - 1}].role",
+                      "The last message of deepseek-reasoner must be a user message, or an assistant message "
+                      "with prefix mode on (refer to "
+                      "https://api-docs.deepseek.com/guides/chat_prefix_completion); "
+                      f"{where(len(msgs) - 1, last)} is last. End with the user's message.", "R20")
+
+
+# --- prefix completion (R21) ------------------------------------------------------
+
+
+def rule_prefix(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem]:
+    last = len(req.messages) - 1
+    for i, msg in ctx.index.assistants:
+        if not msg.get("prefix"):
+            continue
+        if i != last:
+            yield Problem("invalid_prefix", f"messages[{i}].prefix",
+                          f"{where(i, msg)}: prefix is a Beta feature allowed only on the last "
+                          f"message, which "
+                          "must be the assistant message to continue. Remove 'prefix' here.", "R21")
+        elif not ctx.beta:
+            yield Problem("invalid_prefix", f"messages[{i}].prefix",
+                          f"{where(i, msg)}: prefix completion is a Beta feature: set base_url to "
+                          "…/beta (chatgate: http://127.0.0.1:8787/beta).", "R21")
+
+
+# --- response format (R23, R24) -------------------------------------------------------
+
+
+def rule_response_format(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem]:
+    fmt = req.response_format
+    if fmt is None:
+        return
+    if fmt.type not in ("text", "json_object"):
+        yield Problem("unsupported_response_format", "response_format.type",
+                      f"This response_format type is unavailable now: '{fmt.type}'. DeepSeek supports "
+                      "\"text\" and \"json_object\" (describe the schema in the prompt instead).", "R23")
+    elif fmt.type == "json_object" and not any(_mentions_json(m) for m in req.messages):
+        yield Problem("json_word_missing", "messages",
+                      "Prompt must contain the word 'json' in some form to use 'response_format' of type "
+                      "'json_object'. Add e.g. \"Answer in JSON.\" to the system or user message.", "R24")
+
+
+def _mentions_json(msg: Message) -> bool:
+    content = msg.get("content")
+    if isinstance(content, str):
+        return "json" in content.lower()
+    if isinstance(content, list):
+        return any(p["type"] == "text" and "json" in p["text"].lower() for p in content)
+    return False
+
+
+# --- sampling and output parameters (R25-R29, R35, R37, R38) ------------------------------
+
+
+def _range(name: str, value: float | None, lo: float, hi: float, rule: str,
+           code: str = "out_of_range") -> Iterator[Problem]:
+    if value is not None and not lo <= value <= hi:
+        yield Problem(code, name, f"Invalid '{name}': expected a value in [{lo:g}, {hi:g}], got "
+                                  f"{value:g}.", rule)
+
+
+def rule_sampling(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem]:
+    # In thinking mode DeepSeek ignores these (§4.1.5); whether it still range-checks them is unknown.
+    if not ctx.thinking or ctx.strict:
+        yield from _range("temperature", req.temperature, 0, 2, "R25")
+        yield from _range("top_p", req.top_p, 0, 1, "R25")
+    if ctx.strict:  # deprecated and ignored by DeepSeek today (§3)
+        yield from _range("frequency_penalty", req.frequency_penalty, -2, 2, "R26")
+        yield from _range("presence_penalty", req.presence_penalty, -2, 2, "R26")
+
+
+def rule_max_tokens(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem]:
+    top = ctx.profile.max_tokens_max
+    if req.max_tokens is not None and not 1 <= req.max_tokens <= top:
+        bound = f"[1, {top}]" if ctx.known_model else "[1, …]"
+        yield Problem("max_tokens_out_of_range", "max_tokens",
+                      f"Invalid max_tokens value, the valid range of max_tokens is {bound} for model "
+                      f"'{req.model}'; got {req.max_tokens}.", "R27")
+
+
+STOP_MAX = 16
+
+
+def rule_stop(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem]:
+    if isinstance(req.stop, list) and len(req.stop) > STOP_MAX:
+        yield Problem("too_many_stop_sequences", "stop",
+                      f"Invalid 'stop': {len(req.stop)} sequences; DeepSeek accepts up to {STOP_MAX}.", "R28")
+
+
+def rule_stream_options(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem]:
+    if req.stream_options is not None and req.stream is not True:
+        yield Problem("stream_options_without_stream", "stream_options",
+                      "stream_options should be set along with stream = true. Set \"stream\": true or remove "
+                      "'stream_options'.", "R29")
+
+
+def rule_logprobs(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem]:
+    yield from _range("top_logprobs", req.top_logprobs, 0, 20, "R35")
+    if req.top_logprobs is not None and req.logprobs is not True:
+        yield Problem("top_logprobs_requires_logprobs", "top_logprobs",
+                      "Invalid 'top_logprobs': `logprobs` must be set to true if this parameter is "
+                      "used.", "R35")
+
+
+_USER_ID = re.compile(r"^[a-zA-Z0-9_-]{1,512}$")
+
+
+def rule_user_id(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem]:
+    if req.user_id is not None and not _USER_ID.match(req.user_id):
+        yield Problem("invalid_user_id", "user_id",
+                      "Invalid 'user_id': use 1-512 characters from a-z, A-Z, 0-9, '-' and '_'.", "R37")
+
+
+def rule_n(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem]:
+    if req.n is not None and req.n != 1:
+        yield Problem("n_not_supported", "n",
+                      f"DeepSeek supports only n = 1; got n = {req.n}. Remove 'n'.", "R38")
+
+
+# --- tools (R30-R33) -----------------------------------------------------------------
+
+TOOLS_MAX = 128
+_FUNCTION_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+
+
+def rule_tools(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem]:
+    tools = req.tools or []
+    if len(tools) > TOOLS_MAX:
+        yield Problem("too_many_tools", "tools",
+                      f"Invalid 'tools': {len(tools)} functions; DeepSeek accepts a max of "
+                      f"{TOOLS_MAX}.", "R30")
+    names: dict[str, int] = {}
+    for k, tool in enumerate(tools):
+        if tool["type"] != "function":
+            yield Problem("invalid_tool", f"tools[{k}].type",
+                          f"Invalid 'tools[{k}].type': '{tool['type']}'. Only \"function\" is supported.",
+                          "R30")
+        name = tool["function"]["name"]
+        if not _FUNCTION_NAME.match(name):
+            yield Problem("invalid_function_name", f"tools[{k}].function.name",
+                          f"Invalid 'tools[{k}].function.name': string does not match pattern. "
+                          f"Expected a string "
+                          f"that matches the pattern '^[a-zA-Z0-9_-]+$' (at most 64 characters); "
+                          f"got {name!r}. "
+                          "Replace '.', ':', spaces and non-ASCII characters with '_'.", "R31")
+        elif name in names and ctx.strict:
+            yield Problem("invalid_function_name", f"tools[{k}].function.name",
+                          f"Invalid 'tools[{k}].function.name': '{name}' is already defined by "
+                          f"tools[{names[name]}].",
+                          "R31")
+        names.setdefault(name, k)
+        yield from _strict_tool(req, ctx, k)
+
+
+def _strict_tool(req: ChatCompletionRequest, ctx: RuleContext, k: int) -> Iterator[Problem]:
+    function = (req.tools or [])[k]["function"]
+    if not function.get("strict"):
+        return
+    if not ctx.beta:
+        yield Problem("strict_requires_beta", f"tools[{k}].function.strict",
+                      f"tools[{k}].function.strict is a Beta feature: set base_url to …/beta "
+                      "(chatgate: http://127.0.0.1:8787/beta), or remove 'strict'.", "R32")
+        return
+    for path, why in strict_schema_problems(function.get("parameters") or {}, "parameters"):
+        yield Problem("invalid_parameters_schema", f"tools[{k}].function.{path}",
+                      f"tools[{k}].function.{path}: {why} (strict mode).", "R32")
+
+
+STRICT_UNSUPPORTED = ("minLength", "maxLength", "minItems", "maxItems")
+
+
+def strict_schema_problems(schema: Any, path: str) -> Iterator[tuple[str, str]]:
+    """DOC-tools: every object lists all properties in `required` and sets additionalProperties false."""
+    if not isinstance(schema, dict):
+        return
+    for key in STRICT_UNSUPPORTED:
+        if key in schema:
+            yield path, f"'{key}' is not supported in strict mode"
+    if schema.get("type") == "object":
+        props = schema.get("properties") or {}
+        if not isinstance(props, dict):
+            props = {}
+        listed = schema.get("required")
+        # arbitrary client JSON: only string entries of a list count (never hash a dict/list)
+        required = {x for x in listed if isinstance(x, str)} if isinstance(listed, list) else set()
+        missing = [name for name in props if name not in required]
+        if missing:
+            yield path, f"every property must be listed in 'required' (missing: {', '.join(missing)})"
+        if schema.get("additionalProperties") is not False:
+            yield path, "'additionalProperties' must be false"
+        for name, sub in props.items():
+            yield from strict_schema_problems(sub, f"{path}.properties.{name}")
+    for key in ("items", "$defs", "$def", "definitions", "anyOf"):
+        sub = schema.get(key)
+        if isinstance(sub, list):
+            for n, item in enumerate(sub):
+                yield from strict_schema_problems(item, f"{path}.{key}[{n}]")
+        elif isinstance(sub, dict) and key == "items":
+            yield from strict_schema_problems(sub, f"{path}.items")
+        elif isinstance(sub, dict):
+            for name, item in sub.items():
+                yield from strict_schema_problems(item, f"{path}.{key}.{name}")
+
+
+TOOL_CHOICES = ("none", "auto", "required")
+
+
+def rule_tool_choice(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem]:
+    choice = req.tool_choice
+    if choice is None:
+        return
+    if isinstance(choice, str):
+        if choice not in TOOL_CHOICES:
+            yield Problem("invalid_tool_choice", "tool_choice",
+                          f"tool_choice: expected one of `none`, `auto`, `required` or a tool; got '{choice}'"
+                          + (" ('any' is Anthropic's spelling of "
+                             "'required')." if choice == "any" else "."), "R33")
+        elif choice != "none" and not req.tools and ctx.strict:
+            yield Problem("invalid_tool_choice", "tool_choice",
+                          f"tool_choice '{choice}' needs 'tools'; none are defined.", "R33")
+        return
+    if choice.type != "function":
+        yield Problem("invalid_tool_choice", "tool_choice.type",
+                      f"tool_choice.type must be \"function\", got '{choice.type}'.", "R33")
+    elif ctx.strict and choice.function.name not in {t["function"]["name"] for t in req.tools or ()}:
+        yield Problem("invalid_tool_choice", "tool_choice.function.name",
+                      f"tool_choice names function '{choice.function.name}', which is not in 'tools'.", "R33")
+
+
+RULES: tuple[Rule, ...] = (
+    rule_model_known,
+    rule_messages_not_empty,
+    rule_content,
+    rule_assistant_not_empty,
+    rule_tool_call_shape,
+    rule_tool_sequence,
+    rule_reasoning_content,
+    rule_legacy_reasoner,
+    rule_prefix,
+    rule_response_format,
+    rule_thinking_params,
+    rule_tool_choice_thinking,
+    rule_sampling,
+    rule_max_tokens,
+    rule_stop,
+    rule_stream_options,
+    rule_logprobs,
+    rule_user_id,
+    rule_n,
+    rule_tools,
+    rule_tool_choice,
+)

@@ -1,0 +1,1 @@
+"""The HTTP face: the app factory, routes, /metrics, /admin and the dashboard."""

@@ -1,0 +1,99 @@
+"""The app factory: `create_app(settings, transport=...)` wires the state, the routes and error handling."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+import httpx2
+from fastapi import FastAPI
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from app import __version__
+from app.errors import APIError, not_found
+from app.gateway.http_limits import LimitsMiddleware, header_bytes, headers_too_large
+from app.gateway.proxy import CHAT_ROUTES, error_response
+from app.gateway.state import State
+from app.metering.store import Store
+from app.settings import Settings
+from app.web.routes import add_routes
+
+log = logging.getLogger("chatgate")
+
+
+class ChatgateApp(FastAPI):
+    """FastAPI serves every route, but the chat-completions POSTs (the hot path) skip its middleware
+    stack: the gateway renders its own errors, and the header limit is checked here as LimitsMiddleware
+    does for the other routes."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in CHAT_ROUTES:
+            await self._chat(scope, receive, send)
+        else:
+            await super().__call__(scope, receive, send)
+
+    async def _chat(self, scope: Scope, receive: Receive, send: Send) -> None:
+        state: State = self.state.chatgate
+        limit = state.settings.limits.max_header_bytes
+        if header_bytes(scope["headers"]) > limit:
+            response = error_response(headers_too_large(limit))
+        else:
+            try:
+                response = await state.gw.chat(Request(scope, receive))
+            except Exception:
+                log.exception("internal error on %s", scope["path"])
+                response = error_response(INTERNAL_ERROR)
+        await response(scope, receive, send)
+
+
+INTERNAL_ERROR = APIError(500, "chatgate hit an internal error; it has been logged.", "server_error", None,
+                          "internal_error")
+
+
+def create_app(settings: Settings | None = None, transport: httpx2.AsyncBaseTransport | None = None,
+               store: Store | None = None) -> FastAPI:
+    settings = settings or Settings()
+    state = State(settings, transport, store)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await state.start()
+        try:
+            yield
+        finally:
+            await state.stop()
+
+    app = ChatgateApp(title="chatgate", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.chatgate = state
+    add_routes(app, state)
+    _add_error_handlers(app)
+    app.add_middleware(LimitsMiddleware, max_header_bytes=settings.limits.max_header_bytes)
+    return app
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    async def on_api_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, APIError)
+        return error_response(exc)
+
+    async def on_http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        if exc.status_code == 404:
+            return error_response(not_found(request.url.path))
+        if exc.status_code == 405:
+            message = f"Method {request.method} is not allowed on {request.url.path}."
+            return error_response(APIError(405, message,
+                                           "invalid_request_error", None, "method_not_allowed"))
+        return error_response(APIError(exc.status_code, str(exc.detail), "invalid_request_error", None, None))
+
+    async def on_crash(request: Request, exc: Exception) -> Response:
+        log.exception("internal error on %s", request.url.path)
+        return error_response(INTERNAL_ERROR)
+
+    app.add_exception_handler(APIError, on_api_error)
+    app.add_exception_handler(HTTPException, on_http_error)
+    app.add_exception_handler(Exception, on_crash)

@@ -1,0 +1,169 @@
+"""The usage dashboard: `GET /admin/dashboard` (a static page) and the admin-only JSON it draws from.
+
+The page itself holds no data, so it is served to anyone; it asks for the admin key, keeps it in
+sessionStorage and sends it as `Authorization: Bearer <admin key>` to:
+
+- `GET /admin/usage?by=...` (app.web.routes) for totals,
+- `GET /admin/usage/timeseries?by=team|key|model&bucket=day|hour[&since=&until=]`: tokens and cost
+  per group per time bucket, built from `app.metering.reports.build_report` over each bucket,
+- `GET /admin/rejections`: rejected requests by rule code and the keys with the most rejected
+  requests, both from the store (all time, every replica).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fastapi import FastAPI
+from starlette.requests import Request
+from starlette.responses import Response
+
+from app.errors import APIError
+from app.gateway.auth import require_admin
+from app.gateway.proxy import json_response
+from app.metering.reports import ReportError, build_report, parse_time
+from app.metering.store.base import ReportQuery, Store
+
+if TYPE_CHECKING:
+    from app.gateway.state import State
+
+STATIC_DIR = Path(__file__).resolve().parent / "static"
+STATIC_FILES = {"dashboard.js": "text/javascript; charset=utf-8", "dashboard.css": "text/css; charset=utf-8"}
+BUCKETS = {"day": 86400, "hour": 3600}
+DEFAULT_SPAN = {"day": 14, "hour": 48}  # buckets shown when `since` is not given
+MAX_BUCKETS = 400
+SERIES_BY = ("team", "key", "model")
+PAGE_HEADERS = {
+    "content-security-policy": "default-src 'none'; script-src 'self'; style-src 'self'; "
+                               "connect-src 'self'; img-src 'self' data:; base-uri 'none'; "
+                               "form-action 'none'; frame-ancestors 'none'",
+    "x-frame-options": "DENY",
+    "x-content-type-options": "nosniff",
+    "referrer-policy": "no-referrer",
+    "cache-control": "no-store",
+}
+
+
+def add_dashboard(app: FastAPI, state: State) -> None:
+    """Register the dashboard page, its static files and its admin-only JSON endpoints."""
+    async def page(request: Request) -> Response:
+        return _static("dashboard.html", "text/html; charset=utf-8")
+
+    async def static(request: Request) -> Response:
+        name = request.path_params["name"]
+        if name not in STATIC_FILES:
+            raise APIError(404, f"No dashboard file {name!r}.", "invalid_request_error", None, "not_found")
+        return _static(name, STATIC_FILES[name])
+
+    async def timeseries(request: Request) -> Response:
+        require_admin(state.gw.auth, request.headers.get("authorization"))
+        store = _need_store(state)
+        q = request.query_params
+        by, bucket = q.get("by", "team"), q.get("bucket", "day")
+        if by not in SERIES_BY:
+            raise _bad("by", f"'by' must be one of {', '.join(SERIES_BY)}, got {by!r}.")
+        if bucket not in BUCKETS:
+            raise _bad("bucket", f"'bucket' must be day or hour, got {bucket!r}.")
+        try:
+            since, until = parse_time(q.get("since"), "since"), parse_time(q.get("until"), "until")
+        except ReportError as exc:
+            raise _bad("since", str(exc)) from None
+        starts = bucket_starts(bucket, since, until, time.time())
+        if len(starts) > MAX_BUCKETS:
+            raise _bad("since", f"That range has {len(starts)} {bucket} buckets; at most {MAX_BUCKETS}.")
+        body = await asyncio.to_thread(build_timeseries, store, by, bucket, starts)
+        return json_response(200, body, {"cache-control": "no-store"})
+
+    async def rejections(request: Request) -> Response:
+        require_admin(state.gw.auth, request.headers.get("authorization"))
+        store = _need_store(state)
+        offenders = await asyncio.to_thread(top_offenders, store, 10)
+        by_rule = await asyncio.to_thread(rejections_by_rule, store)
+        return json_response(200, {
+            "by_rule": by_rule,
+            "top_offenders": offenders,
+        }, {"cache-control": "no-store"})
+
+    router = app.router
+    router.add_route("/admin/dashboard", page, methods=["GET"], include_in_schema=False)
+    router.add_route("/admin/dashboard/{name}", static, methods=["GET"], include_in_schema=False)
+    router.add_route("/admin/usage/timeseries", timeseries, methods=["GET"], include_in_schema=False)
+    router.add_route("/admin/rejections", rejections, methods=["GET"], include_in_schema=False)
+
+
+def _static(name: str, media_type: str) -> Response:
+    return Response((STATIC_DIR / name).read_bytes(), 200, headers=PAGE_HEADERS, media_type=media_type)
+
+
+def _need_store(state: State) -> Store:
+    if state.store is None:
+        raise APIError(503, "Metering is off (store.url = none).", "server_error", None, "no_store")
+    return state.store
+
+
+def _bad(param: str, message: str) -> APIError:
+    return APIError(400, message, "invalid_request_error", param, "invalid_value")
+
+
+def bucket_starts(bucket: str, since: float | None, until: float | None, now: float) -> list[float]:
+    """Bucket start times (unix seconds, aligned to UTC days or hours) covering [since, until)."""
+    width = BUCKETS[bucket]
+    end = until if until is not None else now
+    last = end - (end % width) if end % width else end - width  # the bucket holding `end` (exclusive)
+    first = since - (since % width) if since is not None else last - (DEFAULT_SPAN[bucket] - 1) * width
+    if last < first:
+        return []
+    return [first + i * width for i in range(int((last - first) // width) + 1)]
+
+
+def _label(by: str, row: dict[str, Any]) -> str:
+    if by == "key":
+        return str(row.get("key_name") or row.get("key_id") or "?")
+    return str(row.get(by) or "?")
+
+
+def build_timeseries(store: Store, by: str, bucket: str, starts: list[float]) -> dict[str, Any]:
+    """Tokens (prompt + completion), cost and requests per group for each bucket, zero-filled."""
+    width = BUCKETS[bucket]
+    series: dict[str, dict[str, Any]] = {}
+    for i, start in enumerate(starts):
+        report = build_report(store, ReportQuery(by, start, start + width))  # type: ignore[arg-type]
+        for row in report["rows"]:
+            label = _label(by, row)
+            entry = series.setdefault(label, {
+                "label": label, "team": row.get("team"), "key_id": row.get("key_id"),
+                "tokens": [0] * len(starts), "cost_usd": [0.0] * len(starts),
+                "requests": [0] * len(starts), "rejected": [0] * len(starts)})
+            entry["tokens"][i] += row["prompt_tokens"] + row["completion_tokens"]
+            entry["cost_usd"][i] = round(entry["cost_usd"][i] + row["cost_usd"], 9)
+            entry["requests"][i] += row["requests"]
+            entry["rejected"][i] += row["rejected"]
+    for entry in series.values():
+        entry["total_tokens"] = sum(entry["tokens"])
+        entry["total_cost_usd"] = round(sum(entry["cost_usd"]), 9)
+    fmt = "%Y-%m-%d" if bucket == "day" else "%Y-%m-%dT%H:00Z"
+    return {
+        "by": by, "bucket": bucket,
+        "buckets": [dt.datetime.fromtimestamp(s, dt.UTC).strftime(fmt) for s in starts],
+        "bucket_starts": starts,
+        "series": sorted(series.values(), key=lambda e: (-e["total_tokens"], e["label"])),
+    }
+
+
+def top_offenders(store: Store, limit: int) -> list[dict[str, Any]]:
+    """Keys with the most rejected requests (all time), most first."""
+    rows = build_report(store, ReportQuery("key"))["rows"]
+    worst = sorted((r for r in rows if r["rejected"]), key=lambda r: (-r["rejected"], str(r["key_id"])))
+    return [{"key_id": r["key_id"], "key_name": r["key_name"], "team": r["team"], "rejected": r["rejected"],
+             "requests": r["requests"]} for r in worst[:limit]]
+
+
+def rejections_by_rule(store: Store) -> list[dict[str, Any]]:
+    """Rejected requests by rule code (all time, every replica that writes to this store), most first."""
+    rows = build_report(store, ReportQuery("rule"))["rows"]
+    counts = [(str(r["rule_code"]), int(r["rejected"])) for r in rows if r["rejected"]]
+    return [{"code": code, "count": n} for code, n in sorted(counts, key=lambda kv: (-kv[1], kv[0]))]

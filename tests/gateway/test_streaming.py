@@ -1,0 +1,239 @@
+"""Streaming through chatgate: chunk-by-chunk relay, keep-alives, [DONE], usage metering and stripping,
+and a client that goes away mid-stream."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import openai
+import orjson
+import pytest
+
+from app.gateway.relay import aiohttp_reader
+from app.gateway.upstream import Upstream
+from app.settings import UpstreamSettings
+from tests.fakes.deepseek import make_plan
+from tests.fakes.server import RunningFake
+from tests.gateway.conftest import JSON_HEADERS, chat_body, usage_rows
+from tests.harness import RunningChatgate
+
+
+@contextmanager
+def open_stream(gate: RunningChatgate, body: dict[str, Any], **headers: str) -> Iterator[httpx2.Response]:
+    with httpx2.Client(timeout=httpx2.Timeout(10)) as client, client.stream(
+            "POST", gate.url + "/v1/chat/completions", content=orjson.dumps(body),
+            headers={**JSON_HEADERS, **headers}) as response:
+        yield response
+
+
+def data_events(raw: bytes) -> list[Any]:
+    """The JSON payloads of `data:` lines ([DONE] excluded)."""
+    return [orjson.loads(line[6:]) for line in raw.split(b"\n")
+            if line.startswith(b"data: {")]
+
+
+def read_all(gate: RunningChatgate, body: dict[str, Any]) -> bytes:
+    with open_stream(gate, body) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        return response.read()
+
+
+def test_chunks_are_relayed_as_they_arrive(gate: RunningChatgate, fake: RunningFake) -> None:
+    """No buffering: the first content chunk reaches the client while DeepSeek is still generating."""
+    fake.state.configure(chunk_delay=0.05)
+    reads: list[bytes] = []
+    pending_at_first_data: str | None = None
+    with open_stream(gate, chat_body("Tell me a short story", stream=True)) as response:
+        for piece in response.iter_raw():
+            reads.append(piece)
+            if pending_at_first_data is None and b"data: {" in piece:
+                pending_at_first_data = fake.state.requests[0].outcome
+    assert pending_at_first_data == "pending"  # the fake had not finished when the client saw data
+    assert len(reads) > 5
+    assert reads[-1].endswith(b"data: [DONE]\n\n")
+    assert fake.state.requests[0].outcome == "completed"
+
+
+def test_sdk_sees_chunks_spread_over_time(gate: RunningChatgate, fake: RunningFake) -> None:
+    fake.state.configure(chunk_delay=0.05)
+    arrivals: list[float] = []
+    with openai.OpenAI(base_url=gate.url + "/v1", api_key="sk-stream", max_retries=0) as client:
+        for _ in client.chat.completions.create(model="deepseek-flash", stream=True,
+                                                messages=[{"role": "user", "content": "Count to five"}]):
+            arrivals.append(time.monotonic())
+    assert len(arrivals) > 5
+    # coarse ordering, not a timing bound: the chunks did not all arrive in one burst at the end
+    assert arrivals[-1] - arrivals[0] > (arrivals[1] - arrivals[0])
+
+
+def test_keepalive_comments_and_done_are_relayed(gate: RunningChatgate, fake: RunningFake) -> None:
+    fake.state.configure(keepalive_count=3)
+    raw = read_all(gate, chat_body(stream=True))
+    assert raw.startswith(b": keep-alive\n\n: keep-alive\n\n: keep-alive\n\ndata: {")
+    assert raw.endswith(b"data: [DONE]\n\n")
+    assert raw.count(b"data: [DONE]") == 1
+
+
+def test_relayed_stream_is_byte_identical_to_upstream(gate: RunningChatgate, fake: RunningFake) -> None:
+    raw = read_all(gate, chat_body(stream=True))
+    events = data_events(raw)
+    assert events[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert b"\r" not in raw and all(block.startswith((b"data: ", b": ")) for block in raw.split(b"\n\n")
+                                   if block)
+
+
+def test_usage_rides_on_the_last_chunk_and_is_metered_exactly(gate: RunningChatgate, fake: RunningFake,
+                                                              tmp_path: Path) -> None:
+    raw = read_all(gate, chat_body("Summarise the plot of Hamlet", stream=True))
+    events = data_events(raw)
+    last = events[-1]
+    assert last["choices"][0]["finish_reason"] == "stop"
+    assert last["usage"] == fake.state.requests[0].usage
+    assert all("usage" not in e for e in events[:-1])
+    (row,) = usage_rows(tmp_path, 1)
+    usage = fake.state.requests[0].usage
+    assert usage is not None
+    assert (row["outcome"], row["stream"], row["tokens_exact"]) == ("ok", 1, 1)
+    assert (row["prompt_tokens"], row["completion_tokens"]) == (usage["prompt_tokens"],
+                                                                usage["completion_tokens"])
+    assert row["reasoning_tokens"] == usage["completion_tokens_details"]["reasoning_tokens"] > 0
+    assert row["prompt_cache_hit_tokens"] == usage["prompt_cache_hit_tokens"]
+
+
+def test_stream_without_usage_is_estimated(gate: RunningChatgate, fake: RunningFake, tmp_path: Path) -> None:
+    """An upstream that only sends usage when asked, and nobody asked: counted locally, flagged estimated."""
+    fake.state.configure(usage_mode="separate_when_asked")
+    raw = read_all(gate, chat_body(stream=True))
+    assert b'"usage"' not in raw
+    (row,) = usage_rows(tmp_path, 1)
+    assert (row["outcome"], row["tokens_exact"]) == ("ok", 0)
+    assert row["prompt_tokens"] > 0 and row["completion_tokens"] > 0
+
+
+def test_chatgate_asks_for_usage_and_hides_it_from_a_client_that_did_not(
+        start_gate: Callable[..., RunningChatgate], fake: RunningFake, tmp_path: Path) -> None:
+    fake.state.configure(usage_mode="separate_when_asked")
+    gate = start_gate(upstream={"request_stream_usage": True})
+    raw = read_all(gate, chat_body(stream=True, x_unknown_field={"kept": True}))
+    sent = fake.state.requests[0].json
+    assert sent["stream_options"] == {"include_usage": True}
+    assert sent["x_unknown_field"] == {"kept": True} and sent["messages"][0]["role"] == "user"
+    assert b'"usage"' not in raw
+    events = data_events(raw)
+    assert events and all(e["choices"] for e in events)  # no usage-only chunk with empty choices
+    assert raw.endswith(b"data: [DONE]\n\n")
+    (row,) = usage_rows(tmp_path, 1)
+    usage = fake.state.requests[0].usage
+    assert usage is not None
+    assert (row["tokens_exact"], row["completion_tokens"]) == (1, usage["completion_tokens"])
+
+
+def test_client_that_asked_for_usage_still_gets_it(start_gate: Callable[..., RunningChatgate],
+                                                   fake: RunningFake, tmp_path: Path) -> None:
+    fake.state.configure(usage_mode="separate_when_asked")
+    gate = start_gate(upstream={"request_stream_usage": True})
+    with openai.OpenAI(base_url=gate.url + "/v1", api_key="sk-stream", max_retries=0) as client:
+        chunks = list(client.chat.completions.create(
+            model="deepseek-flash", stream=True, stream_options={"include_usage": True},
+            messages=[{"role": "user", "content": "hi"}]))
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    issued = fake.state.requests[0].usage
+    assert issued is not None and chunks[-1].usage.completion_tokens == issued["completion_tokens"]
+    (row,) = usage_rows(tmp_path, 1)
+    assert row["tokens_exact"] == 1
+
+
+def test_client_disconnect_closes_upstream_and_is_metered(gate: RunningChatgate, fake: RunningFake,
+                                                          tmp_path: Path) -> None:
+    fake.state.configure(chunk_delay=0.2)
+    seen = 0
+    with open_stream(gate, chat_body("Write a long essay", stream=True)) as response:
+        for line in response.iter_lines():
+            seen += line.startswith("data: {")
+            if seen == 3:
+                break
+    # leaving the block closed the connection; the upstream request must end now, not at its natural end
+    assert fake.state.wait_idle(3.0)
+    rec = fake.state.requests[0]
+    assert rec.outcome == "client_disconnected"
+    assert rec.usage is not None and rec.completion_tokens_sent < rec.usage["completion_tokens"]
+    (row,) = usage_rows(tmp_path, 1)
+    assert row["outcome"] == "client_disconnected"
+    assert row["tokens_exact"] == 0
+    assert row["completion_tokens"] > 0
+    assert row["prompt_tokens"] > 0
+
+
+def test_gateway_keeps_serving_after_a_disconnect(gate: RunningChatgate, fake: RunningFake) -> None:
+    fake.state.configure(chunk_delay=0.1)
+    with open_stream(gate, chat_body(stream=True)) as response:
+        next(response.iter_raw())
+    fake.state.configure(chunk_delay=0.0)
+    raw = read_all(gate, chat_body(stream=True))
+    assert raw.endswith(b"data: [DONE]\n\n")
+
+
+def test_usage_request_leaves_odd_bodies_alone_when_validation_is_off(
+        start_gate: Callable[..., RunningChatgate], fake: RunningFake, tmp_path: Path) -> None:
+    """validation.enabled = false: chatgate must not crash re-writing a body it never checked; the
+    client's bytes go upstream and DeepSeek answers for itself."""
+    gate = start_gate(upstream={"request_stream_usage": True}, validation={"enabled": False})
+    body = orjson.dumps(chat_body(stream=True, stream_options=["include_usage"]))
+    response = httpx2.post(gate.url + "/v1/chat/completions", content=body, headers=JSON_HEADERS, timeout=10)
+    assert response.status_code == 200
+    assert fake.state.requests[0].body == body
+    usage_rows(tmp_path, 1)
+
+
+def test_stream_carries_the_request_id_both_ways(gate: RunningChatgate, fake: RunningFake,
+                                                 tmp_path: Path) -> None:
+    with open_stream(gate, chat_body(stream=True), **{"x-request-id": "agent-run-7/step-3"}) as response:
+        response.read()
+        assert response.headers.get_list("x-request-id") == ["agent-run-7/step-3"]
+        assert len(response.headers.get_list("date")) == 1  # ours only, DeepSeek's is not relayed twice
+    assert fake.state.requests[0].request_id == "agent-run-7/step-3"
+    (row,) = usage_rows(tmp_path, 1)
+    assert row["request_id"] == "agent-run-7/step-3"
+
+
+@pytest.mark.parametrize("transport", ["aiohttp", "httpx"])
+def test_both_upstream_transports_relay_every_event_and_meter_it(
+        start_gate: Callable[..., RunningChatgate], fake: RunningFake, tmp_path: Path, transport: str
+) -> None:
+    """The aiohttp transport is read straight from aiohttp's body reader, the others through httpx2's
+    iterator: the client gets the same events either way, split across many small upstream writes."""
+    gate = start_gate(upstream={"transport": transport})
+    fake.state.configure(chunk_delay=0.002)
+    body = chat_body("Tell me a story", stream=True)
+    raw = read_all(gate, body)
+    events = data_events(raw)
+    assert raw.endswith(b"data: [DONE]\n\n") and raw.count(b"data: [DONE]") == 1
+    text = "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e["choices"])
+    assert text == "".join(make_plan(body).content) != ""
+    (row,) = usage_rows(tmp_path, 1)
+    assert (row["outcome"], row["tokens_exact"]) == ("ok", 1)
+
+
+def test_the_aiohttp_transport_exposes_its_body_reader(fake: RunningFake) -> None:
+    """The relay's fast path depends on httpx-aiohttp's response stream keeping aiohttp's response; an
+    upgrade that changes that must fail here, not silently fall back to the slower iterator."""
+    async def probe(transport: str) -> bool:
+        upstream = Upstream(UpstreamSettings(base_url=fake.url, transport=transport))  # type: ignore[arg-type]
+        body = orjson.dumps(chat_body(stream=True))
+        headers = [(b"content-type", b"application/json"), (b"authorization", b"Bearer sk-probe")]
+        resp = await upstream.send("POST", "/chat/completions", headers, body)
+        try:
+            return aiohttp_reader(resp) is not None
+        finally:
+            await resp.aclose()
+            await upstream.aclose()
+
+    assert asyncio.run(probe("aiohttp")) is True
+    assert asyncio.run(probe("httpx")) is False

@@ -1,0 +1,600 @@
+"""One behaviour for both backends: each test taking `store` or `store_url` runs on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from math import inf
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from app.metering.store import (
+    COUNTERS,
+    GROUP_BYS,
+    OUTCOMES,
+    GroupBy,
+    ReportQuery,
+    ReportRow,
+    Store,
+    StoreError,
+    UsageRecord,
+    open_store,
+)
+from app.metering.store._sql import CREATE_SCHEMA_VERSION, MIGRATIONS, SCHEMA_VERSION
+from app.metering.store.postgres import PostgresStore
+from app.metering.store.sqlite import SQLiteStore, _chunk_sizes
+from tests.metering.store.conftest import TcpProxy
+
+REPO = Path(__file__).resolve().parents[3]
+T0 = 1_700_000_000.0  # 2023-11-14T22:13:20Z
+DAY = 86_400.0
+KEYS = {"k1": ("alpha", "red"), "k2": ("beta", "red"), "k3": ("gamma", "blue")}
+MODELS = ("deepseek-chat", "deepseek-reasoner")
+TOKEN_FIELDS = (
+    "prompt_tokens",
+    "completion_tokens",
+    "prompt_cache_hit_tokens",
+    "prompt_cache_miss_tokens",
+    "reasoning_tokens",
+    "cost_picousd",
+)
+
+
+def record(record_id: str, ts: float = T0, key_id: str = "k1", **fields: Any) -> UsageRecord:
+    name, team = KEYS[key_id]
+    base: dict[str, Any] = {
+        "request_id": f"req-{record_id}",
+        "key_name": name,
+        "team": team,
+        "model": "deepseek-chat",
+        "route": "/v1/chat/completions",
+        "stream": False,
+        "outcome": "ok",
+    }
+    return UsageRecord(record_id=record_id, ts=ts, key_id=key_id, **(base | fields))
+
+
+def random_records(n: int, seed: int) -> list[UsageRecord]:
+    rnd = random.Random(seed)
+    return [
+        record(
+            f"r{seed}-{i}",
+            ts=T0 + rnd.uniform(0, 4 * DAY),
+            key_id=rnd.choice(sorted(KEYS)),
+            model=rnd.choice(MODELS),
+            stream=rnd.random() < 0.5,
+            outcome=rnd.choice(OUTCOMES),
+            rule_code=rnd.choice([None, "max_tokens"]),
+            upstream_status=rnd.choice([None, 200, 429]),
+            latency_ms=rnd.uniform(1, 5000),
+            ttfb_ms=rnd.choice([None, 12.5]),
+            tokens_exact=rnd.random() < 0.8,
+            **{name: rnd.randrange(10**15 if name == "cost_picousd" else 100_000) for name in TOKEN_FIELDS},
+        )
+        for i in range(n)
+    ]
+
+
+def reference_report(records: Sequence[UsageRecord], query: ReportQuery) -> list[ReportRow]:
+    rows: dict[tuple[str, ...], ReportRow] = {}
+    since = -inf if query.since is None else query.since
+    until = inf if query.until is None else query.until
+    for r in records:
+        if not since <= r.ts < until:
+            continue
+        group = {
+            "key": {"key_id": r.key_id, "key_name": r.key_name, "team": r.team},
+            "team": {"team": r.team},
+            "model": {"model": r.model},
+            "day": {"day": r.day},
+            "rule": {"rule_code": r.rule_code or ""},
+        }[query.group_by]
+        counters = rows.setdefault(tuple(group.values()), ReportRow(group=group)).counters
+        counters["requests"] += 1
+        counters["rejected"] += r.outcome == "rejected"
+        counters["estimated_requests"] += not r.tokens_exact
+        for name in TOKEN_FIELDS:
+            counters[name] += getattr(r, name)
+    return [rows[k] for k in sorted(rows)]
+
+
+def total_requests(store: Store) -> int:
+    return sum(row.counters["requests"] for row in store.usage_report(ReportQuery("team")))
+
+
+def run_all(*targets: Callable[[], object]) -> None:
+    """Run the targets in threads released together; re-raise the first failure."""
+    barrier = threading.Barrier(len(targets))
+    errors: list[BaseException] = []
+
+    def run(target: Callable[[], object]) -> None:
+        barrier.wait()
+        try:
+            target()
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(t,)) for t in targets]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
+def run_processes(code: str, *args: str, count: int) -> None:
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code, *args, str(i)], cwd=REPO, stderr=subprocess.PIPE)
+        for i in range(count)
+    ]
+    for proc in procs:
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err.decode()
+
+
+def schema_version(store: Store) -> int:
+    assert isinstance(store, SQLiteStore | PostgresStore)
+    return store.schema_version()
+
+
+# --- open_store -------------------------------------------------------------------------------
+
+
+def test_open_store_sqlite_urls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    relative = open_store("sqlite:///data/rel.db")
+    absolute = open_store(f"sqlite:///{tmp_path}/abs/abs.db")
+    try:
+        assert isinstance(relative, SQLiteStore) and isinstance(absolute, SQLiteStore)
+        relative.migrate()
+        absolute.migrate()
+        assert (tmp_path / "data" / "rel.db").exists()
+        assert (tmp_path / "abs" / "abs.db").exists()
+        assert absolute.url == f"sqlite:///{tmp_path}/abs/abs.db"
+    finally:
+        relative.close()
+        absolute.close()
+
+
+@pytest.mark.parametrize("scheme", ["postgresql", "postgres"])
+def test_open_store_postgres_urls(scheme: str) -> None:
+    store = open_store(f"{scheme}://nobody@127.0.0.1:1/none")  # opening does not connect
+    try:
+        assert isinstance(store, PostgresStore)
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize(
+    "url", ["mysql://u@h/db", "sqlite.db", "sqlite://relative.db", "sqlite:///", "sqlite:///:memory:", ""]
+)
+def test_open_store_rejects_unknown_urls(url: str) -> None:
+    with pytest.raises(ValueError, match="URL"):
+        open_store(url)
+
+
+def test_open_store_error_hides_password() -> None:
+    with pytest.raises(ValueError) as info:
+        open_store("mysql://user:s3cret@host/db")
+    assert "s3cret" not in str(info.value)
+
+
+# --- migrations -------------------------------------------------------------------------------
+
+
+def test_migrate_twice_is_a_noop(store: Store) -> None:
+    store.insert_usage([record("a")])
+    store.migrate()
+    assert schema_version(store) == SCHEMA_VERSION
+    assert total_requests(store) == 1
+
+
+def test_schema_version_before_migrate(make_store: Callable[[], Store]) -> None:
+    assert schema_version(make_store()) == 0
+
+
+def test_concurrent_migrate_from_threads(make_store: Callable[[], Store]) -> None:
+    stores = [make_store() for _ in range(4)]
+    run_all(*(s.migrate for s in stores))
+    assert {schema_version(s) for s in stores} == {SCHEMA_VERSION}
+    stores[0].insert_usage([record("a")])
+    assert total_requests(stores[-1]) == 1
+
+
+def test_concurrent_migrate_from_processes(store_url: str, make_store: Callable[[], Store]) -> None:
+    code = ("import sys; from app.metering.store import open_store; s = open_store(sys.argv[1]); "
+            "s.migrate(); s.close()")
+    run_processes(code, store_url, count=4)
+    assert schema_version(make_store()) == SCHEMA_VERSION
+
+
+# --- usage ------------------------------------------------------------------------------------
+
+
+def test_insert_is_idempotent(store: Store) -> None:
+    first = random_records(50, seed=1)
+    store.insert_usage(first)
+    store.insert_usage(first[:20])
+    store.insert_usage(first[40:] + random_records(10, seed=2))
+    assert total_requests(store) == 60
+    query = ReportQuery("key")
+    assert store.usage_report(query) == reference_report(first + random_records(10, seed=2), query)
+
+
+def test_duplicate_ids_inside_one_batch_count_once(store: Store) -> None:
+    store.insert_usage([record("a"), record("a"), record("b")])
+    assert total_requests(store) == 2
+
+
+def test_empty_batch_and_empty_report(store: Store) -> None:
+    store.insert_usage([])
+    for group_by in GROUP_BYS:
+        assert store.usage_report(ReportQuery(group_by)) == []
+
+
+def test_large_batch(store: Store) -> None:
+    records = random_records(2500, seed=3)
+    for start in range(0, len(records), 1000):
+        store.insert_usage(records[start : start + 1000])
+    assert total_requests(store) == 2500
+
+
+def test_report_by_hand(store: Store) -> None:
+    store.insert_usage(
+        [
+            record("a", ts=T0, prompt_tokens=10, completion_tokens=5, cost_picousd=100),
+            record("b", ts=T0 + 10, outcome="rejected", rule_code="max_tokens"),
+            record(
+                "c",
+                ts=T0 + DAY,
+                key_id="k3",
+                model="deepseek-reasoner",
+                prompt_tokens=7,
+                completion_tokens=3,
+                reasoning_tokens=2,
+                prompt_cache_hit_tokens=4,
+                prompt_cache_miss_tokens=3,
+                cost_picousd=50,
+                tokens_exact=False,
+            ),
+        ]
+    )
+
+    def counters(**nonzero: int) -> dict[str, int]:
+        return dict.fromkeys(COUNTERS, 0) | nonzero
+
+    blue = counters(
+        requests=1,
+        prompt_tokens=7,
+        completion_tokens=3,
+        reasoning_tokens=2,
+        prompt_cache_hit_tokens=4,
+        prompt_cache_miss_tokens=3,
+        cost_picousd=50,
+        estimated_requests=1,
+    )
+    red = counters(requests=2, rejected=1, prompt_tokens=10, completion_tokens=5, cost_picousd=100)
+    assert store.usage_report(ReportQuery("team")) == [
+        ReportRow({"team": "blue"}, blue),
+        ReportRow({"team": "red"}, red),
+    ]
+    assert store.usage_report(ReportQuery("key")) == [
+        ReportRow({"key_id": "k1", "key_name": "alpha", "team": "red"}, red),
+        ReportRow({"key_id": "k3", "key_name": "gamma", "team": "blue"}, blue),
+    ]
+    assert store.usage_report(ReportQuery("model")) == [
+        ReportRow({"model": "deepseek-chat"}, red),
+        ReportRow({"model": "deepseek-reasoner"}, blue),
+    ]
+    assert store.usage_report(ReportQuery("day")) == [
+        ReportRow({"day": "2023-11-14"}, red),
+        ReportRow({"day": "2023-11-15"}, blue),
+    ]
+    assert store.usage_report(ReportQuery("team", since=T0 + 10, until=T0 + DAY)) == [
+        ReportRow({"team": "red"}, counters(requests=1, rejected=1))
+    ]
+
+
+@pytest.mark.parametrize("group_by", GROUP_BYS)
+def test_report_matches_reference(store: Store, group_by: GroupBy) -> None:
+    records = random_records(400, seed=4)
+    store.insert_usage(records)
+    boundary = records[7].ts  # a stored ts: since includes it, until excludes it
+    windows = [(None, None), (T0 + DAY, None), (None, T0 + 2 * DAY), (boundary, T0 + 3 * DAY), (T0, boundary)]
+    for since, until in windows:
+        query = ReportQuery(group_by, since=since, until=until)
+        assert store.usage_report(query) == reference_report(records, query), query
+
+
+def test_report_rejects_unknown_group(store: Store) -> None:
+    with pytest.raises(ValueError, match="group_by"):
+        store.usage_report(ReportQuery("colour"))  # type: ignore[arg-type]
+
+
+def test_cost_sums_are_exact(store: Store) -> None:
+    costs = [10**15 + 7 * i + 1 for i in range(3000)]  # the sum is far beyond float precision
+    store.insert_usage([record(f"c{i}", cost_picousd=cost) for i, cost in enumerate(costs)])
+    [row] = store.usage_report(ReportQuery("team"))
+    assert type(row.counters["cost_picousd"]) is int
+    assert row.counters["cost_picousd"] == sum(costs)
+    assert float(sum(costs)) != sum(costs)
+
+
+# --- keys -------------------------------------------------------------------------------------
+
+
+def test_keys(store: Store) -> None:
+    before = time.time()
+    first = store.create_key("k1", "hash1", "cg_ab", "red", "alpha")
+    second = store.create_key("k2", "hash2", "cg_cd", "blue", "beta")
+    assert before <= first.created_at <= second.created_at <= time.time()
+    assert first.active and first.prefix == "cg_ab" and first.team == "red" and first.name == "alpha"
+    assert store.list_keys() == [first, second]
+    assert store.find_key("hash2") == second
+    assert store.find_key("nope") is None
+
+    assert store.revoke_key("k1") is True
+    assert store.revoke_key("k1") is False
+    assert store.revoke_key("missing") is False
+    revoked = store.find_key("hash1")
+    assert revoked is not None and not revoked.active
+    assert revoked.revoked_at is not None and revoked.revoked_at >= first.created_at
+    assert [k.key_id for k in store.list_keys()] == ["k1", "k2"]
+
+
+@pytest.mark.parametrize(("key_id", "key_hash"), [("k1", "other"), ("other", "hash1")])
+def test_duplicate_key_is_a_store_error(store: Store, key_id: str, key_hash: str) -> None:
+    store.create_key("k1", "hash1", "cg_ab", "red", "alpha")
+    with pytest.raises(StoreError):
+        store.create_key(key_id, key_hash, "cg_xx", "red", "dup")
+    assert len(store.list_keys()) == 1
+
+
+# --- health, concurrency, lifecycle -----------------------------------------------------------
+
+
+def test_ping(store: Store) -> None:
+    store.ping()
+
+
+def test_closed_store_raises_store_error(make_store: Callable[[], Store]) -> None:
+    store = make_store()
+    store.migrate()
+    store.close()
+    with pytest.raises(StoreError):
+        store.find_key("x")
+
+
+def test_lookups_while_a_writer_inserts(store: Store) -> None:
+    store.create_key("k1", "hash1", "cg_ab", "red", "alpha")
+    batches = [random_records(200, seed=s) for s in range(10, 20)]
+
+    def write() -> None:
+        for batch in batches:
+            store.insert_usage(batch)
+
+    def look_up() -> None:
+        for _ in range(200):
+            key = store.find_key("hash1")
+            assert key is not None and key.key_id == "k1"
+
+    run_all(write, look_up, look_up, look_up)
+    assert total_requests(store) == 2000
+
+
+# --- SQLite specifics -------------------------------------------------------------------------
+
+
+def test_sqlite_settings(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "nested" / "dir" / "s.db")
+    try:
+        store.migrate()
+        assert store._conn().execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL
+        with sqlite3.connect(store.path) as raw:
+            assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("sizes", [[1], [255, 256, 257], [1000, 3, 1337]])
+def test_sqlite_stores_every_column_of_every_record(tmp_path: Path, sizes: list[int]) -> None:
+    """Rows go in as multi-row statements of power-of-two sizes: every batch size, every column, in place."""
+    store = SQLiteStore(tmp_path / "s.db")
+    batches = [random_records(n, seed=i) for i, n in enumerate(sizes)]
+    try:
+        store.migrate()
+        for batch in batches:
+            store.insert_usage(batch)
+        with sqlite3.connect(store.path) as raw:
+            raw.row_factory = sqlite3.Row
+            rows = {row["record_id"]: dict(row) for row in raw.execute("SELECT * FROM usage")}
+    finally:
+        store.close()
+    expected = [r for batch in batches for r in batch]
+    assert len(rows) == len(expected)
+    for rec in expected:
+        row = rows[rec.record_id]
+        assert row.pop("day") == rec.day
+        assert {k: (bool(v) if k in ("stream", "tokens_exact") else v) for k, v in row.items()} == \
+            dataclasses.asdict(rec)
+
+
+def test_sqlite_statement_sizes_cover_any_batch() -> None:
+    assert list(_chunk_sizes(1337, 256)) == [256] * 5 + [32, 16, 8, 1]
+    assert list(_chunk_sizes(256, 256)) == [256]
+    assert list(_chunk_sizes(7, 4)) == [4, 2, 1]
+    assert list(_chunk_sizes(0, 256)) == []
+
+
+def test_sqlite_two_stores_on_one_file_both_writing(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    one, two = open_store(url), open_store(url)
+    try:
+        run_all(one.migrate, two.migrate)
+        batches = [random_records(100, seed=s) for s in range(30, 50)]
+        run_all(
+            *(lambda b=b, s=s: s.insert_usage(b) for b, s in zip(batches, [one, two] * 10, strict=True)),
+        )
+        code = (
+            "import sys; from tests.metering.store.test_store_contract import random_records; "
+            "from app.metering.store import open_store; s = open_store(sys.argv[1]); "
+            "[s.insert_usage(random_records(50, seed=1000 + 10 * int(sys.argv[2]) + k)) for k in range(10)]"
+        )
+        run_processes(code, url, count=3)
+        assert total_requests(one) == total_requests(two) == 2000 + 3 * 500
+    finally:
+        one.close()
+        two.close()
+
+
+def test_sqlite_ping_fails_while_another_process_holds_the_write_lock(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "s.db", busy_timeout_ms=100)
+    try:
+        store.migrate()
+        other = sqlite3.connect(store.path, isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")
+        with pytest.raises(StoreError, match="locked"):
+            store.ping()
+        other.execute("ROLLBACK")
+        other.close()
+        store.ping()
+    finally:
+        store.close()
+
+
+def test_sqlite_connections_of_finished_threads_are_closed(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "s.db")
+    try:
+        store.migrate()
+        for _ in range(5):
+            thread = threading.Thread(target=store.list_keys)
+            thread.start()
+            thread.join()
+        store.list_keys()
+        assert len(store._conns) <= 2
+    finally:
+        store.close()
+
+
+# --- PostgreSQL specifics ---------------------------------------------------------------------
+
+
+def _kill_other_backends(url: str) -> int:
+    with psycopg.connect(url, autocommit=True) as admin:
+        rows = admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        ).fetchall()
+    return len(rows)
+
+
+def _eventually(call: Callable[[], object], attempts: int = 2) -> None:
+    """The call works within `attempts` tries; earlier tries may only fail with StoreError."""
+    for _ in range(attempts - 1):
+        try:
+            call()
+            return
+        except StoreError:
+            pass
+    call()
+
+
+@pytest.mark.postgres
+def test_postgres_recovers_after_its_connections_are_killed(pg_url: str) -> None:
+    store = PostgresStore(pg_url, timeout=2)
+    try:
+        store.migrate()
+        store.insert_usage([record("a")])
+        assert _kill_other_backends(pg_url) >= 1
+        _eventually(lambda: store.insert_usage([record("b")]))
+        assert _kill_other_backends(pg_url) >= 1
+        _eventually(store.ping)
+        assert total_requests(store) == 2
+    finally:
+        store.close()
+
+
+@pytest.mark.postgres
+def test_postgres_outage_raises_store_error_then_recovers(pg_proxy_url: tuple[TcpProxy, str]) -> None:
+    proxy, url = pg_proxy_url
+    store = PostgresStore(url, timeout=1)
+    try:
+        store.migrate()
+        proxy.stop()
+        for _ in range(3):
+            with pytest.raises(StoreError):
+                store.insert_usage([record("lost")])
+        with pytest.raises(StoreError):
+            store.ping()
+        proxy.start()
+        _eventually(lambda: store.insert_usage([record("a")]))
+        store.ping()
+        assert total_requests(store) == 1
+    finally:
+        store.close()
+
+
+@pytest.mark.postgres
+def test_postgres_dead_network_path_times_out_then_recovers(pg_proxy_url: tuple[TcpProxy, str]) -> None:
+    proxy, url = pg_proxy_url
+    store = PostgresStore(url, timeout=1, insert_timeout=2, slow_timeout=2)
+    try:
+        store.migrate()
+        store.insert_usage([record("a")])
+        proxy.blackhole = True
+        calls: list[Callable[[], object]] = [
+            store.ping,
+            lambda: store.insert_usage([record("lost")]),
+            lambda: store.usage_report(ReportQuery("team")),
+            lambda: store.find_key("x"),
+        ]
+        for call in calls:
+            started = time.monotonic()
+            with pytest.raises(StoreError):
+                call()
+            assert time.monotonic() - started < 8
+        proxy.blackhole = False
+        _eventually(lambda: store.insert_usage([record("b")]))
+        assert total_requests(store) == 2
+    finally:
+        store.close()
+
+
+def test_postgres_unreachable_is_a_store_error() -> None:
+    store = PostgresStore("postgresql://postgres@127.0.0.1:1/none", timeout=0.5)
+    try:
+        calls: list[Callable[[], object]] = [store.migrate, store.ping, lambda: store.find_key("x")]
+        for call in calls:
+            with pytest.raises(StoreError, match=r"PostgreSQL store: .*\(connection failed: .*refused"):
+                call()
+    finally:
+        store.close()
+
+
+def test_migration_from_version_1_drops_the_unused_indexes(tmp_path: Path) -> None:
+    """A store created by schema version 1 is upgraded in place."""
+    db = tmp_path / "v1.db"
+    conn = sqlite3.connect(db)
+    conn.execute(CREATE_SCHEMA_VERSION)
+    for statement in MIGRATIONS[0]:
+        conn.execute(statement)
+    conn.execute("INSERT INTO schema_version VALUES (1, 0)")
+    conn.commit()
+    conn.close()
+    store = SQLiteStore(db)
+    store.migrate()
+    assert store.schema_version() == SCHEMA_VERSION == 2
+    rows = sqlite3.connect(db).execute("SELECT name FROM sqlite_master WHERE type = 'index'")
+    names = {row[0] for row in rows}
+    assert "usage_ts" in names and not names & {"usage_team", "usage_key_id", "usage_model", "usage_day"}
+    store.close()

@@ -1,0 +1,166 @@
+"""The usage dashboard: admin-only JSON behind it, and the page rendered by a real headless Chromium."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx2
+import pytest
+
+from tests.harness import REPO_ROOT, make_settings, run_chatgate
+from tests.web.traffic import ADMIN_KEY, PLAN, Traffic, dashboard_traffic
+
+ARTIFACTS = REPO_ROOT / "tests" / "artifacts"
+
+
+@pytest.fixture(scope="module")
+def traffic(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Traffic]:
+    with dashboard_traffic(tmp_path_factory.mktemp("dashboard")) as t:
+        yield t
+
+
+def chromium_binary() -> str:
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        path = shutil.which(name)
+        if path:
+            return path
+    if os.environ.get("CI"):
+        pytest.fail("Chromium is missing (run scripts/install-test-tools.sh); CI must render the dashboard")
+    pytest.skip("Chromium is not installed (scripts/install-test-tools.sh installs it); CI is unset")
+
+
+def chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    argv = [chromium_binary(), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync",
+            "--disable-default-apps", "--disable-extensions", f"--user-data-dir={tmp_path / 'profile'}",
+            "--window-size=1280,1400", "--virtual-time-budget=10000", *args]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=90)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc
+
+
+def chart_attrs(dom: str, chart_id: str) -> dict[str, str]:
+    match = re.search(rf'<div[^>]*id="{chart_id}"[^>]*>', dom)
+    assert match, f"{chart_id} not in the page"
+    return dict(re.findall(r'([\w-]+)="([^"]*)"', match.group(0)))
+
+
+# --- the JSON endpoints ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", ["/admin/usage/timeseries?by=team", "/admin/rejections"])
+def test_dashboard_data_needs_the_admin_key(traffic: Traffic, path: str) -> None:
+    client_secret = traffic.keys["alice-laptop"][1]
+    assert traffic.admin(path, key=None).status_code == 401
+    assert traffic.admin(path, key=client_secret).status_code == 401  # a client key is not an admin key
+    refused = traffic.admin(path, key="wrong-admin-key")
+    assert refused.status_code == 401
+    assert refused.json()["error"]["code"] == "invalid_admin_key"
+
+
+def test_timeseries_by_team_per_day_adds_up_to_the_usage_report(traffic: Traffic) -> None:
+    series = traffic.admin("/admin/usage/timeseries?by=team&bucket=day").json()
+    report = traffic.admin("/admin/usage?by=team").json()
+    assert len(series["buckets"]) == 14 and series["buckets"][-1] == time.strftime("%Y-%m-%d", time.gmtime())
+    by_team = {s["label"]: s for s in series["series"]}
+    assert set(by_team) == {"research", "support", "growth"}
+    for row in report["rows"]:
+        s = by_team[row["team"]]
+        assert s["tokens"][-1] == row["prompt_tokens"] + row["completion_tokens"] > 0
+        assert s["tokens"][:-1] == [0] * 13  # all traffic happened today
+        assert s["requests"][-1] == row["requests"] and s["rejected"][-1] == row["rejected"]
+        assert s["total_cost_usd"] == pytest.approx(row["cost_usd"], abs=1e-9)
+
+
+def test_timeseries_by_key_and_model_per_hour(traffic: Traffic) -> None:
+    since = int(time.time()) - 3 * 3600
+    by_key = traffic.admin(f"/admin/usage/timeseries?by=key&bucket=hour&since={since}").json()
+    this_hour = time.strftime("T%H:00Z", time.gmtime())
+    assert len(by_key["buckets"]) == 4 and by_key["buckets"][-1].endswith(this_hour)
+    assert {s["label"] for s in by_key["series"]} == {name for _, name, *_ in PLAN}
+    assert all(s["key_id"] == traffic.keys[s["label"]][0] for s in by_key["series"])
+    by_model = traffic.admin(f"/admin/usage/timeseries?by=model&bucket=hour&since={since}").json()
+    assert {s["label"] for s in by_model["series"]} == {model for *_, model, _, _ in PLAN}
+    model_tokens = sum(s["total_tokens"] for s in by_model["series"])
+    assert model_tokens == sum(s["total_tokens"] for s in by_key["series"])
+
+
+@pytest.mark.parametrize("query", ["by=day", "by=team&bucket=week", "by=team&since=yesterday",
+                                   "by=team&bucket=hour&since=0"])
+def test_timeseries_rejects_bad_parameters_with_400(traffic: Traffic, query: str) -> None:
+    resp = traffic.admin(f"/admin/usage/timeseries?{query}")
+    assert resp.status_code == 400
+    assert resp.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_rejections_by_rule_code_and_top_offenders(traffic: Traffic) -> None:
+    body = traffic.admin("/admin/rejections").json()
+    assert {r["code"]: r["count"] for r in body["by_rule"]} == traffic.rejected_codes
+    offenders = body["top_offenders"]
+    assert [o["key_name"] for o in offenders] == ["helpdesk-bot", "copywriter", "ci-evals"]
+    assert [o["rejected"] for o in offenders] == [4, 2, 1]
+    assert offenders[0]["team"] == "support" and offenders[0]["requests"] == 6
+
+
+# --- the page ----------------------------------------------------------------------------
+
+
+def test_page_is_static_and_locked_down(traffic: Traffic) -> None:
+    """The page carries no data (served without a key) and may only run its own script."""
+    page = httpx2.get(traffic.gate.url + "/admin/dashboard", timeout=10)
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    csp = page.headers["content-security-policy"]
+    assert "script-src 'self'" in csp and "connect-src 'self'" in csp and "frame-ancestors 'none'" in csp
+    assert page.headers["referrer-policy"] == "no-referrer"
+    assert "helpdesk-bot" not in page.text and "research" not in page.text
+    assert "http://" not in page.text and "https://" not in page.text  # nothing from a CDN
+    script = httpx2.get(traffic.gate.url + "/admin/dashboard/dashboard.js", timeout=10)
+    assert script.status_code == 200 and "sessionStorage" in script.text
+    assert "http" not in script.text.replace("http://www.w3.org/2000/svg", "")
+    assert httpx2.get(traffic.gate.url + "/admin/dashboard/settings.py", timeout=10).status_code == 404
+
+
+def test_headless_chromium_renders_every_chart(traffic: Traffic, tmp_path: Path) -> None:
+    url = f"{traffic.gate.url}/admin/dashboard#key={ADMIN_KEY}&bucket=hour&span=6"
+    dom = chromium(tmp_path, "--dump-dom", url).stdout
+    assert 'data-state="ready"' in dom, dom[:3000]
+    expected = {"team": 3, "key": 4, "model": 3}
+    for by, n in expected.items():
+        for metric in ("tokens", "cost"):
+            attrs = chart_attrs(dom, f"chart-{metric}-{by}")
+            assert attrs["data-series"] == str(n), (by, metric, attrs)
+            assert float(attrs["data-total"]) > 0
+    assert chart_attrs(dom, "chart-tokens-team")["data-total"] == str(
+        sum(s["total_tokens"] for s in traffic.admin("/admin/usage/timeseries?by=team").json()["series"]))
+    rejections = chart_attrs(dom, "chart-rejections")
+    assert rejections["data-series"] == str(len(traffic.rejected_codes))
+    assert rejections["data-total"] == str(traffic.rejected)
+    assert dom.count('class="bar"') >= 3 + 4 + 3 + len(traffic.rejected_codes)
+    assert "helpdesk-bot" in dom and "tool_without_tool_calls" in dom
+    assert ADMIN_KEY not in dom  # the fragment is dropped from the URL and never shown
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    shot = ARTIFACTS / "dashboard.png"
+    chromium(tmp_path, f"--screenshot={shot}", url)
+    assert shot.stat().st_size > 20_000
+
+
+def test_headless_chromium_with_a_wrong_key_shows_the_refusal(traffic: Traffic, tmp_path: Path) -> None:
+    dom = chromium(tmp_path, "--dump-dom", f"{traffic.gate.url}/admin/dashboard#key=not-the-admin-key").stdout
+    assert 'data-state="error"' in dom
+    assert "admin key was refused" in dom
+    assert 'data-series="' not in dom  # nothing drawn
+
+
+def test_dashboard_data_is_503_when_metering_is_off(tmp_path: Path) -> None:
+    settings = make_settings(tmp_path, store={"url": "none"}, auth={"admin_key": ADMIN_KEY})
+    with run_chatgate(settings) as gate:
+        for path in ("/admin/usage/timeseries?by=team", "/admin/rejections"):
+            resp = httpx2.get(gate.url + path, headers={"authorization": f"Bearer {ADMIN_KEY}"}, timeout=10)
+            assert resp.status_code == 503 and resp.json()["error"]["code"] == "no_store"
+        assert httpx2.get(gate.url + "/admin/dashboard", timeout=10).status_code == 200

@@ -1,0 +1,96 @@
+"""Real usage for the dashboard tests: managed keys in three teams, several models, some rejected requests."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx2
+
+from app.gateway.auth import new_key
+from tests.fakes.server import run_fake_deepseek
+from tests.harness import RunningChatgate, make_settings, run_chatgate
+
+ADMIN_KEY = "admin-dashboard-test-key"
+
+# (team, key name, model, ok requests, rejected requests)
+PLAN = [
+    ("research", "alice-laptop", "deepseek-v4-pro", 3, 0),
+    ("research", "ci-evals", "deepseek-flash", 4, 1),
+    ("support", "helpdesk-bot", "deepseek-flash", 2, 4),
+    ("growth", "copywriter", "deepseek-v4-flash", 2, 2),
+]
+
+# Broken histories a careless client sends (rule numbers from deepseek-api.md §11).
+BROKEN = [
+    # A tool result with no assistant tool call before it.
+    {"messages": [{"role": "user", "content": "weather?"},
+                  {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]},
+    # No messages at all.
+    {"messages": []},
+    # An assistant tool call that never gets its tool result.
+    {"messages": [{"role": "user", "content": "weather in Paris?"},
+                  {"role": "assistant", "content": None, "tool_calls": [
+                      {"id": "call_9", "type": "function",
+                       "function": {"name": "weather", "arguments": "{}"}}]},
+                  {"role": "user", "content": "and tomorrow?"}]},
+]
+
+
+@dataclass
+class Traffic:
+    gate: RunningChatgate
+    keys: dict[str, tuple[str, str, str]] = field(default_factory=dict)  # name -> (key_id, secret, team)
+    ok: int = 0
+    rejected: int = 0
+    rejected_codes: dict[str, int] = field(default_factory=dict)
+
+    def admin(self, path: str, key: str | None = ADMIN_KEY) -> httpx2.Response:
+        headers = {"authorization": f"Bearer {key}"} if key else {}
+        return httpx2.get(self.gate.url + path, headers=headers, timeout=10)
+
+
+@contextmanager
+def dashboard_traffic(tmp_path: Path) -> Iterator[Traffic]:
+    with run_fake_deepseek() as fake:
+        auth = {"mode": "managed", "upstream_api_key": "sk-house", "admin_key": ADMIN_KEY}
+        settings = make_settings(tmp_path, fake.url, auth=auth)
+        with run_chatgate(settings) as gate:
+            traffic = Traffic(gate)
+            for team, name, _, _, _ in PLAN:
+                key_id, secret, digest, prefix = new_key()
+                gate.state.store.create_key(key_id, digest, prefix, team, name)
+                traffic.keys[name] = (key_id, secret, team)
+            with httpx2.Client(base_url=gate.url, timeout=10) as client:
+                for _, name, model, ok, bad in PLAN:
+                    auth = {"authorization": f"Bearer {traffic.keys[name][1]}"}
+                    for i in range(ok):
+                        body = {"model": model, "stream": i % 2 == 1, "messages": [
+                            {"role": "user", "content": f"Summarise ticket #{i} for {name} in one line."}]}
+                        resp = client.post("/v1/chat/completions", json=body, headers=auth)
+                        assert resp.status_code == 200, resp.text
+                        traffic.ok += 1
+                    for i in range(bad):
+                        resp = client.post("/v1/chat/completions", json={"model": model, **BROKEN[i % 3]},
+                                           headers=auth)
+                        assert resp.status_code == 400, resp.text
+                        code = resp.json()["error"]["code"]
+                        traffic.rejected_codes[code] = traffic.rejected_codes.get(code, 0) + 1
+                        traffic.rejected += 1
+            wait_recorded(traffic, traffic.ok + traffic.rejected)
+            yield traffic
+
+
+def wait_recorded(traffic: Traffic, requests: int, timeout: float = 10) -> dict[str, Any]:
+    """The recorder writes in the background: wait until the store holds every request."""
+    deadline = time.monotonic() + timeout
+    while True:
+        report: dict[str, Any] = traffic.admin("/admin/usage?by=team").json()
+        if report["totals"]["requests"] >= requests or time.monotonic() > deadline:
+            assert report["totals"]["requests"] == requests, report
+            return report
+        time.sleep(0.05)
