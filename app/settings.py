@@ -12,7 +12,6 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal
-from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
@@ -288,8 +287,3 @@ def _nested_source(sources: Mapping[str, Source], dotted: str) -> Source:
     found = [s for k, s in sources.items() if k.startswith(dotted + ".")]
     return found[-1] if found else "default"
 
-
-def data_path(path: str) -> Path:
-    p = Path(path)
-    p.mkdir(parents=True, exist_ok=True)
-    return p

@@ -14,6 +14,8 @@ from typing import Any
 
 import orjson
 
+from app.metering.store.base import UsageRecord
+
 FLUSH_SECONDS = 0.05
 
 
@@ -45,3 +47,15 @@ class AccessLog:
                 return
             except OSError:
                 return  # stdout closed: the log is best effort, the request is not
+
+
+def access_line(rec: UsageRecord, status: int) -> dict[str, Any]:
+    return {
+        "event": "request", "ts": rec.ts, "request_id": rec.request_id, "key_id": rec.key_id,
+        "team": rec.team, "model": rec.model, "route": rec.route, "stream": rec.stream, "status": status,
+        "outcome": rec.outcome,
+        "rule_code": rec.rule_code, "prompt_tokens": rec.prompt_tokens,
+        "completion_tokens": rec.completion_tokens, "cache_hit_tokens": rec.prompt_cache_hit_tokens,
+        "reasoning_tokens": rec.reasoning_tokens, "tokens_exact": rec.tokens_exact,
+        "latency_ms": rec.latency_ms, "ttfb_ms": rec.ttfb_ms,
+    }

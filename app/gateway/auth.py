@@ -71,6 +71,10 @@ class Authenticator:
                                "one with `chatgate keys create`.")
         return Identity(key.key_id, key.name, key.team, self._upstream)
 
+    def anonymous(self) -> Identity:
+        """Whoever sent a request that needs no key (the dry-run /validate)."""
+        return Identity("anonymous", "anonymous", self.settings.passthrough_team, None)
+
     def _passthrough(self, token: str | None, authorization: str | None) -> Identity:
         if token is None:
             return Identity("anonymous", "anonymous", self.settings.passthrough_team, authorization)

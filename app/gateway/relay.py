@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
 
 import aiohttp
 import httpx2
@@ -18,13 +19,15 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from app.errors import APIError
+from app.gateway.exchange import Exchange
 from app.gateway.upstream import map_transport_error
 from app.metering.usage import StreamMeter
 
-if TYPE_CHECKING:
-    from app.gateway.proxy import Exchange, Gateway
-
 DONE = b"data: [DONE]"
+
+# Called once when the upstream side of the stream has ended: (exchange, meter, outcome, status).
+OnEnd = Callable[[Exchange, StreamMeter, str, int], Awaitable[None]]
+Spawn = Callable[[Coroutine[Any, Any, None]], None]
 
 
 class ClientGone(Exception):
@@ -34,10 +37,11 @@ class ClientGone(Exception):
 class SSERelay(Response):
     """A Starlette Response only in type (route handlers return it); `__call__` does all the sending."""
 
-    def __init__(self, gateway: Gateway, ex: Exchange, resp: httpx2.Response, deadline: float,
-                 strip_usage: bool) -> None:
+    def __init__(self, ex: Exchange, resp: httpx2.Response, deadline: float, strip_usage: bool,
+                 on_end: OnEnd, spawn: Spawn) -> None:
         super().__init__(status_code=200, media_type="text/event-stream")
-        self.gateway = gateway
+        self.on_end = on_end
+        self.spawn = spawn
         self.ex = ex
         self.resp = resp
         self.deadline = deadline
@@ -69,7 +73,7 @@ class SSERelay(Response):
             await self.resp.aclose()
             if not self.ex.finished:
                 outcome, status = self.end or ("client_disconnected", 499)
-                self.gateway.spawn(self._finish_estimated(outcome, status))
+                self.spawn(self._end(outcome, status))
 
     async def _watch(self, receive: Receive, task: asyncio.Task[Any]) -> None:
         while True:
@@ -108,7 +112,7 @@ class SSERelay(Response):
             # No [DONE]: a stream DeepSeek ended with its own `error` event is its error, relayed as is.
             self.meter.finish()
             self.end = ("upstream_error", 200) if self.meter.ended_with_error else ("ok", 200)
-            await self._finish_estimated(*self.end)
+            await self._end(*self.end)
 
     async def _relay_chunk(self, send: Send, raw: bytes) -> None:
         self.meter.feed(raw)
@@ -117,7 +121,7 @@ class SSERelay(Response):
             chunk = self.stripper.feed(chunk)
         if DONE in chunk:
             self.end = ("ok", 200)
-            await self._finish_estimated("ok", 200)
+            await self._end("ok", 200)
         if chunk:
             await self._send(send, chunk)
 
@@ -135,15 +139,9 @@ class SSERelay(Response):
             raise ClientGone() from exc
         self._sent_tail = chunk[-2:] if len(chunk) >= 2 else (self._sent_tail + chunk)[-2:]
 
-    async def _finish_estimated(self, outcome: str, status: int) -> None:
+    async def _end(self, outcome: str, status: int) -> None:
         self.meter.finish()
-        if self.gateway.settings.server.log_content:
-            self.ex.completion_text = self.meter.text
-        if self.meter.usage is not None:
-            self.gateway.finish(self.ex, outcome, status, self.meter.usage, upstream_status=200)
-            return
-        tokens = await self.gateway.estimate(self.ex, self.meter.text, self.meter.reasoning)
-        self.gateway.finish(self.ex, outcome, status, tokens, exact=False, upstream_status=200)
+        await self.on_end(self.ex, self.meter, outcome, status)
 
     async def _broken(self, send: Send, error: APIError) -> None:
         why = ("DeepSeek sent nothing for longer than the upstream timeout" if error.status == 504
@@ -151,7 +149,7 @@ class SSERelay(Response):
         error.message = f"The answer is incomplete: {why} after the stream started. Retry the request."
         error.code = "upstream_stream_broken"
         self.end = ("upstream_failed", error.status)
-        await self._finish_estimated(*self.end)
+        await self._end(*self.end)
         # End any event the client holds (a data line without its blank line) so ours stands alone.
         boundary = b"" if self._sent_tail == b"\n\n" else b"\n"
         event = boundary + b"data: " + orjson.dumps({"error": error.body()["error"]}) + b"\n\n"

@@ -16,7 +16,8 @@ from starlette.types import Receive, Scope, Send
 from app import __version__
 from app.errors import APIError, not_found
 from app.gateway.http_limits import LimitsMiddleware, header_bytes, headers_too_large
-from app.gateway.proxy import CHAT_ROUTES, error_response
+from app.gateway.proxy import CHAT_ROUTES
+from app.gateway.responses import error_response
 from app.gateway.state import State
 from app.metering.store import Store
 from app.settings import Settings

@@ -24,7 +24,7 @@ from starlette.responses import Response
 
 from app.errors import APIError
 from app.gateway.auth import require_admin
-from app.gateway.proxy import json_response
+from app.gateway.responses import json_response
 from app.metering.reports import ReportError, build_report, parse_time
 from app.metering.store.base import ReportQuery, Store
 

@@ -15,7 +15,8 @@ from starlette.responses import Response
 from app import __version__
 from app.errors import APIError
 from app.gateway.auth import require_admin
-from app.gateway.proxy import CHAT_ROUTES, json_response
+from app.gateway.proxy import CHAT_ROUTES
+from app.gateway.responses import json_response
 from app.gateway.state import State
 from app.metering.reports import ReportError, build_report, make_query
 from app.web.dashboard import add_dashboard

@@ -32,7 +32,7 @@ def test_one_json_line_per_request_without_content(
         refused = client.post("/v1/chat/completions", content=b"{}", headers={"content-type": "text/plain",
                                                                                  "x-request-id": "req-415"})
     assert (ok.status_code, bad.status_code, refused.status_code) == (200, 400, 415)
-    gate.state.gw.access_log.flush()
+    gate.state.gw.ledger.access_log.flush()
     found, out = access_lines(capfd)
     lines = {line["request_id"]: line for line in found}
     assert set(lines) == {"req-ok", "req-bad", "req-415"}
@@ -52,7 +52,7 @@ def test_log_content_setting_adds_prompt_and_completion(
         with client.stream("POST", "/v1/chat/completions", json=chat_body(SECRET_PROMPT, stream=True),
                            headers={"x-request-id": "streamed"}) as resp:
             resp.read()
-    gate.state.gw.access_log.flush()
+    gate.state.gw.ledger.access_log.flush()
     found, _ = access_lines(capfd)
     lines = {line["request_id"]: line for line in found}
     for rid in ("plain", "streamed"):

@@ -1,0 +1,42 @@
+"""Reading a request: its id and its JSON body, within the size limit."""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+
+from app.errors import APIError
+from app.ids import new_id
+
+JSON = "application/json"
+
+
+def request_id_of(request: Request) -> str:
+    rid = request.headers.get("x-request-id", "")
+    return rid if 0 < len(rid) <= 200 and rid.isascii() and rid.isprintable() else new_id()
+
+
+def is_json_content_type(value: str) -> bool:
+    media = value.split(";", 1)[0].strip().lower()
+    return media == JSON or (media.startswith("application/") and media.endswith("+json"))
+
+
+async def read_json_body(request: Request, limit: int) -> bytes:
+    if not is_json_content_type(request.headers.get("content-type", "")):
+        raise APIError(415, "Request body must be JSON: send 'Content-Type: application/json'.",
+                       "invalid_request_error", None, "unsupported_media_type")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large(limit)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large(limit)
+        chunks.append(chunk)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)  # one copy at most
+
+
+def too_large(limit: int) -> APIError:
+    return APIError(413, f"Request body is larger than {limit} bytes (limits.max_body_bytes).",
+                    "invalid_request_error", None, "request_too_large")

@@ -1,0 +1,65 @@
+"""One request through the gateway, from arrival to its usage record."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx2
+import orjson
+
+from app.gateway.auth import Identity
+from app.gateway.upstream import response_headers
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    label: str  # the route in records, metrics and logs
+    upstream_path: str
+    beta: bool = False
+
+
+@dataclass(slots=True)
+class Exchange:
+    route: Route
+    request_id: str
+    identity: Identity
+    ts: float = field(default_factory=time.time)
+    t0: float = field(default_factory=time.perf_counter)
+    body: bytes = b""
+    model: str = "unknown"
+    stream: bool = False
+    ttfb_ms: float | None = None
+    finished: bool = False
+    completion_text: str | None = None  # kept only when server.log_content is on
+    warnings: list[str] = field(default_factory=list)  # sent back as x-chatgate-warning
+    _json: dict[str, Any] | None = None
+
+    def json(self) -> dict[str, Any]:
+        """The body as a dict, parsed once and only when a step needs it ({} when it is not an object)."""
+        if self._json is None:
+            self._json = peek(self.body)
+        return self._json
+
+    def response_headers(self, resp: httpx2.Response) -> list[tuple[bytes, bytes]]:
+        headers = response_headers(resp.headers, self.request_id)
+        if self.warnings:
+            warning = " | ".join(self.warnings)
+            headers.append((b"x-chatgate-warning", warning.encode("ascii", "replace")))
+        return headers
+
+    def mark_first_byte(self) -> None:
+        if self.ttfb_ms is None:
+            self.ttfb_ms = (time.perf_counter() - self.t0) * 1000
+
+    def elapsed_ms(self) -> float:
+        return (time.perf_counter() - self.t0) * 1000
+
+
+def peek(body: bytes) -> dict[str, Any]:
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return {}
+    return data if isinstance(data, dict) else {}

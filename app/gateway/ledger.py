@@ -1,0 +1,76 @@
+"""The record of each exchange: one usage record per request, its metrics and its access-log line."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from app.gateway.accesslog import AccessLog, access_line
+from app.gateway.exchange import Exchange
+from app.ids import new_id
+from app.metering.metrics import Metrics
+from app.metering.pricing import cost_picousd
+from app.metering.recorder import Recorder
+from app.metering.store.base import UsageRecord
+from app.metering.tokens import count_text, prompt_text
+from app.metering.usage import TokenCounts
+from app.profiles import ModelProfile
+from app.settings import Settings
+
+
+class Ledger:
+    def __init__(self, settings: Settings, profiles: dict[str, ModelProfile], recorder: Recorder | None,
+                 metrics: Metrics) -> None:
+        self.settings = settings
+        self.profiles = profiles
+        self.recorder = recorder
+        self.metrics = metrics
+        self.access_log = AccessLog() if settings.server.access_log else None
+
+    async def estimate(self, ex: Exchange, completion_text: str, reasoning_text: str = "") -> TokenCounts:
+        """DeepSeek sent no usage: count locally with its tokenizer, off the event loop."""
+        def count() -> TokenCounts:
+            prompt = count_text(prompt_text(ex.json()))
+            reasoning = count_text(reasoning_text)
+            completion = count_text(completion_text) + reasoning
+            return TokenCounts(prompt, completion, 0, prompt, reasoning)
+        return await asyncio.to_thread(count)
+
+    def finish(self, ex: Exchange, outcome: str, status: int, tokens: TokenCounts | None = None, *,
+               exact: bool = True, rule_code: str | None = None, upstream_status: int | None = None) -> None:
+        """Write the exchange's one usage record (spooled at once), count it and log it."""
+        if ex.finished:
+            return
+        ex.finished = True
+        tokens = tokens or TokenCounts()
+        profile = self.profiles.get(ex.model)
+        pricing = self.settings.pricing
+        cost = cost_picousd(tokens, profile.prices if profile else None, ex.ts, pricing.peak_hours_utc,
+                            pricing.off_peak_multiplier)
+        record = UsageRecord(
+            record_id=new_id(), ts=ex.ts, request_id=ex.request_id, key_id=ex.identity.key_id,
+            key_name=ex.identity.key_name, team=ex.identity.team, model=ex.model, route=ex.route.label,
+            stream=ex.stream, outcome=outcome, rule_code=rule_code, upstream_status=upstream_status,
+            prompt_tokens=tokens.prompt_tokens, completion_tokens=tokens.completion_tokens,
+            prompt_cache_hit_tokens=tokens.prompt_cache_hit_tokens,
+            prompt_cache_miss_tokens=tokens.prompt_cache_miss_tokens,
+            reasoning_tokens=tokens.reasoning_tokens,
+            cost_picousd=cost, latency_ms=round(ex.elapsed_ms(), 3),
+            ttfb_ms=round(ex.ttfb_ms, 3) if ex.ttfb_ms is not None else None, tokens_exact=exact)
+        if self.recorder is not None:
+            self.recorder.record(record)
+        self.metrics.observe(record, status)
+        if self.access_log is not None:
+            line = access_line(record, status)
+            if self.settings.server.log_content:
+                line["request_body"] = ex.body.decode("utf-8", "replace")
+                line["completion"] = ex.completion_text
+            self.access_log.write(line)
+
+    def refused(self, route: str, request_id: str, status: int, code: str | None, ts: float) -> None:
+        """A request refused before it had an exchange (auth, body size, content type): no usage record."""
+        self.metrics.observe_status(route, status)
+        if self.access_log is not None:
+            line: dict[str, Any] = {"event": "request", "ts": ts, "request_id": request_id, "route": route,
+                                    "status": status, "outcome": "refused", "code": code}
+            self.access_log.write(line)

@@ -1,0 +1,51 @@
+"""What the gateway sends back: JSON, chatgate's own errors, and DeepSeek's answers as they came."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from app.errors import APIError
+
+JSON = "application/json"
+
+
+def json_response(status: int, content: Any, headers: dict[str, str] | None = None) -> Response:
+    return Response(orjson.dumps(content), status, headers=headers, media_type=JSON)
+
+
+def error_response(error: APIError, request_id: str | None = None) -> Response:
+    headers = dict(error.headers)
+    if request_id:
+        headers["x-request-id"] = request_id
+    return Response(error.to_json(), error.status, headers=headers, media_type=JSON)
+
+
+class RawResponse(Response):
+    """DeepSeek's status, headers and body as they came: no decoding and re-encoding of the headers.
+
+    `before_send` (the usage record) runs before anything is sent: once the client has the end of the
+    answer, its record is spooled (a `kill -9` between the two cannot lose it), and a client gone
+    mid-send still leaves its record."""
+
+    def __init__(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes,
+                 before_send: Callable[[], None] | None = None) -> None:
+        self.status_code = status
+        self.body = body
+        self.background = None
+        self.raw_headers = [*headers, (b"content-length", str(len(body)).encode())]
+        self.before_send = before_send
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.before_send is not None:
+            self.before_send()
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        await send({"type": "http.response.body", "body": self.body})
+
+
+def is_event_stream(value: str) -> bool:
+    return value.split(";", 1)[0].strip().lower() == "text/event-stream"
