@@ -19,6 +19,8 @@ class Problem:
     param: str | None
     message: str
     rule: str | None = None  # checklist number from deepseek-api.md §11, e.g. "R16"
+    warning: bool = False  # forwarded anyway, and said so (x-chatgate-warning, /validate's warnings)
+    order: float | None = None  # where it sorts among the messages, when not at its param's index
 
     def as_dict(self) -> dict[str, Any]:
         return {"code": self.code, "param": self.param, "message": self.message, "rule": self.rule}

@@ -87,11 +87,12 @@ def run_lint(files: list[str], policy: Policy, fmt: str = "text", beta: bool = F
     bad = 0
     for path in files:
         for item in items_of(path, beta):
-            problems = _check(item, policy)
+            problems, warnings = _check(item, policy)
             bad += bool(problems)
             results.append({"where": item.where, "file": item.file, "line": item.line,
                             "custom_id": item.custom_id, "valid": not problems,
-                            "problems": [p.as_dict() for p in problems]})
+                            "problems": [p.as_dict() for p in problems],
+                            "warnings": [w.as_dict() for w in warnings]})
     if fmt == "json":
         print(json.dumps({"checked": len(results), "invalid": bad, "results": results}))
     else:
@@ -99,18 +100,19 @@ def run_lint(files: list[str], policy: Policy, fmt: str = "text", beta: bool = F
     return 1 if bad else 0
 
 
-def _check(item: Item, policy: Policy) -> list[Problem]:
+def _check(item: Item, policy: Policy) -> tuple[list[Problem], list[Problem]]:
     if item.read_error:
-        return [Problem("unreadable" if not item.line else "invalid_batch_line", None, item.read_error)]
-    return check_body(item.body, policy, beta=item.beta).problems
+        return [Problem("unreadable" if not item.line else "invalid_batch_line", None, item.read_error)], []
+    checked = check_body(item.body, policy, beta=item.beta)
+    return checked.problems, checked.warnings
 
 
 def _print_text(results: list[dict[str, Any]], bad: int) -> None:
     out = sys.stdout
     for r in results:
-        if r["valid"]:
-            continue
-        for p in r["problems"]:
-            rule = f" [{p['rule']}]" if p.get("rule") else ""
-            out.write(f"{r['where']}: {p['param'] or '(body)'}: {p['code']}{rule}: {p['message']}\n")
+        for kind, found in (("", r["problems"]), ("warning: ", r["warnings"])):
+            for p in found:
+                rule = f" [{p['rule']}]" if p.get("rule") else ""
+                param = p["param"] or "(body)"
+                out.write(f"{r['where']}: {kind}{param}: {p['code']}{rule}: {p['message']}\n")
     out.write(f"{len(results)} checked, {bad} invalid\n")

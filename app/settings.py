@@ -116,7 +116,7 @@ class ModelSettings(Section):
 
 
 class LimitsSettings(Section):
-    max_body_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
+    max_body_bytes: int = Field(default=48 * 1024 * 1024, ge=1024)  # DeepSeek's documented limit (§4)
     max_header_bytes: int = Field(default=64 * 1024, ge=1024)
 
 

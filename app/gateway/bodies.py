@@ -15,6 +15,16 @@ def request_id_of(request: Request) -> str:
     return rid if 0 < len(rid) <= 200 and rid.isascii() and rid.isprintable() else new_id()
 
 
+def origin_of(request: Request) -> str:
+    """chatgate's address as this client reached it (for hints such as "set base_url to …/beta")."""
+    host = request.headers.get("host")
+    if host is None or not host.isascii() or not host.isprintable() or len(host) > 255:
+        server = request.scope.get("server") or ("127.0.0.1", 8787)
+        host = f"{server[0]}:{server[1]}"
+    root = request.scope.get("root_path", "")
+    return f"{request.scope.get('scheme', 'http')}://{host}{root}"
+
+
 def is_json_content_type(value: str) -> bool:
     media = value.split(";", 1)[0].strip().lower()
     return media == JSON or (media.startswith("application/") and media.endswith("+json"))

@@ -19,7 +19,7 @@ from starlette.responses import Response
 
 from app.errors import APIError, Problem, bad_gateway
 from app.gateway.auth import Authenticator
-from app.gateway.bodies import read_json_body, request_id_of
+from app.gateway.bodies import origin_of, read_json_body, request_id_of
 from app.gateway.exchange import Exchange, Route
 from app.gateway.ledger import Ledger
 from app.gateway.relay import SSERelay
@@ -63,9 +63,11 @@ class Gateway:
             self.ledger.refused(route.label, request_id, error.status, error.code, time.time())
             return error_response(error, request_id)
         ex = Exchange(route, request_id, identity, body=body)
-        checked = self._check(ex)
+        checked = self._check(ex, origin_of(request))
         if checked is not None and checked.problems:
             return self._reject(ex, APIError.from_problems(checked.problems))
+        if checked is not None and checked.warnings:
+            ex.warnings.extend(w.message for w in checked.warnings)
         overflow = await self._context_guard(ex, checked)
         if overflow is not None and self.settings.validation.strict:
             return self._reject(ex, APIError.from_problems([overflow]))
@@ -84,24 +86,24 @@ class Gateway:
         except APIError as error:
             return error_response(error)
         ex = Exchange(route, request_id_of(request), self.auth.anonymous(), body=body)
-        checked = check_body(body, self.policy, beta=route.beta)
+        checked = check_body(body, self.policy, beta=route.beta, origin=origin_of(request))
         if checked.problems:
             return error_response(APIError.from_problems(checked.problems))
         overflow = await self._context_guard(ex, checked)
         if overflow is not None and self.settings.validation.strict:
             return error_response(APIError.from_problems([overflow]))
         model = checked.request.model if checked.request else None
-        warnings = [overflow.as_dict()] if overflow is not None else []
+        warnings = [w.as_dict() for w in [*checked.warnings, *([overflow] if overflow else [])]]
         return json_response(200, {"valid": True, "model": model, "warnings": warnings})
 
     # --- steps -----------------------------------------------------------------------
 
-    def _check(self, ex: Exchange) -> Checked | None:
+    def _check(self, ex: Exchange, origin: str) -> Checked | None:
         if not self.settings.validation.enabled:
             hint = ex.json()
             ex.model, ex.stream = str(hint.get("model", "unknown"))[:200], hint.get("stream") is True
             return None
-        checked = check_body(ex.body, self.policy, beta=ex.route.beta)
+        checked = check_body(ex.body, self.policy, beta=ex.route.beta, origin=origin)
         if checked.request is not None:
             ex.model, ex.stream = checked.request.model, checked.request.stream is True
         else:

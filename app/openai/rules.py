@@ -84,10 +84,15 @@ class RuleContext:
     thinking: bool
     policy: Policy
     index: MessageIndex
+    origin: str | None  # chatgate's own address as the client used it, for hints; None offline
 
     @property
     def strict(self) -> bool:
         return self.options.strict
+
+    def beta_hint(self) -> str:
+        where = f" (chatgate: {self.origin}/beta)" if self.origin else ""
+        return f"set base_url to …/beta{where}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +100,7 @@ class Checked:
     request: ChatCompletionRequest | None
     problems: list[Problem]
     profile: ModelProfile | None = None
+    warnings: list[Problem] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -104,22 +110,25 @@ class Checked:
 Rule = Callable[[ChatCompletionRequest, RuleContext], Iterable[Problem]]
 
 
-def check_body(body: bytes, policy: Policy, *, beta: bool = False) -> Checked:
-    """Parse and check a request body; never raises."""
+def check_body(body: bytes, policy: Policy, *, beta: bool = False, origin: str | None = None) -> Checked:
+    """Parse and check a request body; never raises. `origin` (e.g. http://127.0.0.1:8787) is where the
+    client reached chatgate, named in hints."""
     try:
         request = ChatCompletionRequest.model_validate_json(body)
     except pydantic.ValidationError as exc:
         return Checked(None, problems_from_validation_error(exc, body))
-    return check_request(request, policy, beta=beta)
+    return check_request(request, policy, beta=beta, origin=origin)
 
 
-def check_request(request: ChatCompletionRequest, policy: Policy, *, beta: bool = False) -> Checked:
+def check_request(request: ChatCompletionRequest, policy: Policy, *, beta: bool = False,
+                  origin: str | None = None) -> Checked:
     profile, known = policy.profile_for(request.model)
     ctx = RuleContext(profile, known, beta, policy.options, is_thinking(request, profile, known), policy,
-                      index_messages(request.messages))
-    problems = [p for rule in RULES for p in rule(request, ctx)]
-    problems.sort(key=_position)
-    return Checked(request, problems, profile)
+                      index_messages(request.messages), origin)
+    found = [p for rule in RULES for p in rule(request, ctx)]
+    problems = sorted((p for p in found if not p.warning), key=_position)
+    warnings = sorted((p for p in found if p.warning), key=_position)
+    return Checked(request, problems, profile, warnings)
 
 
 def is_thinking(request: ChatCompletionRequest, profile: ModelProfile, known: bool) -> bool:
@@ -140,10 +149,12 @@ def is_thinking(request: ChatCompletionRequest, profile: ModelProfile, known: bo
 _MSG_INDEX = re.compile(r"^messages\[(\d+)\]")
 
 
-def _position(problem: Problem) -> tuple[int, int]:
+def _position(problem: Problem) -> tuple[int, float]:
     param = problem.param or ""
     if param == "model":
         return (0, 0)
+    if problem.order is not None:
+        return (1, problem.order)
     match = _MSG_INDEX.match(param)
     if match:
         return (1, int(match.group(1)))
@@ -328,10 +339,13 @@ def _tool_block(messages: list[Message], i: int, ids: list[str], end: int,
                           f"{', '.join(repr(x) for x in ids)}). Use the id of the call this result answers.",
                           "R15")
     if pending:
-        yield _unanswered(messages, i, ids, pending, end)
+        # After the block's unknown ids: a result answering an id no call has is what the user must fix
+        # (and what DeepSeek names); the call it leaves unanswered follows as a further problem.
+        yield _unanswered(messages, i, ids, pending, end, end - 0.5 if unknown else None)
 
 
-def _unanswered(messages: list[Message], i: int, ids: list[str], pending: set[str], end: int) -> Problem:
+def _unanswered(messages: list[Message], i: int, ids: list[str], pending: set[str], end: int,
+                order: float | None = None) -> Problem:
     missing = ", ".join(x for x in ids if x in pending)
     if end < len(messages):
         after = f"{where(end, messages[end])} comes before they are all answered"
@@ -340,7 +354,8 @@ def _unanswered(messages: list[Message], i: int, ids: list[str], pending: set[st
     return Problem("tool_calls_unanswered", f"messages[{i}].tool_calls",
                    "An assistant message with 'tool_calls' must be followed by tool messages responding to "
                    f"each 'tool_call_id'. Missing: {missing} (messages[{i}], role assistant); {after}. Add a "
-                   "tool message for each id directly after it, or remove the unanswered calls.", "R16")
+                   "tool message for each id directly after it, or remove the unanswered calls.", "R16",
+                   order=order)
 
 
 # --- thinking mode (R17, R34, R36) -----------------------------------------------
@@ -358,19 +373,30 @@ def rule_reasoning_content(req: ChatCompletionRequest, ctx: RuleContext) -> Iter
                           "\"disabled\".", "R17")
 
 
-THINKING_TYPES = ("enabled", "disabled")
+THINKING_TYPES = ("enabled", "disabled", "adaptive")  # DeepSeek's deserializer lists all three (R36)
 REASONING_EFFORTS = ("low", "high", "max", "minimal", "medium", "xhigh", "ultra", "none")
 
 
 def rule_thinking_params(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem]:
     if req.thinking is not None and req.thinking.type not in (*THINKING_TYPES, None):
         yield Problem("invalid_thinking", "thinking.type",
-                      f"Invalid 'thinking.type': '{req.thinking.type}'. Use \"enabled\" or "
-                      f"\"disabled\".", "R36")
+                      f"Invalid 'thinking.type': '{req.thinking.type}'. Use \"enabled\", \"disabled\" or "
+                      "\"adaptive\".", "R36")
     if req.reasoning_effort is not None and req.reasoning_effort not in REASONING_EFFORTS:
         yield Problem("invalid_thinking", "reasoning_effort",
                       f"Invalid 'reasoning_effort': '{req.reasoning_effort}'. Use one of low, high, max "
                       "(minimal, medium, xhigh, ultra and none are mapped by DeepSeek).", "R36")
+
+
+def rule_thinking_conflict(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem]:
+    """R41: DeepSeek refused thinking disabled together with an effort (Apr-Jun 2026), maybe not since."""
+    effort = req.reasoning_effort
+    if req.thinking is None or req.thinking.type != "disabled" or effort is None or effort == "none":
+        return
+    yield Problem("thinking_disabled_with_effort", "reasoning_effort",
+                  "thinking options type cannot be disabled when reasoning_effort is set: thinking.type is "
+                  f"\"disabled\" and reasoning_effort is '{effort}'. Remove 'reasoning_effort' (it means "
+                  "nothing without thinking) or set it to \"none\".", "R41", warning=not ctx.strict)
 
 
 def rule_tool_choice_thinking(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem]:
@@ -455,8 +481,7 @@ def rule_prefix(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Proble
                           "must be the assistant message to continue. Remove 'prefix' here.", "R21")
         elif not ctx.beta:
             yield Problem("invalid_prefix", f"messages[{i}].prefix",
-                          f"{where(i, msg)}: prefix completion is a Beta feature: set base_url to "
-                          "…/beta (chatgate: http://127.0.0.1:8787/beta).", "R21")
+                          f"{where(i, msg)}: prefix completion is a Beta feature: {ctx.beta_hint()}.", "R21")
 
 
 # --- response format (R23, R24) -------------------------------------------------------
@@ -585,21 +610,31 @@ def rule_tools(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem
                           f"tools[{names[name]}].",
                           "R31")
         names.setdefault(name, k)
-        yield from _strict_tool(req, ctx, k)
 
 
-def _strict_tool(req: ChatCompletionRequest, ctx: RuleContext, k: int) -> Iterator[Problem]:
-    function = (req.tools or [])[k]["function"]
-    if not function.get("strict"):
+def rule_strict_tools(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem]:
+    """R32: strict schemas are a Beta feature. Off /beta DeepSeek accepts `strict: true` and does not enforce
+    it (§12.11): openai-agents and pydantic-ai send it on every tool, so it is forwarded with a warning."""
+    strict = [k for k, tool in enumerate(req.tools or ()) if tool["function"].get("strict")]
+    if not strict:
         return
     if not ctx.beta:
-        yield Problem("strict_requires_beta", f"tools[{k}].function.strict",
-                      f"tools[{k}].function.strict is a Beta feature: set base_url to …/beta "
-                      "(chatgate: http://127.0.0.1:8787/beta), or remove 'strict'.", "R32")
+        if ctx.strict:
+            for k in strict:
+                yield Problem("strict_requires_beta", f"tools[{k}].function.strict",
+                              f"tools[{k}].function.strict is a Beta feature: {ctx.beta_hint()}, or remove "
+                              "'strict'.", "R32")
+            return
+        names = ", ".join(f"tools[{k}]" for k in strict[:3]) + (" …" if len(strict) > 3 else "")
+        yield Problem("strict_not_enforced", f"tools[{strict[0]}].function.strict",
+                      f"strict: true ({names}) is only enforced on DeepSeek's /beta; on this route it is "
+                      f"accepted and ignored. For strict schemas, {ctx.beta_hint()}.", "R32", warning=True)
         return
-    for path, why in strict_schema_problems(function.get("parameters") or {}, "parameters"):
-        yield Problem("invalid_parameters_schema", f"tools[{k}].function.{path}",
-                      f"tools[{k}].function.{path}: {why} (strict mode).", "R32")
+    for k in strict:
+        function = (req.tools or [])[k]["function"]
+        for path, why in strict_schema_problems(function.get("parameters") or {}, "parameters"):
+            yield Problem("invalid_parameters_schema", f"tools[{k}].function.{path}",
+                          f"tools[{k}].function.{path}: {why} (strict mode).", "R32")
 
 
 STRICT_UNSUPPORTED = ("minLength", "maxLength", "minItems", "maxItems")
@@ -675,6 +710,7 @@ RULES: tuple[Rule, ...] = (
     rule_prefix,
     rule_response_format,
     rule_thinking_params,
+    rule_thinking_conflict,
     rule_tool_choice_thinking,
     rule_sampling,
     rule_max_tokens,
@@ -684,5 +720,6 @@ RULES: tuple[Rule, ...] = (
     rule_user_id,
     rule_n,
     rule_tools,
+    rule_strict_tools,
     rule_tool_choice,
 )

@@ -1,9 +1,11 @@
 """openai-agents on its chat-completions model (`OpenAIChatCompletionsModel` + `AsyncOpenAI` pointed at
 chatgate), tracing off.
 
-The SDK sends `strict: true` function schemas, a DeepSeek beta feature, so the client's base URL is
-chatgate's `/beta`. It keeps DeepSeek's `reasoning_content` and sends it back with the tool call, so the
-thinking-mode tool loop works as is (R17).
+The SDK sends `strict: true` on every function tool. DeepSeek enforces strict schemas only on `/beta` and
+accepts (ignores) the flag on its default base URL (R32, §12.11), so the client works on chatgate's `/v1`
+as it does on DeepSeek's: chatgate forwards the flag unchanged with an `x-chatgate-warning`. The SDK keeps
+DeepSeek's `reasoning_content` and sends it back with the tool call, so the thinking-mode tool loop works
+as is (R17).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import asyncio
 from collections.abc import Iterator
 from typing import Any
 
+import httpx2
 import openai
 import pytest
 from agents import (
@@ -39,7 +42,7 @@ def no_tracing() -> Iterator[None]:
     yield
 
 
-def agent(gate: Gate, route: str = "/beta") -> tuple[Agent[Any], openai.AsyncOpenAI]:
+def agent(gate: Gate, route: str = "/v1") -> tuple[Agent[Any], openai.AsyncOpenAI]:
     client = openai.AsyncOpenAI(base_url=gate.url + route, api_key=CLIENT_KEY, max_retries=0, timeout=10)
     model = OpenAIChatCompletionsModel(model=MODEL, openai_client=client)
     forecaster = Agent(name="forecaster", instructions="Answer in one line.", tools=[search_forecast],
@@ -47,7 +50,7 @@ def agent(gate: Gate, route: str = "/beta") -> tuple[Agent[Any], openai.AsyncOpe
     return forecaster, client
 
 
-def run(gate: Gate, prompt: Any, route: str = "/beta") -> Any:
+def run(gate: Gate, prompt: Any, route: str = "/v1") -> Any:
     async def go() -> Any:
         a, client = agent(gate, route)
         async with client:
@@ -97,10 +100,20 @@ def test_agents_broken_history_raises_bad_request_error_R17(gate: Gate) -> None:
     assert gate.upstream_bodies() == []
 
 
-def test_agents_strict_tools_on_v1_are_refused_as_beta_only(gate: Gate) -> None:
-    """The SDK's strict schemas need /beta; on /v1 chatgate says so before DeepSeek sees the request."""
-    with pytest.raises(openai.BadRequestError) as info:
-        run(gate, "Do I need an umbrella in Lisbon today?", route="/v1")
-    assert info.value.param == "tools[0].function.strict"
-    assert "/beta" in info.value.message
-    assert gate.upstream_bodies() == []
+def test_agents_strict_tools_on_v1_are_forwarded_unchanged_with_a_warning(gate: Gate) -> None:
+    """DeepSeek's default base URL accepts `strict: true` (it is enforced on /beta only): no false alarm."""
+    result = run(gate, "Do I need an umbrella in Lisbon today?", route="/v1")
+    assert result.final_output == "Answer 4: the tool said forecast for x: light rain"
+    first = gate.upstream_bodies()[0]
+    assert first["tools"][0]["function"]["strict"] is True
+    replay = httpx2.post(gate.url + "/v1/chat/completions", json=first,
+                         headers={"authorization": f"Bearer {CLIENT_KEY}"}, timeout=10)
+    assert replay.status_code == 200
+    warning = replay.headers["x-chatgate-warning"]
+    assert "only enforced on DeepSeek's /beta" in warning and gate.url + "/beta" in warning
+
+
+def test_agents_strict_tools_on_beta_have_their_schemas_checked(gate: Gate) -> None:
+    result = run(gate, "Do I need an umbrella in Lisbon today?", route="/beta")
+    assert result.final_output == "Answer 4: the tool said forecast for x: light rain"
+    assert all(r.path == "/beta/chat/completions" for r in gate.fake.requests)

@@ -180,6 +180,53 @@ def test_validate_endpoint_returns_the_400_without_forwarding(client: httpx2.Cli
     assert upstream.seen == []
 
 
+STRICT_TOOL = {"type": "function", "function": {
+    "name": "lookup", "strict": True,
+    "parameters": {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"],
+                   "additionalProperties": False}}}
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/chat/completions"])
+def test_strict_tools_off_beta_are_forwarded_byte_for_byte_with_a_warning(
+        client: httpx2.Client, upstream: MockUpstream, path: str) -> None:
+    """R32 (issue 11): what openai-agents and pydantic-ai send on DeepSeek's default base URL."""
+    body = orjson.dumps(chat_body(tools=[STRICT_TOOL]))
+    response = post_chat(client, path, body)
+    assert response.status_code == 200, response.text
+    assert upstream.seen[0].content == body
+    warning = response.headers["x-chatgate-warning"]
+    assert "only enforced on DeepSeek's /beta" in warning
+    assert "chatgate: " + str(client.base_url).rstrip("/") + "/beta" in warning
+
+
+def test_validate_lists_warnings_with_the_address_the_request_came_to(client: httpx2.Client,
+                                                                     upstream: MockUpstream) -> None:
+    body = orjson.dumps(chat_body(tools=[STRICT_TOOL], thinking={"type": "disabled"}, reasoning_effort="high"))
+    response = client.post("/v1/chat/completions/validate", content=body,
+                           headers={**JSON_HEADERS, "host": "gate.example:9443"})
+    assert response.status_code == 200
+    warnings = response.json()["warnings"]
+    assert [(w["code"], w["param"], w["rule"]) for w in warnings] == [
+        ("thinking_disabled_with_effort", "reasoning_effort", "R41"),
+        ("strict_not_enforced", "tools[0].function.strict", "R32")]
+    assert "http://gate.example:9443/beta" in warnings[1]["message"]
+    assert "8787" not in warnings[1]["message"]
+    assert upstream.seen == []
+
+
+def test_strict_mode_refuses_strict_tools_off_beta_naming_the_clients_address(
+        start_gate: Callable[..., RunningChatgate], own_upstream: MockUpstream) -> None:
+    gate = start_gate(upstream_url="http://deepseek.invalid", transport=own_upstream.transport,
+                      validation={"strict": True})
+    with httpx2.Client(base_url=gate.url, timeout=10) as http:
+        error = assert_openai_error(post_chat(http, body=orjson.dumps(chat_body(tools=[STRICT_TOOL]))), 400,
+                                    "strict_requires_beta")
+        assert f"{gate.url}/beta" in error["message"]
+        assert post_chat(http, "/beta/chat/completions",
+                         orjson.dumps(chat_body(tools=[STRICT_TOOL]))).status_code == 200
+    assert [r.url.path for r in own_upstream.seen] == ["/beta/chat/completions"]
+
+
 # ------------------------------------------------------------------------------------------- bad input
 
 
@@ -248,6 +295,22 @@ def test_oversize_chunked_body_without_length_is_413(small_limit: httpx2.Client,
     response = small_limit.post("/v1/chat/completions", content=chunks(), headers=JSON_HEADERS)
     assert_openai_error(response, 413, "request_too_large")
     assert own_upstream.seen == []
+
+
+def test_default_body_limit_is_deepseeks_48_mib(start_gate: Callable[..., RunningChatgate],
+                                               own_upstream: MockUpstream) -> None:
+    """Spec §4/§12.12: DeepSeek refuses bodies over 48 MiB, so chatgate answers 413 and uploads nothing."""
+    gate = start_gate(upstream_url="http://deepseek.invalid", transport=own_upstream.transport)
+    assert gate.state.settings.limits.max_body_bytes == 48 * 1024 * 1024
+    prefix = b'{"model": "deepseek-flash", "messages": [{"role": "user", "content": "'
+    suffix = b'"}]}'
+    with httpx2.Client(base_url=gate.url, timeout=60) as http:
+        just_over = prefix + b"z" * (48 * 1024 * 1024 + 1 - len(prefix) - len(suffix)) + suffix
+        assert_openai_error(post_chat(http, body=just_over), 413, "request_too_large")
+        at_limit = just_over[:len(prefix)] + just_over[len(prefix) + 1:]
+        assert len(at_limit) == 48 * 1024 * 1024
+        assert post_chat(http, body=at_limit).status_code == 200
+    assert len(own_upstream.seen) == 1
 
 
 def test_body_under_the_limit_is_forwarded(small_limit: httpx2.Client, own_upstream: MockUpstream) -> None:

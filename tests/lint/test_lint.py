@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 
 from app.cli import main
+from app.lint import run_lint
+from app.openai.rules import Policy
 from tests.harness import REPO_ROOT
 
 GOOD = {
@@ -182,6 +184,7 @@ def test_json_format_is_machine_readable(tmp_path: Path, capsys: pytest.CaptureF
         "custom_id": "a",
         "valid": True,
         "problems": [],
+        "warnings": [],
     }
     assert (hot["file"], hot["line"], hot["custom_id"], hot["valid"]) == (str(batch), 2, "b", False)
     assert hot["problems"] == [
@@ -263,3 +266,20 @@ def test_exit_codes_as_a_process(tmp_path: Path) -> None:
     ko = subprocess.run([*run, str(bad)], capture_output=True, text=True, cwd=REPO_ROOT, env=env, timeout=30)
     assert (ok.returncode, ko.returncode) == (0, 1), (ok.stderr, ko.stderr)
     assert f"{bad}:1: temperature: out_of_range [R25]" in ko.stdout
+
+
+def test_warnings_are_printed_and_do_not_fail_the_lint(tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                                       ) -> None:
+    """R32: strict tools off /beta are valid (DeepSeek accepts them there) and shown as a warning."""
+    tool = {"type": "function", "function": {"name": "lookup", "strict": True,
+                                             "parameters": {"type": "object", "properties": {},
+                                                            "additionalProperties": False}}}
+    body = {"model": "deepseek-flash", "messages": [{"role": "user", "content": "hi"}], "tools": [tool]}
+    path = tmp_path / "agents.json"
+    path.write_text(json.dumps(body))
+    assert run_lint([str(path)], Policy()) == 0
+    out = capsys.readouterr().out
+    assert "warning: tools[0].function.strict: strict_not_enforced [R32]" in out
+    assert "1 checked, 0 invalid" in out
+    assert run_lint([str(path)], Policy(), beta=True) == 0
+    assert "warning" not in capsys.readouterr().out

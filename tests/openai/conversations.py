@@ -153,9 +153,10 @@ def policy(*, strict: bool = False, unknown_models: str = "pass", legacy: bool =
 
 
 def check(req: dict[str, Any] | bytes, *, strict: bool = False, unknown_models: str = "pass",
-          legacy: bool = False, beta: bool = False) -> Checked:
+          legacy: bool = False, beta: bool = False, origin: str | None = None) -> Checked:
     body = req if isinstance(req, bytes) else json.dumps(req).encode()
-    return check_body(body, policy(strict=strict, unknown_models=unknown_models, legacy=legacy), beta=beta)
+    return check_body(body, policy(strict=strict, unknown_models=unknown_models, legacy=legacy), beta=beta,
+                      origin=origin)
 
 
 def summary(checked: Checked) -> list[tuple[str, str | None]]:
@@ -164,6 +165,17 @@ def summary(checked: Checked) -> list[tuple[str, str | None]]:
 
 def assert_valid(checked: Checked) -> None:
     assert checked.problems == [], "\n".join(f"{p.code} {p.param}: {p.message}" for p in checked.problems)
+
+
+def only_warning(checked: Checked, code: str, param: str | None, rule: str | None = None) -> Problem:
+    """Valid, with exactly one warning of this code and param (and rule, when given)."""
+    assert_valid(checked)
+    assert [(w.code, w.param) for w in checked.warnings] == [(code, param)]
+    warning = checked.warnings[0]
+    assert warning.warning
+    if rule is not None:
+        assert warning.rule == rule
+    return warning
 
 
 def only_problem(checked: Checked, code: str, param: str | None, rule: str | None = None) -> Problem:

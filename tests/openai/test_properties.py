@@ -564,7 +564,7 @@ def test_tool_block_shortcut_reports_what_the_detailed_check_reports(
     pol = policy(strict=strict)
     profile, known = pol.profile_for(req.model)
     ctx = RuleContext(profile, known, False, pol.options, is_thinking(req, profile, known), pol,
-                      index_messages(req.messages))
+                      index_messages(req.messages), None)
     reported = sorted((p.code, p.param or "", p.message) for p in rule_tool_sequence(req, ctx))
     detailed = sorted((p.code, p.param or "", p.message)
                       for p in _tool_block(req.messages, 1, ids, 2 + len(answers), ctx))

@@ -24,6 +24,7 @@ from tests.openai.conversations import (
     check,
     image_part,
     only_problem,
+    only_warning,
     parallel_round,
     request,
     says,
@@ -286,10 +287,22 @@ def test_tool_message_after_plain_assistant_is_invalid_r14() -> None:
 
 
 def test_unknown_tool_call_id_with_a_call_left_unanswered_is_invalid_r15_r16() -> None:
+    """The first problem (and `param`) is the tool message's unknown id, what the user must fix and what
+    DeepSeek names; the call it leaves unanswered follows as a further problem (issue 11)."""
     checked = check(request([user(), calls(call("call_1")), tool("call_9"), assistant()], tools=TOOLS))
-    assert summary(checked) == [("tool_calls_unanswered", "messages[1].tool_calls"),
-                                ("unknown_tool_call_id", "messages[2].tool_call_id")]
-    says(checked.problems[1], "'call_9' not found", "messages[2] (role tool)", "'call_1'")
+    assert summary(checked) == [("unknown_tool_call_id", "messages[2].tool_call_id"),
+                                ("tool_calls_unanswered", "messages[1].tool_calls")]
+    says(checked.problems[0], "'call_9' not found", "messages[2] (role tool)", "'call_1'")
+
+
+def test_unknown_ids_come_first_in_each_block_and_blocks_stay_in_order_r15_r16() -> None:
+    messages = [user(), calls(call("a1"), call("a2")), tool("a1"), tool("zz"), user("next"),
+                calls(call("b1")), tool("yy"), assistant()]
+    checked = check(request(messages, tools=TOOLS))
+    assert summary(checked) == [("unknown_tool_call_id", "messages[3].tool_call_id"),
+                                ("tool_calls_unanswered", "messages[1].tool_calls"),
+                                ("unknown_tool_call_id", "messages[6].tool_call_id"),
+                                ("tool_calls_unanswered", "messages[5].tool_calls")]
 
 
 def test_unknown_extra_tool_result_passes_by_default_and_fails_strict_r15() -> None:
@@ -561,11 +574,32 @@ STRICT_PARAMS = {"type": "object", "properties": {"city": {"type": "string", "fo
                  "required": ["city"], "additionalProperties": False}
 
 
-def test_strict_tool_needs_beta_r32() -> None:
+def test_strict_tools_off_beta_are_forwarded_with_a_warning_r32() -> None:
+    """openai-agents and pydantic-ai send strict: true on every tool; DeepSeek accepts it off /beta and does
+    not enforce it (§12.11). Valid, one warning naming the tools; even a non-strict schema is not checked."""
+    loose = {"type": "object", "properties": {"city": {"type": "string"}}}
+    req = request([user()], tools=[_tool("lookup", parameters=STRICT_PARAMS, strict=True),
+                                   _tool("find", parameters=loose, strict=True), _tool("plain")])
+    warning = only_warning(check(req, origin="http://10.0.0.5:9000"), "strict_not_enforced",
+                           "tools[0].function.strict", "R32")
+    says(warning, "tools[0], tools[1]", "only enforced on DeepSeek's /beta", "http://10.0.0.5:9000/beta")
+
+
+def test_strict_mode_refuses_strict_tools_off_beta_with_the_clients_address_r32() -> None:
     req = request([user()], tools=[_tool("lookup", parameters=STRICT_PARAMS, strict=True)])
-    problem = only_problem(check(req), "strict_requires_beta", "tools[0].function.strict", "R32")
-    says(problem, "/beta", "remove 'strict'")
+    problem = only_problem(check(req, strict=True, origin="http://gate.internal:8080"),
+                           "strict_requires_beta", "tools[0].function.strict", "R32")
+    says(problem, "http://gate.internal:8080/beta", "remove 'strict'")
+    assert "8787" not in problem.message
     assert_valid(check(req, beta=True))
+    assert check(req, beta=True).warnings == []
+
+
+def test_hints_name_no_address_offline_r21_r32() -> None:
+    req = request([user(), {"role": "assistant", "content": "x", "prefix": True}])
+    problem = only_problem(check(req), "invalid_prefix", "messages[1].prefix", "R21")
+    says(problem, "set base_url to …/beta")
+    assert "chatgate:" not in problem.message
 
 
 def test_strict_schema_must_require_every_property_and_close_objects_r32() -> None:
@@ -657,6 +691,35 @@ def test_top_logprobs_above_20_is_invalid_r35() -> None:
     only_problem(check(request([user()], logprobs=True, top_logprobs=21)),
                  "out_of_range", "top_logprobs", "R35")
     assert_valid(check(request([user()], logprobs=True, top_logprobs=20)))
+
+
+@pytest.mark.parametrize("kind", ["enabled", "disabled", "adaptive"])
+def test_thinking_types_deepseek_lists_are_valid_r36(kind: str) -> None:
+    """`adaptive` is in DeepSeek's deserializer (`expected one of adaptive, enabled, disabled`)."""
+    assert_valid(check(request([user()], thinking={"type": kind})))
+
+
+def test_adaptive_thinking_is_thinking_r17() -> None:
+    messages = [user(), calls(call("call_1"), reasoning=None), tool("call_1")]
+    only_problem(check(request(messages, tools=TOOLS, thinking={"type": "adaptive"})),
+                 "reasoning_content_missing", "messages[1].reasoning_content", "R17")
+
+
+@pytest.mark.parametrize("effort", ["low", "high", "max", "medium"])
+def test_thinking_disabled_with_an_effort_warns_by_default_and_fails_strict_r41(effort: str) -> None:
+    req = request([user()], thinking={"type": "disabled"}, reasoning_effort=effort)
+    warning = only_warning(check(req), "thinking_disabled_with_effort", "reasoning_effort", "R41")
+    says(warning, "thinking options type cannot be disabled when reasoning_effort is set", f"'{effort}'",
+         "Remove 'reasoning_effort'")
+    only_problem(check(req, strict=True), "thinking_disabled_with_effort", "reasoning_effort", "R41")
+
+
+def test_thinking_disabled_with_effort_none_is_always_valid_r41() -> None:
+    for strict in (False, True):
+        checked = check(request([user()], thinking={"type": "disabled"}, reasoning_effort="none"),
+                        strict=strict)
+        assert_valid(checked)
+        assert checked.warnings == []
 
 
 @pytest.mark.parametrize(("params", "param"), [
