@@ -120,14 +120,30 @@ def test_bad_environment_process_prints_one_line_and_exits_2(tmp_path: Path, com
     assert_one_line_exit_2(out.returncode, out.stdout, out.stderr, setting)
 
 
+class ServerStarted(AssertionError):
+    pass
+
+
 @pytest.fixture
 def no_server(monkeypatch: pytest.MonkeyPatch) -> None:
-    """In-process `serve` must fail before uvicorn; a wrongly accepted case fails instead of serving."""
-    import uvicorn
+    """In-process `serve` must fail before the server starts; a wrongly accepted case fails here instead of
+    binding a port and serving forever. `cmd_serve` starts it through `app.server.run`."""
+    from app import server
 
-    def refuse(*args: object, **kwargs: object) -> None:
-        raise AssertionError("the bad config was accepted: uvicorn.run was called")
-    monkeypatch.setattr(uvicorn, "run", refuse)
+    def refuse(*args: object, **kwargs: object) -> bool:
+        raise ServerStarted("the bad config was accepted: app.server.run was called")
+    monkeypatch.setattr(server, "run", refuse)
+    monkeypatch.setattr("app.cli._absorb_replayed_stop_signals", lambda: None)  # keep pytest's handlers
+    monkeypatch.setenv("_CHATGATE_SERVE_FLAGS", "")  # serve sets it for its workers; restored after the test
+
+
+def test_the_no_server_guard_stops_a_serve_that_would_start(no_server: None, monkeypatch: pytest.MonkeyPatch
+                                                            ) -> None:
+    """The guard itself: with a good config `serve` gets as far as starting the server, and is stopped."""
+    for name in [n for n in os.environ if n.startswith("CHATGATE_")]:
+        monkeypatch.delenv(name)
+    with pytest.raises(ServerStarted):
+        main(["serve", "--port", "0", "--store", "none"])
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=" ".join)
