@@ -52,13 +52,15 @@ class RunningChatgate:
 
 
 @contextmanager
-def run_chatgate(settings: Settings, transport: Any = None) -> Iterator[RunningChatgate]:
-    """chatgate in this process on 127.0.0.1:<free port>, served by uvicorn (httptools) in a thread."""
-    app = create_app(settings, transport=transport)
+def run_chatgate(settings: Settings, transport: Any = None, store: Any = None, loop: str = "uvloop"
+                 ) -> Iterator[RunningChatgate]:
+    """chatgate in this process on 127.0.0.1:<free port>, served by uvicorn (httptools) in a thread, on
+    uvloop as `chatgate serve` runs (`loop="asyncio"` for the standard loop)."""
+    app = create_app(settings, transport=transport, store=store)
     sock = bind_socket()
     port = sock.getsockname()[1]
     config = uvicorn.Config(app, lifespan="on", log_level="warning", access_log=False, http="httptools",
-                            loop="asyncio", timeout_graceful_shutdown=5)
+                            loop=loop, timeout_graceful_shutdown=5)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()

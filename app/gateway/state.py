@@ -45,6 +45,7 @@ class State:
             self.recorder = Recorder(self.store, s.store.spool_dir, s.store.batch_max,
                                      s.store.flush_interval_ms / 1000, s.store.retry_seconds)
             self.recorder.start()
+            self.metrics.watch_recorder(self.recorder)
         upstream = Upstream(s.upstream, self.transport)
         self.gateway = Gateway(s, upstream, self.recorder, Authenticator(s.auth, self.store), self.metrics)
 
@@ -69,6 +70,9 @@ class State:
                 problems.append(f"usage store not writable: {type(exc).__name__}")
         if self.recorder is not None and not self.recorder.healthy:
             problems.append(self.recorder.last_error or "usage writer failing")
+        if self.recorder is not None and self.recorder.dropped:
+            problems.append(f"the usage store refused {self.recorder.dropped} record(s); they were dropped "
+                            "and logged whole (see the log), a restart clears this")
         auth = self.settings.auth
         if auth.mode == "managed" and auth.upstream_api_key is None:
             problems.append("auth.mode is managed but DEEPSEEK_API_KEY is not set")

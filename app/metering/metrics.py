@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Iterator
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from app.metering.store.base import UsageRecord
 
@@ -65,8 +67,35 @@ class Metrics:
         if rec.ttfb_ms is not None:
             self._child(self.ttfb, model).observe(rec.ttfb_ms / 1000)
 
+    def watch_recorder(self, recorder: RecorderCounts) -> None:
+        self.registry.register(RecorderCollector(recorder))
+
     def observe_status(self, route: str, status: int) -> None:
         self._child(self.requests, route, str(status), "").inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class RecorderCounts(Protocol):
+    written: int
+    dropped: int
+
+    @property
+    def pending(self) -> int: ...
+
+
+class RecorderCollector(Collector):
+    """The usage writer's counts, read when /metrics is scraped."""
+
+    def __init__(self, recorder: RecorderCounts) -> None:
+        self.recorder = recorder
+
+    def collect(self) -> Iterator[Metric]:
+        yield CounterMetricFamily("chatgate_usage_records_written", "Usage records the store took",
+                                  value=self.recorder.written)
+        yield CounterMetricFamily("chatgate_usage_records_dropped",
+                                  "Usage records the store refused (logged whole, then dropped)",
+                                  value=self.recorder.dropped)
+        yield GaugeMetricFamily("chatgate_usage_records_spooled", "Usage records spooled, not yet stored",
+                                value=self.recorder.pending)

@@ -50,12 +50,13 @@ def decode(line: bytes) -> UsageRecord | None:
 
 class Recorder:
     def __init__(self, store: Store, spool_dir: str, batch_max: int = 500, flush_interval: float = 0.02,
-                 retry_seconds: float = 1.0) -> None:
+                 retry_seconds: float = 1.0, truncate_at: int = SPOOL_TRUNCATE_AT) -> None:
         self.store = store
         self.spool_dir = Path(spool_dir)
         self.batch_max = batch_max
         self.flush_interval = flush_interval
         self.retry_seconds = retry_seconds
+        self.truncate_at = truncate_at
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._queued: list[UsageRecord] = []  # spooled, not yet taken by the writer
@@ -67,7 +68,8 @@ class Recorder:
         self._orphans_left = True
         self._tag = store_tag(store)
         self.last_error: str | None = None
-        self.written = 0
+        self.written = 0  # records the store took
+        self.dropped = 0  # records the store refused (logged whole, then dropped: they cannot be written)
 
     # --- lifecycle ---------------------------------------------------------------
 
@@ -150,6 +152,9 @@ class Recorder:
                         self._write([record])
                     return
                 log.exception("usage record dropped, the store refused it: %s", encode(batch[0]).decode())
+                self.dropped += 1
+                self._settle(1)
+                return
             self.last_error = None
             self.written += len(batch)
             self._settle(len(batch))
@@ -158,7 +163,7 @@ class Recorder:
     def _settle(self, n: int) -> None:
         with self._lock:
             self._pending -= n
-            if self._pending == 0 and os.fstat(self._fd).st_size > SPOOL_TRUNCATE_AT:
+            if self._pending == 0 and os.fstat(self._fd).st_size > self.truncate_at:
                 os.ftruncate(self._fd, 0)
 
     def _replay_orphans(self) -> None:

@@ -37,14 +37,22 @@ def fake(fake_server: RunningFake) -> Iterator[RunningFake]:
 
 
 @pytest.fixture
-def start_gate(tmp_path: Path, fake: RunningFake) -> Iterator[Callable[..., RunningChatgate]]:
+def event_loop_name() -> str:
+    """The event loop chatgate runs on: uvloop, as in production; a module overrides this fixture (with
+    params) to run its tests on both loops."""
+    return "uvloop"
+
+
+@pytest.fixture
+def start_gate(tmp_path: Path, fake: RunningFake, event_loop_name: str
+               ) -> Iterator[Callable[..., RunningChatgate]]:
     """Start chatgate (in-process uvicorn) in front of the fake, with per-section setting overrides."""
     stack: list[Any] = []
 
     def start(upstream_url: str | None = None, transport: Any = None, **sections: dict[str, Any]
               ) -> RunningChatgate:
         settings = make_settings(tmp_path, upstream_url or fake.url, **sections)
-        cm = run_chatgate(settings, transport=transport)
+        cm = run_chatgate(settings, transport=transport, loop=event_loop_name)
         gate = cm.__enter__()
         stack.append(cm)
         return gate

@@ -1,0 +1,172 @@
+"""The usage writer's failure paths: a record the store refuses, spool truncation, torn spool lines.
+
+A refused record is dropped (it can never be written) but never silently: it is logged whole, counted apart
+from the written ones (`chatgate_usage_records_dropped` in /metrics) and /readyz says so.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import httpx2
+import orjson
+import pytest
+
+from app.metering.recorder import Recorder, decode, encode, replay_spools
+from app.metering.store import open_store
+from app.metering.store.base import Store, UsageRecord
+from app.metering.store.sqlite import SQLiteStore
+from tests.fakes.server import run_fake_deepseek
+from tests.harness import make_settings, run_chatgate
+from tests.metering.helpers import chat_body, wait_for
+
+
+def record(n: int, **changes: object) -> UsageRecord:
+    values: dict[str, object] = {
+        "record_id": f"rec-{n}", "ts": 1_790_000_000.0 + n, "request_id": f"req-{n}", "key_id": "fp-1",
+        "key_name": "fp-1", "team": "default", "model": "deepseek-flash", "route": "/v1/chat/completions",
+        "stream": False, "outcome": "ok", "prompt_tokens": n, "completion_tokens": 1}
+    values.update(changes)
+    return UsageRecord(**values)  # type: ignore[arg-type]
+
+
+class RefusingStore(SQLiteStore):
+    """A SQLite store that refuses (with an error that is not a StoreError) the records of one team."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.refused_team = "poison"
+
+    def insert_usage(self, records: Sequence[UsageRecord]) -> None:
+        if any(r.team == self.refused_team for r in records):
+            raise ValueError("value out of range for the usage table")
+        super().insert_usage(records)
+
+
+def stored_ids(store: Store) -> list[str]:
+    assert isinstance(store, SQLiteStore)
+    with store._errors():
+        rows = store._conn().execute("SELECT request_id FROM usage ORDER BY request_id").fetchall()
+    return [r[0] for r in rows]
+
+
+def test_a_refused_record_is_dropped_counted_apart_and_logged(tmp_path: Path,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    store = RefusingStore(tmp_path / "usage.db")
+    store.migrate()
+    recorder = Recorder(store, str(tmp_path / "spool"), flush_interval=0.005)
+    recorder.start()
+    try:
+        with caplog.at_level(logging.ERROR, "chatgate.recorder"):
+            for n in range(5):
+                recorder.record(record(n, team="poison" if n == 2 else "default"))
+            wait_for(lambda: recorder.pending == 0, 10, "the batch settled")
+    finally:
+        assert recorder.stop(5)
+    assert (recorder.written, recorder.dropped) == (4, 1)
+    assert stored_ids(store) == ["req-0", "req-1", "req-3", "req-4"]
+    assert '"request_id":"req-2"' in caplog.text, "the dropped record is logged whole"
+    store.close()
+
+
+def test_metrics_and_readiness_say_when_records_were_dropped(tmp_path: Path) -> None:
+    store = RefusingStore(tmp_path / "usage.db")
+    with run_fake_deepseek() as fake, run_chatgate(make_settings(tmp_path, fake.url), store=store) as gate:
+        assert httpx2.get(gate.url + "/readyz").status_code == 200
+        headers = {"authorization": "Bearer sk-a"}
+        for n in range(2):
+            resp = httpx2.post(gate.url + "/v1/chat/completions", json=chat_body(n), headers=headers)
+            assert resp.status_code == 200, resp.text
+        recorder = gate.state.recorder
+        wait_for(lambda: recorder.pending == 0, 10, "records written")
+        metrics = httpx2.get(gate.url + "/metrics").text
+        assert "chatgate_usage_records_written_total 2.0" in metrics
+        assert "chatgate_usage_records_dropped_total 0.0" in metrics
+        store.refused_team = "default"  # the store now refuses this team's records
+        assert httpx2.post(gate.url + "/v1/chat/completions", json=chat_body(2),
+                           headers=headers).status_code == 200
+        wait_for(lambda: recorder.dropped == 1, 10, "the record dropped")
+        metrics = httpx2.get(gate.url + "/metrics").text
+        assert "chatgate_usage_records_dropped_total 1.0" in metrics
+        assert "chatgate_usage_records_written_total 2.0" in metrics
+        assert "chatgate_usage_records_spooled 0.0" in metrics
+        ready = httpx2.get(gate.url + "/readyz")
+        assert ready.status_code == 503
+        assert "refused 1 record(s)" in " ".join(ready.json()["problems"])
+
+
+def test_the_spool_is_truncated_once_everything_in_it_is_stored(tmp_path: Path) -> None:
+    store = open_store(f"sqlite:///{tmp_path / 'usage.db'}")
+    store.migrate()
+    spool = tmp_path / "spool"
+    recorder = Recorder(store, str(spool), flush_interval=0.005, truncate_at=4096)
+    recorder.start()
+    try:
+        (path,) = spool.glob("spool-*.jsonl")
+        line = len(encode(record(0)))
+        for n in range(4096 // line + 2):
+            recorder.record(record(n))
+        assert path.stat().st_size > 4096, "spooled at once, before any write to the store"
+        wait_for(lambda: recorder.pending == 0 and path.stat().st_size == 0, 10, "the spool truncated")
+        recorder.record(record(1000))
+        assert path.stat().st_size == len(encode(record(1000))), "appends go on after a truncation"
+    finally:
+        assert recorder.stop(5)
+    assert len(stored_ids(store)) == 4096 // line + 3
+    store.close()
+
+
+def test_the_spool_is_kept_while_records_in_it_are_not_stored(tmp_path: Path) -> None:
+    store = RefusingStore(tmp_path / "usage.db")
+    store.migrate()
+    recorder = Recorder(store, str(tmp_path / "spool"), flush_interval=0.005, truncate_at=0)
+    store.close()  # every write now fails with a StoreError: records stay pending and spooled
+    recorder.start()
+    try:
+        recorder.record(record(1))
+        time.sleep(0.2)
+        (path,) = (tmp_path / "spool").glob("spool-*.jsonl")
+        assert recorder.pending == 1 and path.stat().st_size > 0
+        assert not recorder.healthy
+    finally:
+        assert not recorder.stop(0.5)
+
+
+def test_torn_and_foreign_spool_lines_are_skipped_on_replay(tmp_path: Path) -> None:
+    """A crash mid-write leaves a torn last line; lines that are not usage records are skipped too."""
+    store = open_store(f"sqlite:///{tmp_path / 'usage.db'}")
+    store.migrate()
+    tag = Recorder(store, str(tmp_path / "spool"))._tag
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    good = [encode(record(n)) for n in range(3)]
+    torn = encode(record(3))[:40]
+    foreign = orjson.dumps({"record_id": "x", "unexpected": 1}) + b"\n"
+    (spool / f"spool-{tag}-999999-deadbeef.jsonl").write_bytes(good[0] + foreign + good[1] + b"\n" + good[2]
+                                                                + torn)
+    assert decode(torn) is None and decode(foreign.strip()) is None and decode(b"") is None
+    assert decode(good[0].strip()) == record(0)
+    replay_spools(store, str(spool))
+    assert stored_ids(store) == ["req-0", "req-1", "req-2"]
+    assert list(spool.iterdir()) == [], "a replayed spool file is removed"
+    store.close()
+
+
+def test_a_spool_held_by_a_live_process_is_not_replayed(tmp_path: Path) -> None:
+    store = open_store(f"sqlite:///{tmp_path / 'usage.db'}")
+    store.migrate()
+    live = Recorder(store, str(tmp_path / "spool"), flush_interval=3600)
+    live.start()
+    try:
+        live.record(record(7))  # spooled; the writer sleeps, so it is not stored yet
+        replay_spools(store, str(tmp_path / "spool"))
+        assert stored_ids(store) == []
+        assert os.path.getsize(live._path) > 0
+    finally:
+        live.stop(5)
+    assert stored_ids(store) == ["req-7"]
+    store.close()
