@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import hashlib
 import sqlite3
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import openai
 import pytest
 
+from app.gateway.auth import new_key
+from app.metering.store.base import ApiKey
+from app.metering.store.sqlite import SQLiteStore
 from tests.fakes.server import RunningFake, run_fake_deepseek
-from tests.harness import SpawnedChatgate, spawn_chatgate
+from tests.harness import RunningChatgate, SpawnedChatgate, make_settings, run_chatgate, spawn_chatgate
 from tests.metering.helpers import chat_body, cli, create_key, send_chat
 
 MANAGED_ENV = {"DEEPSEEK_API_KEY": "sk-upstream", "CHATGATE_AUTH_KEY_CACHE_SECONDS": "0"}
@@ -98,3 +102,70 @@ def test_revoked_key_is_401_with_the_openai_sdk(managed: tuple[str, RunningFake,
         client.chat.completions.create(model="deepseek-flash", messages=[{"role": "user", "content": "hi"}])
     assert info.value.status_code == 401
     assert len(fake.state.requests) == 1, "the revoked key's request never reached upstream"
+
+
+class CountingStore(SQLiteStore):
+    """Counts key look-ups, to show which requests the key cache answered."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.lookups = 0
+
+    def find_key(self, key_hash: str) -> ApiKey | None:
+        self.lookups += 1
+        return super().find_key(key_hash)
+
+
+CACHE_SECONDS = 0.6
+
+
+@pytest.fixture
+def cached(tmp_path: Path) -> Iterator[tuple[CountingStore, RunningFake, RunningChatgate]]:
+    """Managed mode with a small non-zero key cache (the README promises revocation within it)."""
+    store = CountingStore(tmp_path / "keys.db")
+    with run_fake_deepseek() as fake:
+        settings = make_settings(tmp_path, fake.url, auth={
+            "mode": "managed", "upstream_api_key": "sk-upstream", "key_cache_seconds": CACHE_SECONDS})
+        with run_chatgate(settings, store=store) as gate:
+            yield store, fake, gate
+
+
+def status(gate: RunningChatgate, secret: str) -> int:
+    return send_chat(gate.url, chat_body(1), key=secret).status_code
+
+
+def until_status(gate: RunningChatgate, secret: str, want: int, limit: float) -> float:
+    """Seconds until the key's requests get `want` (polled); fails after `limit`."""
+    start = time.monotonic()
+    while status(gate, secret) != want:
+        assert time.monotonic() - start < limit, f"still not {want} after {limit} s"
+        time.sleep(0.02)
+    return time.monotonic() - start
+
+
+def test_a_revocation_takes_effect_within_the_key_cache_time(
+        cached: tuple[CountingStore, RunningFake, RunningChatgate]) -> None:
+    store, fake, gate = cached
+    key_id, secret, digest, prefix = new_key()
+    store.create_key(key_id, digest, prefix, "payments", "bot")
+    assert status(gate, secret) == 200
+    assert status(gate, secret) == 200
+    assert store.lookups == 1, "the second request was answered from the cache"
+    assert store.revoke_key(key_id)
+    took = until_status(gate, secret, 401, limit=CACHE_SECONDS + 2)
+    assert took <= CACHE_SECONDS + 0.3, f"the revocation took {took:.2f} s with a {CACHE_SECONDS} s cache"
+    assert store.lookups >= 2
+    assert {r.auth_key for r in fake.state.requests} == {"sk-upstream"}
+
+
+def test_an_unknown_key_is_cached_too_and_works_once_the_cache_expires(
+        cached: tuple[CountingStore, RunningFake, RunningChatgate]) -> None:
+    """Negative caching: a flood of unknown keys costs one look-up per key and cache period."""
+    store, _, gate = cached
+    key_id, secret, digest, prefix = new_key()
+    assert status(gate, secret) == 401
+    assert status(gate, secret) == 401
+    assert store.lookups == 1, "the unknown key's second request was answered from the cache"
+    store.create_key(key_id, digest, prefix, "payments", "late")
+    took = until_status(gate, secret, 200, limit=CACHE_SECONDS + 2)
+    assert took <= CACHE_SECONDS + 0.3
