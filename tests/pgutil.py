@@ -14,8 +14,9 @@ from contextlib import contextmanager
 from urllib.parse import urlsplit
 
 import psycopg
-import pytest
 from psycopg import sql
+
+from tests.ci import missing
 
 ADMIN_URL = os.environ.get("CHATGATE_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
 
@@ -25,10 +26,7 @@ def admin_connection() -> psycopg.Connection[tuple[object, ...]]:
     try:
         return psycopg.connect(ADMIN_URL, autocommit=True, connect_timeout=3)
     except psycopg.OperationalError as e:
-        reason = f"PostgreSQL not reachable at {ADMIN_URL}: {e}"
-        if os.environ.get("CI"):
-            pytest.fail(reason)
-        pytest.skip(reason)
+        missing(f"PostgreSQL not reachable at {ADMIN_URL}: {e}")
 
 
 @contextmanager

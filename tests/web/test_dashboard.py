@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -13,6 +12,7 @@ from pathlib import Path
 import httpx2
 import pytest
 
+from tests.ci import missing
 from tests.harness import REPO_ROOT, make_settings, run_chatgate
 from tests.web.traffic import ADMIN_KEY, PLAN, Traffic, dashboard_traffic
 
@@ -30,9 +30,7 @@ def chromium_binary() -> str:
         path = shutil.which(name)
         if path:
             return path
-    if os.environ.get("CI"):
-        pytest.fail("Chromium is missing (run scripts/install-test-tools.sh); CI must render the dashboard")
-    pytest.skip("Chromium is not installed (scripts/install-test-tools.sh installs it); CI is unset")
+    missing("Chromium is not installed (scripts/install-test-tools.sh installs it)")
 
 
 def chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
