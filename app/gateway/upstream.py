@@ -90,7 +90,8 @@ def _hop_by_hop(raw: list[tuple[bytes, bytes]]) -> frozenset[str]:
 
 def forward_headers(raw: list[tuple[bytes, bytes]], authorization: str | None, request_id: str
                     ) -> list[tuple[bytes, bytes]]:
-    """The client's headers as raw bytes (obs-text values pass unchanged), minus hop-by-hop ones."""
+    """The client's headers as raw bytes, minus hop-by-hop ones. (The aiohttp transport writes header values
+    as UTF-8: UTF-8 values pass unchanged, obs-text that is not UTF-8 goes as its latin-1 reading.)"""
     drop = _hop_by_hop(raw) | {"authorization", "x-request-id"}
     out = [(k, v) for k, v in raw if k.decode("latin-1").lower() not in drop]
     if authorization:

@@ -186,16 +186,16 @@ INVALID_CASES: list[Any] = [
     pytest.param(
         {"messages": [{"role": "user", "content": "Weather?"},
                       {"role": "tool", "tool_call_id": "call_nope", "content": "18C"}]},
-        "messages[1]", id="R16-tool-result-without-call"),
+        "messages[1].role", "tool_without_tool_calls", id="R14-tool-result-without-call"),
     pytest.param(
         {"messages": [{"role": "user", "content": "hi"}], "temperature": 2.5,
          "extra_body": {"thinking": {"type": "disabled"}}},
-        "temperature", id="R25-temperature"),
+        "temperature", "out_of_range", id="R25-temperature"),
     pytest.param(
-        {"messages": [{"role": "user", "content": "hi"}], "n": 2}, "n", id="R38-n"),
+        {"messages": [{"role": "user", "content": "hi"}], "n": 2}, "n", "n_not_supported", id="R38-n"),
     pytest.param(
         {"messages": [{"role": "user", "content": "hi"}], "stream_options": {"include_usage": True}},
-        "stream_options", id="R29-stream-options-without-stream"),
+        "stream_options", "stream_options_without_stream", id="R29-stream-options-without-stream"),
     pytest.param(
         {"messages": [{"role": "user", "content": "What's the weather?"},
                       {"role": "assistant", "content": "", "tool_calls": [
@@ -203,20 +203,21 @@ INVALID_CASES: list[Any] = [
                            "function": {"name": "get_weather", "arguments": "{}"}}]},
                       {"role": "tool", "tool_call_id": "call_1", "content": "18C"}],
          "tools": [WEATHER_TOOL]},
-        "messages[1].reasoning_content", id="R17-reasoning-not-passed-back"),
+        "messages[1].reasoning_content", "reasoning_content_missing", id="R17-reasoning-not-passed-back"),
 ]
 
 
-@pytest.mark.parametrize(("kwargs", "param_prefix"), INVALID_CASES)
+@pytest.mark.parametrize(("kwargs", "param", "code"), INVALID_CASES)
 def test_invalid_payload_raises_bad_request_and_never_reaches_deepseek(
-        sdk: openai.OpenAI, fake: RunningFake, kwargs: dict[str, Any], param_prefix: str, base_url: str,
+        sdk: openai.OpenAI, fake: RunningFake, kwargs: dict[str, Any], param: str, code: str, base_url: str,
         tmp_path: Path) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
         sdk.chat.completions.create(model="deepseek-flash", **kwargs)
     error = caught.value
     assert error.status_code == 400
-    assert isinstance(error.param, str) and error.param.startswith(param_prefix)
-    assert isinstance(error.code, str) and error.code
+    assert (error.param, error.code) == (param, code)
+    body: Any = error.body
+    assert (body["problems"][0]["param"], body["problems"][0]["code"]) == (param, code)
     assert fake.state.requests == []
     (row,) = usage_rows(tmp_path, 1)
     assert (row["outcome"], row["rule_code"], row["prompt_tokens"]) == ("rejected", error.code, 0)

@@ -315,8 +315,10 @@ def test_default_body_limit_is_deepseeks_48_mib(start_gate: Callable[..., Runnin
 
 
 def test_body_under_the_limit_is_forwarded(small_limit: httpx2.Client, own_upstream: MockUpstream) -> None:
-    assert post_chat(small_limit).status_code == 200
-    assert len(own_upstream.seen) == 1
+    body = orjson.dumps(chat_body("y" * 1975))
+    assert 2000 < len(body) <= 2048
+    assert post_chat(small_limit, body=body).status_code == 200
+    assert [r.content for r in own_upstream.seen] == [body]
 
 
 # ------------------------------------------------------------------------------------------- other routes

@@ -77,11 +77,17 @@ VALID_BODY: dict[str, Any] = {
 
 
 @pytest.fixture(scope="module")
-def gate(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningChatgate]:
+def fake() -> Iterator[fake_server.RunningFake]:
+    with fake_server.run_fake_deepseek() as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def gate(tmp_path_factory: pytest.TempPathFactory, fake: fake_server.RunningFake
+         ) -> Iterator[RunningChatgate]:
     tmp = tmp_path_factory.mktemp("fuzz")
     started = time.monotonic()
-    with fake_server.run_fake_deepseek() as fake, run_chatgate(
-            make_settings(tmp, fake.url, limits={"max_body_bytes": MAX_BODY})) as running:
+    with run_chatgate(make_settings(tmp, fake.url, limits={"max_body_bytes": MAX_BODY})) as running:
         yield running
         assert not [r for r in fake.state.requests if (r.status or 0) >= 500], "the fake answered 5xx"
     figures = {"requests": SENT[0], "statuses": dict(sorted(STATS.items())),
@@ -329,11 +335,30 @@ def test_random_headers(gate: RunningChatgate, client: httpx2.Client) -> None:
     assert_alive(gate)
 
 
-@pytest.mark.parametrize("name", ["x-team-label", "x-request-id"])
-def test_non_ascii_header_value_is_forwarded(client: httpx2.Client, name: str) -> None:
-    """HTTP allows obs-text (0x80-0xFF) in header values; a valid request carrying one must not be a 500."""
-    resp = send(client, "POST", CHAT, orjson.dumps(VALID_BODY), {**JSON_HEADERS, name: "caf\u00e9"})
+UTF8_CAFE = "caf\u00e9".encode().decode("latin-1")  # send() encodes values as latin-1: these are UTF-8 bytes
+
+
+@pytest.mark.parametrize(("name", "value", "arrives"), [
+    ("x-team-label", UTF8_CAFE, UTF8_CAFE),
+    # Not valid UTF-8: aiohttp writes header values as UTF-8, so obs-text arrives as its latin-1 reading.
+    ("x-team-label", "caf\u00e9", UTF8_CAFE),
+    ("x-request-id", "caf\u00e9", None),
+], ids=["utf8-value", "latin1-obs-text", "request-id"])
+def test_non_ascii_header_value_is_forwarded(client: httpx2.Client, fake: fake_server.RunningFake,
+                                             name: str, value: str, arrives: str | None) -> None:
+    """HTTP allows obs-text (0x80-0xFF) in header values; a valid request carrying one is forwarded, not a
+    500. UTF-8 values arrive byte for byte; a non-ASCII x-request-id is replaced by a generated one."""
+    body = orjson.dumps(VALID_BODY)
+    before = len(fake.state.requests)
+    resp = send(client, "POST", CHAT, body, {**JSON_HEADERS, name: value})
     assert resp.status_code == 200
+    fake.state.wait_idle(5)
+    (forwarded,) = fake.state.requests[before:]
+    assert forwarded.body == body
+    if arrives is not None:
+        assert forwarded.headers[name] == arrives  # the fake reads header bytes as latin-1
+    else:
+        assert forwarded.request_id == resp.headers["x-request-id"] and forwarded.request_id.isascii()
 
 
 def test_random_methods_and_paths(gate: RunningChatgate, client: httpx2.Client) -> None:
@@ -396,3 +421,12 @@ def test_oversize_bodies_are_413(gate: RunningChatgate, client: httpx2.Client) -
         assert resp.json()["error"]["code"] == "request_too_large"
         assert str(MAX_BODY) in resp.json()["error"]["message"]
     assert_alive(gate)
+
+
+def test_the_fuzz_budget_was_spent_without_a_server_error(gate: RunningChatgate) -> None:
+    """Runs last in this module (pytest keeps file order): the properties above really sent their share of
+    CHATGATE_FUZZ_REQUESTS (hypothesis may stop a property early only when it runs out of distinct cases),
+    and no request got a 5xx."""
+    assert SENT[0] >= BUDGET * 0.9 * 0.6, f"only {SENT[0]} requests for a budget of {BUDGET}"
+    assert sum(n for status, n in STATS.items() if status >= 500) == 0
+    assert STATS[200] > 0 and STATS[400] > 0, STATS

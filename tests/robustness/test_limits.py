@@ -123,11 +123,13 @@ def test_body_over_limit_chunked_is_413(gate: RunningChatgate, fake: RunningFake
     assert len(fake.state.requests) == before, "an oversize body was forwarded"
 
 
-def test_chunked_body_under_limit_is_forwarded(gate: RunningChatgate) -> None:
+def test_chunked_body_under_limit_is_forwarded(gate: RunningChatgate, fake: RunningFake) -> None:
     payload = orjson.dumps(QUESTION)
+    before = len(fake.state.requests)
     resp = httpx2.post(gate.url + CHAT, content=iter([payload[:10], payload[10:]]), headers=HEADERS)
     assert resp.request.headers.get("transfer-encoding") == "chunked"
     assert resp.status_code == 200, resp.text
+    assert [r.body for r in fake.state.requests[before:]] == [payload], "reassembled byte for byte"
 
 
 def test_validate_route_applies_the_body_limit_to_chunked_bodies(gate: RunningChatgate) -> None:

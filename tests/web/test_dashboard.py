@@ -63,27 +63,30 @@ def test_dashboard_data_needs_the_admin_key(traffic: Traffic, path: str) -> None
 
 
 def test_timeseries_by_team_per_day_adds_up_to_the_usage_report(traffic: Traffic) -> None:
-    series = traffic.admin("/admin/usage/timeseries?by=team&bucket=day").json()
+    """Buckets end at the traffic's own day (`until` just after it), whenever this test runs."""
+    until = int(traffic.finished) + 1
+    series = traffic.admin(f"/admin/usage/timeseries?by=team&bucket=day&until={until}").json()
     report = traffic.admin("/admin/usage?by=team").json()
-    assert len(series["buckets"]) == 14 and series["buckets"][-1] == time.strftime("%Y-%m-%d", time.gmtime())
+    day = time.strftime("%Y-%m-%d", time.gmtime(traffic.started))
+    assert len(series["buckets"]) == 14 and series["buckets"][-1] == day
     by_team = {s["label"]: s for s in series["series"]}
     assert set(by_team) == {"research", "support", "growth"}
     for row in report["rows"]:
         s = by_team[row["team"]]
         assert s["tokens"][-1] == row["prompt_tokens"] + row["completion_tokens"] > 0
-        assert s["tokens"][:-1] == [0] * 13  # all traffic happened today
+        assert s["tokens"][:-1] == [0] * 13  # all traffic happened on that day
         assert s["requests"][-1] == row["requests"] and s["rejected"][-1] == row["rejected"]
         assert s["total_cost_usd"] == pytest.approx(row["cost_usd"], abs=1e-9)
 
 
 def test_timeseries_by_key_and_model_per_hour(traffic: Traffic) -> None:
-    since = int(time.time()) - 3 * 3600
-    by_key = traffic.admin(f"/admin/usage/timeseries?by=key&bucket=hour&since={since}").json()
-    this_hour = time.strftime("T%H:00Z", time.gmtime())
-    assert len(by_key["buckets"]) == 4 and by_key["buckets"][-1].endswith(this_hour)
+    span = f"since={int(traffic.started) - 3 * 3600}&until={int(traffic.finished) + 1}"
+    by_key = traffic.admin(f"/admin/usage/timeseries?by=key&bucket=hour&{span}").json()
+    traffic_hour = time.strftime("T%H:00Z", time.gmtime(traffic.started))
+    assert len(by_key["buckets"]) == 4 and by_key["buckets"][-1].endswith(traffic_hour)
     assert {s["label"] for s in by_key["series"]} == {name for _, name, *_ in PLAN}
     assert all(s["key_id"] == traffic.keys[s["label"]][0] for s in by_key["series"])
-    by_model = traffic.admin(f"/admin/usage/timeseries?by=model&bucket=hour&since={since}").json()
+    by_model = traffic.admin(f"/admin/usage/timeseries?by=model&bucket=hour&{span}").json()
     assert {s["label"] for s in by_model["series"]} == {model for *_, model, _, _ in PLAN}
     model_tokens = sum(s["total_tokens"] for s in by_model["series"])
     assert model_tokens == sum(s["total_tokens"] for s in by_key["series"])

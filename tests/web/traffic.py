@@ -48,10 +48,22 @@ class Traffic:
     ok: int = 0
     rejected: int = 0
     rejected_codes: dict[str, int] = field(default_factory=dict)
+    started: float = 0.0  # every request arrived in [started, finished], all within one UTC hour
+    finished: float = 0.0
 
     def admin(self, path: str, key: str | None = ADMIN_KEY) -> httpx2.Response:
         headers = {"authorization": f"Bearer {key}"} if key else {}
         return httpx2.get(self.gate.url + path, headers=headers, timeout=10)
+
+
+def clear_of_an_hour_boundary(margin: float = 20.0) -> float:
+    """Wait, if need be, until the next UTC hour (and day) boundary is at least `margin` seconds away, so
+    that all the traffic lands in one hour bucket; returns the time."""
+    now = time.time()
+    to_boundary = 3600 - now % 3600
+    if to_boundary < margin:
+        time.sleep(to_boundary + 0.5)
+    return time.time()
 
 
 @contextmanager
@@ -65,6 +77,7 @@ def dashboard_traffic(tmp_path: Path) -> Iterator[Traffic]:
                 key_id, secret, digest, prefix = new_key()
                 gate.state.store.create_key(key_id, digest, prefix, team, name)
                 traffic.keys[name] = (key_id, secret, team)
+            traffic.started = clear_of_an_hour_boundary()
             with httpx2.Client(base_url=gate.url, timeout=10) as client:
                 for _, name, model, ok, bad in PLAN:
                     auth = {"authorization": f"Bearer {traffic.keys[name][1]}"}
@@ -81,6 +94,8 @@ def dashboard_traffic(tmp_path: Path) -> Iterator[Traffic]:
                         code = resp.json()["error"]["code"]
                         traffic.rejected_codes[code] = traffic.rejected_codes.get(code, 0) + 1
                         traffic.rejected += 1
+            traffic.finished = time.time()
+            assert int(traffic.started // 3600) == int(traffic.finished // 3600), "traffic crossed an hour"
             wait_recorded(traffic, traffic.ok + traffic.rejected)
             yield traffic
 
