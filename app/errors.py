@@ -37,6 +37,7 @@ class APIError(Exception):
     code: str | None = None
     problems: list[Problem] = field(default_factory=list)
     headers: dict[str, str] = field(default_factory=dict)
+    repairs: list[dict[str, Any]] = field(default_factory=list)  # what chatgate repaired before refusing
 
     def __str__(self) -> str:
         return self.message
@@ -58,6 +59,8 @@ class APIError(Exception):
         }
         if self.problems:
             error["problems"] = [p.as_dict() for p in self.problems]
+        if self.repairs:
+            error["repairs"] = self.repairs
         return {"error": error}
 
     def to_json(self) -> bytes:

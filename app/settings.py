@@ -20,6 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from app.openai.rules import Policy, ValidationOptions
 from app.profiles import DEFAULT_PROFILES, ModelProfile, Prices
+from app.repair.base import NAMES as REPAIR_NAMES
+from app.repair.base import RepairOptions
 
 
 class Section(BaseModel):
@@ -91,6 +93,32 @@ class ValidationSettings(Section):
     context_guard: bool = False
 
 
+class RepairSettings(Section):
+    """Named repairs (app/repair/base.py CATALOG), each on or off; the two lossless ones are on by default."""
+
+    restore_reasoning: bool = True
+    thinking_conflict: bool = True
+    developer_role: bool = False
+    flatten_content: bool = False
+    strip_images: bool = False
+    forced_tool_choice: bool = False
+    clamp_max_tokens: bool = False
+    user_id: bool = False
+    orphan_tool_messages: bool = False
+    unanswered_tool_calls: bool = False
+    unanswered_tool_text: str = Field(default="no result: the call was interrupted", min_length=1)
+    image_placeholder: str = Field(default="[image removed: this model does not accept images]", min_length=1)
+    # How long a relayed tool-call turn's reasoning is kept for restoring (then deleted), and how much of it
+    # each process caches in memory (the shared store holds it all).
+    reasoning_ttl_seconds: float = Field(default=86_400.0, gt=0)
+    reasoning_cache_bytes: int = Field(default=32 * 1024 * 1024, ge=0)
+    purge_interval_seconds: float = Field(default=60.0, gt=0)
+
+    def options(self) -> RepairOptions:
+        enabled = frozenset(name for name in REPAIR_NAMES if getattr(self, name))
+        return RepairOptions(enabled, self.unanswered_tool_text, self.image_placeholder)
+
+
 class PricingSettings(Section):
     peak_hours_utc: list[str] = ["01:00-04:00", "06:00-10:00"]
     off_peak_multiplier: Decimal = Decimal("0.5")
@@ -126,6 +154,7 @@ class Settings(Section):
     auth: AuthSettings = AuthSettings()
     store: StoreSettings = StoreSettings()
     validation: ValidationSettings = ValidationSettings()
+    repair: RepairSettings = RepairSettings()
     pricing: PricingSettings = PricingSettings()
     limits: LimitsSettings = LimitsSettings()
     models: dict[str, ModelSettings] = {}
@@ -160,7 +189,7 @@ class ConfigError(Exception):
 
 
 Source = Literal["default", "file", "env", "flag"]
-SECTIONS = ("server", "upstream", "auth", "store", "validation", "pricing", "limits")
+SECTIONS = ("server", "upstream", "auth", "store", "validation", "repair", "pricing", "limits")
 SPECIAL_ENV = {"DEEPSEEK_API_KEY": "auth.upstream_api_key", "CHATGATE_ADMIN_KEY": "auth.admin_key"}
 IGNORED_ENV = {"CHATGATE_CONFIG"}
 SECRETS = {"auth.upstream_api_key", "auth.admin_key"}

@@ -15,9 +15,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("app.server", "app.lint"),
     ("app.web",),
     ("app.gateway",),
-    ("app.quotas", "app.repair"),
+    ("app.quotas",),
     ("app.settings",),
     ("app.openai", "app.anthropic", "app.responses"),
+    ("app.repair",),  # the repairs' vocabulary and the memory of relayed turns, shared by the families
     ("app.metering",),
     ("app.profiles", "app.errors", "app.ids", "app"),
 )

@@ -11,6 +11,7 @@ import orjson
 
 from app.gateway.auth import Identity
 from app.gateway.upstream import response_headers
+from app.repair.base import Repaired
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +35,8 @@ class Exchange:
     finished: bool = False
     completion_text: str | None = None  # kept only when server.log_content is on
     warnings: list[str] = field(default_factory=list)  # sent back as x-chatgate-warning
+    repaired: Repaired | None = None  # the body was repaired: x-chatgate-repaired, the usage record
+    remember: bool = False  # remember the answer's tool-call turn (thinking mode, tools, a known caller)
     _json: dict[str, Any] | None = None
 
     def json(self) -> dict[str, Any]:
@@ -42,11 +45,16 @@ class Exchange:
             self._json = peek(self.body)
         return self._json
 
+    def replace_body(self, body: bytes, data: dict[str, Any]) -> None:
+        self.body, self._json = body, data
+
     def response_headers(self, resp: httpx2.Response) -> list[tuple[bytes, bytes]]:
         headers = response_headers(resp.headers, self.request_id)
         if self.warnings:
             warning = " | ".join(self.warnings)
             headers.append((b"x-chatgate-warning", warning.encode("ascii", "replace")))
+        if self.repaired is not None and self.repaired.applied:
+            headers.append((b"x-chatgate-repaired", self.repaired.header().encode("ascii", "replace")))
         return headers
 
     def mark_first_byte(self) -> None:

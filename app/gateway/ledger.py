@@ -56,7 +56,9 @@ class Ledger:
             prompt_cache_miss_tokens=tokens.prompt_cache_miss_tokens,
             reasoning_tokens=tokens.reasoning_tokens,
             cost_picousd=cost, latency_ms=round(ex.elapsed_ms(), 3),
-            ttfb_ms=round(ex.ttfb_ms, 3) if ex.ttfb_ms is not None else None, tokens_exact=exact)
+            ttfb_ms=round(ex.ttfb_ms, 3) if ex.ttfb_ms is not None else None, tokens_exact=exact,
+            repairs=",".join(ex.repaired.codes()) if ex.repaired is not None and ex.repaired.applied
+            else None)
         if self.recorder is not None:
             self.recorder.record(record)
         self.metrics.observe(record, status)

@@ -38,10 +38,11 @@ class SSERelay(Response):
     """A Starlette Response only in type (route handlers return it); `__call__` does all the sending."""
 
     def __init__(self, ex: Exchange, resp: httpx2.Response, deadline: float, strip_usage: bool,
-                 on_end: OnEnd, spawn: Spawn) -> None:
+                 on_end: OnEnd, spawn: Spawn, tap: Callable[[bytes], None] | None = None) -> None:
         super().__init__(status_code=200, media_type="text/event-stream")
         self.on_end = on_end
         self.spawn = spawn
+        self.tap = tap  # sees every upstream byte too (the turn chatgate remembers for repairs)
         self.ex = ex
         self.resp = resp
         self.deadline = deadline
@@ -116,6 +117,8 @@ class SSERelay(Response):
 
     async def _relay_chunk(self, send: Send, raw: bytes) -> None:
         self.meter.feed(raw)
+        if self.tap is not None:
+            self.tap(raw)
         chunk = self._complete_lines(raw)
         if self.stripper is not None:
             chunk = self.stripper.feed(chunk)

@@ -13,6 +13,7 @@ from app.gateway.upstream import Upstream
 from app.metering.metrics import Metrics
 from app.metering.recorder import Recorder
 from app.metering.store import Store, open_store
+from app.repair.memory import TurnMemory
 from app.settings import Settings
 
 log = logging.getLogger("chatgate")
@@ -30,6 +31,8 @@ class State:
         self.recorder: Recorder | None = None
         self.gateway: Gateway | None = None
         self.models_cache: tuple[float, bytes] | None = None
+        self.memory: TurnMemory | None = None
+        self._purger: asyncio.Task[None] | None = None
 
     @property
     def gw(self) -> Gateway:
@@ -47,9 +50,24 @@ class State:
             self.recorder.start()
             self.metrics.watch_recorder(self.recorder)
         upstream = Upstream(s.upstream, self.transport)
-        self.gateway = Gateway(s, upstream, self.recorder, Authenticator(s.auth, self.store), self.metrics)
+        self.memory = TurnMemory(self.store, s.repair.reasoning_ttl_seconds, s.repair.reasoning_cache_bytes)
+        self.gateway = Gateway(s, upstream, self.recorder, Authenticator(s.auth, self.store), self.metrics,
+                               self.memory)
+        self._purger = asyncio.get_running_loop().create_task(self._purge_expired_turns())
+
+    async def _purge_expired_turns(self) -> None:
+        """Relayed reasoning is deleted once it expires (every replica purges; the deletes are idempotent)."""
+        assert self.memory is not None
+        while True:
+            await asyncio.sleep(self.settings.repair.purge_interval_seconds)
+            try:
+                await self.memory.purge()
+            except Exception:  # never let the loop die: the next round tries again
+                log.exception("purging expired turns failed")
 
     async def stop(self) -> None:
+        if self._purger is not None:
+            self._purger.cancel()
         if self.gateway is not None:
             await self.gateway.drain()
             await self.gateway.upstream.aclose()

@@ -35,6 +35,11 @@ class Metrics:
                             registry=r)
         self.upstream_latency = Histogram("chatgate_upstream_latency_seconds", "Whole upstream exchange",
                                           ["model"], buckets=LATENCY_BUCKETS, registry=r)
+        self.repairs = Counter("chatgate_repairs", "Repairs applied to requests, by repair code", ["code"],
+                               registry=r)
+        self.restore_misses = Counter("chatgate_reasoning_restore_misses",
+                                      "Turns restore_reasoning could not restore (not relayed to that "
+                                      "caller, or expired)", registry=r)
         self.ttfb = Histogram("chatgate_time_to_first_byte_seconds", "Upstream time to first byte",
                               ["model"], buckets=LATENCY_BUCKETS, registry=r)
         self._children: dict[tuple[Any, ...], Any] = {}
@@ -52,6 +57,9 @@ class Metrics:
     def observe(self, rec: UsageRecord, status: int) -> None:
         model = self.model_label(rec.model)
         self._child(self.requests, rec.route, str(status), model).inc()
+        if rec.repairs:
+            for code in rec.repairs.split(","):
+                self._child(self.repairs, code).inc()
         if rec.outcome == "rejected":
             self._child(self.rejections, rec.rule_code or "unknown").inc()
             return

@@ -13,7 +13,7 @@ from app.metering.store.base import COUNTERS, GROUP_BYS, GroupBy, ReportQuery, R
 
 GROUP_FIELDS: dict[str, tuple[str, ...]] = {
     "key": ("key_id", "key_name", "team"), "team": ("team",), "model": ("model",), "day": ("day",),
-    "rule": ("rule_code",),
+    "rule": ("rule_code",), "repair": ("repair",),
 }
 OUTPUT_COUNTERS = tuple(c for c in COUNTERS if c != "cost_picousd")
 
@@ -67,6 +67,11 @@ def build_report(store: Store, query: ReportQuery) -> dict[str, Any]:
             totals[name] += int(row.counters.get(name, 0))
         fields = {f: row.group.get(f) for f in GROUP_FIELDS[query.group_by]}
         out_rows.append({**fields, **_counters(row.counters)})
+    if query.group_by == "repair":  # a request with two repairs is in two rows: total each request once
+        totals = dict.fromkeys(COUNTERS, 0)
+        for row in store.usage_report(ReportQuery("rule", query.since, query.until)):
+            for name in COUNTERS:
+                totals[name] += int(row.counters.get(name, 0))
     return {"group_by": query.group_by, "since": query.since, "until": query.until,
             "rows": out_rows, "totals": _counters(totals)}
 

@@ -101,6 +101,7 @@ class Checked:
     problems: list[Problem]
     profile: ModelProfile | None = None
     warnings: list[Problem] = field(default_factory=list)
+    thinking: bool = False  # the request runs in thinking mode (§11)
 
     @property
     def ok(self) -> bool:
@@ -128,7 +129,7 @@ def check_request(request: ChatCompletionRequest, policy: Policy, *, beta: bool 
     found = [p for rule in RULES for p in rule(request, ctx)]
     problems = sorted((p for p in found if not p.warning), key=_position)
     warnings = sorted((p for p in found if p.warning), key=_position)
-    return Checked(request, problems, profile, warnings)
+    return Checked(request, problems, profile, warnings, ctx.thinking)
 
 
 def is_thinking(request: ChatCompletionRequest, profile: ModelProfile, known: bool) -> bool:

@@ -206,12 +206,15 @@ def test_validate_lists_warnings_with_the_address_the_request_came_to(client: ht
     response = client.post("/v1/chat/completions/validate", content=body,
                            headers={**JSON_HEADERS, "host": "gate.example:9443"})
     assert response.status_code == 200
-    warnings = response.json()["warnings"]
+    answer = response.json()
+    warnings = answer["warnings"]
     assert [(w["code"], w["param"], w["rule"]) for w in warnings] == [
-        ("thinking_disabled_with_effort", "reasoning_effort", "R41"),
         ("strict_not_enforced", "tools[0].function.strict", "R32")]
-    assert "http://gate.example:9443/beta" in warnings[1]["message"]
-    assert "8787" not in warnings[1]["message"]
+    assert "http://gate.example:9443/beta" in warnings[0]["message"]
+    assert "8787" not in warnings[0]["message"]
+    # R41 (thinking disabled + effort) is repaired by default (thinking_conflict, lossless)
+    assert [(r["code"], r["path"]) for r in answer["repairs"]] == [("thinking_conflict", "reasoning_effort")]
+    assert "reasoning_effort" not in answer["repaired_body"]
     assert upstream.seen == []
 
 

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from app.metering.store.base import COUNTERS, GROUP_BYS, ApiKey, GroupBy, ReportQuery, ReportRow
+from app.metering.store.base import COUNTERS, GROUP_BYS, ApiKey, GroupBy, ReportQuery, ReportRow, TurnRow
 
 # One entry per schema version; never edit a released entry, append a new one.
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
@@ -62,6 +62,21 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "DROP INDEX IF EXISTS usage_model",
         "DROP INDEX IF EXISTS usage_day",
     ),
+    # 3: repairs (issue 12): the codes applied to each request, and the memory of relayed tool-call turns.
+    (
+        "ALTER TABLE usage ADD COLUMN repairs TEXT",
+        """CREATE TABLE turn_memory (
+            caller TEXT NOT NULL,
+            kind TEXT NOT NULL,
+            call_id TEXT NOT NULL,
+            turn TEXT NOT NULL,
+            names TEXT NOT NULL,
+            payload TEXT NOT NULL,
+            expires_at DOUBLE PRECISION NOT NULL,
+            PRIMARY KEY (caller, kind, call_id)
+        )""",
+        "CREATE INDEX turn_memory_expires ON turn_memory (expires_at)",
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -94,6 +109,7 @@ USAGE_COLUMNS = (
     "latency_ms",
     "ttfb_ms",
     "tokens_exact",
+    "repairs",
 )
 _KEY_SELECT = "SELECT key_id, name, team, prefix, created_at, revoked_at FROM api_keys"
 
@@ -103,6 +119,8 @@ _GROUP_FIELDS: dict[GroupBy, tuple[tuple[str, str], ...]] = {
     "model": (("model", "model"),),
     "day": (("day", "day"),),
     "rule": (("rule_code", "coalesce(rule_code, '')"),),  # '' for requests that were not rejected
+    # one row per combination of repairs; `report_rows` splits them into one row per repair code
+    "repair": (("repairs", "coalesce(repairs, '')"),),
 }
 _COUNTER_SQL = {
     "requests": "count(*)",
@@ -134,6 +152,8 @@ class Queries:
     find_key: str
     revoke_key: str
     record_version: str
+    remember_turn: str
+    purge_turns: str
 
     @classmethod
     def with_placeholder(cls, p: str) -> Queries:
@@ -147,7 +167,20 @@ class Queries:
             find_key=f"{_KEY_SELECT} WHERE key_hash = {p}",
             revoke_key=f"UPDATE api_keys SET revoked_at = {p} WHERE key_id = {p} AND revoked_at IS NULL",
             record_version=f"INSERT INTO schema_version (version, applied_at) VALUES ({p}, {p})",
+            remember_turn=(
+                "INSERT INTO turn_memory (caller, kind, call_id, turn, names, payload, expires_at) "
+                f"VALUES ({p}, {p}, {p}, {p}, {p}, {p}, {p}) "
+                "ON CONFLICT (caller, kind, call_id) DO UPDATE SET turn = excluded.turn, "
+                "names = excluded.names, payload = excluded.payload, expires_at = excluded.expires_at"
+            ),
+            purge_turns=f"DELETE FROM turn_memory WHERE expires_at <= {p}",
         )
+
+    def recall_turns(self, count: int) -> str:
+        ids = ", ".join([self.placeholder] * count)
+        p = self.placeholder
+        return ("SELECT caller, kind, call_id, turn, names, payload, expires_at FROM turn_memory "
+                f"WHERE caller = {p} AND kind = {p} AND expires_at > {p} AND call_id IN ({ids})")
 
     def report(self, query: ReportQuery) -> tuple[str, list[float]]:
         """The aggregate query and its parameters; rows go through `report_rows`."""
@@ -172,6 +205,10 @@ def _group_fields(group_by: GroupBy) -> tuple[tuple[str, str], ...]:
     return _GROUP_FIELDS[group_by]
 
 
+def turn_params(row: TurnRow) -> tuple[Any, ...]:
+    return (row.caller, row.kind, row.call_id, row.turn, row.names, row.payload, row.expires_at)
+
+
 def report_rows(group_by: GroupBy, rows: Iterable[Sequence[Any]]) -> list[ReportRow]:
     names = [name for name, _ in _GROUP_FIELDS[group_by]]
     n = len(names)
@@ -183,9 +220,23 @@ def report_rows(group_by: GroupBy, rows: Iterable[Sequence[Any]]) -> list[Report
         )
         for row in rows
     ]
+    if group_by == "repair":
+        out = _split_repairs(out)
     # Sorted here rather than in SQL so both backends agree whatever PostgreSQL's collation is.
     out.sort(key=lambda r: tuple(r.group.values()))
     return out
+
+
+def _split_repairs(combined: list[ReportRow]) -> list[ReportRow]:
+    """Rows per combination of repairs ("a,b") -> one row per repair code (a request counts under each of
+    its repairs); requests without a repair under ''."""
+    out: dict[str, ReportRow] = {}
+    for row in combined:
+        for code in row.group["repairs"].split(",") if row.group["repairs"] else [""]:
+            target = out.setdefault(code, ReportRow(group={"repair": code}))
+            for name, value in row.counters.items():
+                target.counters[name] += value
+    return list(out.values())
 
 
 def key_from_row(row: Sequence[Any]) -> ApiKey:

@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-GroupBy = Literal["key", "team", "model", "day", "rule"]
-GROUP_BYS: tuple[GroupBy, ...] = ("key", "team", "model", "day", "rule")
+GroupBy = Literal["key", "team", "model", "day", "rule", "repair"]
+GROUP_BYS: tuple[GroupBy, ...] = ("key", "team", "model", "day", "rule", "repair")
 
 OUTCOMES = ("ok", "rejected", "upstream_error", "client_disconnected", "upstream_failed")
 
@@ -43,6 +43,7 @@ class UsageRecord:
     latency_ms: float = 0.0
     ttfb_ms: float | None = None
     tokens_exact: bool = True
+    repairs: str | None = None  # codes of the repairs applied, comma-separated
 
     @property
     def day(self) -> str:
@@ -61,6 +62,20 @@ class ApiKey:
     @property
     def active(self) -> bool:
         return self.revoked_at is None
+
+
+@dataclass(frozen=True, slots=True)
+class TurnRow:
+    """One tool call of an answer chatgate relayed, remembered for its caller until `expires_at`: what the
+    caller's client may drop from the history and chatgate may put back (`payload`: the reasoning)."""
+
+    caller: str  # key id or passthrough fingerprint
+    kind: str  # which family's turns: "chat", "anthropic", "responses"
+    call_id: str
+    turn: str  # the same for every call of one answer
+    names: str  # the answer's tool names, in order, comma-separated
+    payload: str
+    expires_at: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,5 +131,14 @@ class Store(Protocol):
         """True when the key existed and was active."""
 
     def find_key(self, key_hash: str) -> ApiKey | None: ...
+
+    def remember_turns(self, rows: Sequence[TurnRow]) -> None:
+        """Insert or replace, keyed by (caller, kind, call_id)."""
+
+    def recall_turns(self, caller: str, kind: str, call_ids: Sequence[str], now: float) -> list[TurnRow]:
+        """The caller's unexpired rows for these call ids (never another caller's)."""
+
+    def purge_turns(self, now: float) -> int:
+        """Delete the expired rows; how many."""
 
     def close(self) -> None: ...

@@ -26,8 +26,9 @@ from app.metering.store._sql import (
     apply_migrations,
     key_from_row,
     report_rows,
+    turn_params,
 )
-from app.metering.store.base import ApiKey, ReportQuery, ReportRow, StoreError, UsageRecord
+from app.metering.store.base import ApiKey, ReportQuery, ReportRow, StoreError, TurnRow, UsageRecord
 
 _Q = Queries.with_placeholder("%s")
 
@@ -127,6 +128,22 @@ class PostgresStore:
         with self._connection(self._timeout) as conn:
             row = conn.execute(_Q.find_key, (key_hash,)).fetchone()
         return None if row is None else key_from_row(row)
+
+    def remember_turns(self, rows: Sequence[TurnRow]) -> None:
+        if rows:
+            with self._connection(self._timeout) as conn, conn.transaction(), conn.cursor() as cur:
+                cur.executemany(_Q.remember_turn, [turn_params(r) for r in rows])
+
+    def recall_turns(self, caller: str, kind: str, call_ids: Sequence[str], now: float) -> list[TurnRow]:
+        if not call_ids:
+            return []
+        with self._connection(self._timeout) as conn:
+            rows = conn.execute(_Q.recall_turns(len(call_ids)), (caller, kind, now, *call_ids)).fetchall()
+        return [TurnRow(*row) for row in rows]
+
+    def purge_turns(self, now: float) -> int:
+        with self._connection(self._timeout) as conn:
+            return conn.execute(_Q.purge_turns, (now,)).rowcount
 
     def close(self) -> None:
         self._pool.close()

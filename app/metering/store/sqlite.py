@@ -20,8 +20,9 @@ from app.metering.store._sql import (
     apply_migrations,
     key_from_row,
     report_rows,
+    turn_params,
 )
-from app.metering.store.base import ApiKey, ReportQuery, ReportRow, StoreError, UsageRecord
+from app.metering.store.base import ApiKey, ReportQuery, ReportRow, StoreError, TurnRow, UsageRecord
 
 _Q = Queries.with_placeholder("?")
 
@@ -135,6 +136,22 @@ class SQLiteStore:
         with self._errors():
             row = self._conn().execute(_Q.find_key, (key_hash,)).fetchone()
         return None if row is None else key_from_row(row)
+
+    def remember_turns(self, rows: Sequence[TurnRow]) -> None:
+        if rows:
+            with self._write() as conn:
+                conn.executemany(_Q.remember_turn, [turn_params(r) for r in rows])
+
+    def recall_turns(self, caller: str, kind: str, call_ids: Sequence[str], now: float) -> list[TurnRow]:
+        if not call_ids:
+            return []
+        with self._errors():
+            rows = self._conn().execute(_Q.recall_turns(len(call_ids)), (caller, kind, now, *call_ids))
+            return [TurnRow(*row) for row in rows]
+
+    def purge_turns(self, now: float) -> int:
+        with self._write() as conn:
+            return int(conn.execute(_Q.purge_turns, (now,)).rowcount)
 
     def close(self) -> None:
         """Close every thread's connection; call it once the other threads are done with the store."""

@@ -29,7 +29,8 @@ from app.metering.store import (
     UsageRecord,
     open_store,
 )
-from app.metering.store._sql import CREATE_SCHEMA_VERSION, MIGRATIONS, SCHEMA_VERSION
+from app.metering.store._sql import CREATE_SCHEMA_VERSION, MIGRATIONS, SCHEMA_VERSION, USAGE_COLUMNS
+from app.metering.store.base import TurnRow
 from app.metering.store.postgres import PostgresStore
 from app.metering.store.sqlite import SQLiteStore, _chunk_sizes
 from tests.metering.store.conftest import TcpProxy
@@ -78,6 +79,8 @@ def random_records(n: int, seed: int) -> list[UsageRecord]:
             latency_ms=rnd.uniform(1, 5000),
             ttfb_ms=rnd.choice([None, 12.5]),
             tokens_exact=rnd.random() < 0.8,
+            repairs=rnd.choice([None, None, "restore_reasoning", "thinking_conflict",
+                                "restore_reasoning,developer_role"]),
             **{name: rnd.randrange(10**15 if name == "cost_picousd" else 100_000) for name in TOKEN_FIELDS},
         )
         for i in range(n)
@@ -91,19 +94,22 @@ def reference_report(records: Sequence[UsageRecord], query: ReportQuery) -> list
     for r in records:
         if not since <= r.ts < until:
             continue
-        group = {
-            "key": {"key_id": r.key_id, "key_name": r.key_name, "team": r.team},
-            "team": {"team": r.team},
-            "model": {"model": r.model},
-            "day": {"day": r.day},
-            "rule": {"rule_code": r.rule_code or ""},
+        groups = {
+            "key": [{"key_id": r.key_id, "key_name": r.key_name, "team": r.team}],
+            "team": [{"team": r.team}],
+            "model": [{"model": r.model}],
+            "day": [{"day": r.day}],
+            "rule": [{"rule_code": r.rule_code or ""}],
+            # a request counts under each of its repairs
+            "repair": [{"repair": code} for code in (r.repairs or "").split(",")],
         }[query.group_by]
-        counters = rows.setdefault(tuple(group.values()), ReportRow(group=group)).counters
-        counters["requests"] += 1
-        counters["rejected"] += r.outcome == "rejected"
-        counters["estimated_requests"] += not r.tokens_exact
-        for name in TOKEN_FIELDS:
-            counters[name] += getattr(r, name)
+        for group in groups:
+            counters = rows.setdefault(tuple(group.values()), ReportRow(group=group)).counters
+            counters["requests"] += 1
+            counters["rejected"] += r.outcome == "rejected"
+            counters["estimated_requests"] += not r.tokens_exact
+            for name in TOKEN_FIELDS:
+                counters[name] += getattr(r, name)
     return [rows[k] for k in sorted(rows)]
 
 
@@ -593,8 +599,83 @@ def test_migration_from_version_1_drops_the_unused_indexes(tmp_path: Path) -> No
     conn.close()
     store = SQLiteStore(db)
     store.migrate()
-    assert store.schema_version() == SCHEMA_VERSION == 2
+    assert store.schema_version() == SCHEMA_VERSION == 3
     rows = sqlite3.connect(db).execute("SELECT name FROM sqlite_master WHERE type = 'index'")
     names = {row[0] for row in rows}
     assert "usage_ts" in names and not names & {"usage_team", "usage_key_id", "usage_model", "usage_day"}
     store.close()
+
+
+def test_migration_from_version_2_keeps_old_records_and_adds_repairs_and_turns(tmp_path: Path) -> None:
+    db = tmp_path / "v2.db"
+    conn = sqlite3.connect(db)
+    conn.execute(CREATE_SCHEMA_VERSION)
+    for version in (1, 2):
+        for statement in MIGRATIONS[version - 1]:
+            conn.execute(statement)
+        conn.execute("INSERT INTO schema_version VALUES (?, 0)", (version,))
+    columns = [c for c in USAGE_COLUMNS if c != "repairs"]
+    old = record("old-1")
+    values = {**{c: getattr(old, c, None) for c in columns}, "day": old.day}
+    conn.execute(f"INSERT INTO usage ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})",
+                 [values[c] for c in columns])
+    conn.commit()
+    conn.close()
+    store = SQLiteStore(db)
+    store.migrate()
+    assert store.schema_version() == 3
+    store.insert_usage([record("new-1", repairs="restore_reasoning")])
+    by_repair = store.usage_report(ReportQuery("repair"))
+    assert [(r.group["repair"], r.counters["requests"]) for r in by_repair] == [("", 1),
+                                                                              ("restore_reasoning", 1)]
+    store.remember_turns([TurnRow("fp-1", "chat", "call_1", "t1", "f", "why", time.time() + 60)])
+    assert [r.payload for r in store.recall_turns("fp-1", "chat", ["call_1"], time.time())] == ["why"]
+    store.close()
+
+
+# --- the memory of relayed turns (restore_reasoning) ---------------------------------------------
+
+
+def turn(caller: str, call_id: str, payload: str = "reasoning", expires_in: float = 60.0, turn_id: str = "t1",
+         kind: str = "chat") -> TurnRow:
+    return TurnRow(caller, kind, call_id, turn_id, "search,lookup", payload, time.time() + expires_in)
+
+
+def test_turns_are_recalled_only_by_their_caller_and_kind(store: Store) -> None:
+    store.remember_turns([turn("fp-a", "call_1", "a's reasoning"), turn("fp-a", "call_2", "a's reasoning"),
+                          turn("fp-b", "call_3", "b's"),
+                          turn("fp-a", "call_4", "other family", kind="anthropic")])
+    now = time.time()
+    got = sorted(store.recall_turns("fp-a", "chat", ["call_1", "call_2", "call_3", "call_4"], now),
+                 key=lambda r: r.call_id)
+    assert [(r.call_id, r.payload, r.names) for r in got] == [("call_1", "a's reasoning", "search,lookup"),
+                                                              ("call_2", "a's reasoning", "search,lookup")]
+    assert store.recall_turns("fp-b", "chat", ["call_1", "call_2"], now) == []
+    assert [r.payload for r in store.recall_turns("fp-a", "anthropic", ["call_4"], now)] == ["other family"]
+    assert store.recall_turns("fp-a", "chat", [], now) == []
+
+
+def test_a_turn_remembered_again_replaces_the_old_one(store: Store) -> None:
+    store.remember_turns([turn("fp-a", "call_1", "first", turn_id="t1")])
+    store.remember_turns([turn("fp-a", "call_1", "second", turn_id="t2", expires_in=120)])
+    (row,) = store.recall_turns("fp-a", "chat", ["call_1"], time.time())
+    assert (row.payload, row.turn) == ("second", "t2")
+
+
+def test_expired_turns_are_not_recalled_and_are_purged(store: Store) -> None:
+    store.remember_turns([turn("fp-a", "old", expires_in=-1), turn("fp-a", "new", "x" * 100_000)])
+    now = time.time()
+    assert [r.call_id for r in store.recall_turns("fp-a", "chat", ["old", "new"], now)] == ["new"]
+    assert store.purge_turns(now) == 1
+    assert store.purge_turns(now) == 0
+    assert [len(r.payload) for r in store.recall_turns("fp-a", "chat", ["new"], now)] == [100_000]
+    assert store.purge_turns(now + 3600) == 1
+    assert store.recall_turns("fp-a", "chat", ["new"], now) == []
+
+
+def test_turns_are_shared_by_stores_on_one_url(make_store: Callable[[], Store]) -> None:
+    """Two replicas (two stores on one database): what one remembers, the other recalls at once."""
+    first, second = make_store(), make_store()
+    first.migrate()
+    first.remember_turns([turn("fp-a", "call_9", "shared")])
+    assert [r.payload for r in second.recall_turns("fp-a", "chat", ["call_9"], time.time())] == ["shared"]

@@ -1,0 +1,86 @@
+"""What chatgate remembers from DeepSeek's chat answers: a thinking-mode turn that ends in tool calls (its
+call ids, tool names and reasoning_content), from a completion body or from a relayed stream."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from app.repair.base import Turn
+
+
+def turn_from_completion(data: Any) -> Turn | None:
+    """The tool-call turn of a non-streaming answer, when it has one and reasoning to go with it."""
+    if not isinstance(data, dict) or not isinstance(data.get("choices"), list) or not data["choices"]:
+        return None
+    choice = data["choices"][0]
+    message = choice.get("message") if isinstance(choice, dict) else None
+    if not isinstance(message, dict) or not isinstance(message.get("reasoning_content"), str):
+        return None
+    calls = message.get("tool_calls")
+    if not isinstance(calls, list) or not calls:
+        return None
+    ids: list[str] = []
+    names: list[str] = []
+    for call in calls:
+        if not isinstance(call, dict) or not isinstance(call.get("id"), str):
+            return None
+        function = call.get("function")
+        if not isinstance(function, dict):
+            return None
+        ids.append(call["id"])
+        names.append(str(function.get("name", "")))
+    return Turn(tuple(ids), tuple(names), message["reasoning_content"])
+
+
+class StreamedTurn:
+    """Collects the tool calls of a relayed stream: only the data lines that carry `tool_calls` are parsed
+    (a few per call); the reasoning comes from the stream meter at the end."""
+
+    __slots__ = ("_calls", "_tail", "saw_reasoning")
+
+    def __init__(self) -> None:
+        self._tail = b""
+        self._calls: dict[int, list[str]] = {}  # index -> [id, name]
+        self.saw_reasoning = False
+
+    def feed(self, chunk: bytes) -> None:
+        data = self._tail + chunk if self._tail else chunk
+        cut = data.rfind(b"\n") + 1
+        self._tail = data[cut:]
+        if b'"tool_calls"' not in data and b'"reasoning_content"' not in data:
+            return
+        if not self.saw_reasoning and b'"reasoning_content":"' in data:
+            self.saw_reasoning = True
+        for line in data[:cut].split(b"\n"):
+            if b'"tool_calls"' in line and line.startswith(b"data:"):
+                self._line(line[5:])
+
+    def _line(self, payload: bytes) -> None:
+        try:
+            event = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            return
+        choices = event.get("choices") if isinstance(event, dict) else None
+        if not isinstance(choices, list):
+            return
+        for choice in choices:
+            delta = choice.get("delta") if isinstance(choice, dict) else None
+            for call in (delta.get("tool_calls") or []) if isinstance(delta, dict) else []:
+                if not isinstance(call, dict) or not isinstance(call.get("index"), int):
+                    continue
+                entry = self._calls.setdefault(call["index"], ["", ""])
+                if isinstance(call.get("id"), str) and call["id"]:
+                    entry[0] = call["id"]
+                function = call.get("function")
+                if isinstance(function, dict) and isinstance(function.get("name"), str) and function["name"]:
+                    entry[1] = function["name"]
+
+    def turn(self, reasoning: str) -> Turn | None:
+        if not self._calls or not self.saw_reasoning:
+            return None
+        calls = [self._calls[i] for i in sorted(self._calls)]
+        if not all(call_id for call_id, _ in calls):
+            return None
+        return Turn(tuple(c[0] for c in calls), tuple(c[1] for c in calls), reasoning)

@@ -1,0 +1,189 @@
+"""The chat family's repairs (app/repair/base.py CATALOG) as pure functions over the parsed request.
+
+Each repair fixes only the problems it names, where the result is certainly valid; the gateway checks the
+repaired request again and refuses whatever is left. `recalled` holds the reasoning chatgate remembers for
+the assistant turns of R17 problems (message index -> reasoning_content), looked up by the gateway.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from app.errors import Problem
+from app.profiles import ModelProfile
+from app.repair.base import Applied, RepairOptions
+
+_MESSAGE = re.compile(r"^messages\[(\d+)\]")
+_PART = re.compile(r"^messages\[(\d+)\]\.content\[(\d+)\]$")
+_USER_ID_BAD = re.compile(r"[^a-zA-Z0-9_-]")
+
+# codes of the problems each repair fixes
+HANDLES: dict[str, frozenset[str]] = {
+    "restore_reasoning": frozenset({"reasoning_content_missing"}),
+    "thinking_conflict": frozenset({"thinking_disabled_with_effort"}),
+    "developer_role": frozenset({"invalid_role"}),
+    "flatten_content": frozenset({"content_not_string"}),
+    "strip_images": frozenset({"image_not_supported"}),
+    "forced_tool_choice": frozenset({"tool_choice_in_thinking"}),
+    "clamp_max_tokens": frozenset({"max_tokens_out_of_range"}),
+    "user_id": frozenset({"invalid_user_id"}),
+    "orphan_tool_messages": frozenset({"tool_without_tool_calls", "unknown_tool_call_id"}),
+    "unanswered_tool_calls": frozenset({"tool_calls_unanswered"}),
+}
+
+
+def wanted(found: Sequence[Problem], options: RepairOptions) -> bool:
+    """Whether any enabled repair handles any of these problems (cheap: most requests have none)."""
+    return any(p.code in HANDLES[name] for p in found for name in options.enabled if name in HANDLES)
+
+
+def reasoning_wanted(found: Sequence[Problem], options: RepairOptions) -> list[int]:
+    """The indices of the assistant messages whose reasoning_content restore_reasoning would look up."""
+    if not options.on("restore_reasoning"):
+        return []
+    return [i for p in found if p.code == "reasoning_content_missing" and (i := message_index(p)) is not None]
+
+
+def message_index(problem: Problem) -> int | None:
+    match = _MESSAGE.match(problem.param or "")
+    return int(match.group(1)) if match else None
+
+
+def repair_chat(data: dict[str, Any], found: Sequence[Problem], options: RepairOptions,
+                profile: ModelProfile | None, recalled: Mapping[int, str]) -> list[Applied]:
+    """Apply the enabled repairs to `data` in place; what was applied, with the request's own indices."""
+    messages = data.get("messages")
+    if not isinstance(messages, list):
+        return []
+    applied: list[Applied] = []
+    codes = {p.code for p in found}
+
+    def on(name: str) -> bool:
+        return options.on(name) and bool(HANDLES[name] & codes)
+
+    def each(code: str) -> list[Problem]:
+        return [p for p in found if p.code == code]
+
+    if on("restore_reasoning"):
+        for p in each("reasoning_content_missing"):
+            i = message_index(p)
+            msg = _message(messages, i)
+            if i is not None and msg is not None and i in recalled and msg.get("role") == "assistant":
+                msg["reasoning_content"] = recalled[i]
+                applied.append(Applied("restore_reasoning", f"messages[{i}]"))
+    if on("thinking_conflict") and "reasoning_effort" in data:
+        effort = data.pop("reasoning_effort")
+        applied.append(Applied("thinking_conflict", "reasoning_effort", f"dropped {effort!r}"))
+    if on("developer_role"):
+        for p in each("invalid_role"):
+            i = message_index(p)
+            msg = _message(messages, i)
+            if msg is not None and msg.get("role") == "developer":
+                msg["role"] = "system"
+                applied.append(Applied("developer_role", f"messages[{i}]"))
+    if on("flatten_content"):
+        for p in each("content_not_string"):
+            i = message_index(p)
+            msg = _message(messages, i)
+            if msg is not None and msg.get("role") in ("system", "assistant", "tool"):
+                text = _all_text(msg.get("content"))
+                if text is not None:
+                    msg["content"] = text
+                    applied.append(Applied("flatten_content", f"messages[{i}].content"))
+    if on("strip_images"):
+        for p in each("image_not_supported"):
+            match = _PART.match(p.param or "")
+            msg = _message(messages, int(match.group(1))) if match else None
+            content = msg.get("content") if msg is not None else None
+            if match and isinstance(content, list) and int(match.group(2)) < len(content):
+                content[int(match.group(2))] = {"type": "text", "text": options.image_placeholder}
+                applied.append(Applied("strip_images", p.param or ""))
+    if on("forced_tool_choice"):
+        data["thinking"] = {"type": "disabled"}
+        if data.get("reasoning_effort") not in (None, "none"):
+            data.pop("reasoning_effort")
+        applied.append(Applied("forced_tool_choice", "thinking", "thinking disabled for this request"))
+    if on("clamp_max_tokens") and profile is not None:
+        value = data.get("max_tokens")
+        if isinstance(value, int) and not isinstance(value, bool) and value > profile.max_tokens_max:
+            data["max_tokens"] = profile.max_tokens_max
+            applied.append(Applied("clamp_max_tokens", "max_tokens", f"{value} -> {profile.max_tokens_max}"))
+    if on("user_id") and isinstance(data.get("user_id"), str):
+        cleaned = _USER_ID_BAD.sub("_", data["user_id"])[:512]
+        if cleaned:
+            data["user_id"] = cleaned
+            applied.append(Applied("user_id", "user_id"))
+    applied += _restructure(messages, found, options, on)
+    return applied
+
+
+def _restructure(messages: list[Any], found: Sequence[Problem], options: RepairOptions,
+                 on: Any) -> list[Applied]:
+    """Drop orphan tool messages and answer unanswered calls: one new list, built from the original
+    indices, so both repairs (and their reported paths) refer to the request as it came."""
+    drop: set[int] = set()
+    if on("orphan_tool_messages"):
+        for p in found:
+            i = message_index(p)
+            msg = _message(messages, i)
+            if (p.code in HANDLES["orphan_tool_messages"] and i is not None and msg is not None
+                    and msg.get("role") == "tool"):
+                drop.add(i)
+    inserts: dict[int, list[dict[str, Any]]] = {}  # after this original index
+    applied: list[Applied] = [Applied("orphan_tool_messages", f"messages[{i}]") for i in sorted(drop)]
+    if on("unanswered_tool_calls"):
+        for p in found:
+            i = message_index(p)
+            if p.code != "tool_calls_unanswered" or i is None:
+                continue
+            end, missing = _unanswered(messages, i)
+            if missing:
+                inserts.setdefault(end, []).extend(
+                    {"role": "tool", "tool_call_id": call_id, "content": options.unanswered_tool_text}
+                    for call_id in missing)
+                applied.append(Applied("unanswered_tool_calls", f"messages[{i}].tool_calls",
+                                       "answered " + ", ".join(missing)))
+    if drop or inserts:
+        rebuilt: list[Any] = []
+        for k, msg in enumerate(messages):
+            if k not in drop:
+                rebuilt.append(msg)
+            rebuilt.extend(inserts.get(k, ()))
+        messages[:] = rebuilt
+    return applied
+
+
+def _unanswered(messages: list[Any], i: int) -> tuple[int, list[str]]:
+    """(index of the last tool message right after assistant i, or i; ids of i's calls not answered there)."""
+    msg = _message(messages, i)
+    calls = msg.get("tool_calls") if msg is not None else None
+    if not isinstance(calls, list):
+        return i, []
+    ids: list[str] = [c["id"] for c in calls
+                      if isinstance(c, dict) and isinstance(c.get("id"), str) and c["id"]]
+    end = i
+    answered: set[Any] = set()
+    while end + 1 < len(messages) and isinstance(messages[end + 1], dict) and \
+            messages[end + 1].get("role") == "tool":
+        end += 1
+        answered.add(messages[end].get("tool_call_id"))
+    return end, [x for x in dict.fromkeys(ids) if x not in answered]
+
+
+def _message(messages: list[Any], i: int | None) -> dict[str, Any] | None:
+    if i is None or not 0 <= i < len(messages) or not isinstance(messages[i], dict):
+        return None
+    msg: dict[str, Any] = messages[i]
+    return msg
+
+
+def _all_text(content: Any) -> str | None:
+    """An array of text parts joined with newlines; None if any part is not text."""
+    if not isinstance(content, list) or not content:
+        return None
+    texts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
+    if len(texts) != len(content) or not all(isinstance(t, str) for t in texts):
+        return None
+    return "\n".join(t for t in texts if isinstance(t, str))

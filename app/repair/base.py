@@ -1,0 +1,94 @@
+"""What a repair is: a name, the rule it fixes, whether it is on by default; and what one did to a request."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class RepairSpec:
+    name: str
+    rules: tuple[str, ...]  # the checklist rules whose problems it fixes (deepseek-api.md §11)
+    default: bool
+    what: str
+
+
+# The chat family's repairs (issue 12), in the order they are applied.
+CATALOG: tuple[RepairSpec, ...] = (
+    RepairSpec("restore_reasoning", ("R17",), True,
+               "puts back the reasoning_content of a tool-call turn chatgate relayed to the same caller"),
+    RepairSpec("thinking_conflict", ("R41",), True,
+               "drops reasoning_effort when thinking.type is disabled (lossless)"),
+    RepairSpec("developer_role", ("R5",), False, "developer messages become system messages"),
+    RepairSpec("flatten_content", ("R6",), False,
+               "joins all-text content arrays of system, assistant and tool messages into one string"),
+    RepairSpec("strip_images", ("R8",), False,
+               "on models without vision, replaces image and file parts by a short text placeholder"),
+    RepairSpec("forced_tool_choice", ("R34",), False,
+               "a forced tool_choice in thinking mode: thinking is disabled for the request (choice kept)"),
+    RepairSpec("clamp_max_tokens", ("R27",), False, "lowers max_tokens to the model's maximum"),
+    RepairSpec("user_id", ("R37",), False,
+               "replaces characters outside [a-zA-Z0-9_-] in user_id and truncates it to 512"),
+    RepairSpec("orphan_tool_messages", ("R14", "R15"), False,
+               "drops tool messages that answer no call of the assistant turn before them"),
+    RepairSpec("unanswered_tool_calls", ("R16",), False,
+               "inserts a tool message with a fixed text after each call left unanswered"),
+)
+NAMES: tuple[str, ...] = tuple(spec.name for spec in CATALOG)
+DEFAULT_ON: frozenset[str] = frozenset(spec.name for spec in CATALOG if spec.default)
+RULES: dict[str, tuple[str, ...]] = {spec.name: spec.rules for spec in CATALOG}
+
+
+@dataclass(frozen=True, slots=True)
+class RepairOptions:
+    enabled: frozenset[str] = DEFAULT_ON
+    unanswered_tool_text: str = "no result: the call was interrupted"
+    image_placeholder: str = "[image removed: this model does not accept images]"
+
+    def on(self, name: str) -> bool:
+        return name in self.enabled
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    """One repair applied at one place; `path` uses the request's own (original) indices."""
+
+    code: str
+    path: str
+    detail: str = ""
+
+    def label(self) -> str:
+        return f"{self.code}@{self.path}"
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"code": self.code, "path": self.path, "rules": list(RULES.get(self.code, ()))}
+        if self.detail:
+            out["detail"] = self.detail
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """One relayed answer's tool calls and what to remember about them (chat: the reasoning_content)."""
+
+    call_ids: tuple[str, ...]
+    names: tuple[str, ...]
+    payload: str
+
+
+@dataclass(slots=True)
+class Repaired:
+    """The repairs applied to one request, and what they could not do."""
+
+    applied: list[Applied] = field(default_factory=list)
+    notes: dict[str, str] = field(default_factory=dict)  # problem param -> why it was not repaired
+
+    def header(self) -> str:
+        return "; ".join(a.label() for a in self.applied)
+
+    def codes(self) -> list[str]:
+        seen: dict[str, None] = {}
+        for a in self.applied:
+            seen.setdefault(a.code)
+        return list(seen)

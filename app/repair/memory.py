@@ -1,0 +1,114 @@
+"""The memory of relayed tool-call turns: what a client may drop and chatgate may put back.
+
+For every answer it relays that ends in tool calls in thinking mode, chatgate remembers the reasoning under
+the caller's identity and the answer's tool-call ids: in the shared store (so another replica, or this one
+after a restart, finds it) before the client gets the end of the answer, and in a bounded in-process cache.
+A caller only ever recalls its own turns. Entries expire after `ttl` seconds and are then deleted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+
+from app.metering.store.base import Store, StoreError, TurnRow
+from app.repair.base import Turn
+
+log = logging.getLogger("chatgate.repair")
+
+ENTRY_OVERHEAD = 200  # bytes of bookkeeping per cached call id, besides the payload
+
+
+class TurnMemory:
+    def __init__(self, store: Store | None, ttl_seconds: float, cache_bytes: int,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.store = store
+        self.ttl = ttl_seconds
+        self.cache_bytes = cache_bytes
+        self.clock = clock
+        self._cache: OrderedDict[tuple[str, str, str], TurnRow] = OrderedDict()
+        self._bytes = 0
+        self.store_errors = 0
+
+    @property
+    def cached_bytes(self) -> int:
+        return self._bytes
+
+    @property
+    def cached_entries(self) -> int:
+        return len(self._cache)
+
+    async def remember(self, caller: str, kind: str, turn: Turn) -> None:
+        """Remember a relayed turn; returns once the shared store has it (or has failed to take it)."""
+        if not turn.call_ids or len(set(turn.call_ids)) != len(turn.call_ids):
+            return
+        expires = self.clock() + self.ttl
+        turn_id = uuid.uuid4().hex
+        names = ",".join(turn.names)
+        rows = [TurnRow(caller, kind, call_id, turn_id, names, turn.payload, expires)
+                for call_id in turn.call_ids]
+        for row in rows:
+            self._put(row)
+        if self.store is not None:
+            try:
+                await asyncio.to_thread(self.store.remember_turns, rows)
+            except StoreError as exc:  # this replica still remembers it; others will not
+                self.store_errors += 1
+                log.warning("could not store a relayed turn for restoring (%s); kept in this process only",
+                            exc)
+
+    async def recall(self, caller: str, kind: str, call_ids: Sequence[str]) -> dict[str, TurnRow]:
+        """The caller's unexpired rows for these ids: the cache first, then the shared store."""
+        now = self.clock()
+        found: dict[str, TurnRow] = {}
+        for call_id in call_ids:
+            row = self._cache.get((caller, kind, call_id))
+            if row is not None and row.expires_at > now:
+                self._cache.move_to_end((caller, kind, call_id))
+                found[call_id] = row
+        missing = [c for c in dict.fromkeys(call_ids) if c not in found]
+        if missing and self.store is not None:
+            try:
+                rows = await asyncio.to_thread(self.store.recall_turns, caller, kind, missing, now)
+            except StoreError as exc:
+                self.store_errors += 1
+                log.warning("could not look up relayed turns for restoring: %s", exc)
+                rows = []
+            for row in rows:
+                if row.caller == caller and row.kind == kind:
+                    found[row.call_id] = row
+                    self._put(row)
+        return found
+
+    async def purge(self) -> int:
+        """Delete what has expired, here and in the store; how many rows the store deleted."""
+        now = self.clock()
+        for key in [k for k, row in self._cache.items() if row.expires_at <= now]:
+            self._drop(key)
+        if self.store is None:
+            return 0
+        try:
+            return await asyncio.to_thread(self.store.purge_turns, now)
+        except StoreError as exc:
+            log.warning("could not purge expired turns: %s", exc)
+            return 0
+
+    def _put(self, row: TurnRow) -> None:
+        key = (row.caller, row.kind, row.call_id)
+        if key in self._cache:
+            self._drop(key)
+        size = len(row.payload) + ENTRY_OVERHEAD
+        if size > self.cache_bytes:
+            return
+        self._cache[key] = row
+        self._bytes += size
+        while self._bytes > self.cache_bytes:
+            self._drop(next(iter(self._cache)))
+
+    def _drop(self, key: tuple[str, str, str]) -> None:
+        row = self._cache.pop(key)
+        self._bytes -= len(row.payload) + ENTRY_OVERHEAD

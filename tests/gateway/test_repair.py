@@ -1,0 +1,267 @@
+"""Repairs through a real chatgate in front of the fake DeepSeek: the dropped reasoning_content restored for
+the same caller (streamed and not), refused for another, shown everywhere (header, /validate, the usage
+record, /metrics, the access log); each opt-in repair end to end; a valid body still forwarded as sent."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import openai
+import orjson
+import pytest
+
+from tests.fakes.server import RunningFake
+from tests.gateway.conftest import JSON_HEADERS, chat_body, usage_rows
+from tests.harness import RunningChatgate
+
+KEY = "sk-repair-client-0001"
+SEARCH = {"type": "function", "function": {
+    "name": "search_forecast", "description": "Search the weather forecast.",
+    "parameters": {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}}}
+
+
+def post(gate: RunningChatgate, body: dict[str, Any], key: str | None = KEY,
+         path: str = "/v1/chat/completions", **headers: str) -> httpx2.Response:
+    h = {"content-type": "application/json", **headers}
+    if key:
+        h["authorization"] = f"Bearer {key}"
+    return httpx2.post(gate.url + path, content=orjson.dumps(body), headers=h, timeout=20)
+
+
+def tool_calls_of(response: httpx2.Response, stream: bool) -> list[dict[str, Any]]:
+    """The answer's tool calls as a client would put them back into its history."""
+    if not stream:
+        calls = response.json()["choices"][0]["message"]["tool_calls"]
+        return [{"id": c["id"], "type": "function", "function": c["function"]} for c in calls]
+    merged: dict[int, dict[str, Any]] = {}
+    for line in response.text.splitlines():
+        if not line.startswith("data: {"):
+            continue
+        for part in json.loads(line[6:])["choices"][0]["delta"].get("tool_calls") or []:
+            call = merged.setdefault(part["index"], {"id": "", "type": "function",
+                                                     "function": {"name": "", "arguments": ""}})
+            call["id"] = part.get("id") or call["id"]
+            call["function"]["name"] += part.get("function", {}).get("name") or ""
+            call["function"]["arguments"] += part.get("function", {}).get("arguments") or ""
+    return [merged[i] for i in sorted(merged)]
+
+
+def dropping_loop(gate: RunningChatgate, rounds: int, stream: bool, key: str = KEY) -> list[httpx2.Response]:
+    """A client that, like LangChain's ChatOpenAI, drops reasoning_content from the turns it sends back."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Umbrella in Lisbon today?"}]
+    answers = []
+    for n in range(rounds):
+        body = {"model": "deepseek-flash", "messages": messages, "tools": [SEARCH], "stream": stream}
+        resp = post(gate, body, key=key)
+        assert resp.status_code == 200, resp.text
+        answers.append(resp)
+        calls = tool_calls_of(resp, stream)
+        messages.append({"role": "assistant", "content": "", "tool_calls": calls})  # no reasoning_content
+        messages += [{"role": "tool", "tool_call_id": c["id"], "content": f"rain, round {n}"} for c in calls]
+        messages.append({"role": "user", "content": f"and round {n + 1}?"})
+    return answers
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["buffered", "streamed"])
+def test_dropped_reasoning_is_restored_for_the_same_caller_r17(gate: RunningChatgate, fake: RunningFake,
+                                                             tmp_path: Path, stream: bool) -> None:
+    answers = dropping_loop(gate, rounds=3, stream=stream)
+    assert "x-chatgate-repaired" not in answers[0].headers, "the first request needed nothing"
+    assert answers[1].headers["x-chatgate-repaired"] == "restore_reasoning@messages[1]"
+    assert answers[2].headers["x-chatgate-repaired"] == (
+        "restore_reasoning@messages[1]; restore_reasoning@messages[4]")
+    fake.state.wait_idle(5)
+    sent = [orjson.loads(r.body) for r in fake.state.requests]
+    relayed = [m for m in sent[2]["messages"] if m["role"] == "assistant"]
+    assert [m["reasoning_content"] for m in relayed] == ["The user sent 1 messages; I will answer.",
+                                                         "The user sent 4 messages; I will answer."]
+    rows = usage_rows(tmp_path, 3)
+    assert [r["repairs"] for r in rows] == [None, "restore_reasoning", "restore_reasoning"]
+    metrics = httpx2.get(gate.url + "/metrics").text
+    assert 'chatgate_repairs_total{code="restore_reasoning"} 2.0' in metrics
+
+
+def test_another_key_replaying_the_ids_gets_the_400_and_no_reasoning(gate: RunningChatgate,
+                                                                    fake: RunningFake) -> None:
+    first = dropping_loop(gate, rounds=1, stream=False)[0]
+    calls = tool_calls_of(first, stream=False)
+    history = [{"role": "user", "content": "Umbrella in Lisbon today?"},
+               {"role": "assistant", "content": "", "tool_calls": calls},
+               {"role": "tool", "tool_call_id": calls[0]["id"], "content": "rain"}]
+    before = len(fake.state.requests)
+    body = {"model": "deepseek-flash", "messages": history, "tools": [SEARCH]}
+    refused = post(gate, body, key="sk-someone-else-0002")
+    assert refused.status_code == 400
+    error = refused.json()["error"]
+    assert (error["code"], error["param"]) == ("reasoning_content_missing", "messages[1].reasoning_content")
+    assert "could not restore it: it has no record of this turn for your key" in error["message"]
+    assert "The user sent" not in refused.text, "another caller's reasoning never leaks"
+    assert len(fake.state.requests) == before
+    assert post(gate, body).status_code == 200, "the caller it belongs to still gets it restored"
+
+
+def test_changed_tool_calls_are_not_restored(gate: RunningChatgate) -> None:
+    first = dropping_loop(gate, rounds=1, stream=False)[0]
+    calls = tool_calls_of(first, stream=False)
+    calls[0]["function"]["name"] = "another_tool"
+    body = {"model": "deepseek-flash", "tools": [SEARCH], "messages": [
+        {"role": "user", "content": "x"}, {"role": "assistant", "content": "", "tool_calls": calls},
+        {"role": "tool", "tool_call_id": calls[0]["id"], "content": "rain"}]}
+    refused = post(gate, body)
+    assert refused.status_code == 400
+    assert "the tool calls differ from the answer chatgate relayed" in refused.json()["error"]["message"]
+
+
+def test_validate_shows_the_repairs_and_the_repaired_body(gate: RunningChatgate, fake: RunningFake) -> None:
+    first = dropping_loop(gate, rounds=1, stream=True)[0]
+    calls = tool_calls_of(first, stream=True)
+    body = {"model": "deepseek-flash", "tools": [SEARCH], "reasoning_effort": "high",
+            "thinking": {"type": "enabled"}, "messages": [
+                {"role": "user", "content": "Umbrella?"},
+                {"role": "assistant", "content": "", "tool_calls": calls},
+                {"role": "tool", "tool_call_id": calls[0]["id"], "content": "rain"}]}
+    before = len(fake.state.requests)
+    answer = post(gate, body, path="/v1/chat/completions/validate").json()
+    assert answer["valid"] is True
+    assert answer["repairs"] == [{"code": "restore_reasoning", "path": "messages[1]", "rules": ["R17"]}]
+    assert answer["repaired_body"]["messages"][1]["reasoning_content"] == (
+        "The user sent 1 messages; I will answer.")
+    anonymous = post(gate, body, key=None, path="/v1/chat/completions/validate")
+    assert anonymous.status_code == 400
+    assert "only for callers that send a key" in anonymous.json()["error"]["message"]
+    assert len(fake.state.requests) == before, "the dry run forwards nothing"
+
+
+def test_a_valid_request_is_forwarded_byte_for_byte_and_unmarked(gate: RunningChatgate,
+                                                                  fake: RunningFake) -> None:
+    body = (b'{"model":"deepseek-flash", "messages":[{"role":"user","content":"hi"}],'
+            b' "thinking": {"type": "disabled"}, "reasoning_effort": "none"}')
+    resp = httpx2.post(gate.url + "/v1/chat/completions", content=body, headers=JSON_HEADERS, timeout=10)
+    assert resp.status_code == 200 and "x-chatgate-repaired" not in resp.headers
+    fake.state.wait_idle(5)
+    assert fake.state.requests[-1].body == body
+
+
+def test_thinking_conflict_is_repaired_by_default_r41(gate: RunningChatgate, fake: RunningFake,
+                                                       tmp_path: Path) -> None:
+    body = chat_body(thinking={"type": "disabled"}, reasoning_effort="max")
+    resp = post(gate, body)
+    assert resp.status_code == 200, resp.text
+    assert resp.headers["x-chatgate-repaired"] == "thinking_conflict@reasoning_effort"
+    assert "x-chatgate-warning" not in resp.headers
+    fake.state.wait_idle(5)
+    assert "reasoning_effort" not in orjson.loads(fake.state.requests[-1].body)
+    assert usage_rows(tmp_path, 1)[0]["repairs"] == "thinking_conflict"
+
+
+def test_repairs_off_leave_r41_a_warning_and_r17_a_400(start_gate: Callable[..., RunningChatgate],
+                                                       fake: RunningFake) -> None:
+    gate = start_gate(repair={"restore_reasoning": False, "thinking_conflict": False})
+    resp = post(gate, chat_body(thinking={"type": "disabled"}, reasoning_effort="max"))
+    assert "thinking options type cannot be disabled" in resp.headers["x-chatgate-warning"]
+    assert "x-chatgate-repaired" not in resp.headers
+    fake.state.wait_idle(5)
+    assert orjson.loads(fake.state.requests[-1].body)["reasoning_effort"] == "max", "forwarded unchanged"
+    first = dropping_loop(gate, rounds=1, stream=False)[0]
+    calls = tool_calls_of(first, stream=False)
+    refused = post(gate, {"model": "deepseek-flash", "tools": [SEARCH], "messages": [
+        {"role": "user", "content": "x"}, {"role": "assistant", "content": "", "tool_calls": calls},
+        {"role": "tool", "tool_call_id": calls[0]["id"], "content": "rain"}]})
+    assert refused.status_code == 400 and "could not restore" not in refused.text
+
+
+# --- every opt-in repair, end to end -----------------------------------------------------------------
+
+ALL_ON = {name: True for name in ("developer_role", "flatten_content", "strip_images", "forced_tool_choice",
+                                  "clamp_max_tokens", "user_id", "orphan_tool_messages",
+                                  "unanswered_tool_calls")}
+CALL = {"id": "call_x1", "type": "function",
+        "function": {"name": "search_forecast", "arguments": '{"q":"x"}'}}
+
+OPT_IN: list[Any] = [
+    pytest.param({"messages": [{"role": "developer", "content": "Be brief."},
+                               {"role": "user", "content": "hi"}]},
+                 "developer_role@messages[0]", lambda b: b["messages"][0]["role"] == "system",
+                 id="developer_role"),
+    pytest.param({"messages": [{"role": "system", "content": [{"type": "text", "text": "a"},
+                                                              {"type": "text", "text": "b"}]},
+                               {"role": "user", "content": "hi"}]},
+                 "flatten_content@messages[0].content", lambda b: b["messages"][0]["content"] == "a\nb",
+                 id="flatten_content"),
+    pytest.param({"model": "deepseek-v4-pro", "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "what is it?"},
+        {"type": "image_url", "image_url": {"url": "https://x.test/a.png"}}]}]},
+                 "strip_images@messages[0].content[1]",
+                 lambda b: b["messages"][0]["content"][1]["type"] == "text", id="strip_images"),
+    pytest.param({"tools": [SEARCH], "tool_choice": "required",
+                  "messages": [{"role": "user", "content": "go"}]},
+                 "forced_tool_choice@thinking",
+                 lambda b: b["thinking"] == {"type": "disabled"} and b["tool_choice"] == "required",
+                 id="forced_tool_choice"),
+    pytest.param({"max_tokens": 1_000_000, "messages": [{"role": "user", "content": "hi"}]},
+                 "clamp_max_tokens@max_tokens", lambda b: b["max_tokens"] == 393_216, id="clamp_max_tokens"),
+    pytest.param({"user_id": "alice@example.com", "messages": [{"role": "user", "content": "hi"}]},
+                 "user_id@user_id", lambda b: b["user_id"] == "alice_example_com", id="user_id"),
+    pytest.param({"thinking": {"type": "disabled"}, "tools": [SEARCH], "messages": [
+        {"role": "user", "content": "hi"}, {"role": "tool", "tool_call_id": "nobody", "content": "x"}]},
+                 "orphan_tool_messages@messages[1]", lambda b: len(b["messages"]) == 1,
+                 id="orphan_tool_messages"),
+    pytest.param({"thinking": {"type": "disabled"}, "tools": [SEARCH], "messages": [
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": "", "tool_calls": [CALL]},
+        {"role": "user", "content": "never mind"}]},
+                 "unanswered_tool_calls@messages[1].tool_calls",
+                 lambda b: b["messages"][2] == {"role": "tool", "tool_call_id": "call_x1",
+                                                "content": "no result: the call was interrupted"},
+                 id="unanswered_tool_calls"),
+]
+
+
+@pytest.fixture
+def repairing(start_gate: Callable[..., RunningChatgate]) -> Iterator[RunningChatgate]:
+    yield start_gate(repair=ALL_ON)
+
+
+@pytest.mark.parametrize(("body", "header", "repaired_as"), OPT_IN)
+def test_each_opt_in_repair_end_to_end(repairing: RunningChatgate, fake: RunningFake, tmp_path: Path,
+                                       body: dict[str, Any], header: str,
+                                       repaired_as: Callable[[dict[str, Any]], bool]) -> None:
+    full = {"model": "deepseek-flash", **body}
+    resp = post(repairing, full)
+    assert resp.status_code == 200, resp.text
+    assert resp.headers["x-chatgate-repaired"] == header
+    fake.state.wait_idle(5)
+    forwarded = orjson.loads(fake.state.requests[-1].body)
+    assert repaired_as(forwarded), forwarded
+    assert usage_rows(tmp_path, 1)[0]["repairs"] == header.split("@")[0]
+
+
+def test_an_opt_in_repair_is_off_by_default(gate: RunningChatgate, fake: RunningFake) -> None:
+    resp = post(gate, {"model": "deepseek-flash", "messages": [{"role": "developer", "content": "x"},
+                                                               {"role": "user", "content": "hi"}]})
+    assert resp.status_code == 400 and resp.json()["error"]["code"] == "invalid_role"
+    assert fake.state.requests == []
+
+
+def test_what_repairs_cannot_fix_is_still_a_400_listing_the_repairs(repairing: RunningChatgate,
+                                                                    fake: RunningFake) -> None:
+    resp = post(repairing, {"model": "deepseek-flash", "n": 2, "max_tokens": 10**6,
+                            "messages": [{"role": "user", "content": "hi"}]})
+    assert resp.status_code == 400
+    error = resp.json()["error"]
+    assert error["code"] == "n_not_supported"
+    assert error["repairs"] == [{"code": "clamp_max_tokens", "path": "max_tokens", "rules": ["R27"],
+                                 "detail": "1000000 -> 393216"}]
+    assert fake.state.requests == []
+
+
+def test_the_openai_sdk_sees_the_repaired_answer(repairing: RunningChatgate) -> None:
+    client = openai.OpenAI(base_url=repairing.url + "/v1", api_key=KEY, max_retries=0)
+    raw = client.chat.completions.with_raw_response.create(
+        model="deepseek-flash", messages=[{"role": "developer", "content": "Be brief."},  # type: ignore[misc, list-item]
+                                          {"role": "user", "content": "hi"}])
+    assert raw.headers["x-chatgate-repaired"] == "developer_role@messages[0]"
+    assert raw.parse().choices[0].message.content

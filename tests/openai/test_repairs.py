@@ -1,0 +1,258 @@
+"""The chat repairs as pure functions: each fixes only the problems it names, where the result is valid;
+a valid request is never changed (property), and a repaired request passes the rules (property)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from app.gateway.proxy import REPAIR_PASSES
+from app.openai.repairs import HANDLES, repair_chat
+from app.openai.rules import Checked
+from app.profiles import DEFAULT_PROFILES
+from app.repair.base import CATALOG, NAMES, RepairOptions
+from tests.openai.conversations import TOOLS, assistant, call, calls, check, request, tool, user
+from tests.openai.test_properties import examples
+
+EVERYTHING = RepairOptions(frozenset(NAMES))
+REASONING = "I should look it up."
+
+
+def repaired(req: dict[str, Any], options: RepairOptions = EVERYTHING, recalled: dict[int, str] | None = None,
+             strict: bool = False) -> tuple[dict[str, Any], list[tuple[str, str]], Checked]:
+    """Check and repair until nothing more is repaired, as the gateway does (REPAIR_PASSES):
+    (repaired request, [(code, path)], the last check)."""
+    data = copy.deepcopy(req)
+    profile = DEFAULT_PROFILES.get(req["model"])
+    applied: list[tuple[str, str]] = []
+    checked = check(data, strict=strict)
+    for _ in range(REPAIR_PASSES):
+        done = repair_chat(data, [*checked.problems, *checked.warnings], options, profile, recalled or {})
+        if not done:
+            break
+        applied += [(a.code, a.path) for a in done]
+        checked = check(data, strict=strict)
+    return data, applied, checked
+
+
+def test_the_catalog_and_the_handlers_agree() -> None:
+    assert set(HANDLES) == set(NAMES)
+    assert {spec.name for spec in CATALOG if spec.default} == {"restore_reasoning", "thinking_conflict"}
+
+
+def test_restore_reasoning_puts_back_what_was_recalled_r17() -> None:
+    req = request([user(), calls(call("call_1"), reasoning=None), tool("call_1")], tools=TOOLS)
+    data, applied, after = repaired(req, recalled={1: REASONING})
+    assert applied == [("restore_reasoning", "messages[1]")]
+    assert data["messages"][1]["reasoning_content"] == REASONING
+    assert after.problems == []
+
+
+def test_restore_reasoning_without_a_memory_changes_nothing_r17() -> None:
+    req = request([user(), calls(call("call_1"), reasoning=None), tool("call_1")], tools=TOOLS)
+    data, applied, after = repaired(req)
+    assert applied == [] and data == req
+    assert [p.code for p in after.problems] == ["reasoning_content_missing"]
+
+
+def test_thinking_conflict_drops_the_effort_only_when_thinking_is_disabled_r41() -> None:
+    req = request([user()], thinking={"type": "disabled"}, reasoning_effort="high")
+    data, applied, after = repaired(req, RepairOptions())
+    assert applied == [("thinking_conflict", "reasoning_effort")]
+    assert "reasoning_effort" not in data and data["thinking"] == {"type": "disabled"}
+    assert after.problems == [] and after.warnings == []
+    _, applied, after = repaired(req, RepairOptions(), strict=True)  # an error in strict mode, repaired too
+    assert applied == [("thinking_conflict", "reasoning_effort")] and after.problems == []
+
+
+def test_developer_role_becomes_system_r5() -> None:
+    req = request([{"role": "developer", "content": "Be brief."}, user()])
+    data, applied, after = repaired(req)
+    assert applied == [("developer_role", "messages[0]")]
+    assert data["messages"][0] == {"role": "system", "content": "Be brief."}
+    assert after.problems == []
+
+
+def test_developer_role_with_text_parts_needs_flatten_content_too_r5_r6() -> None:
+    dev = {"role": "developer",
+           "content": [{"type": "text", "text": "Be brief."}, {"type": "text", "text": "x"}]}
+    _, applied, after = repaired(request([dev, user()]), RepairOptions(frozenset({"developer_role"})))
+    assert applied == [("developer_role", "messages[0]")]
+    assert [(p.code, p.param) for p in after.problems] == [("content_not_string", "messages[0].content")]
+    data, applied, after = repaired(request([dev, user()]))  # pass 2 flattens what pass 1 revealed
+    assert applied == [("developer_role", "messages[0]"), ("flatten_content", "messages[0].content")]
+    assert after.problems == [] and data["messages"][0] == {"role": "system", "content": "Be brief.\nx"}
+
+
+def test_flatten_content_joins_text_parts_only_r6() -> None:
+    parts = [{"type": "text", "text": "line one"}, {"type": "text", "text": "line two"}]
+    req = request([{"role": "system", "content": parts}, user(), assistant(parts)], model="deepseek-v4-pro")
+    data, applied, after = repaired(req)
+    assert applied == [("flatten_content", "messages[0].content"), ("flatten_content", "messages[2].content")]
+    assert data["messages"][0]["content"] == "line one\nline two"
+    assert after.problems == []
+
+
+def test_flatten_content_leaves_arrays_with_images_alone_r6() -> None:
+    parts = [{"type": "text", "text": "see"}, {"type": "image_url", "image_url": {"url": "https://x.test/a.png"}}]
+    req = request([user(), calls(call("c1")), tool("c1", parts)], tools=TOOLS, model="deepseek-v4-pro")
+    data, applied, after = repaired(req, RepairOptions(frozenset({"flatten_content"})))
+    assert applied == [] and data == req
+    assert [p.code for p in after.problems] == ["content_not_string"]
+
+
+def test_strip_images_on_a_model_without_vision_r8() -> None:
+    parts = [{"type": "text", "text": "what is this?"},
+             {"type": "image_url", "image_url": {"url": "https://x.test/a.png"}}]
+    req = request([user(parts)], model="deepseek-v4-pro")
+    data, applied, after = repaired(req)
+    assert applied == [("strip_images", "messages[0].content[1]")]
+    assert data["messages"][0]["content"][1] == {"type": "text", "text": EVERYTHING.image_placeholder}
+    assert after.problems == []
+    assert repaired(request([user(parts)], model="deepseek-flash"))[1] == []  # a vision model: untouched
+
+
+def test_forced_tool_choice_disables_thinking_and_keeps_the_choice_r34() -> None:
+    choice = {"type": "function", "function": {"name": "get_weather"}}
+    req = request([user()], tools=TOOLS, tool_choice=choice, reasoning_effort="max")
+    data, applied, after = repaired(req)
+    assert applied == [("forced_tool_choice", "thinking")]
+    assert data["thinking"] == {"type": "disabled"} and data["tool_choice"] == choice
+    assert "reasoning_effort" not in data
+    assert after.problems == [] and after.warnings == []
+
+
+def test_clamp_max_tokens_only_lowers_r27() -> None:
+    data, applied, after = repaired(request([user()], max_tokens=10**6))
+    assert applied == [("clamp_max_tokens", "max_tokens")] and data["max_tokens"] == 393_216
+    assert after.problems == []
+    _, applied, after = repaired(request([user()], max_tokens=0))
+    assert applied == [] and [p.code for p in after.problems] == ["max_tokens_out_of_range"]
+
+
+def test_user_id_is_sanitised_and_truncated_r37() -> None:
+    data, applied, after = repaired(request([user()], user_id="alice smith@corp/" + "x" * 600))
+    assert applied == [("user_id", "user_id")]
+    assert data["user_id"].startswith("alice_smith_corp_") and len(data["user_id"]) == 512
+    assert after.problems == []
+
+
+def test_orphan_tool_messages_are_dropped_r14_r15() -> None:
+    msgs = [user(), tool("nobody"), calls(call("c1")), tool("c1"), tool("c9"), assistant()]
+    data, applied, after = repaired(request(msgs, tools=TOOLS), strict=True)
+    assert applied == [("orphan_tool_messages", "messages[1]"), ("orphan_tool_messages", "messages[4]")]
+    assert [m["role"] for m in data["messages"]] == ["user", "assistant", "tool", "assistant"]
+    assert after.problems == []
+
+
+def test_unanswered_tool_calls_get_a_tool_message_each_r16() -> None:
+    msgs = [user(), calls(call("c1"), call("c2")), tool("c2"), user("and?"), calls(call("c3")), user("x")]
+    data, applied, after = repaired(request(msgs, tools=TOOLS))
+    assert applied == [("unanswered_tool_calls", "messages[1].tool_calls"),
+                       ("unanswered_tool_calls", "messages[4].tool_calls")]
+    assert [(m["role"], m.get("tool_call_id")) for m in data["messages"]] == [
+        ("user", None), ("assistant", None), ("tool", "c2"), ("tool", "c1"), ("user", None),
+        ("assistant", None), ("tool", "c3"), ("user", None)]
+    assert data["messages"][3]["content"] == EVERYTHING.unanswered_tool_text
+    assert after.problems == []
+
+
+def test_an_unknown_id_with_a_call_unanswered_needs_both_structural_repairs_r15_r16() -> None:
+    msgs = [user(), calls(call("c1")), tool("c9"), assistant()]
+    data, applied, after = repaired(request(msgs, tools=TOOLS))
+    assert applied == [("orphan_tool_messages", "messages[2]"),
+                       ("unanswered_tool_calls", "messages[1].tool_calls")]
+    assert [(m["role"], m.get("tool_call_id")) for m in data["messages"]] == [
+        ("user", None), ("assistant", None), ("tool", "c1"), ("assistant", None)]
+    assert after.problems == []
+
+
+def test_repairs_that_are_off_do_nothing() -> None:
+    req = request([{"role": "developer", "content": "x"}, user()], max_tokens=10**6, user_id="a b")
+    data, applied, _ = repaired(req, RepairOptions(frozenset()))
+    assert applied == [] and data == req
+
+
+def test_a_problem_no_repair_names_stays_a_problem() -> None:
+    req = request([user()], n=3, max_tokens=10**6)
+    _, applied, after = repaired(req)
+    assert applied == [("clamp_max_tokens", "max_tokens")]
+    assert [p.code for p in after.problems] == ["n_not_supported"]
+
+
+# --- properties --------------------------------------------------------------------------------------
+
+ROLES_WITH_PARTS = st.sampled_from(["system", "assistant", "tool"])
+
+
+@st.composite
+def broken_requests(draw: st.DrawFn) -> tuple[dict[str, Any], dict[int, str]]:
+    """A valid tool-calling conversation with some repairable faults injected (R5, R6, R8, R14-R17, R27,
+    R34, R37, R41), and the reasoning chatgate would recall for the turns whose reasoning was dropped."""
+    model = draw(st.sampled_from(["deepseek-flash", "deepseek-v4-pro", "deepseek-v4-flash"]))
+    rounds = draw(st.integers(1, 3))
+    msgs: list[dict[str, Any]] = [{"role": "system", "content": "You are terse."}, user()]
+    recalled: dict[int, str] = {}
+    for r in range(rounds):
+        ids = [f"call_{r}_{k}" for k in range(draw(st.integers(1, 3)))]
+        turn = calls(*(call(i) for i in ids))
+        if draw(st.booleans()):
+            del turn["reasoning_content"]
+            recalled[len(msgs)] = REASONING
+        msgs.append(turn)
+        answered = draw(st.permutations(ids))
+        keep = draw(st.integers(0 if draw(st.booleans()) else len(ids), len(ids)))
+        msgs += [tool(i) for i in answered[:keep]]
+        if draw(st.booleans()):
+            msgs.append(tool("call_stray"))
+        msgs.append(user(f"round {r}"))
+    if draw(st.booleans()):
+        msgs[0] = {"role": "developer", "content": msgs[0]["content"]}
+    if draw(st.booleans()):
+        msgs[0] = {**msgs[0], "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}
+    if model == "deepseek-v4-pro" and draw(st.booleans()):
+        msgs[1] = user([{"type": "text", "text": "look"},
+                        {"type": "image_url", "image_url": {"url": "https://x.test/i.png"}}])
+    extra: dict[str, Any] = {}
+    if draw(st.booleans()):
+        extra["max_tokens"] = draw(st.integers(393_217, 10**7))
+    if draw(st.booleans()):
+        extra["user_id"] = draw(st.sampled_from(["a b", "ü", "x" * 600, "ok-id"]))
+    if draw(st.booleans()):
+        extra["thinking"], extra["reasoning_effort"] = {"type": "disabled"}, "high"
+    elif draw(st.booleans()):
+        extra["tool_choice"] = "required"
+    return request(msgs, model=model, tools=TOOLS, **extra), recalled
+
+
+@examples(150)
+@given(case=broken_requests(), strict=st.booleans())
+def test_every_repairable_request_passes_the_rules_once_repaired(case: tuple[dict[str, Any], dict[int, str]],
+                                                                  strict: bool) -> None:
+    req, recalled = case
+    _, applied, after = repaired(req, recalled=recalled, strict=strict)
+    assert after.problems == [], (json.dumps(req), applied, [(p.code, p.param) for p in after.problems])
+
+
+@examples(150)
+@given(req=st.sampled_from([
+    request([user()]),
+    request([user(), calls(call("c1")), tool("c1"), assistant()], tools=TOOLS),
+    request([user(), calls(call("c1"), call("c2")), tool("c2"), tool("c1")], tools=TOOLS, stream=True),
+    request([user()], thinking={"type": "disabled"}, reasoning_effort="none"),
+    request([user()], tools=[{**TOOLS[0], "function": {**TOOLS[0]["function"], "strict": True}}]),
+]), options=st.sets(st.sampled_from(NAMES)).map(lambda s: RepairOptions(frozenset(s))))
+def test_a_valid_request_is_never_changed(req: dict[str, Any], options: RepairOptions) -> None:
+    data, applied, after = repaired(req, options, recalled={1: "a different reasoning"})
+    assert applied == [] and data == req and after.problems == []
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_each_repair_names_its_rules(name: str) -> None:
+    spec = next(s for s in CATALOG if s.name == name)
+    assert spec.rules and all(rule.startswith("R") for rule in spec.rules) and spec.what

@@ -1,0 +1,117 @@
+"""TurnMemory: bounded, expiring, per caller; shared through the store, and still working when it fails."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from app.metering.store.base import StoreError
+from app.metering.store.sqlite import SQLiteStore
+from app.repair.base import Turn
+from app.repair.memory import ENTRY_OVERHEAD, TurnMemory
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_800_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[SQLiteStore]:
+    s = SQLiteStore(tmp_path / "memory.db")
+    s.migrate()
+    yield s
+    s.close()
+
+
+def run(coro: object) -> object:
+    return asyncio.run(coro)  # type: ignore[arg-type]
+
+
+def turn(*ids: str, payload: str = "because") -> Turn:
+    return Turn(ids, tuple(f"tool_{i}" for i in ids), payload)
+
+
+def test_a_caller_recalls_its_own_turns_only(store: SQLiteStore) -> None:
+    memory = TurnMemory(store, 60, 1 << 20)
+    run(memory.remember("fp-a", "chat", turn("c1", "c2")))
+    got = run(memory.recall("fp-a", "chat", ["c1", "c2", "c3"]))
+    assert isinstance(got, dict) and sorted(got) == ["c1", "c2"]
+    assert got["c1"].turn == got["c2"].turn and got["c1"].names == "tool_c1,tool_c2"
+    assert run(memory.recall("fp-b", "chat", ["c1", "c2"])) == {}
+    assert run(memory.recall("fp-a", "anthropic", ["c1"])) == {}
+
+
+def test_another_process_recalls_through_the_store(store: SQLiteStore, tmp_path: Path) -> None:
+    run(TurnMemory(store, 60, 1 << 20).remember("fp-a", "chat", turn("c1", payload="shared")))
+    other = SQLiteStore(tmp_path / "memory.db")
+    try:
+        fresh = TurnMemory(other, 60, 1 << 20)  # an empty cache: another replica, or after a restart
+        got = run(fresh.recall("fp-a", "chat", ["c1"]))
+        assert isinstance(got, dict) and got["c1"].payload == "shared"
+        assert fresh.cached_entries == 1, "what the store gave is cached"
+    finally:
+        other.close()
+
+
+def test_turns_expire_and_are_purged_from_cache_and_store(store: SQLiteStore) -> None:
+    clock = Clock()
+    memory = TurnMemory(store, 60, 1 << 20, clock=clock)
+    run(memory.remember("fp-a", "chat", turn("c1")))
+    clock.now += 59
+    assert "c1" in run(memory.recall("fp-a", "chat", ["c1"]))  # type: ignore[operator]
+    clock.now += 2
+    assert run(memory.recall("fp-a", "chat", ["c1"])) == {}
+    assert run(memory.purge()) == 1
+    assert memory.cached_entries == 0 and memory.cached_bytes == 0
+    assert store.recall_turns("fp-a", "chat", ["c1"], 0) == []
+
+
+def test_the_cache_is_bounded_in_bytes_and_drops_the_least_recently_used() -> None:
+    size = 1000 + ENTRY_OVERHEAD
+    memory = TurnMemory(None, 60, 3 * size)
+    for n in range(3):
+        run(memory.remember("fp-a", "chat", turn(f"c{n}", payload="x" * 1000)))
+    run(memory.recall("fp-a", "chat", ["c0"]))  # c0 is now the most recently used
+    run(memory.remember("fp-a", "chat", turn("c3", payload="y" * 1000)))
+    assert memory.cached_bytes <= 3 * size and memory.cached_entries == 3
+    got = run(memory.recall("fp-a", "chat", ["c0", "c1", "c2", "c3"]))
+    assert isinstance(got, dict) and sorted(got) == ["c0", "c2", "c3"]
+    run(memory.remember("fp-a", "chat", turn("huge", payload="z" * 10 * size)))  # larger than the bound
+    assert memory.cached_bytes <= 3 * size
+
+
+def test_duplicate_ids_in_one_turn_are_not_remembered() -> None:
+    memory = TurnMemory(None, 60, 1 << 20)
+    run(memory.remember("fp-a", "chat", turn("c1", "c1")))
+    assert memory.cached_entries == 0
+
+
+class BrokenStore(SQLiteStore):
+    def remember_turns(self, rows: object) -> None:
+        raise StoreError("database is locked")
+
+    def recall_turns(self, caller: str, kind: str, call_ids: object, now: float) -> list:  # type: ignore[type-arg]
+        raise StoreError("database is locked")
+
+    def purge_turns(self, now: float) -> int:
+        raise StoreError("database is locked")
+
+
+def test_a_failing_store_leaves_this_process_its_memory(tmp_path: Path,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    broken = BrokenStore(tmp_path / "broken.db")
+    memory = TurnMemory(broken, 60, 1 << 20)
+    run(memory.remember("fp-a", "chat", turn("c1", payload="secret reasoning")))
+    assert "c1" in run(memory.recall("fp-a", "chat", ["c1"]))  # type: ignore[operator]
+    assert run(memory.recall("fp-a", "chat", ["c2"])) == {}
+    assert run(memory.purge()) == 0
+    assert memory.store_errors == 2
+    assert "secret reasoning" not in caplog.text, "the reasoning itself is never logged"
+    broken.close()
