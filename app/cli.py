@@ -82,6 +82,11 @@ def build_parser() -> argparse.ArgumentParser:
     lint.add_argument("files", nargs="+", metavar="FILE")
     lint.add_argument("--format", choices=["text", "json"], default="text")
     lint.add_argument("--beta", action="store_true", help="check as if sent to /beta")
+    lint.add_argument("--fix", action="store_true",
+                      help="apply the repairs enabled in [repair] and write the repaired bodies (same form "
+                      "as the input) to stdout or --output; repairs and problems go to stderr; exit 0 when "
+                      "everything is valid after repair")
+    lint.add_argument("--output", help="with --fix: the file to write (a directory for several files)")
     _config_arg(lint)
     lint.set_defaults(func=cmd_lint)
     return parser
@@ -277,4 +282,9 @@ def cmd_lint(args: argparse.Namespace) -> int:
     from app.lint import run_lint
 
     loaded = load_settings(args.config, os.environ, {})
-    return run_lint(args.files, loaded.settings.policy(), fmt=args.format, beta=args.beta)
+    if args.output and not args.fix:
+        print("chatgate lint: --output needs --fix", file=sys.stderr)
+        return 2
+    fix = loaded.settings.repair.options() if args.fix else None
+    return run_lint(args.files, loaded.settings.policy(), fmt=args.format, beta=args.beta, fix=fix,
+                    output=args.output)

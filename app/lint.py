@@ -1,21 +1,27 @@
-"""`chatgate lint`: the proxy's checks, offline, on JSON bodies, JSONL files and OpenAI batch-input files."""
+"""`chatgate lint`: the proxy's checks, offline, on JSON bodies, JSONL files and OpenAI batch-input files.
+`--fix` also applies the configured repairs (those that need no memory of relayed answers) and writes the
+repaired bodies, in the same form as the input, to stdout or `--output`; the repairs go to stderr."""
 
 from __future__ import annotations
 
 import json
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import orjson
 
 from app.errors import Problem
-from app.openai.rules import Policy, check_body
+from app.openai.repairs import repair_chat, wanted
+from app.openai.rules import Checked, Policy, check_body
+from app.repair.base import Applied, RepairOptions
+
+FIX_PASSES = 3  # as the gateway: fixing a type can reveal a sequence problem
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Item:
     file: str
     line: int | None  # 1-based line of the body (the first line of a single JSON document)
@@ -23,31 +29,53 @@ class Item:
     beta: bool = False
     read_error: str | None = None
     custom_id: str | None = None  # from an OpenAI batch-input line
+    raw: bytes = b""  # the text as it was in the file (a line, or the whole document)
+    batch: dict[str, Any] | None = None  # the batch-input line around the body
+    problems: list[Problem] = field(default_factory=list)
+    warnings: list[Problem] = field(default_factory=list)
+    repairs: list[Applied] = field(default_factory=list)
+    fixed: dict[str, Any] | None = None  # the repaired body
 
     @property
     def where(self) -> str:
         place = f"{self.file}:{self.line}" if self.line is not None else self.file
         return f"{place} (custom_id {self.custom_id})" if self.custom_id is not None else place
 
+    def output(self) -> bytes:
+        """The item as it goes to the fixed file: unchanged unless repaired."""
+        if self.fixed is None:
+            return self.raw
+        if self.batch is not None:
+            return orjson.dumps({**self.batch, "body": self.fixed})
+        return orjson.dumps(self.fixed)
 
-def items_of(path: str, beta: bool) -> Iterator[Item]:
+
+@dataclass(slots=True)
+class Source:
+    path: str
+    items: list[Item]
+    one_document: bool
+
+
+def read_source(path: str, beta: bool) -> Source:
     try:
         data = Path(path).read_bytes()
     except OSError as exc:
-        yield Item(path, None, b"", beta, f"cannot read file: {exc.strerror}")
-        return
+        return Source(path, [Item(path, None, b"", beta, f"cannot read file: {exc.strerror}")], True)
     data = data.removeprefix(b"\xef\xbb\xbf")  # a UTF-8 BOM some editors add
     stripped = data.strip()
     if not stripped:
-        yield Item(path, None, b"", beta, "empty file")
-        return
+        return Source(path, [Item(path, None, b"", beta, "empty file")], True)
     if b"\n" not in stripped or _is_one_document(stripped):
         first = len(data[: data.index(stripped[:1])].splitlines()) + 1
-        yield _item(path, first, stripped, beta)
-        return
-    for n, line in enumerate(data.splitlines(), 1):
-        if line.strip():
-            yield _item(path, n, line, beta)
+        return Source(path, [_item(path, first, stripped, beta)], True)
+    items = [_item(path, n, line.rstrip(b"\r"), beta) for n, line in enumerate(data.splitlines(), 1)
+             if line.strip()]
+    return Source(path, items, False)
+
+
+def items_of(path: str, beta: bool) -> Iterator[Item]:
+    yield from read_source(path, beta).items
 
 
 def _is_one_document(data: bytes) -> bool:
@@ -62,57 +90,115 @@ def _item(path: str, line: int, raw: bytes, beta: bool) -> Item:
     try:
         doc = orjson.loads(raw)
     except orjson.JSONDecodeError:
-        return Item(path, line, raw, beta)  # check_body reports the JSON error
+        return Item(path, line, raw, beta, raw=raw)  # check_body reports the JSON error
     if isinstance(doc, dict) and "messages" not in doc and ("body" in doc or "custom_id" in doc):
-        return _batch_line(path, line, doc, beta)
-    return Item(path, line, raw, beta)
+        return _batch_line(path, line, doc, beta, raw)
+    return Item(path, line, raw, beta, raw=raw)
 
 
-def _batch_line(path: str, line: int, doc: dict[str, Any], beta: bool) -> Item:
+def _batch_line(path: str, line: int, doc: dict[str, Any], beta: bool, raw: bytes) -> Item:
     custom_id = str(doc["custom_id"]) if "custom_id" in doc else None
     url = str(doc.get("url", ""))
     method = doc.get("method", "POST")
     if url and not url.rstrip("/").endswith("chat/completions"):
-        return Item(path, line, b"", beta, f"url {url!r} is not a chat-completions endpoint", custom_id)
+        return Item(path, line, b"", beta, f"url {url!r} is not a chat-completions endpoint", custom_id, raw)
     if str(method).upper() != "POST":
-        return Item(path, line, b"", beta, f"method {method!r}: chat completions are POSTed", custom_id)
+        return Item(path, line, b"", beta, f"method {method!r}: chat completions are POSTed", custom_id, raw)
     if not isinstance(doc.get("body"), dict):
         return Item(path, line, b"", beta, "batch line has no 'body' object (the chat-completions request)",
-                    custom_id)
-    return Item(path, line, orjson.dumps(doc["body"]), beta or "/beta/" in url, None, custom_id)
+                    custom_id, raw)
+    return Item(path, line, orjson.dumps(doc["body"]), beta or "/beta/" in url, None, custom_id, raw, doc)
 
 
-def run_lint(files: list[str], policy: Policy, fmt: str = "text", beta: bool = False) -> int:
-    results = []
-    bad = 0
-    for path in files:
-        for item in items_of(path, beta):
-            problems, warnings = _check(item, policy)
-            bad += bool(problems)
-            results.append({"where": item.where, "file": item.file, "line": item.line,
-                            "custom_id": item.custom_id, "valid": not problems,
-                            "problems": [p.as_dict() for p in problems],
-                            "warnings": [w.as_dict() for w in warnings]})
+def check_item(item: Item, policy: Policy, repairs: RepairOptions | None = None) -> None:
+    """Fill in the item's problems and warnings; with `repairs`, repair it first where that helps."""
+    if item.read_error:
+        item.problems = [Problem("unreadable" if not item.line else "invalid_batch_line", None,
+                                 item.read_error)]
+        return
+    checked = check_body(item.body, policy, beta=item.beta)
+    if repairs is not None:
+        checked = _fix(item, checked, policy, repairs)
+    item.problems, item.warnings = checked.problems, checked.warnings
+
+
+def _fix(item: Item, checked: Checked, policy: Policy, repairs: RepairOptions) -> Checked:
+    for _ in range(FIX_PASSES):
+        found = [*checked.problems, *checked.warnings]
+        if not wanted(found, repairs):
+            break
+        try:
+            data = orjson.loads(orjson.dumps(item.fixed) if item.fixed is not None else item.body)
+        except orjson.JSONDecodeError:
+            break
+        if not isinstance(data, dict):
+            break
+        done = repair_chat(data, found, repairs, checked.profile, {})  # offline: nothing to restore from
+        if not done:
+            break
+        item.repairs += done
+        item.fixed = data
+        checked = check_body(orjson.dumps(data), policy, beta=item.beta)
+    return checked
+
+
+def run_lint(files: list[str], policy: Policy, fmt: str = "text", beta: bool = False,
+             fix: RepairOptions | None = None, output: str | None = None) -> int:
+    sources = [read_source(path, beta) for path in files]
+    items = [item for source in sources for item in source.items]
+    for item in items:
+        check_item(item, policy, fix)
+    bad = sum(bool(item.problems) for item in items)
+    if fix is not None:
+        _write_fixed(sources, output)
+    report = sys.stderr if fix is not None and output is None else sys.stdout
     if fmt == "json":
-        print(json.dumps({"checked": len(results), "invalid": bad, "results": results}))
+        print(json.dumps(_json_report(items, bad, fix is not None)), file=report)
     else:
-        _print_text(results, bad)
+        _print_text(items, bad, fix is not None, report)
     return 1 if bad else 0
 
 
-def _check(item: Item, policy: Policy) -> tuple[list[Problem], list[Problem]]:
-    if item.read_error:
-        return [Problem("unreadable" if not item.line else "invalid_batch_line", None, item.read_error)], []
-    checked = check_body(item.body, policy, beta=item.beta)
-    return checked.problems, checked.warnings
+def _json_report(items: list[Item], bad: int, fixing: bool) -> dict[str, Any]:
+    results = []
+    for item in items:
+        result: dict[str, Any] = {
+            "where": item.where, "file": item.file, "line": item.line, "custom_id": item.custom_id,
+            "valid": not item.problems, "problems": [p.as_dict() for p in item.problems],
+            "warnings": [w.as_dict() for w in item.warnings]}
+        if fixing:
+            result["repairs"] = [a.as_dict() for a in item.repairs]
+        results.append(result)
+    report: dict[str, Any] = {"checked": len(items), "invalid": bad, "results": results}
+    if fixing:
+        report["repaired"] = sum(bool(item.repairs) for item in items)
+    return report
 
 
-def _print_text(results: list[dict[str, Any]], bad: int) -> None:
-    out = sys.stdout
-    for r in results:
-        for kind, found in (("", r["problems"]), ("warning: ", r["warnings"])):
+def _print_text(items: list[Item], bad: int, fixing: bool, out: TextIO) -> None:
+    for item in items:
+        for a in item.repairs:
+            out.write(f"{item.where}: repaired: {a.label()}{f' ({a.detail})' if a.detail else ''}\n")
+        for kind, found in (("", item.problems), ("warning: ", item.warnings)):
             for p in found:
-                rule = f" [{p['rule']}]" if p.get("rule") else ""
-                param = p["param"] or "(body)"
-                out.write(f"{r['where']}: {kind}{param}: {p['code']}{rule}: {p['message']}\n")
-    out.write(f"{len(results)} checked, {bad} invalid\n")
+                rule = f" [{p.rule}]" if p.rule else ""
+                out.write(f"{item.where}: {kind}{p.param or '(body)'}: {p.code}{rule}: {p.message}\n")
+    repaired = f", {sum(bool(i.repairs) for i in items)} repaired" if fixing else ""
+    after = " after repair" if fixing else ""
+    out.write(f"{len(items)} checked{repaired}, {bad} invalid{after}\n")
+
+
+def _write_fixed(sources: list[Source], output: str | None) -> None:
+    """Each file in its own form (one document, or one line per item) to stdout, to `output` (one input
+    file), or into the directory `output` under the input's name (several files)."""
+    if output is not None and len(sources) > 1:
+        Path(output).mkdir(parents=True, exist_ok=True)
+    for source in sources:
+        data = b"".join(item.output() + b"\n" for item in source.items if item.raw)
+        if output is None:
+            sys.stdout.buffer.write(data)
+            sys.stdout.flush()
+        elif len(sources) > 1:
+            Path(output, Path(source.path).name).write_bytes(data)
+        else:
+            Path(output).write_bytes(data)

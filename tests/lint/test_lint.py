@@ -1,6 +1,7 @@
 """`chatgate lint FILE…`: the proxy's request checks, offline, on a JSON body, a JSONL file of bodies and an
 OpenAI batch-input file. Human output names file:line, custom_id, param, code (with its rule) and message;
-`--format json` is for machines; exit 1 when any problem, 0 when all are valid. No socket is ever opened."""
+`--format json` is for machines; exit 1 when any problem, 0 when all are valid; `--fix` writes the repaired
+bodies. No socket is ever opened."""
 
 from __future__ import annotations
 
@@ -283,3 +284,73 @@ def test_warnings_are_printed_and_do_not_fail_the_lint(tmp_path: Path, capsys: p
     assert "1 checked, 0 invalid" in out
     assert run_lint([str(path)], Policy(), beta=True) == 0
     assert "warning" not in capsys.readouterr().out
+
+
+# --- --fix ----------------------------------------------------------------------------------------------
+
+DEVELOPER = {**GOOD, "messages": [{"role": "developer", "content": "You write release notes."},
+                                  *GOOD["messages"][1:]]}
+CONFLICT = {**GOOD, "model": "deepseek-flash", "thinking": {"type": "disabled"}, "reasoning_effort": "high"}
+
+
+def fix_config(tmp_path: Path, *names: str) -> Path:
+    config = tmp_path / "repair.toml"
+    config.write_text("[repair]\n" + "".join(f"{name} = true\n" for name in names))
+    return config
+
+
+def test_fix_writes_the_repaired_jsonl_to_stdout_and_the_repairs_to_stderr(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    path = jsonl(tmp_path / "requests.jsonl", GOOD, DEVELOPER, CONFLICT)
+    code = main(["lint", "--fix", "--config", str(fix_config(tmp_path, "developer_role")), str(path)])
+    out, err = capfd.readouterr()
+    assert code == 0
+    lines = out.splitlines()
+    assert len(lines) == 3
+    assert lines[0] == json.dumps(GOOD), "a valid body is written as it was"
+    assert json.loads(lines[1])["messages"][0] == {"role": "system", "content": "You write release notes."}
+    assert "reasoning_effort" not in json.loads(lines[2]), "thinking_conflict is on by default"
+    assert f"{path}:2: repaired: developer_role@messages[0]" in err
+    assert f"{path}:3: repaired: thinking_conflict@reasoning_effort (dropped 'high')" in err
+    assert err.splitlines()[-1] == "3 checked, 2 repaired, 0 invalid after repair"
+
+
+def test_fix_keeps_the_batch_line_around_the_body_and_writes_to_output(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    path = jsonl(tmp_path / "batch.jsonl", batch_line("a", DEVELOPER), batch_line("b", GOOD))
+    target = tmp_path / "fixed.jsonl"
+    code = main(["lint", "--fix", "--output", str(target), "--config",
+                 str(fix_config(tmp_path, "developer_role")), str(path)])
+    out, _ = capfd.readouterr()
+    assert code == 0 and "repaired: developer_role@messages[0]" in out
+    first, second = (json.loads(line) for line in target.read_text().splitlines())
+    assert first["custom_id"] == "a" and first["url"] == "/v1/chat/completions"
+    assert first["body"]["messages"][0]["role"] == "system"
+    assert second == batch_line("b", GOOD)
+
+
+def test_fix_exits_1_when_something_is_left_invalid(tmp_path: Path,
+                                                   capfd: pytest.CaptureFixture[str]) -> None:
+    path = jsonl(tmp_path / "requests.jsonl", DEVELOPER, HOT)
+    code = main(["lint", "--fix", "--format", "json", str(path)])  # developer_role is off by default
+    out, err = capfd.readouterr()
+    assert code == 1
+    report = json.loads(err)
+    assert (report["checked"], report["invalid"], report["repaired"]) == (2, 2, 0)
+    assert [json.loads(line) for line in out.splitlines()] == [DEVELOPER, HOT], "unrepaired bodies unchanged"
+
+
+def test_fix_with_several_files_writes_a_directory(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    one = tmp_path / "one.json"
+    one.write_text(json.dumps(CONFLICT, indent=2))
+    two = jsonl(tmp_path / "two.jsonl", GOOD)
+    target = tmp_path / "fixed"
+    assert main(["lint", "--fix", "--output", str(target), str(one), str(two)]) == 0
+    capfd.readouterr()
+    assert "reasoning_effort" not in json.loads((target / "one.json").read_text())
+    assert (target / "two.jsonl").read_text() == json.dumps(GOOD) + "\n"
+
+
+def test_output_without_fix_is_a_usage_error(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    assert main(["lint", "--output", str(tmp_path / "x"), str(jsonl(tmp_path / "a.jsonl", GOOD))]) == 2
+    assert "--output needs --fix" in capfd.readouterr().err
