@@ -88,11 +88,18 @@ def add_dashboard(app: FastAPI, state: State) -> None:
             "top_offenders": offenders,
         }, {"cache-control": "no-store"})
 
+    async def repairs(request: Request) -> Response:
+        require_admin(state.gw.auth, request.headers.get("authorization"))
+        store = _need_store(state)
+        by_code = await asyncio.to_thread(repairs_by_code, store)
+        return json_response(200, {"by_code": by_code}, {"cache-control": "no-store"})
+
     router = app.router
     router.add_route("/admin/dashboard", page, methods=["GET"], include_in_schema=False)
     router.add_route("/admin/dashboard/{name}", static, methods=["GET"], include_in_schema=False)
     router.add_route("/admin/usage/timeseries", timeseries, methods=["GET"], include_in_schema=False)
     router.add_route("/admin/rejections", rejections, methods=["GET"], include_in_schema=False)
+    router.add_route("/admin/repairs", repairs, methods=["GET"], include_in_schema=False)
 
 
 def _static(name: str, media_type: str) -> Response:
@@ -166,4 +173,11 @@ def rejections_by_rule(store: Store) -> list[dict[str, Any]]:
     """Rejected requests by rule code (all time, every replica that writes to this store), most first."""
     rows = build_report(store, ReportQuery("rule"))["rows"]
     counts = [(str(r["rule_code"]), int(r["rejected"])) for r in rows if r["rejected"]]
+    return [{"code": code, "count": n} for code, n in sorted(counts, key=lambda kv: (-kv[1], kv[0]))]
+
+
+def repairs_by_code(store: Store) -> list[dict[str, Any]]:
+    """Requests chatgate repaired, per repair code (all time, every replica), most first."""
+    rows = build_report(store, ReportQuery("repair"))["rows"]
+    counts = [(str(r["repair"]), int(r["requests"])) for r in rows if r["repair"]]
     return [{"code": code, "count": n} for code, n in sorted(counts, key=lambda kv: (-kv[1], kv[0]))]

@@ -4,7 +4,6 @@ record, /metrics, the access log); each opt-in repair end to end; a valid body s
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -17,53 +16,18 @@ import pytest
 from tests.fakes.server import RunningFake
 from tests.gateway.conftest import JSON_HEADERS, chat_body, usage_rows
 from tests.harness import RunningChatgate
-
-KEY = "sk-repair-client-0001"
-SEARCH = {"type": "function", "function": {
-    "name": "search_forecast", "description": "Search the weather forecast.",
-    "parameters": {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}}}
+from tests.metering.helpers import usage_json
+from tests.repair import clients
+from tests.repair.clients import KEY, SEARCH, tool_calls_of
 
 
 def post(gate: RunningChatgate, body: dict[str, Any], key: str | None = KEY,
          path: str = "/v1/chat/completions", **headers: str) -> httpx2.Response:
-    h = {"content-type": "application/json", **headers}
-    if key:
-        h["authorization"] = f"Bearer {key}"
-    return httpx2.post(gate.url + path, content=orjson.dumps(body), headers=h, timeout=20)
-
-
-def tool_calls_of(response: httpx2.Response, stream: bool) -> list[dict[str, Any]]:
-    """The answer's tool calls as a client would put them back into its history."""
-    if not stream:
-        calls = response.json()["choices"][0]["message"]["tool_calls"]
-        return [{"id": c["id"], "type": "function", "function": c["function"]} for c in calls]
-    merged: dict[int, dict[str, Any]] = {}
-    for line in response.text.splitlines():
-        if not line.startswith("data: {"):
-            continue
-        for part in json.loads(line[6:])["choices"][0]["delta"].get("tool_calls") or []:
-            call = merged.setdefault(part["index"], {"id": "", "type": "function",
-                                                     "function": {"name": "", "arguments": ""}})
-            call["id"] = part.get("id") or call["id"]
-            call["function"]["name"] += part.get("function", {}).get("name") or ""
-            call["function"]["arguments"] += part.get("function", {}).get("arguments") or ""
-    return [merged[i] for i in sorted(merged)]
+    return clients.post(gate.url, body, key, path, **headers)
 
 
 def dropping_loop(gate: RunningChatgate, rounds: int, stream: bool, key: str = KEY) -> list[httpx2.Response]:
-    """A client that, like LangChain's ChatOpenAI, drops reasoning_content from the turns it sends back."""
-    messages: list[dict[str, Any]] = [{"role": "user", "content": "Umbrella in Lisbon today?"}]
-    answers = []
-    for n in range(rounds):
-        body = {"model": "deepseek-flash", "messages": messages, "tools": [SEARCH], "stream": stream}
-        resp = post(gate, body, key=key)
-        assert resp.status_code == 200, resp.text
-        answers.append(resp)
-        calls = tool_calls_of(resp, stream)
-        messages.append({"role": "assistant", "content": "", "tool_calls": calls})  # no reasoning_content
-        messages += [{"role": "tool", "tool_call_id": c["id"], "content": f"rain, round {n}"} for c in calls]
-        messages.append({"role": "user", "content": f"and round {n + 1}?"})
-    return answers
+    return clients.dropping_loop(gate.url, rounds, stream, key)
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["buffered", "streamed"])
@@ -83,6 +47,17 @@ def test_dropped_reasoning_is_restored_for_the_same_caller_r17(gate: RunningChat
     assert [r["repairs"] for r in rows] == [None, "restore_reasoning", "restore_reasoning"]
     metrics = httpx2.get(gate.url + "/metrics").text
     assert 'chatgate_repairs_total{code="restore_reasoning"} 2.0' in metrics
+
+
+def test_usage_by_repair_counts_each_request_under_each_of_its_repairs(gate: RunningChatgate,
+                                                                       tmp_path: Path) -> None:
+    dropping_loop(gate, rounds=2, stream=False)
+    assert post(gate, chat_body(thinking={"type": "disabled"}, reasoning_effort="low")).status_code == 200
+    usage_rows(tmp_path, 3)
+    report = usage_json(f"sqlite:///{tmp_path}/usage.db", "repair")
+    assert [(r["repair"], r["requests"]) for r in report["rows"]] == [
+        ("", 1), ("restore_reasoning", 1), ("thinking_conflict", 1)]
+    assert report["totals"]["requests"] == 3
 
 
 def test_another_key_replaying_the_ids_gets_the_400_and_no_reasoning(gate: RunningChatgate,

@@ -52,7 +52,7 @@ def chart_attrs(dom: str, chart_id: str) -> dict[str, str]:
 # --- the JSON endpoints ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("path", ["/admin/usage/timeseries?by=team", "/admin/rejections"])
+@pytest.mark.parametrize("path", ["/admin/usage/timeseries?by=team", "/admin/rejections", "/admin/repairs"])
 def test_dashboard_data_needs_the_admin_key(traffic: Traffic, path: str) -> None:
     client_secret = traffic.keys["alice-laptop"][1]
     assert traffic.admin(path, key=None).status_code == 401
@@ -100,6 +100,12 @@ def test_timeseries_rejects_bad_parameters_with_400(traffic: Traffic, query: str
     assert resp.json()["error"]["type"] == "invalid_request_error"
 
 
+def test_repairs_by_code(traffic: Traffic) -> None:
+    assert traffic.repaired == len(PLAN)  # every key sent one request that needed thinking_conflict
+    assert traffic.admin("/admin/repairs").json() == {
+        "by_code": [{"code": "thinking_conflict", "count": traffic.repaired}]}
+
+
 def test_rejections_by_rule_code_and_top_offenders(traffic: Traffic) -> None:
     body = traffic.admin("/admin/rejections").json()
     assert {r["code"]: r["count"] for r in body["by_rule"]} == traffic.rejected_codes
@@ -142,7 +148,9 @@ def test_headless_chromium_renders_every_chart(traffic: Traffic, tmp_path: Path)
     rejections = chart_attrs(dom, "chart-rejections")
     assert rejections["data-series"] == str(len(traffic.rejected_codes))
     assert rejections["data-total"] == str(traffic.rejected)
-    assert dom.count('class="bar"') >= 3 + 4 + 3 + len(traffic.rejected_codes)
+    repairs = chart_attrs(dom, "chart-repairs")
+    assert (repairs["data-series"], repairs["data-total"]) == ("1", str(traffic.repaired))
+    assert dom.count('class="bar"') >= 3 + 4 + 3 + len(traffic.rejected_codes) + 1
     assert "helpdesk-bot" in dom and "tool_without_tool_calls" in dom
     assert ADMIN_KEY not in dom  # the fragment is dropped from the URL and never shown
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
@@ -161,7 +169,7 @@ def test_headless_chromium_with_a_wrong_key_shows_the_refusal(traffic: Traffic, 
 def test_dashboard_data_is_503_when_metering_is_off(tmp_path: Path) -> None:
     settings = make_settings(tmp_path, store={"url": "none"}, auth={"admin_key": ADMIN_KEY})
     with run_chatgate(settings) as gate:
-        for path in ("/admin/usage/timeseries?by=team", "/admin/rejections"):
+        for path in ("/admin/usage/timeseries?by=team", "/admin/rejections", "/admin/repairs"):
             resp = httpx2.get(gate.url + path, headers={"authorization": f"Bearer {ADMIN_KEY}"}, timeout=10)
             assert resp.status_code == 503 and resp.json()["error"]["code"] == "no_store"
         assert httpx2.get(gate.url + "/admin/dashboard", timeout=10).status_code == 200

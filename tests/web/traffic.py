@@ -48,6 +48,7 @@ class Traffic:
     ok: int = 0
     rejected: int = 0
     rejected_codes: dict[str, int] = field(default_factory=dict)
+    repaired: int = 0  # requests repaired by thinking_conflict (on by default)
     started: float = 0.0  # every request arrived in [started, finished], all within one UTC hour
     finished: float = 0.0
 
@@ -82,11 +83,14 @@ def dashboard_traffic(tmp_path: Path) -> Iterator[Traffic]:
                 for _, name, model, ok, bad in PLAN:
                     auth = {"authorization": f"Bearer {traffic.keys[name][1]}"}
                     for i in range(ok):
-                        body = {"model": model, "stream": i % 2 == 1, "messages": [
+                        body: dict[str, Any] = {"model": model, "stream": i % 2 == 1, "messages": [
                             {"role": "user", "content": f"Summarise ticket #{i} for {name} in one line."}]}
+                        if i == 1:  # thinking disabled with an effort: repaired (thinking_conflict)
+                            body.update(thinking={"type": "disabled"}, reasoning_effort="high")
                         resp = client.post("/v1/chat/completions", json=body, headers=auth)
                         assert resp.status_code == 200, resp.text
                         traffic.ok += 1
+                        traffic.repaired += "x-chatgate-repaired" in resp.headers
                     for i in range(bad):
                         resp = client.post("/v1/chat/completions", json={"model": model, **BROKEN[i % 3]},
                                            headers=auth)

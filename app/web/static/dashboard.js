@@ -118,25 +118,25 @@
     legend(container, series.map((s) => `${s.label} (${fmt(metric === "tokens" ? s.total_tokens : s.total_cost_usd, metric)})`));
   }
 
-  // Horizontal bars: rejected requests per rule code.
-  function ruleBars(container, rows) {
+  // Horizontal bars: requests per code (rejections per rule code, repairs per repair).
+  function codeBars(container, rows, label, empty, fill) {
     container.replaceChildren();
     container.dataset.series = String(rows.length);
     container.dataset.total = String(rows.reduce((s, r) => s + r.count, 0));
     if (!rows.length) {
       const p = document.createElement("p");
       p.className = "empty";
-      p.textContent = "No rejected requests since this chatgate started.";
+      p.textContent = empty;
       container.append(p);
       return;
     }
     const shown = rows.slice(0, 12), rowH = 22, L = 200, W = 640, H = shown.length * rowH + 8;
     const max = Math.max(...shown.map((r) => r.count));
-    const svg = el("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": "rejections by rule" });
+    const svg = el("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": label });
     shown.forEach((r, i) => {
       const y = 4 + i * rowH, w = ((W - L - 50) * r.count) / max;
       svg.append(el("text", { x: L - 8, y: y + 14, "text-anchor": "end" }, r.code));
-      const rect = el("rect", { x: L, y: y + 2, width: Math.max(w, 1), height: rowH - 6, fill: "#c0392b",
+      const rect = el("rect", { x: L, y: y + 2, width: Math.max(w, 1), height: rowH - 6, fill: fill,
                                 class: "bar", "data-series": r.code });
       rect.append(el("title", {}, `${r.code}: ${r.count}`));
       svg.append(rect);
@@ -204,16 +204,19 @@
     const q = `bucket=${bucket}&since=${Math.floor(since.getTime() / 1000)}`;
     setStatus("loading", "Loading…");
     try {
-      const [team, key, model, totals, rejections] = await Promise.all([
+      const [team, key, model, totals, rejections, repairs] = await Promise.all([
         api(`/admin/usage/timeseries?by=team&${q}`), api(`/admin/usage/timeseries?by=key&${q}`),
-        api(`/admin/usage/timeseries?by=model&${q}`), api("/admin/usage?by=team"), api("/admin/rejections")]);
+        api(`/admin/usage/timeseries?by=model&${q}`), api("/admin/usage?by=team"), api("/admin/rejections"),
+        api("/admin/repairs")]);
       const byName = { team, key, model };
       document.querySelectorAll(".chart[data-by]").forEach((c) => {
         const data = byName[c.dataset.by];
         stackedBars(c, data.buckets, data.series.slice(0, COLORS.length), c.dataset.metric);
       });
       totalsBox(totals);
-      ruleBars($("chart-rejections"), rejections.by_rule);
+      codeBars($("chart-rejections"), rejections.by_rule, "rejections by rule", "No rejected requests.",
+               "#c0392b");
+      codeBars($("chart-repairs"), repairs.by_code, "repairs by code", "No repaired requests.", "#2e86c1");
       offendersTable($("offenders"), rejections.top_offenders);
       setStatus("ready", `Last ${span} ${bucket}(s), UTC. Updated ${new Date().toLocaleTimeString()}.`);
     } catch (err) {

@@ -1,0 +1,53 @@
+"""restore_reasoning where it is hard: the next round lands on another replica (two `chatgate serve`
+processes on one PostgreSQL store, requests alternating, the tool answering in 0 ms), or after chatgate was
+killed and restarted between two rounds (SQLite). Another key replaying the ids still gets the 400."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.fakes.server import run_fake_deepseek
+from tests.harness import spawn_chatgate
+from tests.pgutil import fresh_database
+from tests.repair.clients import DroppingAgent, post
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("stream", [False, True], ids=["buffered", "streamed"])
+def test_alternating_replicas_on_postgresql_restore_each_others_turns(tmp_path: Path, stream: bool) -> None:
+    with fresh_database() as store, run_fake_deepseek() as fake:
+        args = ("--upstream", fake.url, "--store", store)
+        (tmp_path / "a").mkdir()
+        (tmp_path / "b").mkdir()
+        with spawn_chatgate(tmp_path / "a", *args, name="replica-a") as a, \
+                spawn_chatgate(tmp_path / "b", *args, name="replica-b") as b:
+            agents = [DroppingAgent(key=f"sk-agent-{n}") for n in range(3)]
+            for n in range(6):  # each round on the other replica than the last
+                for k, agent in enumerate(agents):
+                    replica = (a, b)[(n + k) % 2]
+                    resp = agent.round(replica.url, stream)
+                    assert resp.status_code == 200, (n, k, resp.text)
+                    expected = "; ".join(f"restore_reasoning@messages[{1 + 3 * r}]" for r in range(n))
+                    assert resp.headers.get("x-chatgate-repaired", "") == expected
+            stranger = post(b.url, agents[0].body(stream=False), key="sk-not-the-agent")
+            assert stranger.status_code == 400
+            assert stranger.json()["error"]["code"] == "reasoning_content_missing"
+            assert "The user sent" not in stranger.text
+    assert all(r.status == 200 for r in fake.state.requests)
+    assert len(fake.state.requests) == 18
+
+
+def test_a_restart_between_rounds_keeps_the_turns_sqlite(tmp_path: Path) -> None:
+    store = f"sqlite:///{tmp_path}/usage.db"
+    agent = DroppingAgent()
+    with run_fake_deepseek() as fake:
+        with spawn_chatgate(tmp_path, "--upstream", fake.url, "--store", store, name="first") as first:
+            assert agent.round(first.url, stream=True).status_code == 200
+            first.kill9()  # no graceful stop: the turn was stored before the client had the answer's end
+        with spawn_chatgate(tmp_path, "--upstream", fake.url, "--store", store, name="second") as second:
+            resp = agent.round(second.url, stream=False)
+            assert resp.status_code == 200, resp.text
+            assert resp.headers["x-chatgate-repaired"] == "restore_reasoning@messages[1]"
+            assert second.terminate() == 0
