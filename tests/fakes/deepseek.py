@@ -8,6 +8,10 @@ Faults are chosen per request with the header `x-fake-fault: <name>` (`none` dis
 globally with `FakeState.fault` (optionally limited to the next `fault_count` chat requests).
 `x-fake-delay: <s>` overrides the delay of `slow`, `no_headers` and `stall_mid_stream`;
 `x-fake-chunk-delay: <s>` overrides `chunk_delay` for one request.
+
+Chat bodies are checked like DeepSeek checks them (`tests.fakes.rules`, written from the spec, not from the
+product): a body DeepSeek refuses gets its 400. `FakeState.validate = False` turns that off (JSON objects
+only). Every byte the fake writes back is recorded in `RecordedRequest.sent`.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ from typing import Any
 from urllib.parse import parse_qs
 
 import orjson
+
+from tests.fakes.rules import DESERIALIZE, deepseek_error, is_thinking, kind
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -54,14 +60,13 @@ ERROR_FAULTS: dict[str, tuple[int, str, str]] = {
     "http_500": (500, "Internal Server Error", "unknown_error"),
     "http_503": (503, "Server Overloaded: too much traffic, please retry later", "unknown_error"),
 }
-DESERIALIZE = "Failed to deserialize the JSON body into the target type:"
 PLAIN_422 = f"{DESERIALIZE} missing field `messages` at line 4 column 1".encode()
 STREAM_FAULTS = frozenset({"reset_mid_stream", "stall_mid_stream", "error_mid_stream"})
 OTHER_FAULTS = frozenset({"http_401", "http_422", "non_json_200", "no_headers", "slow"})
 FAULTS = frozenset(ERROR_FAULTS) | STREAM_FAULTS | OTHER_FAULTS
 CONFIG_FIELDS = (
     "usage_mode", "chunk_delay", "keepalive_count", "nonstream_keepalive_lines", "fault", "fault_count",
-    "fault_after_chunks", "slow_delay", "hang_seconds", "error_content_type", "valid_keys",
+    "fault_after_chunks", "slow_delay", "hang_seconds", "error_content_type", "valid_keys", "validate",
 )  # fmt: skip
 HTML_GARBAGE = b"<html><head><title>502 Bad Gateway</title></head><body><center>nginx</center></body></html>"
 
@@ -87,6 +92,8 @@ class RecordedRequest:
     usage_sent: bool = False  # the usage object itself reached the client
     completion_tokens_sent: int = 0  # tokens of the chunks/body actually written before the end or the cut
     outcome: str = "pending"  # pending|completed|error_response|client_disconnected|reset|stream_error
+    refused: str | None = None  # DeepSeek's 400 message if the fake's validation refused the body
+    sent: bytearray = field(default_factory=bytearray)  # every response body byte written, in order
 
     @property
     def json(self) -> Any:
@@ -114,7 +121,8 @@ class RecordedRequest:
     def to_json(self) -> dict[str, Any]:
         return {
             **self.issued(), "method": self.method, "headers": self.headers, "received_at": self.received_at,
-            "body_b64": base64.b64encode(self.body).decode(), "json": self.json,
+            "body_b64": base64.b64encode(self.body).decode(), "json": self.json, "refused": self.refused,
+            "sent_b64": base64.b64encode(bytes(self.sent)).decode(),
         }  # fmt: skip
 
 
@@ -139,6 +147,7 @@ class FakeState:
     hang_seconds: float = 3600.0  # how long "no_headers" / "stall_mid_stream" hang
     error_content_type: str = "application/json"  # e.g. "application/octet-stream" as observed
     valid_keys: list[str] | None = None  # if set, only these keys authenticate
+    validate: bool = True  # refuse chat bodies DeepSeek refuses (tests.fakes.rules)
     requests: list[RecordedRequest] = field(default_factory=list)
     issued_usage: dict[str, dict[str, int]] = field(default_factory=dict)  # per Authorization key
     active: int = 0  # requests being handled right now
@@ -160,6 +169,8 @@ class FakeState:
             raise ValueError(f"unknown fault {values['fault']!r}; known: {sorted(FAULTS)}")
         if "usage_mode" in values and values["usage_mode"] not in USAGE_MODES:
             raise ValueError(f"usage_mode must be one of {USAGE_MODES}")
+        if "validate" in values and not isinstance(values["validate"], bool):
+            raise ValueError("validate must be true or false")
         for name, value in values.items():
             setattr(self, name, value)
 
@@ -253,12 +264,6 @@ def split_pieces(text: str) -> list[str]:
 def random_tool_call_id() -> str:
     alphabet = string.ascii_letters + string.digits
     return "call_00_" + "".join(secrets.choice(alphabet) for _ in range(24))
-
-
-def is_thinking(body: dict[str, Any]) -> bool:
-    thinking = body.get("thinking")
-    disabled = isinstance(thinking, dict) and thinking.get("type") == "disabled"
-    return not disabled and body.get("model") != "deepseek-chat"
 
 
 def wants_tool_call(body: dict[str, Any], last: dict[str, Any]) -> str | None:
@@ -400,8 +405,9 @@ def stream_events(body: dict[str, Any], plan: Plan, usage: dict[str, Any], usage
 class Conn:
     """ASGI send side plus a watcher that notices the client going away."""
 
-    def __init__(self, receive: Receive, send: Send) -> None:
+    def __init__(self, receive: Receive, send: Send, sent: bytearray) -> None:
         self._send = send
+        self.sent = sent
         self.disconnected = asyncio.Event()
         self._watcher = asyncio.create_task(self._watch(receive))
 
@@ -418,6 +424,7 @@ class Conn:
         await self._send({"type": "http.response.start", "status": status, "headers": raw})
 
     async def body(self, data: bytes, more: bool = True) -> None:
+        self.sent += data
         await self._send({"type": "http.response.body", "body": data, "more_body": more})
 
     async def respond(self, status: int, data: bytes, content_type: str) -> None:
@@ -484,21 +491,16 @@ def header_float(headers: dict[str, str], name: str, default: float) -> float:
         return default
 
 
-def parse_chat_body(raw: bytes) -> tuple[dict[str, Any] | None, str | None]:
-    """(body, None) or (None, DeepSeek-style 400 message)."""
+def parse_chat_body(path: str, raw: bytes, validate: bool) -> tuple[dict[str, Any] | None, str | None]:
+    """(body, None) or (None, DeepSeek's 400 message)."""
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         return None, f"Failed to parse the request body as JSON: {exc}"
-    where = f"at line 1 column {len(raw)}"
     if not isinstance(body, dict):
-        return None, f"{DESERIALIZE} invalid type, expected a map {where}"
-    for name in ("messages", "model"):
-        if name not in body:
-            return None, f"{DESERIALIZE} missing field `{name}` {where}"
-    if body.get("stream_options") is not None and body.get("stream") is not True:
-        return None, "stream_options should be set along with stream = true"
-    return body, None
+        return None, f"{DESERIALIZE} invalid type: {kind(body)}, expected a map at line 1 column 1"
+    problem = deepseek_error(path, body, len(raw)) if validate else None
+    return (None, problem) if problem else (body, None)
 
 
 # ---------------------------------------------------------------------------------------------- the app
@@ -525,7 +527,7 @@ class FakeDeepSeek:
             scope["method"], scope["path"], headers, body, bearer_key(headers), headers.get("x-request-id")
         )
         self.state.requests.append(rec)
-        conn = Conn(receive, send)
+        conn = Conn(receive, send, rec.sent)
         try:
             with self.state.tracking():
                 await self.route(rec, conn)
@@ -592,8 +594,9 @@ class FakeDeepSeek:
         return False
 
     async def answer(self, rec: RecordedRequest, conn: Conn, fault: str | None) -> None:
-        body, problem = parse_chat_body(rec.body)
+        body, problem = parse_chat_body(rec.path, rec.body, self.state.validate)
         if body is None:
+            rec.refused = problem
             await self.send_error(rec, conn, 400, error_bytes(problem or "Invalid request", INVALID))
             return
         plan = make_plan(body)

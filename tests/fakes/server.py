@@ -1,7 +1,7 @@
 """Run the fake DeepSeek on a real loopback port: in-process (thread) or as its own process.
 
 In-process:   `with run_fake_deepseek() as fake: ... fake.url, fake.state`
-Own process:  `python -m tests.fakes.server --port 0 [--usage-mode ...] [--chunk-delay S] ...`
+Own process:  `python -m tests.fakes.server --port 0 [--usage-mode ...] [--chunk-delay S] [--no-validate] ...`
               prints `FAKE_DEEPSEEK_URL http://127.0.0.1:PORT` on stdout once it accepts connections;
               `with spawn_fake_deepseek() as fake:` does that for a test and gives a `FakeControl`.
 """
@@ -199,6 +199,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--keepalive-count", type=int, default=1)
     parser.add_argument("--nonstream-keepalive-lines", type=int, default=0)
     parser.add_argument("--fault", default=None)
+    parser.add_argument(
+        "--no-validate",
+        dest="validate",
+        action="store_false",
+        help="accept chat bodies DeepSeek would refuse (only JSON objects are checked)",
+    )
     parser.add_argument("--log-level", default="warning")
     return parser.parse_args(argv)
 
@@ -211,6 +217,7 @@ def main(argv: list[str] | None = None) -> None:
         keepalive_count=args.keepalive_count,
         nonstream_keepalive_lines=args.nonstream_keepalive_lines,
         fault=args.fault,
+        validate=args.validate,
     )
     sock = bind_socket(args.port, args.host)
     server = make_server(state, args.log_level)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import re
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -11,9 +12,12 @@ import httpx2
 import openai
 import orjson
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from openai.types.chat import ChatCompletionChunk, ChatCompletionMessageParam, ChatCompletionToolParam
 
 from tests.fakes.deepseek import FakeState
+from tests.fakes.rules import deepseek_error
 from tests.fakes.server import RunningFake, run_fake_deepseek, spawn_fake_deepseek
 
 KEY = "sk-test-0001"
@@ -133,6 +137,404 @@ def test_bad_body_gets_deepseek_400(http: httpx2.Client) -> None:
     assert "missing field `messages`" in missing.json()["error"]["message"]
     options = http.post("/chat/completions", json=chat(stream_options={"include_usage": True}))
     assert options.json()["error"]["message"] == "stream_options should be set along with stream = true"
+
+
+# ------------------------------------------------------------------------------------------ validation
+
+DESERIALIZE = "Failed to deserialize the JSON body into the target type: "
+UNANSWERED = (
+    "An assistant message with 'tool_calls' must be followed by tool messages responding to each "
+    "'tool_call_id'. (insufficient tool messages following tool_calls message)"
+)
+ORPHAN_TOOL = "Messages with role 'tool' must be a response to a preceding message with 'tool_calls'"
+PASS_BACK = "The `reasoning_content` in the thinking mode must be passed back to the API."
+MAX_RANGE = "Invalid max_tokens value, the valid range of max_tokens is [1, 393216]"
+EFFORT_CONFLICT = "thinking options type cannot be disabled when reasoning_effort is set"
+THINKING_CHOICE = "Thinking mode does not support this tool_choice"
+
+
+def call(call_id: str = "call_00_a", arguments: Any = "{}", **function: Any) -> dict[str, Any]:
+    return {
+        "id": call_id,
+        "type": "function",
+        "function": {"name": "search", "arguments": arguments, **function},
+    }
+
+
+def turn(*calls: dict[str, Any], reasoning: str | None = "r") -> dict[str, Any]:
+    """An assistant tool-call turn, with reasoning_content unless it is None."""
+    message = {"role": "assistant", "content": "", "tool_calls": list(calls)}
+    return message if reasoning is None else {**message, "reasoning_content": reasoning}
+
+
+def answer(call_id: str = "call_00_a") -> dict[str, Any]:
+    return {"role": "tool", "tool_call_id": call_id, "content": "sunny"}
+
+
+def history(*messages: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    """A body: USER, then the given messages, then a new user turn."""
+    return chat(messages=[*USER, *messages, {"role": "user", "content": "thanks"}], **extra)
+
+
+def schema(**extra: Any) -> dict[str, Any]:
+    """A function schema that is strict unless `extra` changes it."""
+    where = {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+        "additionalProperties": False,
+    }
+    return {
+        "type": "object",
+        "properties": {"q": {"type": "string"}, "where": where},
+        "required": ["q", "where"],
+        "additionalProperties": False,
+        **extra,
+    }
+
+
+def strict_tools(parameters: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{"type": "function", "function": {"name": "search", "strict": True, "parameters": parameters}}]
+
+
+LOOSE = schema(required=["q"])  # "where" is not required
+NESTED_OPEN = schema(properties={"where": {"type": "object", "properties": {}}}, required=["where"])
+LIMITED = schema(properties={"q": {"type": "string", "maxLength": 5}}, required=["q"])
+
+REFUSED: dict[str, tuple[str, dict[str, Any], str]] = {
+    # name: (path, body, DeepSeek's message: exact, or a regex when it starts with "^")
+    "R5 developer role": (
+        "/chat/completions",
+        chat(messages=[*USER, {"role": "developer", "content": "x"}]),
+        "^"
+        + re.escape(
+            DESERIALIZE + "messages[1].role: unknown variant `developer`, expected "
+            "one of `system`, `user`, `assistant`, `tool`, `latest_reminder`"
+        )
+        + r" at line 1 column \d+$",
+    ),
+    "R5 function role": (
+        "/chat/completions",
+        chat(messages=[{"role": "function", "content": "x"}]),
+        "^" + re.escape(DESERIALIZE + "messages[0].role: unknown variant `function`"),
+    ),
+    "R11 arguments object": (
+        "/chat/completions",
+        history(turn(call(arguments={"q": "x"})), answer()),
+        "^"
+        + re.escape(
+            DESERIALIZE + "messages[1].tool_calls[0].function.arguments: "
+            "invalid type: map, expected a string at line 1 column "
+        ),
+    ),
+    "R11 no id": (
+        "/chat/completions",
+        history(turn({"type": "function", "function": {"name": "s"}})),
+        "^" + re.escape(DESERIALIZE + "messages[1].tool_calls[0]: missing field `id`"),
+    ),
+    "R11 no name": (
+        "/chat/completions",
+        history(turn({"id": "c", "function": {"arguments": "{}"}})),
+        "^" + re.escape(DESERIALIZE + "messages[1].tool_calls[0].function: missing field `name`"),
+    ),
+    "R13 no tool_call_id": (
+        "/chat/completions",
+        history(turn(call()), {"role": "tool", "content": "x"}),
+        "^" + re.escape(DESERIALIZE + "messages[2]: missing field `tool_call_id`"),
+    ),
+    "R14 tool after user": ("/chat/completions", chat(messages=[*USER, answer()]), ORPHAN_TOOL),
+    "R14 tool after text answer": (
+        "/chat/completions",
+        history({"role": "assistant", "content": "hi"}, answer()),
+        ORPHAN_TOOL,
+    ),
+    "R16 user in between": (
+        "/chat/completions",
+        history(turn(call()), {"role": "user", "content": "go"}, answer()),
+        UNANSWERED,
+    ),
+    "R16 system in between": (
+        "/chat/completions",
+        history(turn(call()), {"role": "system", "content": "s"}, answer()),
+        UNANSWERED,
+    ),
+    "R16 one of two answered": (
+        "/chat/completions",
+        history(turn(call("a"), call("b")), answer("a")),
+        UNANSWERED,
+    ),
+    "R15 unknown id": ("/chat/completions", history(turn(call("a")), answer("zzz")), UNANSWERED),
+    "R16 unanswered at the end": ("/chat/completions", chat(messages=[*USER, turn(call())]), UNANSWERED),
+    "R17 no reasoning_content": (
+        "/chat/completions",
+        history(turn(call(), reasoning=None), answer()),
+        PASS_BACK,
+    ),
+    "R17 null reasoning_content": (
+        "/v1/chat/completions",
+        history(
+            {**turn(call()), "reasoning_content": None},
+            answer(),
+            model="deepseek-v4-pro",
+            thinking={"type": "enabled"},
+        ),
+        PASS_BACK,
+    ),
+    "R27 zero": ("/chat/completions", chat(max_tokens=0), MAX_RANGE),
+    "R27 above 384K": ("/chat/completions", chat(max_tokens=393217), MAX_RANGE),
+    "R27 legacy name": ("/chat/completions", chat(model="deepseek-chat", max_tokens=400000), MAX_RANGE),
+    "R27 string": (
+        "/chat/completions",
+        chat(max_tokens="5"),
+        "^" + re.escape(DESERIALIZE + 'max_tokens: invalid type: string "5", expected u32'),
+    ),
+    "R29 options without stream": (
+        "/chat/completions",
+        chat(stream_options={"include_usage": True}),
+        "stream_options should be set along with stream = true",
+    ),
+    "R32 beta: not all required": (
+        "/beta/chat/completions",
+        chat(tools=strict_tools(LOOSE)),
+        "^Invalid schema for function 'tools\\[0\\].function.parameters': all "
+        "properties must be required \\(missing: where\\)",
+    ),
+    "R32 beta: nested object open": (
+        "/beta/chat/completions",
+        chat(tools=strict_tools(NESTED_OPEN)),
+        "^Invalid schema .*parameters.properties.where': 'additionalProperties' must be false",
+    ),
+    "R32 beta: maxLength": (
+        "/beta/chat/completions",
+        chat(tools=strict_tools(LIMITED)),
+        "^Invalid schema .*parameters.properties.q': 'maxLength' is not supported",
+    ),
+    "R32 beta: strict and not strict": (
+        "/beta/chat/completions",
+        chat(tools=[*strict_tools(schema()), *TOOLS]),
+        "^Invalid tools: in strict mode every function",
+    ),
+    "R34 required": ("/chat/completions", chat(tools=TOOLS, tool_choice="required"), THINKING_CHOICE),
+    "R34 named": (
+        "/chat/completions",
+        chat(
+            tools=TOOLS,
+            tool_choice={"type": "function", "function": {"name": "search"}},
+            thinking={"type": "adaptive"},
+        ),
+        THINKING_CHOICE,
+    ),
+    "R36 thinking auto": (
+        "/chat/completions",
+        chat(thinking={"type": "auto"}),
+        "^"
+        + re.escape(
+            DESERIALIZE + "thinking.type: unknown variant `auto`, expected one of "
+            "`adaptive`, `enabled`, `disabled` at line 1 column "
+        ),
+    ),
+    "R41 disabled with effort": (
+        "/chat/completions",
+        chat(thinking={"type": "disabled"}, reasoning_effort="high"),
+        EFFORT_CONFLICT,
+    ),
+    "R10 empty assistant": (
+        "/chat/completions",
+        history({"role": "assistant", "content": None}),
+        "Invalid assistant message: content or tool_calls must be set",
+    ),
+    "R6 system array": (
+        "/chat/completions",
+        chat(messages=[{"role": "system", "content": [{"type": "text", "text": "s"}]}, *USER]),
+        "^" + re.escape(DESERIALIZE + "messages[0].content: invalid type: sequence, expected a string"),
+    ),
+    "R23 json_schema": (
+        "/chat/completions",
+        chat(response_format={"type": "json_schema"}),
+        "This response_format type is unavailable now",
+    ),
+    "R31 tool name": (
+        "/chat/completions",
+        chat(tools=[{"type": "function", "function": {"name": "fs.read"}}]),
+        "Invalid 'tools[0].function.name': string does not match pattern. Expected a string "
+        "that matches the pattern '^[a-zA-Z0-9_-]+$'.",
+    ),
+    "R33 tool_choice any": (
+        "/chat/completions",
+        chat(tools=TOOLS, tool_choice="any"),
+        "^"
+        + re.escape(
+            DESERIALIZE + "tool_choice: expected one of `none`, `auto`, "
+            "`required` or a tool at line 1 column "
+        ),
+    ),
+}
+
+ACCEPTED: dict[str, tuple[str, dict[str, Any]]] = {
+    "R5 every role": (
+        "/chat/completions",
+        chat(
+            messages=[
+                {"role": "system", "content": "s"},
+                *USER,
+                {"role": "assistant", "content": "a"},
+                {"role": "latest_reminder", "content": "r"},
+                *USER,
+            ]
+        ),
+    ),
+    "R11-R16 answered calls": (
+        "/chat/completions",
+        history(turn(call("a"), call("b")), answer("b"), answer("a")),
+    ),
+    "R15 extra answer after all answered": (
+        "/chat/completions",
+        history(turn(call("a")), answer("a"), answer("a")),
+    ),
+    "R11 type null or absent": (
+        "/chat/completions",
+        history(
+            turn({**call("a"), "type": None}, {"id": "b", "function": {"name": "s", "arguments": ""}}),
+            answer("a"),
+            answer("b"),
+        ),
+    ),
+    "R17 empty reasoning_content": ("/chat/completions", history(turn(call(), reasoning=""), answer())),
+    "R17 deepseek-chat": (
+        "/chat/completions",
+        history(turn(call(), reasoning=None), answer(), model="deepseek-chat"),
+    ),
+    "R17 thinking disabled": (
+        "/chat/completions",
+        history(turn(call(), reasoning=None), answer(), thinking={"type": "disabled"}),
+    ),
+    "R17 effort none": (
+        "/chat/completions",
+        history(turn(call(), reasoning=None), answer(), reasoning_effort="none"),
+    ),
+    "R27 bounds": ("/chat/completions", chat(max_tokens=393216)),
+    "R27 one": ("/chat/completions", chat(max_tokens=1, model="deepseek-v4-pro")),
+    "R27 null": ("/chat/completions", chat(max_tokens=None)),
+    "R29 options with stream": (
+        "/chat/completions",
+        chat(stream=True, stream_options={"include_usage": True}),
+    ),
+    "R32 strict off beta": ("/chat/completions", chat(tools=strict_tools(LOOSE))),
+    "R32 strict off beta, v1": ("/v1/chat/completions", chat(tools=[*strict_tools(NESTED_OPEN), *TOOLS])),
+    "R32 beta: strict schema": ("/beta/chat/completions", chat(tools=strict_tools(schema()))),
+    "R32 beta: no strict": ("/beta/chat/completions", chat(tools=TOOLS)),
+    "R34 disabled + required": (
+        "/chat/completions",
+        chat(tools=TOOLS, tool_choice="required", thinking={"type": "disabled"}),
+    ),
+    "R34 effort none + named": (
+        "/chat/completions",
+        chat(
+            tools=TOOLS,
+            reasoning_effort="none",
+            tool_choice={"type": "function", "function": {"name": "search"}},
+        ),
+    ),
+    "R34 thinking + auto": ("/chat/completions", chat(tools=TOOLS, tool_choice="auto")),
+    "R36 adaptive": ("/chat/completions", chat(thinking={"type": "adaptive"})),
+    "R36 enabled + effort": ("/chat/completions", chat(thinking={"type": "enabled"}, reasoning_effort="max")),
+    "R41 disabled + effort none": (
+        "/chat/completions",
+        chat(thinking={"type": "disabled"}, reasoning_effort="none"),
+    ),
+    "R39 unknown fields": ("/chat/completions", chat(temp=0.1, dsh_trace={"x": [1]}, user="u")),
+    "R10 empty string content": ("/chat/completions", history({"role": "assistant", "content": ""})),
+    "tool content array": (
+        "/chat/completions",
+        history(
+            turn(call()),
+            {"role": "tool", "tool_call_id": "call_00_a", "content": [{"type": "text", "text": "sunny"}]},
+        ),
+    ),
+}
+
+
+@pytest.mark.parametrize(("path", "body", "message"), REFUSED.values(), ids=REFUSED.keys())
+def test_refuses_what_deepseek_refuses(
+    http: httpx2.Client, fake: RunningFake, path: str, body: dict[str, Any], message: str
+) -> None:
+    response = http.post(path, json=body)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert (error["type"], error["param"], error["code"]) == (
+        "invalid_request_error",
+        None,
+        "invalid_request_error",
+    )
+    if message.startswith("^"):
+        assert re.match(message, error["message"]), error["message"]
+    else:
+        assert error["message"] == message
+    (rec,) = fake.state.requests
+    assert rec.refused == error["message"] and rec.outcome == "error_response" and rec.usage is None
+
+
+@pytest.mark.parametrize(("path", "body"), ACCEPTED.values(), ids=ACCEPTED.keys())
+def test_accepts_what_deepseek_accepts(http: httpx2.Client, path: str, body: dict[str, Any]) -> None:
+    response = http.post(path, json=body)
+    assert response.status_code == 200, response.text
+    if body.get("stream"):
+        assert response.text.endswith("data: [DONE]\n\n")
+    else:
+        assert response.json()["choices"][0]["message"]["role"] == "assistant"
+
+
+def test_effort_none_turns_thinking_off(http: httpx2.Client) -> None:
+    message = http.post("/chat/completions", json=chat(reasoning_effort="none")).json()["choices"][0][
+        "message"
+    ]
+    assert "reasoning_content" not in message
+
+
+def test_validation_can_be_switched_off(http: httpx2.Client, fake: RunningFake) -> None:
+    odd = chat(messages=[{"role": "developer", "content": "x"}], thinking={"type": "auto"}, max_tokens=0)
+    assert http.post("/chat/completions", json=odd).status_code == 400
+    assert http.post("/_fake/config", json={"validate": "no"}).status_code == 400
+    assert http.post("/_fake/config", json={"validate": False}).json()["validate"] is False
+    accepted = http.post("/chat/completions", json=odd)
+    assert accepted.status_code == 200 and accepted.json()["choices"][0]["finish_reason"] == "length"
+    assert http.post("/chat/completions", content=b"[1]").status_code == 400  # still a JSON object only
+    http.post("/_fake/reset")
+    assert http.get("/_fake/config").json()["validate"] is True
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=8,
+)
+BASES = [body for _, body in ACCEPTED.values()] + [body for _, body, _ in REFUSED.values()]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    base=st.sampled_from(BASES),
+    key=st.sampled_from(
+        ["messages", "tools", "thinking", "tool_choice", "max_tokens", "stream_options", "model", "x"]
+    ),
+    value=json_values,
+    index=st.integers(0, 3),
+    beta=st.booleans(),
+)
+def test_rules_never_raise(base: dict[str, Any], key: str, value: Any, index: int, beta: bool) -> None:
+    """Any JSON in any field, also inside a message or a tool: a message or None, never an exception."""
+    body = orjson.loads(orjson.dumps(base))
+    for name in ("messages", "tools"):
+        if key == name and isinstance(body.get(name), list) and index < len(body[name]):
+            item = body[name][index]
+            if isinstance(item, dict) and isinstance(value, dict):
+                value = {**item, **value}
+            body[name][index] = value
+            break
+    else:
+        body[key] = value
+    problem = deepseek_error("/beta/chat/completions" if beta else "/chat/completions", body, 100)
+    assert problem is None or isinstance(problem, str)
 
 
 # ------------------------------------------------------------------------------------------ auth
@@ -401,6 +803,38 @@ def test_non_json_200(http: httpx2.Client) -> None:
 # ------------------------------------------------------------------------------------------ records
 
 
+def test_sent_is_every_byte_the_client_received(http: httpx2.Client, fake: RunningFake) -> None:
+    fake.state.configure(keepalive_count=2, nonstream_keepalive_lines=2, chunk_delay=0.001)
+    responses = [
+        http.post("/chat/completions", json=chat(stream=True, tools=TOOLS)),
+        http.post("/chat/completions", json=chat()),
+        http.post("/chat/completions", json=chat(max_tokens=0)),
+        http.post("/chat/completions", json=chat(), headers={"x-fake-fault": "http_429"}),
+        http.get("/models"),
+    ]
+    assert [r.status_code for r in responses] == [200, 200, 400, 429, 200]
+    assert [bytes(rec.sent) for rec in fake.state.requests] == [r.content for r in responses]
+    assert responses[0].content.startswith(b": keep-alive\n\n: keep-alive\n\ndata: {")
+    assert responses[1].content.startswith(b"\n\n{")
+    entry = http.get("/_fake/requests").json()[0]
+    assert base64.b64decode(entry["sent_b64"]) == responses[0].content
+
+
+def test_sent_stops_where_the_stream_was_cut(fake: RunningFake) -> None:
+    headers = {**AUTH, "x-fake-fault": "reset_mid_stream"}
+    received = bytearray()
+    with (
+        pytest.raises(httpx2.TransportError),
+        httpx2.stream(
+            "POST", f"{fake.url}/chat/completions", headers=headers, json=chat(stream=True)
+        ) as response,
+    ):
+        for piece in response.iter_raw():
+            received += piece
+    assert fake.state.wait_idle(5)
+    assert fake.state.requests[-1].sent == received and received.count(b"data: {") == 3
+
+
 def test_records_what_reached_it(http: httpx2.Client, fake: RunningFake) -> None:
     body = orjson.dumps(chat(user_id="u1"))
     headers = {"content-type": "application/json", "x-request-id": "req-1", "x-custom": "yes"}
@@ -449,6 +883,15 @@ def test_control_endpoints_in_separate_process() -> None:
         assert second["stream"] and not second["usage_sent"]
         fake.control.reset()
         assert fake.control.requests() == [] and fake.control.config()["keepalive_count"] == 2
+        assert fake.control.config()["validate"] is True
+
+
+def test_no_validate_flag_in_separate_process() -> None:
+    with spawn_fake_deepseek("--no-validate") as fake:
+        assert fake.control.config()["validate"] is False
+        odd = chat(messages=[{"role": "developer", "content": "x"}])
+        response = httpx2.post(f"{fake.url}/chat/completions", json=odd, headers=AUTH, timeout=10)
+        assert response.status_code == 200
 
 
 def test_state_rejects_unknown_fault() -> None:

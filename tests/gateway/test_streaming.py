@@ -7,6 +7,7 @@ import asyncio
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -45,32 +46,53 @@ def read_all(gate: RunningChatgate, body: dict[str, Any]) -> bytes:
         return response.read()
 
 
+CHUNK_DELAY = 0.05  # the fake sleeps this long before each event
+
+
+def assert_spread_over_time(arrivals: list[float]) -> None:
+    """Events the fake sent CHUNK_DELAY apart reached the client apart too, not in bursts. The bounds leave
+    room for a loaded machine (a late event shortens the next gap), yet fail for a relay that buffers all
+    events, or pairs of them."""
+    gaps = [later - earlier for earlier, later in pairwise(arrivals)]
+    assert len(gaps) >= 10, f"too few events to judge: {len(arrivals)}"
+    wide = [gap for gap in gaps if gap >= 0.7 * CHUNK_DELAY]
+    assert len(wide) >= 0.6 * len(gaps), f"gaps (ms): {[round(gap * 1000) for gap in gaps]}"
+    assert arrivals[-1] - arrivals[0] >= 0.8 * CHUNK_DELAY * len(gaps)
+
+
 def test_chunks_are_relayed_as_they_arrive(gate: RunningChatgate, fake: RunningFake) -> None:
-    """No buffering: the first content chunk reaches the client while DeepSeek is still generating."""
-    fake.state.configure(chunk_delay=0.05)
-    reads: list[bytes] = []
-    pending_at_first_data: str | None = None
+    """No buffering: each event reaches the client when DeepSeek sends it, the first one while DeepSeek is
+    still generating."""
+    fake.state.configure(chunk_delay=CHUNK_DELAY)
+    raw = b""
+    arrivals: list[float] = []  # when each complete `data: {` event was read
+    sent_at_first_data: int | None = None
     with open_stream(gate, chat_body("Tell me a short story", stream=True)) as response:
         for piece in response.iter_raw():
-            reads.append(piece)
-            if pending_at_first_data is None and b"data: {" in piece:
-                pending_at_first_data = fake.state.requests[0].outcome
-    assert pending_at_first_data == "pending"  # the fake had not finished when the client saw data
-    assert len(reads) > 5
-    assert reads[-1].endswith(b"data: [DONE]\n\n")
-    assert fake.state.requests[0].outcome == "completed"
+            now = time.monotonic()
+            raw += piece
+            events = sum(block.startswith(b"data: {") for block in raw.split(b"\n\n")[:-1])
+            arrivals += [now] * (events - len(arrivals))
+            if events and sent_at_first_data is None:
+                rec = fake.state.requests[0]
+                assert rec.outcome == "pending"  # the fake had not finished when the client saw data
+                sent_at_first_data = len(rec.sent)
+    rec = fake.state.requests[0]
+    assert raw.endswith(b"data: [DONE]\n\n") and rec.outcome == "completed"
+    assert sent_at_first_data is not None and sent_at_first_data < len(rec.sent) // 4
+    assert len(arrivals) == len(data_events(raw))
+    assert_spread_over_time(arrivals)
 
 
 def test_sdk_sees_chunks_spread_over_time(gate: RunningChatgate, fake: RunningFake) -> None:
-    fake.state.configure(chunk_delay=0.05)
+    fake.state.configure(chunk_delay=CHUNK_DELAY)
     arrivals: list[float] = []
     with openai.OpenAI(base_url=gate.url + "/v1", api_key="sk-stream", max_retries=0) as client:
         for _ in client.chat.completions.create(model="deepseek-flash", stream=True,
                                                 messages=[{"role": "user", "content": "Count to five"}]):
             arrivals.append(time.monotonic())
-    assert len(arrivals) > 5
-    # coarse ordering, not a timing bound: the chunks did not all arrive in one burst at the end
-    assert arrivals[-1] - arrivals[0] > (arrivals[1] - arrivals[0])
+    assert len(arrivals) == len(data_events(bytes(fake.state.requests[0].sent)))
+    assert_spread_over_time(arrivals)
 
 
 def test_keepalive_comments_and_done_are_relayed(gate: RunningChatgate, fake: RunningFake) -> None:
@@ -81,12 +103,23 @@ def test_keepalive_comments_and_done_are_relayed(gate: RunningChatgate, fake: Ru
     assert raw.count(b"data: [DONE]") == 1
 
 
-def test_relayed_stream_is_byte_identical_to_upstream(gate: RunningChatgate, fake: RunningFake) -> None:
-    raw = read_all(gate, chat_body(stream=True))
-    events = data_events(raw)
-    assert events[0]["choices"][0]["delta"]["role"] == "assistant"
-    assert b"\r" not in raw and all(block.startswith((b"data: ", b": ")) for block in raw.split(b"\n\n")
-                                   if block)
+TOOLS = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
+
+
+@pytest.mark.parametrize("transport", ["aiohttp", "httpx"])
+@pytest.mark.parametrize("extra", [{}, {"tools": TOOLS}, {"thinking": {"type": "disabled"}}],
+                         ids=["text", "tool_call", "no_thinking"])
+def test_relayed_stream_is_byte_identical_to_upstream(start_gate: Callable[..., RunningChatgate],
+                                                      fake: RunningFake, transport: str,
+                                                      extra: dict[str, Any]) -> None:
+    """The client gets exactly the bytes the fake wrote: keep-alives, every event, [DONE], nothing more."""
+    gate = start_gate(upstream={"transport": transport})
+    fake.state.configure(keepalive_count=2, chunk_delay=0.002)
+    raw = read_all(gate, chat_body(stream=True, **extra))
+    sent = bytes(fake.state.requests[0].sent)
+    assert sent.startswith(b": keep-alive\n\n: keep-alive\n\ndata: {") and sent.endswith(b"data: [DONE]\n\n")
+    assert len(data_events(sent)) > 5
+    assert raw == sent
 
 
 def test_usage_rides_on_the_last_chunk_and_is_metered_exactly(gate: RunningChatgate, fake: RunningFake,
@@ -183,12 +216,14 @@ def test_gateway_keeps_serving_after_a_disconnect(gate: RunningChatgate, fake: R
 def test_usage_request_leaves_odd_bodies_alone_when_validation_is_off(
         start_gate: Callable[..., RunningChatgate], fake: RunningFake, tmp_path: Path) -> None:
     """validation.enabled = false: chatgate must not crash re-writing a body it never checked; the
-    client's bytes go upstream and DeepSeek answers for itself."""
+    client's bytes go upstream and DeepSeek answers for itself (its deserializer refuses the list)."""
     gate = start_gate(upstream={"request_stream_usage": True}, validation={"enabled": False})
     body = orjson.dumps(chat_body(stream=True, stream_options=["include_usage"]))
     response = httpx2.post(gate.url + "/v1/chat/completions", content=body, headers=JSON_HEADERS, timeout=10)
-    assert response.status_code == 200
-    assert fake.state.requests[0].body == body
+    rec = fake.state.requests[0]
+    assert rec.body == body
+    assert rec.refused is not None and "stream_options: invalid type: sequence" in rec.refused
+    assert response.status_code == 400 and response.json()["error"]["message"] == rec.refused
     usage_rows(tmp_path, 1)
 
 
