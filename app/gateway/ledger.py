@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from app.gateway.accesslog import AccessLog, access_line
@@ -12,7 +13,7 @@ from app.metering.metrics import Metrics
 from app.metering.pricing import cost_picousd
 from app.metering.recorder import Recorder
 from app.metering.store.base import UsageRecord
-from app.metering.tokens import count_text, prompt_text
+from app.metering.tokens import count_text
 from app.metering.usage import TokenCounts
 from app.profiles import ModelProfile
 from app.settings import Settings
@@ -27,10 +28,11 @@ class Ledger:
         self.metrics = metrics
         self.access_log = AccessLog() if settings.server.access_log else None
 
-    async def estimate(self, ex: Exchange, completion_text: str, reasoning_text: str = "") -> TokenCounts:
+    async def estimate(self, ex: Exchange, prompt_text: Callable[[], str], completion_text: str,
+                       reasoning_text: str = "") -> TokenCounts:
         """DeepSeek sent no usage: count locally with its tokenizer, off the event loop."""
         def count() -> TokenCounts:
-            prompt = count_text(prompt_text(ex.json()))
+            prompt = count_text(prompt_text())
             reasoning = count_text(reasoning_text)
             completion = count_text(completion_text) + reasoning
             return TokenCounts(prompt, completion, 0, prompt, reasoning)

@@ -2,7 +2,8 @@
 
 A raw ASGI response: it watches for the client's disconnect while relaying, so a client that goes away
 closes the upstream request at once (not at the next chunk). A stream that breaks after it started ends
-with an `error` event, which the openai SDK raises as an APIError, then closes.
+with an error event in the family's format (the SDKs raise it), then closes. The family's meter finds the
+usage and the stream's last event; the record is made before that event is sent.
 """
 
 from __future__ import annotations
@@ -14,20 +15,18 @@ from typing import Any
 
 import aiohttp
 import httpx2
-import orjson
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from app.errors import APIError
 from app.gateway.exchange import Exchange
+from app.gateway.family import ChunkFilter, StreamMeter
 from app.gateway.upstream import map_transport_error
-from app.metering.usage import StreamMeter
-
-DONE = b"data: [DONE]"
 
 # Called once when the upstream side of the stream has ended: (exchange, meter, outcome, status).
 OnEnd = Callable[[Exchange, StreamMeter, str, int], Awaitable[None]]
 Spawn = Callable[[Coroutine[Any, Any, None]], None]
+ErrorEvent = Callable[[APIError], bytes]
 
 
 class ClientGone(Exception):
@@ -37,17 +36,19 @@ class ClientGone(Exception):
 class SSERelay(Response):
     """A Starlette Response only in type (route handlers return it); `__call__` does all the sending."""
 
-    def __init__(self, ex: Exchange, resp: httpx2.Response, deadline: float, strip_usage: bool,
-                 on_end: OnEnd, spawn: Spawn, tap: Callable[[bytes], None] | None = None) -> None:
+    def __init__(self, ex: Exchange, resp: httpx2.Response, deadline: float, meter: StreamMeter,
+                 on_end: OnEnd, spawn: Spawn, error_event: ErrorEvent,
+                 chunk_filter: ChunkFilter | None = None, tap: Callable[[bytes], None] | None = None) -> None:
         super().__init__(status_code=200, media_type="text/event-stream")
         self.on_end = on_end
         self.spawn = spawn
+        self.error_event = error_event
         self.tap = tap  # sees every upstream byte too (the turn chatgate remembers for repairs)
         self.ex = ex
         self.resp = resp
         self.deadline = deadline
-        self.meter = StreamMeter()
-        self.stripper = UsageStripper() if strip_usage else None
+        self.meter = meter
+        self.filter = chunk_filter
         self.client_gone = False
         self._relaying = False
         # (outcome, status) once the upstream side has ended; a disconnect after that does not change it
@@ -110,7 +111,7 @@ class SSERelay(Response):
             await self._send(send, self._partial)
             self._partial = b""
         if not self.ex.finished:
-            # No [DONE]: a stream DeepSeek ended with its own `error` event is its error, relayed as is.
+            # No final event: a stream DeepSeek ended with its own error event is its error, relayed as is.
             self.meter.finish()
             self.end = ("upstream_error", 200) if self.meter.ended_with_error else ("ok", 200)
             await self._end(*self.end)
@@ -120,9 +121,9 @@ class SSERelay(Response):
         if self.tap is not None:
             self.tap(raw)
         chunk = self._complete_lines(raw)
-        if self.stripper is not None:
-            chunk = self.stripper.feed(chunk)
-        if DONE in chunk:
+        if self.filter is not None:
+            chunk = self.filter.feed(chunk)
+        if self.end is None and self.meter.final_in(chunk):
             self.end = ("ok", 200)
             await self._end("ok", 200)
         if chunk:
@@ -155,8 +156,7 @@ class SSERelay(Response):
         await self._end(*self.end)
         # End any event the client holds (a data line without its blank line) so ours stands alone.
         boundary = b"" if self._sent_tail == b"\n\n" else b"\n"
-        event = boundary + b"data: " + orjson.dumps({"error": error.body()["error"]}) + b"\n\n"
-        await self._send(send, event)
+        await self._send(send, boundary + self.error_event(error))
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
@@ -164,31 +164,3 @@ def aiohttp_reader(resp: httpx2.Response) -> aiohttp.StreamReader | None:
     """The aiohttp body reader under httpx-aiohttp's response stream, when that is the transport."""
     content = getattr(getattr(resp.stream, "_aiohttp_response", None), "content", None)
     return content if isinstance(content, aiohttp.StreamReader) else None
-
-
-class UsageStripper:
-    """Removes from the client's stream the usage chatgate asked for and the client did not."""
-
-    def __init__(self) -> None:
-        self._tail = b""
-
-    def feed(self, chunk: bytes) -> bytes:
-        data = self._tail + chunk
-        cut = data.rfind(b"\n") + 1
-        self._tail = data[cut:]
-        out = []
-        for line in data[:cut].splitlines(keepends=True):
-            out.append(self._line(line))
-        return b"".join(out)
-
-    def _line(self, line: bytes) -> bytes:
-        if not line.startswith(b"data: {") or b'"usage"' not in line:
-            return line
-        try:
-            event = orjson.loads(line[6:])
-        except orjson.JSONDecodeError:
-            return line
-        if event.get("choices") == [] and event.get("usage") is not None:
-            return b""  # the separate usage-only chunk, and its blank separator stays harmless
-        event.pop("usage", None)
-        return b"data: " + orjson.dumps(event) + b"\n"

@@ -10,6 +10,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from app.errors import APIError
+from app.gateway.family import Family
 
 JSON = "application/json"
 
@@ -18,11 +19,15 @@ def json_response(status: int, content: Any, headers: dict[str, str] | None = No
     return Response(orjson.dumps(content), status, headers=headers, media_type=JSON)
 
 
-def error_response(error: APIError, request_id: str | None = None) -> Response:
+def error_response(error: APIError, request_id: str | None = None, family: Family | None = None) -> Response:
+    """chatgate's own error, in the shape of the API family the request was for (OpenAI's by default)."""
     headers = dict(error.headers)
     if request_id:
         headers["x-request-id"] = request_id
-    return Response(error.to_json(), error.status, headers=headers, media_type=JSON)
+    if family is None:
+        return Response(error.to_json(), error.status, headers=headers, media_type=JSON)
+    body, extra = family.render_error(error, request_id)
+    return Response(body, error.status, headers={**headers, **extra}, media_type=JSON)
 
 
 class RawResponse(Response):

@@ -8,7 +8,8 @@ import logging
 import httpx2
 
 from app.gateway.auth import Authenticator
-from app.gateway.proxy import Gateway
+from app.gateway.endpoints import build_endpoints
+from app.gateway.proxy import Endpoint, Gateway
 from app.gateway.upstream import Upstream
 from app.metering.metrics import Metrics
 from app.metering.recorder import Recorder
@@ -32,6 +33,9 @@ class State:
         self.gateway: Gateway | None = None
         self.models_cache: tuple[float, bytes] | None = None
         self.memory: TurnMemory | None = None
+        self.endpoints: dict[str, Endpoint]  # POST routes forwarded to DeepSeek, by path
+        self.dry_runs: dict[str, Endpoint]  # POST /validate routes, by path
+        self.endpoints, self.dry_runs = build_endpoints(settings)
         self._purger: asyncio.Task[None] | None = None
 
     @property

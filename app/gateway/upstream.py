@@ -88,11 +88,13 @@ def _hop_by_hop(raw: list[tuple[bytes, bytes]]) -> frozenset[str]:
     return HOP_BY_HOP | named
 
 
-def forward_headers(raw: list[tuple[bytes, bytes]], authorization: str | None, request_id: str
-                    ) -> list[tuple[bytes, bytes]]:
+def forward_headers(raw: list[tuple[bytes, bytes]], authorization: str | None, request_id: str,
+                    managed: bool = False) -> list[tuple[bytes, bytes]]:
     """The client's headers as raw bytes, minus hop-by-hop ones. (The aiohttp transport writes header values
     as UTF-8: UTF-8 values pass unchanged, obs-text that is not UTF-8 goes as its latin-1 reading.)"""
     drop = _hop_by_hop(raw) | {"authorization", "x-request-id"}
+    if managed:  # the client's key is chatgate's, never DeepSeek's: whichever header carries it stays here
+        drop |= {"x-api-key"}
     out = [(k, v) for k, v in raw if k.decode("latin-1").lower() not in drop]
     if authorization:
         out.append((b"authorization", authorization.encode("latin-1", "replace")))

@@ -16,7 +16,7 @@ from starlette.types import Receive, Scope, Send
 from app import __version__
 from app.errors import APIError, not_found
 from app.gateway.http_limits import LimitsMiddleware, header_bytes, headers_too_large
-from app.gateway.proxy import CHAT_ROUTES
+from app.gateway.proxy import Endpoint
 from app.gateway.responses import error_response
 from app.gateway.state import State
 from app.metering.store import Store
@@ -27,27 +27,29 @@ log = logging.getLogger("chatgate")
 
 
 class ChatgateApp(FastAPI):
-    """FastAPI serves every route, but the chat-completions POSTs (the hot path) skip its middleware
+    """FastAPI serves every route, but the POSTs the gateway forwards (the hot path) skip its middleware
     stack: the gateway renders its own errors, and the header limit is checked here as LimitsMiddleware
     does for the other routes."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in CHAT_ROUTES:
-            await self._chat(scope, receive, send)
-        else:
-            await super().__call__(scope, receive, send)
+        if scope["type"] == "http" and scope["method"] == "POST":
+            endpoint = self.state.chatgate.endpoints.get(scope["path"])
+            if endpoint is not None:
+                await self._forward(scope, receive, send, endpoint)
+                return
+        await super().__call__(scope, receive, send)
 
-    async def _chat(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _forward(self, scope: Scope, receive: Receive, send: Send, endpoint: Endpoint) -> None:
         state: State = self.state.chatgate
         limit = state.settings.limits.max_header_bytes
         if header_bytes(scope["headers"]) > limit:
-            response = error_response(headers_too_large(limit))
+            response = error_response(headers_too_large(limit), None, endpoint.family)
         else:
             try:
-                response = await state.gw.chat(Request(scope, receive))
+                response = await state.gw.handle(Request(scope, receive), endpoint)
             except Exception:
                 log.exception("internal error on %s", scope["path"])
-                response = error_response(INTERNAL_ERROR)
+                response = error_response(INTERNAL_ERROR, None, endpoint.family)
         await response(scope, receive, send)
 
 

@@ -15,7 +15,7 @@ from starlette.responses import Response
 from app import __version__
 from app.errors import APIError
 from app.gateway.auth import require_admin
-from app.gateway.proxy import CHAT_ROUTES
+from app.gateway.proxy import Endpoint
 from app.gateway.responses import json_response
 from app.gateway.state import State
 from app.metering.reports import ReportError, build_report, make_query
@@ -23,16 +23,21 @@ from app.web.dashboard import add_dashboard
 
 
 def add_routes(app: FastAPI, state: State) -> None:
-    async def chat(request: Request) -> Response:
-        return await state.gw.chat(request)
+    def forward(endpoint: Endpoint) -> Any:
+        async def handler(request: Request) -> Response:
+            return await state.gw.handle(request, endpoint)
+        return handler
 
-    async def validate(request: Request) -> Response:
-        return await state.gw.validate_only(request)
+    def dry_run(endpoint: Endpoint) -> Any:
+        async def handler(request: Request) -> Response:
+            return await state.gw.validate_only(request, endpoint)
+        return handler
 
-    for path in CHAT_ROUTES:
-        app.router.add_route(path, chat, methods=["POST"], include_in_schema=False)
-    for path in ("/v1/chat/completions/validate", "/chat/completions/validate"):
-        app.router.add_route(path, validate, methods=["POST"], include_in_schema=False)
+    # ChatgateApp answers these POSTs before routing; registered too so that other methods get a 405.
+    for path, endpoint in state.endpoints.items():
+        app.router.add_route(path, forward(endpoint), methods=["POST"], include_in_schema=False)
+    for path, endpoint in state.dry_runs.items():
+        app.router.add_route(path, dry_run(endpoint), methods=["POST"], include_in_schema=False)
     for path in ("/v1/models", "/models"):
         app.router.add_route(path, _models_handler(state), methods=["GET"], include_in_schema=False)
     app.router.add_route("/healthz", _healthz, methods=["GET"], include_in_schema=False)

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import datetime as dt
-import json
 from decimal import Decimal
 
-import orjson
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from app.metering.pricing import cost_picousd, is_peak, picousd_to_usd
-from app.metering.usage import StreamMeter, TokenCounts, tokens_from_usage, usage_from_body
+from app.metering.usage import TokenCounts, tokens_from_usage
+from app.openai.chat import ChatFamily
 from app.profiles import DEFAULT_PROFILES, FLASH_PRICES, PRO_PRICES
 from app.settings import Settings
 
@@ -155,117 +154,8 @@ def test_garbage_numbers_count_as_zero() -> None:
     assert tokens_from_usage(usage) == TokenCounts(0, 0, 0, 0, 0)
 
 
-def test_usage_from_body() -> None:
-    assert usage_from_body(orjson.dumps({"choices": [], "usage": DEEPSEEK_USAGE})) == (
-        True, TokenCounts(120, 45, 64, 56, 30))
-    assert usage_from_body(b'{"choices": []}') == (True, None)
-    assert usage_from_body(b"<html>502</html>") == (False, None)
-
-
-# --- StreamMeter ----------------------------------------------------------------------------------
-
-
-def sse(payload: object) -> bytes:
-    return b"data: " + orjson.dumps(payload) + b"\n\n"
-
-
-def chunk(delta: dict[str, object], finish: str | None = None, **extra: object) -> dict[str, object]:
-    return {"id": "c1", "object": "chat.completion.chunk", "model": "deepseek-flash",
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}], **extra}
-
-
-def feed_split(meter: StreamMeter, data: bytes, size: int) -> None:
-    """Feed in awkward pieces, like TCP does (a line can be cut anywhere)."""
-    for start in range(0, len(data), size):
-        meter.feed(data[start:start + size])
-    meter.finish()
-
-
-@pytest.mark.parametrize("piece", [1, 7, 4096])
-def test_meter_finds_usage_on_the_last_content_chunk(piece: int) -> None:
-    stream = (b": keep-alive\n\n" + sse(chunk({"role": "assistant", "content": ""}))
-              + sse(chunk({"content": "Hello"})) + sse(chunk({"content": ""}, "stop", usage=DEEPSEEK_USAGE))
-              + b"data: [DONE]\n\n")
-    meter = StreamMeter()
-    feed_split(meter, stream, piece)
-    assert meter.usage == TokenCounts(120, 45, 64, 56, 30)
-    assert meter.done
-
-
-def test_meter_finds_usage_on_a_separate_usage_only_chunk() -> None:
-    """OpenAI style: stream_options.include_usage -> a final chunk with choices [] carries usage."""
-    stream = (sse(chunk({"content": "Hi"}, usage=None)) + sse(chunk({"content": ""}, "stop", usage=None))
-              + sse({"id": "c1", "object": "chat.completion.chunk", "choices": [], "usage": DEEPSEEK_USAGE})
-              + b"data: [DONE]\n\n")
-    meter = StreamMeter()
-    feed_split(meter, stream, 13)
-    assert meter.usage == TokenCounts(120, 45, 64, 56, 30)
-
-
-def test_meter_collects_text_reasoning_and_tool_calls_when_usage_is_absent() -> None:
-    function = {"name": "get_weather", "arguments": ""}
-    call = {"index": 0, "id": "call_1", "type": "function", "function": function}
-    stream = (sse(chunk({"role": "assistant", "content": None, "reasoning_content": ""}))
-              + sse(chunk({"content": None, "reasoning_content": "Think"}))
-              + sse(chunk({"content": None, "reasoning_content": "ing."}))
-              + sse(chunk({"content": "Sunny"})) + sse(chunk({"content": " today"}))
-              + sse(chunk({"tool_calls": [call]}))
-              + sse(chunk({"tool_calls": [{"index": 0, "function": {"arguments": '{"city":"Oslo"}'}}]}))
-              + sse(chunk({"content": ""}, "tool_calls")) + b"data: [DONE]\n\n")
-    meter = StreamMeter()
-    feed_split(meter, stream, 5)
-    assert meter.usage is None
-    assert meter.reasoning == "Thinking."
-    assert meter.text == "Sunny todayget_weather{\"city\":\"Oslo\"}"
-    assert meter.done
-
-
-def test_meter_handles_streams_larger_than_its_compaction_threshold() -> None:
-    """Past its threshold the meter parses as it goes; a line cut at a chunk boundary must not be lost."""
-    body = b"".join(sse(chunk({"content": f"w{i} "})) for i in range(3000))
-    stream = body + sse(chunk({"content": ""}, "stop", usage=DEEPSEEK_USAGE)) + b"data: [DONE]\n\n"
-    meter = StreamMeter()
-    feed_split(meter, stream, 1000)
-    assert meter.text == "".join(f"w{i} " for i in range(3000))
-    assert meter.usage == TokenCounts(120, 45, 64, 56, 30)
-
-
-def test_meter_tolerates_a_stream_cut_mid_line() -> None:
-    stream = sse(chunk({"content": "partial"})) + b'data: {"id": "c1", "choi'
-    meter = StreamMeter()
-    feed_split(meter, stream, 8)
-    assert meter.text == "partial" and meter.usage is None and not meter.done
-
-
-def test_meter_decodes_escapes_and_unicode_in_the_kept_text() -> None:
-    """The text is kept JSON-escaped and decoded once: quotes, backslashes, newlines, emoji, CJK survive."""
-    args = '{"path": "C:\\\\tmp\\\\a.txt", "note": "say \\"hi\\"\\n"}'
-    stream = (sse(chunk({"content": "你好 \"quoted\" \\ back\nslash 😀"}))
-              + sse(chunk({"tool_calls": [{"index": 0, "function": {"name": "write", "arguments": args}}]}))
-              + b"data: " + json.dumps(chunk({"content": " ascii-escaped é"})).encode() + b"\n\n"
-              + b"data: [DONE]\n\n")
-    meter = StreamMeter()
-    feed_split(meter, stream, 3)
-    assert meter.text == "你好 \"quoted\" \\ back\nslash 😀" + " ascii-escaped é" + "write" + args
-    assert meter.done and not meter.ended_with_error
-
-
-def test_meter_ignores_key_names_quoted_inside_content() -> None:
-    text = 'a "content": "x" and "usage": {"prompt_tokens": 9}'
-    stream = sse(chunk({"content": text})) + b"data: [DONE]\n\n"
-    meter = StreamMeter()
-    feed_split(meter, stream, 4096)
-    assert meter.text == text
-    assert meter.usage is None
-
-
-@pytest.mark.parametrize("piece", [5, 40000])
-def test_meter_sees_a_stream_that_ends_with_deepseeks_error_event(piece: int) -> None:
-    error = {"error": {"message": "Service busy", "type": "server_error", "code": "overloaded"}}
-    body = b"".join(sse(chunk({"content": f"w{i} "})) for i in range(400))
-    meter = StreamMeter()
-    feed_split(meter, body + sse(error), piece)
-    assert meter.ended_with_error and not meter.done
-    meter = StreamMeter()
-    feed_split(meter, sse(error) + body + b"data: [DONE]\n\n", piece)
-    assert not meter.ended_with_error and meter.done
+def test_the_chat_family_reads_usage_from_an_answer() -> None:
+    family = ChatFamily(Settings().policy())
+    assert family.usage({"choices": [], "usage": DEEPSEEK_USAGE}) == TokenCounts(120, 45, 64, 56, 30)
+    assert family.usage({"choices": []}) is None
+    assert family.usage([1, 2]) is None

@@ -159,10 +159,10 @@ def test_torn_and_foreign_spool_lines_are_skipped_on_replay(tmp_path: Path) -> N
 def test_a_spool_held_by_a_live_process_is_not_replayed(tmp_path: Path) -> None:
     store = open_store(f"sqlite:///{tmp_path / 'usage.db'}")
     store.migrate()
-    live = Recorder(store, str(tmp_path / "spool"), flush_interval=3600)
+    live = Recorder(store, str(tmp_path / "spool"), flush_interval=1.0)
     live.start()
     try:
-        live.record(record(7))  # spooled; the writer sleeps, so it is not stored yet
+        live.record(record(7))  # spooled; the writer waits a second to gather a batch: not stored yet
         replay_spools(store, str(tmp_path / "spool"))
         assert stored_ids(store) == []
         assert os.path.getsize(live._path) > 0

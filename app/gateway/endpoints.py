@@ -1,0 +1,25 @@
+"""Which API family serves which path: the one place the families are wired into the gateway."""
+
+from __future__ import annotations
+
+from app.gateway.exchange import Route
+from app.gateway.family import Family
+from app.gateway.proxy import Endpoint
+from app.openai.chat import ChatFamily
+from app.settings import Settings
+
+
+def families(settings: Settings) -> list[Family]:
+    return [ChatFamily(settings.policy())]
+
+
+def build_endpoints(settings: Settings) -> tuple[dict[str, Endpoint], dict[str, Endpoint]]:
+    """(POST routes that are forwarded, POST dry-run routes), by path."""
+    forwarded: dict[str, Endpoint] = {}
+    dry_runs: dict[str, Endpoint] = {}
+    for family in families(settings):
+        for path, label, upstream_path, beta in family.routes:
+            forwarded[path] = Endpoint(Route(label, upstream_path, beta), family)
+        for path, beta in family.validate_routes:
+            dry_runs[path] = Endpoint(Route(path, "", beta), family)
+    return forwarded, dry_runs

@@ -1,0 +1,94 @@
+"""What the gateway needs from an API family (OpenAI chat, Anthropic messages, …): its rules, its repairs,
+its error shape, its usage and stream formats. A family is a package of pure code that provides one object
+of this shape; the gateway does the rest (auth, limits, forwarding, relaying, metering) the same for all."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from app.errors import APIError, Problem
+from app.metering.usage import TokenCounts
+from app.profiles import ModelProfile
+from app.repair.base import Applied, RepairOptions, Turn
+from app.verdict import Verdict
+
+
+class StreamMeter(Protocol):
+    """Watches the relayed stream's bytes: its usage, its end, and its text for a local estimate."""
+
+    usage: TokenCounts | None
+
+    def feed(self, chunk: bytes) -> None: ...
+
+    def finish(self) -> None: ...
+
+    def final_in(self, lines: bytes) -> bool:
+        """Whether these complete lines hold the stream's last event (the record is made before they are
+        sent, as for a non-streaming answer)."""
+
+    @property
+    def text(self) -> str: ...
+
+    @property
+    def reasoning(self) -> str: ...
+
+    @property
+    def ended_with_error(self) -> bool: ...
+
+
+class StreamTurns(Protocol):
+    """Collects the tool calls of a relayed stream, for the memory of turns (restore repairs)."""
+
+    def feed(self, chunk: bytes) -> None: ...
+
+    def turn(self, reasoning: str) -> Turn | None: ...
+
+
+class ChunkFilter(Protocol):
+    def feed(self, chunk: bytes) -> bytes: ...
+
+
+class Family(Protocol):
+    name: str
+    turn_kind: str  # the kind of turn it remembers (TurnMemory)
+    restore_codes: frozenset[str]  # problem codes a remembered turn can fix
+    # (path chatgate serves, label in records and metrics, DeepSeek's path, is it a /beta route)
+    routes: Sequence[tuple[str, str, str, bool]]
+    validate_routes: Sequence[tuple[str, bool]]  # the dry-run paths (and whether they check as /beta)
+
+    def check(self, body: bytes, *, beta: bool, origin: str | None) -> Verdict: ...
+
+    def repairable(self, found: Sequence[Problem], options: RepairOptions) -> bool: ...
+
+    def turns_to_restore(self, data: dict[str, Any], found: Sequence[Problem], options: RepairOptions
+                         ) -> dict[int, tuple[tuple[str, ...], tuple[str, ...]]]:
+        """For each message a restore repair would fix: (call ids, tool names) of its turn."""
+
+    def turn_of(self, data: dict[str, Any], problem: Problem) -> tuple[str, ...] | None:
+        """The call ids of the turn a restore problem is about (to say why it was not restored)."""
+
+    def repair(self, data: dict[str, Any], found: Sequence[Problem], options: RepairOptions,
+               profile: ModelProfile | None, recalled: dict[int, str]) -> list[Applied]: ...
+
+    def render_error(self, error: APIError, request_id: str | None) -> tuple[bytes, dict[str, str]]:
+        """The error in this family's shape: body and extra headers."""
+
+    def stream_error(self, error: APIError) -> bytes:
+        """The event that ends a stream broken after it started."""
+
+    def usage(self, answer: Any) -> TokenCounts | None: ...
+
+    def answer_turn(self, answer: Any) -> Turn | None: ...
+
+    def meter(self) -> StreamMeter: ...
+
+    def stream_turns(self) -> StreamTurns: ...
+
+    def prompt_text(self, data: dict[str, Any]) -> str: ...
+
+    def ask_stream_usage(self, data: dict[str, Any]) -> bytes | None:
+        """The body re-serialised to ask for streamed usage, or None when it need not (or cannot)."""
+
+    def usage_filter(self) -> ChunkFilter | None:
+        """Removes from the stream the usage chatgate asked for and the client did not."""

@@ -1,0 +1,129 @@
+"""The OpenAI chat-completions family as the gateway sees it (app/gateway/family.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+
+from app.errors import APIError, Problem
+from app.metering.usage import TokenCounts, tokens_from_usage
+from app.openai.answers import StreamedTurn, turn_from_completion
+from app.openai.repairs import message_index, reasoning_wanted, repair_chat, wanted
+from app.openai.rules import Policy, check_body
+from app.openai.stream import StreamMeter, UsageStripper
+from app.profiles import ModelProfile
+from app.repair.base import Applied, RepairOptions, Turn
+from app.verdict import Verdict
+
+
+class ChatFamily:
+    name = "openai-chat"
+    turn_kind = "chat"
+    restore_codes = frozenset({"reasoning_content_missing"})
+    routes: Sequence[tuple[str, str, str, bool]] = (
+        ("/v1/chat/completions", "/v1/chat/completions", "/chat/completions", False),
+        ("/chat/completions", "/chat/completions", "/chat/completions", False),
+        ("/beta/chat/completions", "/beta/chat/completions", "/beta/chat/completions", True),
+        ("/v1/beta/chat/completions", "/beta/chat/completions", "/beta/chat/completions", True),
+    )
+    validate_routes: Sequence[tuple[str, bool]] = (
+        ("/v1/chat/completions/validate", False), ("/chat/completions/validate", False),
+        ("/beta/chat/completions/validate", True), ("/v1/beta/chat/completions/validate", True),
+    )
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+
+    def check(self, body: bytes, *, beta: bool, origin: str | None) -> Verdict:
+        checked = check_body(body, self.policy, beta=beta, origin=origin)
+        req = checked.request
+        if req is None:
+            return Verdict(checked.problems, checked.warnings, profile=checked.profile)
+        return Verdict(checked.problems, checked.warnings, req.model, req.stream is True, checked.thinking,
+                       bool(req.tools), req.max_tokens, checked.profile)
+
+    def repairable(self, found: Sequence[Problem], options: RepairOptions) -> bool:
+        return wanted(found, options)
+
+    def turns_to_restore(self, data: dict[str, Any], found: Sequence[Problem], options: RepairOptions
+                         ) -> dict[int, tuple[tuple[str, ...], tuple[str, ...]]]:
+        messages = data.get("messages") or []
+        return {i: calls_of(messages[i]) for i in reasoning_wanted(found, options) if i < len(messages)}
+
+    def turn_of(self, data: dict[str, Any], problem: Problem) -> tuple[str, ...] | None:
+        i = message_index(problem)
+        messages = data.get("messages") or []
+        return calls_of(messages[i])[0] if i is not None and i < len(messages) else None
+
+    def repair(self, data: dict[str, Any], found: Sequence[Problem], options: RepairOptions,
+               profile: ModelProfile | None, recalled: dict[int, str]) -> list[Applied]:
+        return repair_chat(data, found, options, profile, recalled)
+
+    def render_error(self, error: APIError, request_id: str | None) -> tuple[bytes, dict[str, str]]:
+        return error.to_json(), {}
+
+    def stream_error(self, error: APIError) -> bytes:
+        return b"data: " + orjson.dumps({"error": error.body()["error"]}) + b"\n\n"
+
+    def usage(self, answer: Any) -> TokenCounts | None:
+        return tokens_from_usage(answer.get("usage")) if isinstance(answer, dict) else None
+
+    def answer_turn(self, answer: Any) -> Turn | None:
+        return turn_from_completion(answer)
+
+    def meter(self) -> StreamMeter:
+        return StreamMeter()
+
+    def stream_turns(self) -> StreamedTurn:
+        return StreamedTurn()
+
+    def prompt_text(self, data: dict[str, Any]) -> str:
+        return prompt_text(data)
+
+    def ask_stream_usage(self, data: dict[str, Any]) -> bytes | None:
+        options = data.get("stream_options") or {}
+        if not data or not isinstance(options, dict) or options.get("include_usage") is True:
+            return None  # asked already, or a body chatgate did not validate: leave it alone
+        return orjson.dumps({**data, "stream_options": {**options, "include_usage": True}})
+
+    def usage_filter(self) -> UsageStripper:
+        return UsageStripper()
+
+
+def calls_of(message: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(ids, names) of an assistant message's tool calls."""
+    calls = message.get("tool_calls") if isinstance(message, dict) else None
+    ids: list[str] = []
+    names: list[str] = []
+    for call in calls if isinstance(calls, list) else []:
+        function = call.get("function") if isinstance(call, dict) else None
+        ids.append(str(call.get("id", "")) if isinstance(call, dict) else "")
+        names.append(str(function.get("name", "")) if isinstance(function, dict) else "")
+    return tuple(ids), tuple(names)
+
+
+def prompt_text(body: dict[str, Any]) -> str:
+    """The text of a request's messages and tools, as the model would see it (roughly)."""
+    parts: list[str] = []
+    for msg in body.get("messages") or ():
+        if not isinstance(msg, dict):
+            continue
+        parts.append(str(msg.get("role", "")))
+        content = msg.get("content")
+        if isinstance(content, str):
+            parts.append(content)
+        elif isinstance(content, list):
+            parts.extend(p.get("text", "") for p in content
+                         if isinstance(p, dict) and p.get("type") == "text")
+        for key in ("reasoning_content",):
+            if isinstance(msg.get(key), str):
+                parts.append(msg[key])
+        for call in msg.get("tool_calls") or ():
+            fn = call.get("function") if isinstance(call, dict) else None
+            if isinstance(fn, dict):
+                parts.extend(str(fn.get(k, "")) for k in ("name", "arguments"))
+    for tool in body.get("tools") or ():
+        parts.append(str(tool))
+    return "\n".join(parts)

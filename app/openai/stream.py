@@ -1,0 +1,163 @@
+"""The chat family's SSE stream as chatgate relays it: the meter that finds `usage` and keeps the streamed
+text for estimates, and the stripper that hides usage the client did not ask for."""
+
+from __future__ import annotations
+
+import re
+
+import orjson
+
+from app.metering.usage import TokenCounts, tokens_from_usage
+
+DONE = b"data: [DONE]"
+
+COMPACT_AT = 16 * 1024  # per stream: 2,000 long streams hold at most ~32 MB of raw events
+
+# The streamed text is needed only for an estimate (a stream that ends without `usage`), so it is kept as
+# the raw JSON-escaped string values, found by regex scans over each batch, and decoded once at the end.
+# Inside a JSON string a quote is always escaped, so `"content":"` can only match a real key. Each pattern
+# starts with a literal, which the regex engine searches for fast; the rarer ones run only when a cheap
+# substring test says they can match.
+_STRING = rb'[ \t]*:[ \t]*"([^"\\]*(?:\\.[^"\\]*)*)"'
+_CONTENT = re.compile(rb'"content"' + _STRING)
+_REASONING = re.compile(rb'"reasoning_content"' + _STRING)
+_TOOL = re.compile(rb'"(?:name|arguments)"' + _STRING)
+_LAST_DATA = re.compile(rb"^data:[ \t]*(\{.*)$", re.MULTILINE)
+
+
+class StreamMeter:
+    """Watches relayed SSE bytes: finds the chunk carrying `usage`, keeps the streamed text for estimates.
+
+    Work happens in batches (when 16 KB have gathered, and once at the end), never per chunk, and costs a
+    few regex scans per batch: no event is parsed as JSON unless it carries `usage` or ends the stream.
+    """
+
+    __slots__ = ("_buf", "_last_event", "_reasoning_raw", "_text_raw", "_tool_raw", "done", "usage")
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+        self._text_raw: list[bytes] = []
+        self._reasoning_raw: list[bytes] = []
+        self._tool_raw: list[bytes] = []
+        self._last_event = b""  # the payload of the last JSON event seen
+        self.usage: TokenCounts | None = None
+        self.done = False  # saw data: [DONE]
+
+    def feed(self, chunk: bytes) -> None:
+        self._buf += chunk
+        if len(self._buf) > COMPACT_AT:
+            self._drain(final=False)
+
+    def finish(self) -> None:
+        self._drain(final=True)
+
+    def final_in(self, lines: bytes) -> bool:
+        return DONE in lines
+
+    @property
+    def text(self) -> str:
+        """Content, then tool names and arguments."""
+        return _decode(self._text_raw) + _decode(self._tool_raw)
+
+    @property
+    def reasoning(self) -> str:
+        return _decode(self._reasoning_raw)
+
+    @property
+    def ended_with_error(self) -> bool:
+        """The last event was an `error` object (DeepSeek's own)."""
+        try:
+            event = orjson.loads(self._last_event) if self._last_event else None
+        except orjson.JSONDecodeError:
+            return False
+        return isinstance(event, dict) and "error" in event
+
+    def _drain(self, final: bool) -> None:
+        data = bytes(self._buf)
+        cut = len(data) if final else data.rfind(b"\n") + 1
+        if not cut:
+            return
+        self._buf = bytearray(data[cut:])
+        batch = data[:cut]
+        _collect(self._text_raw, _CONTENT.findall(batch))
+        if b'"reasoning_content"' in batch:
+            _collect(self._reasoning_raw, _REASONING.findall(batch))
+        if b'"tool_calls"' in batch:
+            _collect(self._tool_raw, _TOOL.findall(batch))
+        if b'"usage":{' in batch or b'"usage": {' in batch:
+            for payload in _data_lines_with(batch, b'"usage"'):
+                self._usage_line(payload)
+        if not self.done and b"[DONE]" in batch:
+            self.done = any(line.strip() == b"[DONE]" for line in _data_lines_with(batch, b"[DONE]"))
+        last = _LAST_DATA.match(batch, max(batch.rfind(b"\ndata: {"), batch.rfind(b"\ndata:{")) + 1)
+        if last is not None:
+            self._last_event = last.group(1).rstrip()
+
+    def _usage_line(self, payload: bytes) -> None:
+        try:
+            event = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            return
+        found = tokens_from_usage(event.get("usage")) if isinstance(event, dict) else None
+        if found is not None:
+            self.usage = found
+
+
+def _collect(parts: list[bytes], found: list[bytes]) -> None:
+    if found:
+        parts.append(b"".join(found))
+        if len(parts) > 1:
+            parts[:] = [b"".join(parts)]
+
+
+def _data_lines_with(batch: bytes, needle: bytes) -> list[bytes]:
+    """The payloads of the `data:` lines that contain `needle` (rare: callers test for it first)."""
+    out = []
+    at = batch.find(needle)
+    while at >= 0:
+        start = batch.rfind(b"\n", 0, at) + 1
+        end = batch.find(b"\n", at)
+        end = len(batch) if end < 0 else end
+        line = batch[start:end]
+        if line.startswith(b"data:"):
+            out.append(line[5:])
+        at = batch.find(needle, end)
+    return out
+
+
+def _decode(parts: list[bytes]) -> str:
+    """JSON-escaped pieces -> text; a piece cut by a broken stream is decoded as far as it goes."""
+    raw = b"".join(parts)
+    try:
+        text = orjson.loads(b'"' + raw + b'"')
+    except orjson.JSONDecodeError:
+        return raw.decode("utf-8", "replace")
+    return text if isinstance(text, str) else ""
+
+
+class UsageStripper:
+    """Removes from the client's stream the usage chatgate asked for and the client did not."""
+
+    def __init__(self) -> None:
+        self._tail = b""
+
+    def feed(self, chunk: bytes) -> bytes:
+        data = self._tail + chunk
+        cut = data.rfind(b"\n") + 1
+        self._tail = data[cut:]
+        out = []
+        for line in data[:cut].splitlines(keepends=True):
+            out.append(self._line(line))
+        return b"".join(out)
+
+    def _line(self, line: bytes) -> bytes:
+        if not line.startswith(b"data: {") or b'"usage"' not in line:
+            return line
+        try:
+            event = orjson.loads(line[6:])
+        except orjson.JSONDecodeError:
+            return line
+        if event.get("choices") == [] and event.get("usage") is not None:
+            return b""  # the separate usage-only chunk, and its blank separator stays harmless
+        event.pop("usage", None)
+        return b"data: " + orjson.dumps(event) + b"\n"

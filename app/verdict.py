@@ -1,0 +1,20 @@
+"""What an API family's rules found in a request, in the terms the gateway acts on."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from app.errors import Problem
+from app.profiles import ModelProfile
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    problems: list[Problem]
+    warnings: list[Problem] = field(default_factory=list)
+    model: str | None = None  # None when the body could not be read that far
+    stream: bool = False
+    thinking: bool = False  # the request runs in thinking mode
+    tools: bool = False  # the request defines tools (its answer may end in tool calls)
+    max_tokens: int | None = None
+    profile: ModelProfile | None = None
