@@ -25,6 +25,12 @@ from tests.gateway.conftest import JSON_HEADERS, chat_body, usage_rows
 from tests.harness import RunningChatgate
 
 
+@pytest.fixture(params=["uvloop", "asyncio"])
+def event_loop_name(request: pytest.FixtureRequest) -> str:
+    """Relay, streaming and disconnect behaviour on both event loops (production runs uvloop)."""
+    return str(request.param)
+
+
 @contextmanager
 def open_stream(gate: RunningChatgate, body: dict[str, Any], **headers: str) -> Iterator[httpx2.Response]:
     with httpx2.Client(timeout=httpx2.Timeout(10)) as client, client.stream(

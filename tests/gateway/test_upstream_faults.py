@@ -17,6 +17,12 @@ from tests.fakes.server import RunningFake
 from tests.gateway.conftest import JSON_HEADERS, chat_body, usage_rows
 from tests.harness import RunningChatgate, free_port
 
+
+@pytest.fixture(params=["uvloop", "asyncio"])
+def event_loop_name(request: pytest.FixtureRequest) -> str:
+    """Relay, streaming and disconnect behaviour on both event loops (production runs uvloop)."""
+    return str(request.param)
+
 MESSAGES: Any = [{"role": "user", "content": "Draft a polite reply to my landlord"}]
 FAST_TIMEOUTS = {"read_timeout": 0.5, "connect_timeout": 2.0}
 
