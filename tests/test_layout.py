@@ -20,7 +20,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("app.openai", "app.anthropic", "app.responses"),
     ("app.repair",),  # the repairs' vocabulary and the memory of relayed turns, shared by the families
     ("app.metering",),
-    ("app.verdict",),  # what a family's rules found, in the gateway's terms
+    ("app.verdict", "app.wire"),  # what a family's rules found; pydantic errors as problems
     ("app.profiles", "app.errors", "app.ids", "app"),
 )
 FAMILIES = ("app.openai", "app.anthropic", "app.responses")

@@ -8,23 +8,10 @@ import pydantic
 
 from app.errors import Problem
 from app.openai.protocol import ROLES
+from app.wire import EXPECTED, json_type, merge_union, param_of, shadowed, type_message
 
 _PART_TAGS = ("text", "image_url", "file")
 _CONTENT_TAGS = ("text", "parts")
-
-_EXPECTED = {
-    "string_type": "a string",
-    "int_type": "an integer",
-    "int_from_float": "an integer",
-    "float_type": "a number",
-    "bool_type": "a boolean",
-    "list_type": "an array",
-    "dict_type": "an object",
-    "model_type": "an object",
-    "model_attributes_type": "an object",
-    "content_type": "a string or an array of content parts",
-    "finite_number": "a finite number (JSON has no NaN or Infinity)",
-}
 
 _PARAM_RULES = {
     "model": "R2", "messages": "R4", "temperature": "R25", "top_p": "R25", "frequency_penalty": "R26",
@@ -34,48 +21,16 @@ _PARAM_RULES = {
 }
 
 
-def json_type(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, (int, float)):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    return "object"
-
-
 def problems_from_validation_error(exc: pydantic.ValidationError, body: bytes) -> list[Problem]:
     problems: dict[str, Problem] = {}
     expected: dict[str, list[str]] = {}
     for error in exc.errors(include_url=False):
         problem = _problem(error)
         key = problem.param or ""
-        expected.setdefault(key, []).append(_EXPECTED.get(error["type"], ""))
+        expected.setdefault(key, []).append(EXPECTED.get(error["type"], ""))
         problems.setdefault(key, problem)  # union members report one param once per member
-    return [_merge_union(p, expected[p.param or ""]) for p in problems.values()
-            if not _shadowed(p, problems)]
-
-
-def _shadowed(problem: Problem, problems: dict[str, Problem]) -> bool:
-    """A union (`stop: str | list[str]`) reports the whole value *and* the bad item inside the matching
-    member: keep only the deeper, more precise one (`stop[0]`, not `stop`)."""
-    param = problem.param
-    if not param or problem.code != "invalid_type":
-        return False
-    return any(other.startswith((param + ".", param + "[")) for other in problems)
-
-
-def _merge_union(problem: Problem, expected: list[str]) -> Problem:
-    if len(expected) < 2 or problem.code != "invalid_type" or not all(expected):
-        return problem
-    first = f"expected {expected[0]},"
-    either = " or ".join(dict.fromkeys(e.replace("an array", "an array of them") for e in expected))
-    message = problem.message.replace(first, f"expected {either},")
-    return Problem(problem.code, problem.param, message, problem.rule)
+    return [merge_union(p, expected[p.param or ""]) for p in problems.values()
+            if not shadowed(p, problems)]
 
 
 def _problem(error: Any) -> Problem:
@@ -89,13 +44,13 @@ def _problem(error: Any) -> Problem:
         return Problem("invalid_json", None,
                        f"Request body must be a JSON object, got {json_type(error.get('input'))}.", "R1")
     path, role = _path(loc)
-    param = _param(path)
+    param = param_of(path)
     if path[0] == "messages" and len(path) >= 2:
         return _message_problem(kind, error, path, param, role)
     rule = _PARAM_RULES.get(str(path[0]))
     if kind == "missing":
         return Problem("missing_required_parameter", param, f"Missing required parameter: '{param}'.", rule)
-    return Problem("invalid_type", param, _type_message(kind, error, param), rule)
+    return Problem("invalid_type", param, type_message(kind, error, param), rule)
 
 
 def _path(loc: tuple[Any, ...]) -> tuple[list[Any], str | None]:
@@ -118,23 +73,6 @@ def _path(loc: tuple[Any, ...]) -> tuple[list[Any], str | None]:
             continue  # a union member label such as 'list[str]' or 'ToolChoiceFunction'
         path.append(part)
     return path, role
-
-
-def _param(path: list[Any]) -> str:
-    out = ""
-    for part in path:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out
-
-
-def _type_message(kind: str, error: Any, param: str) -> str:
-    got = json_type(error.get("input"))
-    if kind == "literal_error":
-        return f"Invalid value for '{param}': {error['msg']}."
-    if kind in ("string_pattern_mismatch", "greater_than_equal", "less_than_equal"):
-        return f"Invalid value for '{param}': {error['msg']}."
-    expected = _EXPECTED.get(kind, "of another type")
-    return f"Invalid type for '{param}': expected {expected}, but got {got} instead."
 
 
 def _message_problem(kind: str, error: Any, path: list[Any], param: str, role: str | None) -> Problem:
@@ -166,7 +104,7 @@ def _message_problem(kind: str, error: Any, path: list[Any], param: str, role: s
                        f"{who}: content part type '{error['ctx']['tag']}' is not supported; use text, "
                        "image_url or file.", "R7")
     if field == "content" and len(path) > 3:
-        return Problem("invalid_content_part", param, f"{who}: {_type_message(kind, error, param)} Content "
+        return Problem("invalid_content_part", param, f"{who}: {type_message(kind, error, param)} Content "
                        "parts are {type: text, text}, {type: image_url, image_url: {url}} or "
                        "{type: file, file: {file_id | file_data}}.", "R7")
     if field == "content":
@@ -179,7 +117,7 @@ def _message_problem(kind: str, error: Any, path: list[Any], param: str, role: s
                                                                      if role == "assistant" else ".")),
                        "R6")
     other_rule = "R13" if field == "tool_call_id" else "R21" if field == "prefix" else None
-    return Problem("invalid_type", param, f"{who}: {_type_message(kind, error, param)}", other_rule)
+    return Problem("invalid_type", param, f"{who}: {type_message(kind, error, param)}", other_rule)
 
 
 def _message_itself(kind: str, error: Any, i: int, param: str) -> Problem:
@@ -205,4 +143,4 @@ def _tool_call_problem(kind: str, error: Any, path: list[Any], param: str, who: 
                        "(json.dumps(arguments)) as DeepSeek returned it.", "R11")
     if kind == "missing":
         return Problem("invalid_tool_call", param, f"Missing required parameter: '{param}' ({who}).", "R11")
-    return Problem("invalid_tool_call", param, f"{who}: {_type_message(kind, error, param)}", "R11")
+    return Problem("invalid_tool_call", param, f"{who}: {type_message(kind, error, param)}", "R11")
