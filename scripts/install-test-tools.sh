@@ -12,6 +12,9 @@ command -v wrk >/dev/null || need+=(wrk)
 if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
 fi
-if [ -f tests/compat/node/package.json ] && [ ! -f tests/compat/node/node_modules/openai/package.json ]; then
-  (cd tests/compat/node && npm install --no-audit --no-fund --silent)
+# Installed again whenever a package the tests need is missing (the lock file pins the versions).
+if [ -f tests/compat/node/package.json ] && { [ ! -f tests/compat/node/node_modules/openai/package.json ] \
+    || [ ! -f tests/compat/node/node_modules/ai/package.json ] \
+    || [ ! -f tests/compat/node/node_modules/@ai-sdk/deepseek/package.json ]; }; then
+  (cd tests/compat/node && npm ci --no-audit --no-fund --silent)
 fi

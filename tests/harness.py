@@ -9,7 +9,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,14 +52,17 @@ class RunningChatgate:
 
 
 @contextmanager
-def run_chatgate(settings: Settings, transport: Any = None, store: Any = None, loop: str = "uvloop"
-                 ) -> Iterator[RunningChatgate]:
+def run_chatgate(settings: Settings, transport: Any = None, store: Any = None, loop: str = "uvloop",
+                 wrap: Callable[[Any], Any] | None = None) -> Iterator[RunningChatgate]:
     """chatgate in this process on 127.0.0.1:<free port>, served by uvicorn (httptools) in a thread, on
-    uvloop as `chatgate serve` runs (`loop="asyncio"` for the standard loop)."""
+    uvloop as `chatgate serve` runs (`loop="asyncio"` for the standard loop). `wrap`, if given, turns
+    chatgate's ASGI app into the one served (e.g. a recorder of what clients send); `.app` stays
+    chatgate's own."""
     app = create_app(settings, transport=transport, store=store)
     sock = bind_socket()
     port = sock.getsockname()[1]
-    config = uvicorn.Config(app, lifespan="on", log_level="warning", access_log=False, http="httptools",
+    served = app if wrap is None else wrap(app)
+    config = uvicorn.Config(served, lifespan="on", log_level="warning", access_log=False, http="httptools",
                             loop=loop, timeout_graceful_shutdown=5)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)

@@ -1,10 +1,13 @@
 """One real chatgate (passthrough, SQLite) in front of the fake DeepSeek, shared by the compatibility tests.
 
-Every client here runs the same scenario through its own API:
+The per-client tests run the same scenario through each client's own API:
 1. a tool-calling loop: the model (thinking by default) calls `search_forecast`, the client runs it and sends
    the assistant turn back *with* its `reasoning_content` (R17), the model answers from the tool result;
 2. a streamed answer, relayed chunk by chunk;
 3. a broken history, refused by chatgate with a 400 the client raises as its own exception type.
+
+The zoo (test_zoo.py, tests/compat/zoo/) runs every client library through tool loops with thinking on and
+off, streaming and not; chatgate is wrapped in a recorder of what the clients send it (`Gate.recorder`).
 """
 
 from __future__ import annotations
@@ -17,32 +20,24 @@ from typing import Any
 
 import pytest
 
+from tests.compat.zoo.model import CLIENT_KEY, MODEL
+from tests.compat.zoo.model import TOOL_SCHEMA as SEARCH_TOOL
+from tests.compat.zoo.model import forecast as search_forecast
+from tests.compat.zoo.recorder import Recorder
+from tests.compat.zoo.runner import Zoo
 from tests.fakes.deepseek import FakeState
 from tests.fakes.server import run_fake_deepseek
 from tests.harness import make_settings, run_chatgate
 
-CLIENT_KEY = "sk-compat-client-0001"
-MODEL = "deepseek-flash"  # thinks unless thinking.type = "disabled"
-
-SEARCH_TOOL: dict[str, Any] = {
-    "type": "function",
-    "function": {
-        "name": "search_forecast",
-        "description": "Search the weather forecast.",
-        "parameters": {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]},
-    },
-}
-
-
-def search_forecast(q: str) -> str:
-    """The tool every client runs (the fake DeepSeek always calls it with {"q": "x"})."""
-    return f"forecast for {q}: light rain"
+__all__ = ["CLIENT_KEY", "MODEL", "SEARCH_TOOL", "Gate", "search_forecast"]
 
 
 @dataclass
 class Gate:
     url: str  # chatgate root
     fake: FakeState
+    fake_url: str
+    recorder: Recorder  # every request clients sent to chatgate, byte for byte
 
     @property
     def base_url(self) -> str:
@@ -57,8 +52,9 @@ class Gate:
 @pytest.fixture(scope="package")
 def gate_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gate]:
     tmp: Path = tmp_path_factory.mktemp("compat")
-    with run_fake_deepseek() as fake, run_chatgate(make_settings(tmp, fake.url)) as gate:
-        yield Gate(gate.url, fake.state)
+    recorder = Recorder()
+    with run_fake_deepseek() as fake, run_chatgate(make_settings(tmp, fake.url), wrap=recorder.wrap) as gate:
+        yield Gate(gate.url, fake.state, fake.url, recorder)
 
 
 @pytest.fixture
@@ -66,3 +62,9 @@ def gate(gate_server: Gate) -> Gate:
     gate_server.fake.wait_idle(5)
     gate_server.fake.reset()
     return gate_server
+
+
+@pytest.fixture(scope="package")
+def zoo(gate_server: Gate) -> Zoo:
+    """Each client's zoo scenarios, run once on first use (default validation settings, passthrough auth)."""
+    return Zoo(gate_server.url, gate_server.fake_url, gate_server.fake, gate_server.recorder)

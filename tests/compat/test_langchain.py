@@ -1,9 +1,10 @@
 """LangChain `ChatOpenAI` with tools through a real chatgate.
 
-ChatOpenAI drops DeepSeek's `reasoning_content` (it is not kept on the AIMessage, so it cannot be sent
-back): a thinking-mode tool loop therefore breaks R17, and chatgate refuses it locally with a 400 that
-LangChain raises as `openai.BadRequestError`. The working loop disables thinking with
-`extra_body={"thinking": {"type": "disabled"}}`, which is what LangChain users must do.
+ChatOpenAI drops DeepSeek's `reasoning_content` (it is not sent back with the AIMessage), so a thinking-mode
+tool loop breaks R17: DeepSeek refuses it. What chatgate does with such a loop on default settings (refuse
+locally, or restore what it relayed: issue 12) is covered by the zoo (test_zoo.py); here, a history chatgate
+never relayed, which nothing can restore: the local 400, raised by LangChain as `openai.BadRequestError`.
+Without thinking (`extra_body={"thinking": {"type": "disabled"}}`) the loop works as is.
 """
 
 from __future__ import annotations
@@ -64,10 +65,17 @@ def test_langchain_streamed_answer_arrives_in_chunks(gate: Gate) -> None:
     assert gate.upstream_bodies()[0]["stream"] is True
 
 
-def test_langchain_drops_reasoning_content_so_chatgate_refuses_the_loop_R17(gate: Gate) -> None:
+def test_langchain_history_without_reasoning_content_is_refused_locally_R17(gate: Gate) -> None:
+    """A saved conversation replayed in thinking mode: the tool call's reasoning_content is gone and chatgate
+    never relayed that call, so nothing can put it back."""
+    messages: list[BaseMessage] = [
+        HumanMessage("Do I need an umbrella in Lisbon today?"),
+        AIMessage("", tool_calls=[{"name": "search_forecast", "args": {"q": "x"}, "id": "call_0"}]),
+        ToolMessage("forecast for x: light rain", tool_call_id="call_0"),
+    ]
     with pytest.raises(openai.BadRequestError) as info:
-        run_tool_loop(chat(gate))  # thinking on (the model's default)
+        chat(gate).bind_tools([search_forecast]).invoke(messages)  # thinking on (the model's default)
     assert info.value.status_code == 400 and info.value.code == "reasoning_content_missing"
     body: Any = info.value.body
-    assert body["problems"][0]["rule"] == "R17"
-    assert len(gate.upstream_bodies()) == 1  # only the first turn reached DeepSeek
+    assert body["problems"][0]["rule"] == "R17" and body["param"] == "messages[1].reasoning_content"
+    assert gate.upstream_bodies() == []  # nothing reached DeepSeek

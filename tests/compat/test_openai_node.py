@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from tests.ci import missing
 from tests.compat.conftest import CLIENT_KEY, MODEL, Gate
 from tests.harness import REPO_ROOT
 
@@ -17,11 +18,8 @@ NODE_DIR = REPO_ROOT / "tests" / "compat" / "node"
 
 
 def need(condition: bool, reason: str) -> None:
-    if condition:
-        return
-    if os.environ.get("CI"):
-        pytest.fail(f"{reason} (CI must run the openai-node suite: scripts/install-test-tools.sh)")
-    pytest.skip(f"{reason}; scripts/install-test-tools.sh installs it (CI is unset)")
+    if not condition:
+        missing(f"{reason}; scripts/install-test-tools.sh installs it")
 
 
 @pytest.fixture(scope="module")
