@@ -1,14 +1,15 @@
 """LangChain `ChatOpenAI` with tools through a real chatgate.
 
 ChatOpenAI drops DeepSeek's `reasoning_content` (it is not sent back with the AIMessage), so a thinking-mode
-tool loop breaks R17: DeepSeek refuses it. What chatgate does with such a loop on default settings (refuse
-locally, or restore what it relayed: issue 12) is covered by the zoo (test_zoo.py); here, a history chatgate
-never relayed, which nothing can restore: the local 400, raised by LangChain as `openai.BadRequestError`.
+tool loop breaks R17: DeepSeek refuses it (the control, straight against the fake). Through chatgate the
+same three-round loop completes: restore_reasoning puts back what chatgate relayed to the same key. A history
+chatgate never relayed cannot be restored: the local 400, raised by LangChain as `openai.BadRequestError`.
 Without thinking (`extra_body={"thinking": {"type": "disabled"}}`) the loop works as is.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import openai
@@ -79,3 +80,60 @@ def test_langchain_history_without_reasoning_content_is_refused_locally_R17(gate
     body: Any = info.value.body
     assert body["problems"][0]["rule"] == "R17" and body["param"] == "messages[1].reasoning_content"
     assert gate.upstream_bodies() == []  # nothing reached DeepSeek
+
+
+def three_rounds(llm: ChatOpenAI, stream: bool) -> list[AIMessage]:
+    """An agent: three user questions, each answered through a tool call; LangChain keeps the history (and,
+    like every ChatOpenAI loop, drops reasoning_content from the AIMessages it sends back)."""
+    bound = llm.bind_tools([search_forecast])
+    messages: list[BaseMessage] = []
+    finals: list[AIMessage] = []
+    for question in ("Umbrella in Lisbon today?", "And in Porto?", "And in Faro?"):
+        messages.append(HumanMessage(question))
+        for _ in range(2):  # the tool call, then the answer
+            if stream:
+                reply: Any = None
+                for chunk in bound.stream(messages):
+                    reply = chunk if reply is None else reply + chunk
+            else:
+                reply = bound.invoke(messages)
+            message = AIMessage(content=reply.content, tool_calls=reply.tool_calls)
+            messages.append(message)
+            for call in message.tool_calls:
+                messages.append(ToolMessage(search_forecast.invoke(call["args"]), tool_call_id=call["id"]))
+            if not message.tool_calls:
+                finals.append(message)
+                break
+    return finals
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["invoke", "stream"])
+def test_langchain_three_round_thinking_loop_completes_with_restored_reasoning(gate: Gate,
+                                                                              stream: bool) -> None:
+    """Issue 12: the loop DeepSeek refuses (R17) completes through chatgate, which puts back the
+    reasoning_content of each tool-call turn it relayed to this key."""
+    start = len(gate.recorder.exchanges)
+    finals = three_rounds(chat(gate), stream)
+    assert [f.content for f in finals] == [f"Answer {n}: the tool said forecast for x: light rain"
+                                           for n in (3, 7, 11)]
+    bodies = gate.upstream_bodies()
+    assert len(bodies) == 6
+    last = bodies[-1]["messages"]
+    turns = [m for m in last if m["role"] == "assistant" and m.get("tool_calls")]
+    assert len(turns) == 3 and all(m["reasoning_content"].startswith("The user sent") for m in turns)
+    sent = [json.loads(x.body) for x in gate.recorder.exchanges[start:]]
+    assert len(sent) == 6
+    assert not any("reasoning_content" in m for body in sent for m in body["messages"]), "LangChain drops it"
+    repaired = [x.response_headers.get("x-chatgate-repaired", "") for x in gate.recorder.exchanges[start:]]
+    assert repaired[0] == "" and all(r.startswith("restore_reasoning@messages[1]") for r in repaired[1:])
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["invoke", "stream"])
+def test_langchain_three_round_thinking_loop_fails_straight_against_deepseek_R17(gate: Gate,
+                                                                                 stream: bool) -> None:
+    """The control: the same loop sent straight to the (fake) DeepSeek gets DeepSeek's own 400."""
+    direct = ChatOpenAI(model=MODEL, base_url=gate.fake_url, api_key=CLIENT_KEY,  # type: ignore[arg-type]
+                        max_retries=0, timeout=10)
+    with pytest.raises(openai.BadRequestError) as info:
+        three_rounds(direct, stream)
+    assert "The `reasoning_content` in the thinking mode must be passed back to the API." in str(info.value)
