@@ -97,6 +97,7 @@ class RepairSettings(Section):
     """Named repairs (app/repair/base.py CATALOG), each on or off; the two lossless ones are on by default."""
 
     restore_reasoning: bool = True
+    restore_thinking: bool = True
     thinking_conflict: bool = True
     developer_role: bool = False
     flatten_content: bool = False
@@ -106,6 +107,11 @@ class RepairSettings(Section):
     user_id: bool = False
     orphan_tool_messages: bool = False
     unanswered_tool_calls: bool = False
+    system_messages: bool = False
+    split_tool_results: bool = False
+    empty_assistant: bool = False
+    model_suffix: bool = False
+    redacted_thinking: bool = False
     unanswered_tool_text: str = Field(default="no result: the call was interrupted", min_length=1)
     image_placeholder: str = Field(default="[image removed: this model does not accept images]", min_length=1)
     # How long a relayed tool-call turn's reasoning is kept for restoring (then deleted), and how much of it

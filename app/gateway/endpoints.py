@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+from app.anthropic.family import MessagesFamily
+from app.anthropic.rules import Options as MessagesOptions
 from app.gateway.exchange import Route
 from app.gateway.family import Family
 from app.gateway.proxy import Endpoint
 from app.openai.chat import ChatFamily
+from app.openai.fim import FimFamily
 from app.settings import Settings
 
 
 def families(settings: Settings) -> list[Family]:
-    return [ChatFamily(settings.policy())]
+    v = settings.validation
+    messages_options = MessagesOptions(strict=v.strict, unknown_models=v.unknown_models)
+    return [ChatFamily(settings.policy()), FimFamily(settings.policy()),
+            MessagesFamily(settings.profiles(), messages_options)]
 
 
 def build_endpoints(settings: Settings) -> tuple[dict[str, Endpoint], dict[str, Endpoint]]:

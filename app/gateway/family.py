@@ -17,7 +17,8 @@ from app.verdict import Verdict
 class StreamMeter(Protocol):
     """Watches the relayed stream's bytes: its usage, its end, and its text for a local estimate."""
 
-    usage: TokenCounts | None
+    @property
+    def usage(self) -> TokenCounts | None: ...
 
     def feed(self, chunk: bytes) -> None: ...
 

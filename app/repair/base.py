@@ -14,26 +14,41 @@ class RepairSpec:
     what: str
 
 
-# The chat family's repairs (issue 12), in the order they are applied.
+# Every repair (issue 12 for chat, issue 13 for the Anthropic route); rule numbers say which family's
+# problems each fixes (R: chat, A: Anthropic). A family applies the ones it knows, in its own order.
 CATALOG: tuple[RepairSpec, ...] = (
     RepairSpec("restore_reasoning", ("R17",), True,
                "puts back the reasoning_content of a tool-call turn chatgate relayed to the same caller"),
-    RepairSpec("thinking_conflict", ("R41",), True,
-               "drops reasoning_effort when thinking.type is disabled (lossless)"),
+    RepairSpec("restore_thinking", ("A10",), True,
+               "puts back the thinking blocks of a tool-use turn chatgate relayed to the same caller, or "
+               "the empty thinking block DeepSeek accepts where it never saw the turn"),
+    RepairSpec("thinking_conflict", ("R41", "A12"), True,
+               "drops the effort (reasoning_effort, output_config.effort) when thinking is disabled "
+               "(lossless)"),
     RepairSpec("developer_role", ("R5",), False, "developer messages become system messages"),
     RepairSpec("flatten_content", ("R6",), False,
                "joins all-text content arrays of system, assistant and tool messages into one string"),
     RepairSpec("strip_images", ("R8",), False,
                "on models without vision, replaces image and file parts by a short text placeholder"),
-    RepairSpec("forced_tool_choice", ("R34",), False,
+    RepairSpec("forced_tool_choice", ("R34", "A13"), False,
                "a forced tool_choice in thinking mode: thinking is disabled for the request (choice kept)"),
     RepairSpec("clamp_max_tokens", ("R27",), False, "lowers max_tokens to the model's maximum"),
-    RepairSpec("user_id", ("R37",), False,
-               "replaces characters outside [a-zA-Z0-9_-] in user_id and truncates it to 512"),
+    RepairSpec("user_id", ("R37", "A15"), False,
+               "replaces characters outside [a-zA-Z0-9_-] in user_id (metadata.user_id) and truncates it to "
+               "512"),
     RepairSpec("orphan_tool_messages", ("R14", "R15"), False,
                "drops tool messages that answer no call of the assistant turn before them"),
     RepairSpec("unanswered_tool_calls", ("R16",), False,
                "inserts a tool message with a fixed text after each call left unanswered"),
+    RepairSpec("system_messages", ("A3",), False,
+               "system messages inside messages are merged into the top-level system"),
+    RepairSpec("split_tool_results", ("A7",), False,
+               "tool_result blocks spread over later messages are merged into the message after the "
+               "tool_use"),
+    RepairSpec("empty_assistant", ("A6",), False,
+               "an assistant message with an empty content array gets one text block (a space)"),
+    RepairSpec("model_suffix", ("A19",), False, "strips a trailing [1m] from the model name"),
+    RepairSpec("redacted_thinking", ("A5",), False, "drops redacted_thinking blocks"),
 )
 NAMES: tuple[str, ...] = tuple(spec.name for spec in CATALOG)
 DEFAULT_ON: frozenset[str] = frozenset(spec.name for spec in CATALOG if spec.default)

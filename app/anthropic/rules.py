@@ -1,0 +1,358 @@
+"""Request rules of DeepSeek's Anthropic-format route (deepseek-anthropic.md §7, A1-A23) as pure functions.
+
+What the spec marks certain is enforced (a 400 in Anthropic's shape); what it marks uncertain is a warning
+(forwarded, `x-chatgate-warning`) and refused only in strict mode: a false alarm breaks Claude Code, a miss
+only costs DeepSeek's own 400. DeepSeek's wording is quoted where it is known, so clients that match on it
+keep working. `param` paths use chatgate's style (`messages[3].content[1]`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pydantic
+
+from app.anthropic.protocol import SUPPORTED_BLOCKS, UNSUPPORTED_BLOCKS, Message, MessagesRequest
+from app.anthropic.type_errors import problems_from_validation_error
+from app.errors import Problem
+from app.profiles import DEFAULT_PROFILES, ModelProfile, generic_profile
+from app.verdict import Verdict
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    strict: bool = False
+    unknown_models: str = "pass"  # "reject": a model that is neither claude* nor configured is refused (A18)
+
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    profile: ModelProfile
+    known: bool  # a DeepSeek profile, or a claude* name DeepSeek maps to one
+    thinking: bool
+    options: Options
+
+    @property
+    def strict(self) -> bool:
+        return self.options.strict
+
+
+def model_profile(model: str, profiles: dict[str, ModelProfile]) -> tuple[ModelProfile, bool]:
+    """The profile DeepSeek serves a name with: claude-opus* -> v4-pro, other claude* -> flash (§1)."""
+    name = model.removesuffix("[1m]")
+    if name in profiles:
+        return profiles[name], True
+    if name.startswith("claude"):
+        target = "deepseek-v4-pro" if name.startswith("claude-opus") else "deepseek-flash"
+        return profiles.get(target, DEFAULT_PROFILES[target]), True
+    return generic_profile(model), False
+
+
+def check_body(body: bytes, profiles: dict[str, ModelProfile], options: Options) -> Verdict:
+    """Parse and check a Messages request body; never raises."""
+    try:
+        request = MessagesRequest.model_validate_json(body)
+    except pydantic.ValidationError as exc:
+        return Verdict(problems_from_validation_error(exc))
+    profile, known = model_profile(request.model, profiles)
+    thinking = known and not profile.non_thinking_only and not (
+        request.thinking is not None and request.thinking.type == "disabled")
+    ctx = Context(profile, known, thinking, options)
+    found = [p for rule in RULES for p in rule(request, ctx)]
+    problems = sorted((p for p in found if not p.warning), key=_position)
+    warnings = sorted((p for p in found if p.warning), key=_position)
+    client_tools = any((t.get("type") or "custom") == "custom" for t in request.tools or ())
+    return Verdict(problems, warnings, request.model, request.stream is True, thinking, client_tools,
+                   request.max_tokens, profile)
+
+
+_MSG = re.compile(r"^messages\[(\d+)\](?:\.content\[(\d+)\])?")
+
+
+def _position(problem: Problem) -> tuple[int, int, int]:
+    param = problem.param or ""
+    if param == "model":
+        return (0, 0, 0)
+    match = _MSG.match(param)
+    if match:
+        return (1, int(match.group(1)), int(match.group(2) or -1))
+    return (2, 0, 0)
+
+
+def where(i: int, msg: Message) -> str:
+    return f"messages[{i}] (role {msg['role']})"
+
+
+def _blocks(msg: Message) -> list[Any]:
+    content = msg["content"]
+    return content if isinstance(content, list) else []
+
+
+# --- the model and max_tokens (A2, A18, A19) ---------------------------------------------------------
+
+
+def rule_model(req: MessagesRequest, ctx: Context) -> Iterator[Problem]:
+    if req.model.endswith("[1m]"):
+        yield Problem("model_suffix", "model",
+                      f"model '{req.model}' ends with '[1m]': Claude Code strips that suffix before sending; "
+                      f"DeepSeek does not know it. Send '{req.model.removesuffix('[1m]')}' (or enable the "
+                      "model_suffix repair).", "A19", warning=True)
+    elif not ctx.known:
+        refuse = ctx.options.unknown_models == "reject"
+        yield Problem("model_not_found", "model",
+                      f"Model '{req.model}' is neither a claude* name (which DeepSeek maps to its own "
+                      f"models) "
+                      "nor a configured DeepSeek model; DeepSeek answers unknown non-claude names with 400.",
+                      "A18", warning=not refuse)
+
+
+def rule_max_tokens(req: MessagesRequest, ctx: Context) -> Iterator[Problem]:
+    top = ctx.profile.max_tokens_max
+    if not 1 <= req.max_tokens <= top:
+        bound = f"[1, {top}]" if ctx.known else "[1, …]"
+        yield Problem("max_tokens_out_of_range", "max_tokens",
+                      f"Invalid max_tokens value, the valid range of max_tokens is {bound} for model "
+                      f"'{req.model}'; got {req.max_tokens}.", "A2")
+
+
+# --- messages (A3, A6, A7, A8) ---------------------------------------------------------------------------
+
+
+def rule_roles(req: MessagesRequest, ctx: Context) -> Iterator[Problem]:
+    if not req.messages:
+        yield Problem("empty_array", "messages",
+                      "Invalid 'messages': empty array. Send at least one message.", "A1")
+    for i, msg in enumerate(req.messages):
+        role = msg["role"]
+        if role in ("user", "assistant"):
+            continue
+        fix = ("move it into the top-level 'system' (or enable the system_messages repair)"
+               if role == "system" else "tool results are 'tool_result' blocks in a user message"
+               if role == "tool" else "use 'user' or 'assistant'")
+        yield Problem("invalid_role", f"messages[{i}].role",
+                      f"messages[{i}].role: unknown variant `{role}`, expected `user` or `assistant`: {fix}.",
+                      "A3")
+
+
+def rule_not_empty(req: MessagesRequest, ctx: Context) -> Iterator[Problem]:
+    for i, msg in enumerate(req.messages):
+        if isinstance(msg["content"], list) and not msg["content"]:
+            fix = (" (or enable the empty_assistant repair)" if msg["role"] == "assistant" else "")
+            yield Problem("empty_content", f"messages[{i}].content",
+                          f"messages.{i}: all messages must have non-empty content ({where(i, msg)} has an "
+                          f"empty content array). Send at least one block, or drop the message{fix}.", "A6")
+
+
+def _tool_uses(msg: Message) -> list[tuple[int, str]]:
+    """(block index, id) of the client tool calls of an assistant message (server tools run at DeepSeek)."""
+    return [(j, b["id"]) for j, b in enumerate(_blocks(msg)) if b.get("type") == "tool_use"]
+
+
+def _tool_results(msg: Message) -> list[tuple[int, str]]:
+    return [(j, b["tool_use_id"]) for j, b in enumerate(_blocks(msg)) if b.get("type") == "tool_result"]
+
+
+def rule_tool_results(req: MessagesRequest, ctx: Context) -> Iterator[Problem]:
+    msgs = req.messages
+    for i, msg in enumerate(msgs):
+        if msg["role"] != "assistant":
+            continue
+        uses = _tool_uses(msg)
+        if not uses or i == len(msgs) - 1:
+            continue
+        following = msgs[i + 1]
+        answered = {tid for _, tid in _tool_results(following)} if following["role"] == "user" else set()
+        missing = [tid for _, tid in uses if tid not in answered]
+        if missing:
+            later = any(tid in {t for _, t in _tool_results(m)} for m in msgs[i + 2:] for tid in missing)
+            hint = (" They are answered in a later message: merge the tool_result blocks into the message "
+                    "right "
+                    "after (or enable the split_tool_results repair)." if later else
+                    " Add a tool_result block for each id to the next (user) message.")
+            yield Problem("tool_use_unanswered", f"messages[{i}].content",
+                          f"messages.{i}:`tool_use` ids were found without `tool_result` blocks immediately "
+                          f"after: {', '.join(missing)}. Each `tool_use` block must have a corresponding "
+                          f"`tool_result` block in the next message.{hint}", "A7")
+
+
+def rule_tool_result_ids(req: MessagesRequest, ctx: Context) -> Iterator[Problem]:
+    """A8: a tool_result answers a tool_use of the assistant message right before it (an inference:
+    refused in strict mode only)."""
+    msgs = req.messages
+    for i, msg in enumerate(msgs):
+        results = _tool_results(msg) if msg["role"] == "user" else []
+        if not results:
+            continue
+        previous = msgs[i - 1] if i else None
+        assistant = previous is not None and previous["role"] == "assistant"
+        before = {tid for _, tid in _tool_uses(previous)} if previous is not None and assistant else set()
+        for j, tid in results:
+            if tid not in before:
+                yield Problem("unknown_tool_use_id", f"messages[{i}].content[{j}].tool_use_id",
+                              f"{where(i, msg)}: content[{j}] answers tool_use_id '{tid}', which is not a "
+                              f"tool_use "
+                              f"of messages[{i - 1}]. Keep each tool_result right after the assistant "
+                              f"message "
+                              "that called the tool.", "A8", warning=not ctx.strict)
+
+
+# --- content blocks (A4, A5, A9, A16) ---------------------------------------------------------------
+
+IMAGE_MEDIA = ("image/jpeg", "image/png", "image/gif", "image/webp")
+
+
+def rule_blocks(req: MessagesRequest, ctx: Context) -> Iterator[Problem]:
+    for i, msg in enumerate(req.messages):
+        for j, block in enumerate(_blocks(msg)):
+            kind = block.get("type")
+            param = f"messages[{i}].content[{j}]"
+            if kind in UNSUPPORTED_BLOCKS:
+                fix = " (or enable the redacted_thinking repair)" if kind == "redacted_thinking" else ""
+                yield Problem("unsupported_block", f"{param}.type",
+                              f"{where(i, msg)}: content[{j}] is a '{kind}' block, which DeepSeek documents "
+                              f"as "
+                              f"not supported. Remove it{fix}.", "A5", warning=not ctx.strict)
+            elif kind not in SUPPORTED_BLOCKS:
+                yield Problem("unsupported_block", f"{param}.type",
+                              f"{where(i, msg)}: content[{j}] has type '{kind}', which is not among the "
+                              f"block "
+                              f"types DeepSeek accepts ({', '.join(SUPPORTED_BLOCKS)}).", "A4",
+                              warning=not ctx.strict)
+            elif kind == "image":
+                yield from _image(req, ctx, i, msg, j, block)
+            elif kind == "tool_result" and isinstance(block.get("content"), list):
+                for k, inner in enumerate(block["content"]):
+                    if inner.get("type") == "image":
+                        yield from _image(req, ctx, i, msg, j, inner, f"{param}.content[{k}]")
+
+
+def _image(req: MessagesRequest, ctx: Context, i: int, msg: Message, j: int, block: Any,
+           param: str | None = None) -> Iterator[Problem]:
+    param = param or f"messages[{i}].content[{j}]"
+    if not ctx.profile.vision:
+        yield Problem("image_not_supported", param,
+                      f"{where(i, msg)}: {param.split('.', 1)[1]} is an image, but model '{req.model}' does "
+                      "not support images. Use a vision model such as 'deepseek-flash', or remove the block.",
+                      "A16")
+        return
+    source = block["source"]
+    kind = source.get("type")
+    if kind not in ("base64", "url", "file"):
+        yield Problem("invalid_image", f"{param}.source.type",
+                      f"{where(i, msg)}: {param.split('.', 1)[1]}.source.type '{kind}' is not base64, url or "
+                      "file.", "A16")
+    elif kind == "base64" and source.get("media_type") not in IMAGE_MEDIA:
+        yield Problem("invalid_image", f"{param}.source.media_type",
+                      f"{where(i, msg)}: {param.split('.', 1)[1]}.source.media_type "
+                      f"'{source.get('media_type')}' is not one of {', '.join(IMAGE_MEDIA)}.", "A16")
+
+
+# --- thinking (A10, A11, A12, A13, A14) --------------------------------------------------------------
+
+THINKING_TYPES = ("enabled", "disabled", "adaptive")
+EFFORTS = ("minimal", "low", "medium", "high", "xhigh", "max", "ultra")
+
+
+def rule_thinking_passed_back(req: MessagesRequest, ctx: Context) -> Iterator[Problem]:
+    if not ctx.thinking:
+        return
+    for i, msg in enumerate(req.messages):
+        blocks = _blocks(msg)
+        calls = any(b.get("type") in ("tool_use", "server_tool_use") for b in blocks)
+        if msg["role"] == "assistant" and calls and not any(b.get("type") == "thinking" for b in blocks):
+            yield Problem("thinking_block_missing", f"messages[{i}].content",
+                          "The `content[].thinking` in the thinking mode must be passed back to the API. "
+                          f"{where(i, msg)} calls a tool without its thinking block: send back the thinking "
+                          "block DeepSeek returned before the tool_use, or set thinking.type = \"disabled\".",
+                          "A10")
+
+
+def rule_thinking_params(req: MessagesRequest, ctx: Context) -> Iterator[Problem]:
+    if req.thinking is not None and req.thinking.type not in THINKING_TYPES:
+        yield Problem("invalid_thinking", "thinking.type",
+                      f"thinking.type: unknown variant `{req.thinking.type}`, expected one of `adaptive`, "
+                      "`enabled`, `disabled`.", "A11")
+    effort = req.output_config.effort if req.output_config is not None else None
+    if effort is not None and effort not in EFFORTS:
+        yield Problem("invalid_effort", "output_config.effort",
+                      f"output_config.effort '{effort}' is not one of {', '.join(EFFORTS)} (DeepSeek maps "
+                      f"these "
+                      "to low, high and max).", "A14", warning=True)
+    if effort is not None and req.thinking is not None and req.thinking.type == "disabled":
+        yield Problem("thinking_disabled_with_effort", "output_config.effort",
+                      "thinking options type cannot be disabled when reasoning_effort is set: thinking.type "
+                      "is "
+                      f"\"disabled\" and output_config.effort is '{effort}'. Remove output_config.effort (it "
+                      "means nothing without thinking).", "A12", warning=not ctx.strict)
+
+
+def rule_tool_choice(req: MessagesRequest, ctx: Context) -> Iterator[Problem]:
+    choice = req.tool_choice
+    if choice is None:
+        return
+    if choice.type not in ("auto", "any", "tool", "none"):
+        yield Problem("invalid_tool_choice", "tool_choice.type",
+                      f"tool_choice.type: unknown variant `{choice.type}`, expected one of `auto`, `any`, "
+                      f"`tool`, "
+                      "`none`.", "A13")
+        return
+    if choice.type == "tool" and not choice.name:
+        yield Problem("invalid_tool_choice", "tool_choice.name",
+                      "tool_choice of type \"tool\" needs the 'name' of the tool to call.", "A13")
+    if ctx.thinking and choice.type in ("tool", "any"):
+        yield Problem("tool_choice_in_thinking", "tool_choice",
+                      "Thinking mode does not support this tool_choice: a forced tool_choice "
+                      f"({choice.type!r}) is refused while model '{req.model}' thinks. Set thinking.type = "
+                      "\"disabled\" or use tool_choice \"auto\" (or enable the forced_tool_choice repair).",
+                      "A13", warning=choice.type == "any" and not ctx.strict)
+
+
+# --- sampling, metadata, tools (A15, A17, A20) --------------------------------------------------------
+
+
+def rule_sampling(req: MessagesRequest, ctx: Context) -> Iterator[Problem]:
+    if ctx.thinking and not ctx.strict:  # ignored in thinking mode (thinking_mode guide)
+        return
+    for name, value, top in (("temperature", req.temperature, 2.0), ("top_p", req.top_p, 1.0)):
+        if value is not None and not 0 <= value <= top:
+            yield Problem("out_of_range", name,
+                          f"Invalid '{name}': expected a value in [0, {top:g}], got {value:g}.", "A20")
+
+
+_USER_ID = re.compile(r"^[a-zA-Z0-9_-]{1,512}$")
+
+
+def rule_user_id(req: MessagesRequest, ctx: Context) -> Iterator[Problem]:
+    user_id = req.metadata.user_id if req.metadata is not None else None
+    if user_id is not None and not _USER_ID.match(user_id):
+        yield Problem("invalid_user_id", "metadata.user_id",
+                      "Invalid 'user_id': string does not match pattern. Expected a string that matches the "
+                      "pattern '^[a-zA-Z0-9_-]+$' (at most 512 characters). DeepSeek enforced it for one day "
+                      "(2026-05-06); enable the user_id repair to send a sanitised id.", "A15",
+                      warning=not ctx.strict)
+
+
+def rule_server_tools(req: MessagesRequest, ctx: Context) -> Iterator[Problem]:
+    for k, tool in enumerate(req.tools or ()):
+        kind = tool.get("type") or "custom"
+        if kind != "custom" and not kind.startswith("web_search"):
+            yield Problem("unsupported_server_tool", f"tools[{k}].type",
+                          f"tools[{k}] is the server tool '{kind}'; DeepSeek runs only web_search "
+                          f"server-side, "
+                          "and other server tools are reported to fail the whole request.", "A17",
+                          warning=not ctx.strict)
+
+
+Rule = Any
+RULES: tuple[Rule, ...] = (
+    rule_model, rule_max_tokens, rule_roles, rule_not_empty, rule_tool_results, rule_tool_result_ids,
+    rule_blocks, rule_thinking_passed_back, rule_thinking_params, rule_tool_choice, rule_sampling,
+    rule_user_id, rule_server_tools,
+)
+
+
+def all_problems(verdict: Verdict) -> Iterable[Problem]:
+    return [*verdict.problems, *verdict.warnings]

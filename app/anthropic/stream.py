@@ -1,0 +1,176 @@
+"""DeepSeek's Anthropic-format answers as chatgate relays them: usage (input_tokens excludes cache reads,
+deepseek-anthropic.md §3), the model DeepSeek served, the end of the stream (`message_stop`), the streamed
+text for estimates, and the tool-use turns chatgate remembers for restore_thinking."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import orjson
+
+from app.metering.usage import TokenCounts
+from app.repair.base import Turn
+
+STOP = b"event: message_stop"
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+def tokens_from_usage(usage: Any) -> TokenCounts | None:
+    """prompt = input_tokens + cache_read_input_tokens (cache reads are hits); DeepSeek does not break
+    thinking out of output_tokens."""
+    if not isinstance(usage, dict):
+        return None
+    miss = _count(usage.get("input_tokens")) + _count(usage.get("cache_creation_input_tokens"))
+    hit = _count(usage.get("cache_read_input_tokens"))
+    return TokenCounts(miss + hit, _count(usage.get("output_tokens")), hit, miss, 0)
+
+
+def turn_from_message(message: Any) -> Turn | None:
+    """The tool-use turn of a non-streaming answer, with the thinking blocks that go with it."""
+    content = message.get("content") if isinstance(message, dict) else None
+    if not isinstance(content, list):
+        return None
+    calls = [b for b in content if isinstance(b, dict) and b.get("type") in ("tool_use", "server_tool_use")]
+    thinking = [b for b in content if isinstance(b, dict) and b.get("type") == "thinking"
+                and isinstance(b.get("thinking"), str)]
+    if not calls or not thinking:
+        return None
+    ids = tuple(str(b.get("id", "")) for b in calls)
+    if not all(ids):
+        return None
+    blocks = [{k: b[k] for k in ("type", "thinking", "signature") if k in b} for b in thinking]
+    return Turn(ids, tuple(str(b.get("name", "")) for b in calls), orjson.dumps(blocks).decode())
+
+
+_STRING = rb'[ \t]*:[ \t]*"([^"\\]*(?:\\.[^"\\]*)*)"'
+_TEXT = re.compile(rb'"(?:text|partial_json)"' + _STRING)
+_THINKING = re.compile(rb'"thinking"' + _STRING)
+
+
+class MessagesMeter:
+    """Watches a relayed Messages stream. Usage sits in `message_start` and `message_delta` (the latter
+    supersedes the former, field by field); those two lines are parsed, the rest scanned with regexes."""
+
+    def __init__(self) -> None:
+        self._tail = b""
+        self._text: list[bytes] = []
+        self._thinking: list[bytes] = []
+        self._usage: dict[str, Any] = {}
+        self.model: str | None = None
+        self._last_event = b""
+
+    @property
+    def usage(self) -> TokenCounts | None:
+        return tokens_from_usage(self._usage) if self._usage else None
+
+    def feed(self, chunk: bytes) -> None:
+        data = self._tail + chunk if self._tail else chunk
+        cut = data.rfind(b"\n") + 1
+        self._tail = data[cut:]
+        if cut:
+            self._scan(data[:cut])
+
+    def finish(self) -> None:
+        if self._tail:
+            self._scan(self._tail)
+            self._tail = b""
+
+    def final_in(self, lines: bytes) -> bool:
+        return STOP in lines
+
+    @property
+    def text(self) -> str:
+        return _decode(self._text)
+
+    @property
+    def reasoning(self) -> str:
+        return _decode(self._thinking)
+
+    @property
+    def ended_with_error(self) -> bool:
+        return self._last_event == b"error"
+
+    def _scan(self, lines: bytes) -> None:
+        self._text.extend(_TEXT.findall(lines))
+        if b'"thinking"' in lines:
+            self._thinking.extend(_THINKING.findall(lines))
+        for line in lines.split(b"\n"):
+            if line.startswith(b"event:"):
+                self._last_event = line[6:].strip()
+            elif line.startswith(b"data:") and b'"usage"' in line:
+                self._usage_line(line[5:])
+
+    def _usage_line(self, payload: bytes) -> None:
+        try:
+            event = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            return
+        if not isinstance(event, dict):
+            return
+        message = event.get("message") if event.get("type") == "message_start" else None
+        usage = message.get("usage") if isinstance(message, dict) else event.get("usage")
+        if isinstance(message, dict) and isinstance(message.get("model"), str):
+            self.model = message["model"]
+        if isinstance(usage, dict):
+            self._usage.update({k: v for k, v in usage.items() if v is not None})
+
+
+class StreamedThinkingTurn:
+    """Collects a relayed stream's tool_use blocks and the thinking signature (from `content_block_start`
+    and `signature_delta` lines only); the thinking text comes from the meter."""
+
+    def __init__(self) -> None:
+        self._tail = b""
+        self._calls: list[tuple[str, str]] = []
+        self._thinking = False
+        self._signature = ""
+
+    def feed(self, chunk: bytes) -> None:
+        data = self._tail + chunk if self._tail else chunk
+        cut = data.rfind(b"\n") + 1
+        self._tail = data[cut:]
+        if b"content_block_start" not in data and b"signature_delta" not in data:
+            return
+        for line in data[:cut].split(b"\n"):
+            if line.startswith(b"data:") and (b"content_block_start" in line or b"signature_delta" in line):
+                self._line(line[5:])
+
+    def _line(self, payload: bytes) -> None:
+        try:
+            event = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            return
+        if not isinstance(event, dict):
+            return
+        block = event.get("content_block")
+        delta = event.get("delta")
+        if isinstance(block, dict) and block.get("type") in ("tool_use", "server_tool_use"):
+            self._calls.append((str(block.get("id", "")), str(block.get("name", ""))))
+        elif isinstance(block, dict) and block.get("type") == "thinking":
+            self._thinking = True
+            if isinstance(block.get("signature"), str):
+                self._signature = block["signature"]
+        elif isinstance(delta, dict) and delta.get("type") == "signature_delta":
+            self._signature += str(delta.get("signature", ""))
+
+    def turn(self, reasoning: str) -> Turn | None:
+        if not self._calls or not self._thinking or not all(call_id for call_id, _ in self._calls):
+            return None
+        block: dict[str, Any] = {"type": "thinking", "thinking": reasoning}
+        if self._signature:
+            block["signature"] = self._signature
+        return Turn(tuple(c[0] for c in self._calls), tuple(c[1] for c in self._calls),
+                    orjson.dumps([block]).decode())
+
+
+def _decode(parts: list[bytes]) -> str:
+    raw = b"".join(parts)
+    try:
+        text = orjson.loads(b'"' + raw + b'"')
+    except orjson.JSONDecodeError:
+        return raw.decode("utf-8", "replace")
+    return text if isinstance(text, str) else ""
