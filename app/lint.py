@@ -1,6 +1,8 @@
-"""`chatgate lint`: the proxy's checks, offline, on JSON bodies, JSONL files and OpenAI batch-input files.
-`--fix` also applies the configured repairs (those that need no memory of relayed answers) and writes the
-repaired bodies, in the same form as the input, to stdout or `--output`; the repairs go to stderr."""
+"""`chatgate lint`: the proxy's checks, offline, on JSON bodies, JSONL files and batch-input files (OpenAI's,
+and Anthropic's `{"custom_id", "params"}` lines). Each body is checked by the family whose format it is in:
+OpenAI chat completions, or Anthropic Messages (told apart by their fields). `--fix` also applies the
+configured repairs (those that need no memory of relayed answers) and writes the repaired bodies, in the
+same form as the input, to stdout or `--output`; the repairs go to stderr."""
 
 from __future__ import annotations
 
@@ -13,10 +15,14 @@ from typing import Any, TextIO
 
 import orjson
 
+from app.anthropic.family import MessagesFamily
+from app.anthropic.rules import Options as MessagesOptions
 from app.errors import Problem
-from app.openai.repairs import repair_chat, wanted
-from app.openai.rules import Checked, Policy, check_body
+from app.gateway.family import Family
+from app.openai.chat import ChatFamily
+from app.openai.rules import Policy
 from app.repair.base import Applied, RepairOptions
+from app.verdict import Verdict
 
 FIX_PASSES = 3  # as the gateway: fixing a type can reveal a sequence problem
 
@@ -31,6 +37,8 @@ class Item:
     custom_id: str | None = None  # from an OpenAI batch-input line
     raw: bytes = b""  # the text as it was in the file (a line, or the whole document)
     batch: dict[str, Any] | None = None  # the batch-input line around the body
+    batch_field: str = "body"  # where the body sits in it ("params" in Anthropic's batches)
+    anthropic: bool = False
     problems: list[Problem] = field(default_factory=list)
     warnings: list[Problem] = field(default_factory=list)
     repairs: list[Applied] = field(default_factory=list)
@@ -46,7 +54,7 @@ class Item:
         if self.fixed is None:
             return self.raw
         if self.batch is not None:
-            return orjson.dumps({**self.batch, "body": self.fixed})
+            return orjson.dumps({**self.batch, self.batch_field: self.fixed})
         return orjson.dumps(self.fixed)
 
 
@@ -91,23 +99,53 @@ def _item(path: str, line: int, raw: bytes, beta: bool) -> Item:
         doc = orjson.loads(raw)
     except orjson.JSONDecodeError:
         return Item(path, line, raw, beta, raw=raw)  # check_body reports the JSON error
+    if isinstance(doc, dict) and "messages" not in doc and isinstance(doc.get("params"), dict):
+        custom_id = str(doc["custom_id"]) if "custom_id" in doc else None
+        return Item(path, line, orjson.dumps(doc["params"]), beta, None, custom_id, raw, doc, "params", True)
     if isinstance(doc, dict) and "messages" not in doc and ("body" in doc or "custom_id" in doc):
         return _batch_line(path, line, doc, beta, raw)
-    return Item(path, line, raw, beta, raw=raw)
+    return Item(path, line, raw, beta, raw=raw, anthropic=looks_anthropic(doc))
+
+
+ANTHROPIC_BLOCKS = ("tool_use", "tool_result", "thinking", "redacted_thinking", "image", "document")
+
+
+def looks_anthropic(doc: Any) -> bool:
+    """An Anthropic Messages body: a top-level `system`, Anthropic-only fields or content blocks, a claude*
+    model. (A chat body puts its system prompt in `messages` and uses other block types.)"""
+    if not isinstance(doc, dict):
+        return False
+    if "system" in doc or "stop_sequences" in doc or str(doc.get("model", "")).startswith("claude"):
+        return True
+    for msg in doc.get("messages") or ():
+        content = msg.get("content") if isinstance(msg, dict) else None
+        for block in content if isinstance(content, list) else ():
+            if isinstance(block, dict) and block.get("type") in ANTHROPIC_BLOCKS:
+                return True
+    return False
 
 
 def _batch_line(path: str, line: int, doc: dict[str, Any], beta: bool, raw: bytes) -> Item:
     custom_id = str(doc["custom_id"]) if "custom_id" in doc else None
     url = str(doc.get("url", ""))
     method = doc.get("method", "POST")
-    if url and not url.rstrip("/").endswith("chat/completions"):
-        return Item(path, line, b"", beta, f"url {url!r} is not a chat-completions endpoint", custom_id, raw)
+    anthropic = url.rstrip("/").endswith("/messages")
+    if url and not url.rstrip("/").endswith("chat/completions") and not anthropic:
+        return Item(path, line, b"", beta, f"url {url!r} is not a chat-completions or messages endpoint",
+                    custom_id, raw)
     if str(method).upper() != "POST":
         return Item(path, line, b"", beta, f"method {method!r}: chat completions are POSTed", custom_id, raw)
     if not isinstance(doc.get("body"), dict):
         return Item(path, line, b"", beta, "batch line has no 'body' object (the chat-completions request)",
                     custom_id, raw)
-    return Item(path, line, orjson.dumps(doc["body"]), beta or "/beta/" in url, None, custom_id, raw, doc)
+    return Item(path, line, orjson.dumps(doc["body"]), beta or "/beta/" in url, None, custom_id, raw, doc,
+                anthropic=anthropic)
+
+
+def families(policy: Policy) -> tuple[Family, Family]:
+    """(chat, Anthropic messages), checking with the same options as the server."""
+    options = MessagesOptions(strict=policy.options.strict, unknown_models=policy.options.unknown_models)
+    return ChatFamily(policy), MessagesFamily(dict(policy.profiles), options)
 
 
 def check_item(item: Item, policy: Policy, repairs: RepairOptions | None = None) -> None:
@@ -116,16 +154,17 @@ def check_item(item: Item, policy: Policy, repairs: RepairOptions | None = None)
         item.problems = [Problem("unreadable" if not item.line else "invalid_batch_line", None,
                                  item.read_error)]
         return
-    checked = check_body(item.body, policy, beta=item.beta)
+    family = families(policy)[1 if item.anthropic else 0]
+    verdict = family.check(item.body, beta=item.beta, origin=None)
     if repairs is not None:
-        checked = _fix(item, checked, policy, repairs)
-    item.problems, item.warnings = checked.problems, checked.warnings
+        verdict = _fix(item, family, verdict, repairs)
+    item.problems, item.warnings = verdict.problems, verdict.warnings
 
 
-def _fix(item: Item, checked: Checked, policy: Policy, repairs: RepairOptions) -> Checked:
+def _fix(item: Item, family: Family, verdict: Verdict, repairs: RepairOptions) -> Verdict:
     for _ in range(FIX_PASSES):
-        found = [*checked.problems, *checked.warnings]
-        if not wanted(found, repairs):
+        found = [*verdict.problems, *verdict.warnings]
+        if not family.repairable(found, repairs):
             break
         try:
             data = orjson.loads(orjson.dumps(item.fixed) if item.fixed is not None else item.body)
@@ -133,13 +172,13 @@ def _fix(item: Item, checked: Checked, policy: Policy, repairs: RepairOptions) -
             break
         if not isinstance(data, dict):
             break
-        done = repair_chat(data, found, repairs, checked.profile, {})  # offline: nothing to restore from
+        done = family.repair(data, found, repairs, verdict.profile, {})  # offline: nothing remembered
         if not done:
             break
         item.repairs += done
         item.fixed = data
-        checked = check_body(orjson.dumps(data), policy, beta=item.beta)
-    return checked
+        verdict = family.check(orjson.dumps(data), beta=item.beta, origin=None)
+    return verdict
 
 
 def run_lint(files: list[str], policy: Policy, fmt: str = "text", beta: bool = False,

@@ -354,3 +354,37 @@ def test_fix_with_several_files_writes_a_directory(tmp_path: Path, capfd: pytest
 def test_output_without_fix_is_a_usage_error(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     assert main(["lint", "--output", str(tmp_path / "x"), str(jsonl(tmp_path / "a.jsonl", GOOD))]) == 2
     assert "--output needs --fix" in capfd.readouterr().err
+
+
+# --- the Anthropic Messages format ---------------------------------------------------------------------
+
+READ = {"type": "tool_use", "id": "toolu_1", "name": "Read", "input": {"file_path": "t.py"}}
+CLAUDE = {"model": "claude-sonnet-4-5", "max_tokens": 32000,
+          "system": [{"type": "text", "text": "Be brief."}],
+          "messages": [{"role": "user", "content": "Fix the test."},
+                       {"role": "assistant", "content": [READ]},
+                       {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
+                                                     "content": "assert 1 == 2"}]}],
+          "tools": [{"name": "Read", "input_schema": {"type": "object"}}]}
+
+
+def test_anthropic_bodies_are_checked_by_the_anthropic_rules(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    path = jsonl(tmp_path / "claude.jsonl", CLAUDE, {**CLAUDE, "thinking": {"type": "disabled"}},
+                 {"custom_id": "b1", "params": {**CLAUDE, "max_tokens": 0}})
+    code, out = lint(capsys, path)
+    assert code == 1
+    assert f"{path}:1: messages[1].content: thinking_block_missing [A10]: " in out
+    assert f"{path}:2:" not in out, "thinking disabled: no thinking block needed"
+    assert f"{path}:3 (custom_id b1): max_tokens: max_tokens_out_of_range [A2]" in out
+
+
+def test_fix_puts_the_empty_thinking_block_into_anthropic_bodies(tmp_path: Path,
+                                                                 capfd: pytest.CaptureFixture[str]) -> None:
+    path = jsonl(tmp_path / "claude.jsonl", CLAUDE, {"custom_id": "b1", "params": CLAUDE})
+    assert main(["lint", "--fix", str(path)]) == 0
+    out, err = capfd.readouterr()
+    first, second = (json.loads(line) for line in out.splitlines())
+    assert first["messages"][1]["content"][0] == {"type": "thinking", "thinking": ""}
+    assert second["custom_id"] == "b1" and second["params"]["messages"][1]["content"][0]["type"] == "thinking"
+    assert f"{path}:1: repaired: restore_thinking@messages[1]" in err
