@@ -37,6 +37,10 @@ class StreamMeter(Protocol):
     @property
     def ended_with_error(self) -> bool: ...
 
+    @property
+    def model(self) -> str | None:
+        """The model DeepSeek says it served, when the family meters by it (else None)."""
+
 
 class StreamTurns(Protocol):
     """Collects the tool calls of a relayed stream, for the memory of turns (restore repairs)."""
@@ -79,6 +83,10 @@ class Family(Protocol):
         """The event that ends a stream broken after it started."""
 
     def usage(self, answer: Any) -> TokenCounts | None: ...
+
+    def served_model(self, answer: Any) -> str | None:
+        """The model DeepSeek says it served (the Anthropic route maps claude-* names), to meter by; None
+        keeps the requested name."""
 
     def answer_turn(self, answer: Any) -> Turn | None: ...
 

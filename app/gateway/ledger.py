@@ -73,8 +73,12 @@ class Ledger:
 
     def refused(self, route: str, request_id: str, status: int, code: str | None, ts: float) -> None:
         """A request refused before it had an exchange (auth, body size, content type): no usage record."""
+        self.note(route, request_id, status, "refused", ts, code=code)
+
+    def note(self, route: str, request_id: str, status: int, outcome: str, ts: float, **fields: Any) -> None:
+        """A request that makes no usage record (refused early, or answered by chatgate itself): counted in
+        /metrics and access-logged."""
         self.metrics.observe_status(route, status)
         if self.access_log is not None:
-            line: dict[str, Any] = {"event": "request", "ts": ts, "request_id": request_id, "route": route,
-                                    "status": status, "outcome": "refused", "code": code}
-            self.access_log.write(line)
+            self.access_log.write({"event": "request", "ts": ts, "request_id": request_id, "route": route,
+                                   "status": status, "outcome": outcome, **fields})

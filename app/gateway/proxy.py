@@ -290,6 +290,8 @@ class Gateway:
         if self.settings.server.log_content:
             ex.completion_text = content.decode("utf-8", "replace")
         tokens = family.usage(answer)
+        if (served := family.served_model(answer)) is not None:
+            ex.model = served[:200]
         exact = tokens is not None
         if tokens is None:
             tokens = await self.ledger.estimate(ex, functools.partial(family.prompt_text, ex.json()), "")
@@ -307,6 +309,8 @@ class Gateway:
             await self.memory.remember(ex.identity.key_id, family.turn_kind, turn)
         if self.settings.server.log_content:
             ex.completion_text = meter.text
+        if meter.model is not None:
+            ex.model = meter.model[:200]
         if meter.usage is not None:
             self.ledger.finish(ex, outcome, status, meter.usage, upstream_status=200)
             return

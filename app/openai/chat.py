@@ -70,6 +70,9 @@ class ChatFamily:
     def usage(self, answer: Any) -> TokenCounts | None:
         return tokens_from_usage(answer.get("usage")) if isinstance(answer, dict) else None
 
+    def served_model(self, answer: Any) -> str | None:
+        return None
+
     def answer_turn(self, answer: Any) -> Turn | None:
         return turn_from_completion(answer)
 

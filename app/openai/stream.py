@@ -55,6 +55,10 @@ class StreamMeter:
         return DONE in lines
 
     @property
+    def model(self) -> str | None:
+        return None
+
+    @property
     def text(self) -> str:
         """Content, then tool names and arguments."""
         return _decode(self._text_raw) + _decode(self._tool_raw)
