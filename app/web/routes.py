@@ -1,4 +1,5 @@
-"""Every route but chat completions: models, health, readiness, metrics, the admin usage report."""
+"""Every route but the forwarded POSTs: models, the account balance, health, readiness, metrics, the admin
+usage report, and the 404 that sends FIM clients to /beta."""
 
 from __future__ import annotations
 
@@ -14,12 +15,19 @@ from starlette.responses import Response
 
 from app import __version__
 from app.errors import APIError
-from app.gateway.auth import require_admin
-from app.gateway.proxy import Endpoint
-from app.gateway.responses import json_response
+from app.gateway.auth import Authenticator, require_admin
+from app.gateway.bodies import origin_of, request_id_of
+from app.gateway.proxy import Endpoint, client_key, read_all
+from app.gateway.responses import RawResponse, error_response, json_response
 from app.gateway.state import State
+from app.gateway.upstream import map_transport_error, response_headers
 from app.metering.reports import ReportError, build_report, make_query
+from app.openai.fim import NOT_ON_BETA, not_on_beta
+from app.web.count_tokens import add_count_tokens
 from app.web.dashboard import add_dashboard
+
+BALANCE_ROUTE = "/user/balance"
+ANY_METHOD = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 
 
 def add_routes(app: FastAPI, state: State) -> None:
@@ -45,6 +53,11 @@ def add_routes(app: FastAPI, state: State) -> None:
     app.router.add_route("/metrics", _metrics_handler(state), methods=["GET"], include_in_schema=False)
     app.router.add_route("/admin/usage", _admin_usage_handler(state), methods=["GET"],
                          include_in_schema=False)
+    for path in (BALANCE_ROUTE, "/v1" + BALANCE_ROUTE):
+        app.router.add_route(path, _balance_handler(state), methods=["GET"], include_in_schema=False)
+    for path in NOT_ON_BETA:  # FIM is on /beta only; the 404 says so, whatever the method
+        app.router.add_route(path, _fim_not_on_beta, methods=ANY_METHOD, include_in_schema=False)
+    add_count_tokens(app, state)
     add_dashboard(app, state)
 
 
@@ -105,6 +118,70 @@ async def _fetch_models(state: State, request: Request) -> bytes | None:
     except orjson.JSONDecodeError:
         return None
     return content
+
+
+async def _fim_not_on_beta(request: Request) -> Response:
+    return error_response(not_on_beta(request.url.path, origin_of(request)))
+
+
+def _balance_handler(state: State) -> Any:
+    """DeepSeek's `GET /user/balance`, relayed as it answers. Passthrough: asked with the caller's own key.
+    Managed: it is the whole account's balance, so only the admin key gets it (asked with the upstream key);
+    a client key is a 403, a missing or unknown key a 401. Access-logged and counted, never metered."""
+    async def balance(request: Request) -> Response:
+        gw, t0, ts, rid = state.gw, time.perf_counter(), time.time(), request_id_of(request)
+        try:
+            key_id, authorization = await _balance_caller(gw.auth, client_key(request))
+        except APIError as error:
+            gw.ledger.refused(BALANCE_ROUTE, rid, error.status, error.code, ts)
+            return error_response(error, rid)
+        headers = [("x-request-id", rid), ("accept-encoding", "identity"),
+                   *([("authorization", authorization)] if authorization else [])]
+        try:
+            resp = await gw.upstream.send("GET", BALANCE_ROUTE, headers, None)
+            try:
+                async with asyncio.timeout(state.settings.upstream.total_timeout):
+                    content = await read_all(resp)
+            except (TimeoutError, httpx2.TransportError, OSError) as exc:
+                raise map_transport_error(exc) from None
+            finally:
+                await resp.aclose()
+        except APIError as error:
+            _log_balance(state, rid, ts, t0, error.status, "upstream_failed", error.code, key_id)
+            return error_response(error, rid)
+        outcome = "ok" if resp.status_code == 200 else "upstream_error"
+        _log_balance(state, rid, ts, t0, resp.status_code, outcome, None, key_id)
+        return RawResponse(resp.status_code, response_headers(resp.headers, rid), content)
+    return balance
+
+
+async def _balance_caller(auth: Authenticator, authorization: str | None) -> tuple[str, str | None]:
+    """(who, the Authorization to send DeepSeek) for a balance request, or the APIError refusing it."""
+    if not auth.managed:
+        identity = await auth.identify(authorization)
+        return identity.key_id, identity.upstream_authorization
+    if auth.is_admin(authorization):
+        upstream = auth.settings.upstream_api_key
+        if upstream is None:
+            raise APIError(503, "Managed mode has no upstream key to ask DeepSeek for the balance: set "
+                           "DEEPSEEK_API_KEY.", "server_error", None, "no_upstream_key")
+        return "admin", f"Bearer {upstream.get_secret_value()}"
+    await auth.identify(authorization)  # a missing, unknown or revoked key: its 401
+    raise APIError(403, "The balance is the whole DeepSeek account's: only the admin key "
+                   "(CHATGATE_ADMIN_KEY) may read it in managed mode; client keys are refused.",
+                   "permission_error", None, "admin_key_required")
+
+
+def _log_balance(state: State, request_id: str, ts: float, t0: float, status: int, outcome: str,
+                 code: str | None, key_id: str) -> None:
+    """A forwarded balance request: its access-log line and its count in /metrics (no usage record)."""
+    ledger = state.gw.ledger
+    ledger.metrics.observe_status(BALANCE_ROUTE, status)
+    if ledger.access_log is not None:
+        ledger.access_log.write({
+            "event": "request", "ts": ts, "request_id": request_id, "route": BALANCE_ROUTE, "key_id": key_id,
+            "status": status, "outcome": outcome, "code": code,
+            "latency_ms": round((time.perf_counter() - t0) * 1000, 3)})
 
 
 def _admin_usage_handler(state: State) -> Any:

@@ -535,6 +535,16 @@ class FakeDeepSeek:
             conn.close()
 
     async def route(self, rec: RecordedRequest, conn: Conn) -> None:
+        from tests.fakes import fim  # FIM completions and the balance (tests.fakes.fim imports this module)
+        from tests.fakes.anthropic import PATHS as ANTHROPIC_PATHS  # it imports this module too
+        from tests.fakes.anthropic import serve_messages
+
+        if rec.path in fim.PATHS:
+            await fim.serve(self, rec, conn)
+            return
+        if rec.path in ANTHROPIC_PATHS:
+            await serve_messages(self, rec, conn)
+            return
         denied = auth_error(rec.headers, self.state)
         if rec.path in CHAT_PATHS and rec.method == "POST" and denied is None:
             await self.chat(rec, conn)

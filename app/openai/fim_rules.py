@@ -1,0 +1,190 @@
+"""FIM completion rules F1-F14 (deepseek-api.md §9, DOC-fim) as pure functions over the parsed request.
+
+Same error shape, codes and `param` paths as the chat rules (rules.py); the numbers are FIM's own:
+
+F1 JSON object · F2 `model` string · F3 known model (validation.unknown_models) · F4 `prompt` string ·
+F5 `suffix` string · F6 `max_tokens` in [1, 4096] ("The max tokens of FIM completion is 4K") · F7 `echo`
+boolean · F8 `logprobs` integer in [0, 20] · F9 `stop` string or ≤ 16 strings · F10 `temperature` in
+[0, 2], `top_p` in [0, 1] · F11 `stream` boolean, `stream_options` only with `stream: true` (R29) ·
+F12 FIM is non-thinking only: a request for thinking is a warning (DeepSeek ignores these fields here),
+refused in strict mode · F13 `frequency_penalty` / `presence_penalty` in [-2, 2], strict mode only
+(deprecated, ignored) · F14 unknown fields: never rejected, never dropped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pydantic
+
+from app.errors import Problem
+from app.openai.fim_protocol import FimRequest
+from app.openai.rules import STOP_MAX, Policy, ValidationOptions
+from app.openai.type_errors import problems_from_validation_error
+from app.profiles import ModelProfile
+from app.wire import json_type
+
+FIM_MAX_TOKENS = 4096  # DOC-fim: "The max tokens of FIM completion is 4K"
+LOGPROBS_MAX = 20  # DOC-fim: "The maximum value for `logprobs` is 20"
+THINKING_ON = ("enabled", "adaptive")
+
+# The rule a type error belongs to, by the top-level field it is about.
+_PARAM_RULES = {
+    "model": "F2", "prompt": "F4", "suffix": "F5", "max_tokens": "F6", "echo": "F7", "logprobs": "F8",
+    "stop": "F9", "temperature": "F10", "top_p": "F10", "stream": "F11", "stream_options": "F11",
+}  # fmt: skip
+_ROOT = re.compile(r"^[^.\[]+")
+
+
+@dataclass(frozen=True, slots=True)
+class FimContext:
+    profile: ModelProfile
+    known_model: bool
+    options: ValidationOptions
+    policy: Policy
+
+    @property
+    def strict(self) -> bool:
+        return self.options.strict
+
+
+@dataclass(frozen=True, slots=True)
+class FimChecked:
+    request: FimRequest | None
+    problems: list[Problem]
+    profile: ModelProfile | None = None
+    warnings: list[Problem] = field(default_factory=list)
+
+
+FimRule = Callable[[FimRequest, FimContext], Iterable[Problem]]
+
+
+def check_fim(body: bytes, policy: Policy) -> FimChecked:
+    """Parse and check a FIM request body; never raises."""
+    try:
+        request = FimRequest.model_validate_json(body)
+    except pydantic.ValidationError as exc:
+        return FimChecked(None, [_as_fim(p) for p in problems_from_validation_error(exc, body)])
+    return check_fim_request(request, policy)
+
+
+def check_fim_request(request: FimRequest, policy: Policy) -> FimChecked:
+    profile, known = policy.profile_for(request.model)
+    ctx = FimContext(profile, known, policy.options, policy)
+    found = [p for rule in FIM_RULES for p in rule(request, ctx)]
+    return FimChecked(request, [p for p in found if not p.warning], profile, [p for p in found if p.warning])
+
+
+def _as_fim(problem: Problem) -> Problem:
+    """A type error worded by type_errors.py, numbered as a FIM rule (F1 for the body itself)."""
+    if problem.param is None:
+        return dataclasses.replace(problem, rule="F1")
+    root = _ROOT.match(problem.param)
+    rule = _PARAM_RULES.get(root.group(0) if root else "")
+    message = problem.message
+    if problem.param == "prompt" and problem.code == "invalid_type":
+        message += " DeepSeek's FIM takes one prompt string (not an array of prompts or token ids)."
+    return dataclasses.replace(problem, rule=rule, message=message)
+
+
+def _range(name: str, value: float | None, lo: float, hi: float, rule: str) -> Iterator[Problem]:
+    if value is not None and not lo <= value <= hi:
+        yield Problem("out_of_range", name, f"Invalid '{name}': expected a value in [{lo:g}, {hi:g}], got "
+                                            f"{value:g}.", rule)
+
+
+# --- the rules ------------------------------------------------------------------------
+
+
+def rule_model_known(req: FimRequest, ctx: FimContext) -> Iterator[Problem]:
+    """F3, as R3: unknown names pass unless validation.unknown_models = "reject"."""
+    if ctx.known_model or ctx.options.unknown_models == "pass":
+        return
+    known = ", ".join(sorted(ctx.policy.profiles))
+    yield Problem("model_not_found", "model",
+                  f"Model '{req.model}' does not exist. Known models: {known}.", "F3")
+
+
+def rule_max_tokens(req: FimRequest, ctx: FimContext) -> Iterator[Problem]:
+    if req.max_tokens is not None and not 1 <= req.max_tokens <= FIM_MAX_TOKENS:
+        yield Problem("max_tokens_out_of_range", "max_tokens",
+                      f"Invalid max_tokens value, the valid range of max_tokens is [1, {FIM_MAX_TOKENS}] for "
+                      f"FIM completions (4K, whatever the model); got {req.max_tokens}.", "F6")
+
+
+def rule_logprobs(req: FimRequest, ctx: FimContext) -> Iterator[Problem]:
+    yield from _range("logprobs", req.logprobs, 0, LOGPROBS_MAX, "F8")
+
+
+def rule_stop(req: FimRequest, ctx: FimContext) -> Iterator[Problem]:
+    if isinstance(req.stop, list) and len(req.stop) > STOP_MAX:
+        yield Problem("too_many_stop_sequences", "stop",
+                      f"Invalid 'stop': {len(req.stop)} sequences; DeepSeek accepts up to {STOP_MAX}.", "F9")
+
+
+def rule_sampling(req: FimRequest, ctx: FimContext) -> Iterator[Problem]:
+    """F10: FIM never thinks, so the ranges always apply (chat skips them in thinking mode)."""
+    yield from _range("temperature", req.temperature, 0, 2, "F10")
+    yield from _range("top_p", req.top_p, 0, 1, "F10")
+
+
+def rule_stream_options(req: FimRequest, ctx: FimContext) -> Iterator[Problem]:
+    if req.stream_options is not None and req.stream is not True:
+        yield Problem("stream_options_without_stream", "stream_options",
+                      "stream_options should be set along with stream = true. Set \"stream\": true or remove "
+                      "'stream_options'.", "F11")
+
+
+def rule_non_thinking(req: FimRequest, ctx: FimContext) -> Iterator[Problem]:
+    """F12: FIM runs in non-thinking mode only (§8). Its reference has no `thinking` or `reasoning_effort`,
+    so DeepSeek ignores them there (unknown fields, R39): a warning by default, refused in strict mode."""
+    warning = not ctx.strict
+    thinking = req.thinking.get("type") if isinstance(req.thinking, dict) else None
+    if thinking in THINKING_ON:
+        yield Problem("thinking_not_supported", "thinking.type",
+                      f"FIM completion is non-thinking only: thinking.type '{thinking}' has no effect on "
+                      "/beta/completions (DeepSeek ignores 'thinking' there). Remove it, or use "
+                      "/beta/chat/completions with prefix completion to have the model think.", "F12",
+                      warning=warning)
+    effort = req.reasoning_effort
+    if effort is not None and effort != "none":
+        shown = effort if isinstance(effort, str) else json_type(effort)
+        yield Problem("thinking_not_supported", "reasoning_effort",
+                      f"FIM completion is non-thinking only: reasoning_effort '{shown}' has no effect on "
+                      "/beta/completions. Remove it.", "F12", warning=warning)
+    if ctx.known_model and ctx.profile.thinking_only:
+        yield Problem("thinking_not_supported", "model",
+                      f"Model '{req.model}' always thinks, and FIM completion is non-thinking only (DeepSeek "
+                      "lists FIM as not supported for deepseek-reasoner). Use 'deepseek-flash' or "
+                      "'deepseek-v4-pro'.", "F12", warning=warning)
+
+
+def rule_penalties(req: FimRequest, ctx: FimContext) -> Iterator[Problem]:
+    """F13, strict mode only: deprecated, and DeepSeek says they "will not take effect"."""
+    if not ctx.strict:
+        return
+    for name in ("frequency_penalty", "presence_penalty"):
+        value: Any = getattr(req, name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            yield Problem("invalid_type", name, f"Invalid type for '{name}': expected a number, but got "
+                                                f"{json_type(value)} instead.", "F13")
+        else:
+            yield from _range(name, value, -2, 2, "F13")
+
+
+FIM_RULES: tuple[FimRule, ...] = (
+    rule_model_known,
+    rule_max_tokens,
+    rule_logprobs,
+    rule_stop,
+    rule_sampling,
+    rule_stream_options,
+    rule_non_thinking,
+    rule_penalties,
+)
