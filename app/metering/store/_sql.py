@@ -11,7 +11,17 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from app.metering.store.base import COUNTERS, GROUP_BYS, ApiKey, GroupBy, ReportQuery, ReportRow, TurnRow
+from app.metering.store.base import (
+    COUNTERS,
+    GROUP_BYS,
+    ApiKey,
+    GroupBy,
+    Hold,
+    LimitRow,
+    ReportQuery,
+    ReportRow,
+    TurnRow,
+)
 
 # One entry per schema version; never edit a released entry, append a new one.
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
@@ -77,6 +87,45 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         )""",
         "CREATE INDEX turn_memory_expires ON turn_memory (expires_at)",
     ),
+    # 4: budgets and limits (issue 15): limits per team and key, the spend ledger per budget period, the
+    # reservations of requests in flight, the alerts already sent.
+    (
+        """CREATE TABLE limits (
+            scope TEXT NOT NULL,
+            subject TEXT NOT NULL,
+            budget_picousd BIGINT,
+            budget_period TEXT,
+            rpm BIGINT,
+            tpm BIGINT,
+            max_concurrent BIGINT,
+            updated_at DOUBLE PRECISION NOT NULL,
+            PRIMARY KEY (scope, subject)
+        )""",
+        """CREATE TABLE budget_ledger (
+            scope TEXT NOT NULL,
+            subject TEXT NOT NULL,
+            period_start DOUBLE PRECISION NOT NULL,
+            spent_picousd BIGINT NOT NULL,
+            PRIMARY KEY (scope, subject, period_start)
+        )""",
+        """CREATE TABLE budget_holds (
+            hold_id TEXT PRIMARY KEY,
+            scope TEXT NOT NULL,
+            subject TEXT NOT NULL,
+            period_start DOUBLE PRECISION NOT NULL,
+            amount_picousd BIGINT NOT NULL,
+            expires_at DOUBLE PRECISION NOT NULL
+        )""",
+        "CREATE INDEX budget_holds_ledger ON budget_holds (scope, subject, period_start)",
+        """CREATE TABLE alerts_sent (
+            scope TEXT NOT NULL,
+            subject TEXT NOT NULL,
+            period_start DOUBLE PRECISION NOT NULL,
+            level TEXT NOT NULL,
+            sent_at DOUBLE PRECISION NOT NULL,
+            PRIMARY KEY (scope, subject, period_start, level)
+        )""",
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -112,6 +161,8 @@ USAGE_COLUMNS = (
     "repairs",
 )
 _KEY_SELECT = "SELECT key_id, name, team, prefix, created_at, revoked_at FROM api_keys"
+LIMIT_COLUMNS = ("scope", "subject", "budget_picousd", "budget_period", "rpm", "tpm", "max_concurrent",
+                 "updated_at")
 
 _GROUP_FIELDS: dict[GroupBy, tuple[tuple[str, str], ...]] = {
     "key": (("key_id", "key_id"), ("key_name", "max(key_name)"), ("team", "max(team)")),
@@ -154,9 +205,10 @@ class Queries:
     record_version: str
     remember_turn: str
     purge_turns: str
+    lock: str  # appended to a ledger SELECT: row lock (PostgreSQL) or nothing (SQLite locks the database)
 
     @classmethod
-    def with_placeholder(cls, p: str) -> Queries:
+    def with_placeholder(cls, p: str, lock: str = "") -> Queries:
         return cls(
             placeholder=p,
             insert_key=(
@@ -174,7 +226,85 @@ class Queries:
                 "names = excluded.names, payload = excluded.payload, expires_at = excluded.expires_at"
             ),
             purge_turns=f"DELETE FROM turn_memory WHERE expires_at <= {p}",
+            lock=lock,
         )
+
+    # --- limits and budgets (the same SQL for both backends) ---
+
+    @property
+    def get_limits(self) -> str:
+        p = self.placeholder
+        return f"SELECT {', '.join(LIMIT_COLUMNS)} FROM limits WHERE scope = {p} AND subject = {p}"
+
+    @property
+    def list_limits(self) -> str:
+        columns = ", ".join(LIMIT_COLUMNS)
+        return f"SELECT {columns} FROM limits WHERE scope = {self.placeholder} ORDER BY subject"
+
+    @property
+    def upsert_limits(self) -> str:
+        p = self.placeholder
+        updates = ", ".join(f"{c} = excluded.{c}" for c in LIMIT_COLUMNS[2:])
+        values = ", ".join([p] * len(LIMIT_COLUMNS))
+        return (f"INSERT INTO limits ({', '.join(LIMIT_COLUMNS)}) VALUES ({values}) "
+                f"ON CONFLICT (scope, subject) DO UPDATE SET {updates}")
+
+    @property
+    def delete_limits(self) -> str:
+        return f"DELETE FROM limits WHERE scope = {self.placeholder} AND subject = {self.placeholder}"
+
+    def spend(self, scope: str) -> str:
+        """The usage recorded for a team or key since a time (the column depends on the scope)."""
+        column = "team" if scope == "team" else "key_id"
+        p = self.placeholder
+        return f"SELECT coalesce(sum(cost_picousd), 0) FROM usage WHERE {column} = {p} AND ts >= {p}"
+
+    def seed_ledger(self, scope: str) -> str:
+        """A period's ledger row, started from what the usage table already holds for it."""
+        column = "team" if scope == "team" else "key_id"
+        p = self.placeholder
+        return (f"INSERT INTO budget_ledger (scope, subject, period_start, spent_picousd) "
+                f"SELECT {p}, {p}, {p}, coalesce(sum(cost_picousd), 0) FROM usage WHERE {column} = {p} "
+                f"AND ts >= {p} ON CONFLICT (scope, subject, period_start) DO NOTHING")
+
+    @property
+    def ledger_spent(self) -> str:
+        p = self.placeholder
+        return ("SELECT spent_picousd FROM budget_ledger WHERE scope = "
+                f"{p} AND subject = {p} AND period_start = {p}{self.lock}")
+
+    @property
+    def held(self) -> str:
+        p = self.placeholder
+        return ("SELECT coalesce(sum(amount_picousd), 0) FROM budget_holds WHERE scope = "
+                f"{p} AND subject = {p} AND period_start = {p} AND expires_at > {p}")
+
+    @property
+    def insert_hold(self) -> str:
+        p = self.placeholder
+        return ("INSERT INTO budget_holds (hold_id, scope, subject, period_start, amount_picousd, "
+                f"expires_at) VALUES ({p}, {p}, {p}, {p}, {p}, {p})")
+
+    @property
+    def take_hold(self) -> str:
+        p = self.placeholder
+        return f"DELETE FROM budget_holds WHERE hold_id = {p} RETURNING scope, subject, period_start"
+
+    @property
+    def add_spent(self) -> str:
+        p = self.placeholder
+        return ("UPDATE budget_ledger SET spent_picousd = spent_picousd + "
+                f"{p} WHERE scope = {p} AND subject = {p} AND period_start = {p}")
+
+    @property
+    def purge_holds(self) -> str:
+        return f"DELETE FROM budget_holds WHERE expires_at <= {self.placeholder}"
+
+    @property
+    def mark_alert(self) -> str:
+        p = self.placeholder
+        return ("INSERT INTO alerts_sent (scope, subject, period_start, level, sent_at) "
+                f"VALUES ({p}, {p}, {p}, {p}, {p}) ON CONFLICT DO NOTHING")
 
     def recall_turns(self, count: int) -> str:
         ids = ", ".join([self.placeholder] * count)
@@ -203,6 +333,46 @@ def _group_fields(group_by: GroupBy) -> tuple[tuple[str, str], ...]:
     if group_by not in _GROUP_FIELDS:
         raise ValueError(f"unknown group_by {group_by!r}; expected one of {', '.join(GROUP_BYS)}")
     return _GROUP_FIELDS[group_by]
+
+
+def limit_params(row: LimitRow) -> tuple[Any, ...]:
+    return tuple(getattr(row, c) for c in LIMIT_COLUMNS)
+
+
+def limit_from_row(row: Sequence[Any]) -> LimitRow:
+    scope, subject, budget, period, rpm, tpm, conc, updated = row
+    return LimitRow(scope, subject, _int_or_none(budget), period, _int_or_none(rpm), _int_or_none(tpm),
+                    _int_or_none(conc), float(updated))
+
+
+def _int_or_none(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def reserve_in(cur: Cursor, q: Queries, holds: Sequence[Hold], now: float) -> Hold | None:
+    """The body of `Store.reserve`, inside the caller's transaction: ledger rows in a fixed order (no
+    deadlock between replicas), each seeded, locked and checked; all holds inserted, or the refused one."""
+    for hold in sorted(holds, key=lambda h: (h.scope, h.subject)):
+        cur.execute(q.seed_ledger(hold.scope),
+                    (hold.scope, hold.subject, hold.period_start, hold.subject, hold.period_start))
+        cur.execute(q.ledger_spent, (hold.scope, hold.subject, hold.period_start))
+        spent = int(cur.fetchone()[0])
+        cur.execute(q.held, (hold.scope, hold.subject, hold.period_start, now))
+        held = int(cur.fetchone()[0])
+        if spent + held + hold.amount_picousd > hold.budget_picousd:
+            return hold
+    for hold in holds:
+        cur.execute(q.insert_hold, (hold.hold_id, hold.scope, hold.subject, hold.period_start,
+                                    hold.amount_picousd, hold.expires_at))
+    return None
+
+
+def settle_in(cur: Cursor, q: Queries, hold_ids: Sequence[str], amount: int) -> None:
+    for hold_id in hold_ids:
+        cur.execute(q.take_hold, (hold_id,))
+        row = cur.fetchone()
+        if row is not None:
+            cur.execute(q.add_spent, (amount, row[0], row[1], row[2]))
 
 
 def turn_params(row: TurnRow) -> tuple[Any, ...]:

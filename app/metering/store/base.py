@@ -15,7 +15,9 @@ from typing import Literal, Protocol
 GroupBy = Literal["key", "team", "model", "day", "rule", "repair"]
 GROUP_BYS: tuple[GroupBy, ...] = ("key", "team", "model", "day", "rule", "repair")
 
-OUTCOMES = ("ok", "rejected", "upstream_error", "client_disconnected", "upstream_failed")
+OUTCOMES = ("ok", "rejected", "limited", "upstream_error", "client_disconnected", "upstream_failed")
+LIMIT_SCOPES = ("team", "key")
+BUDGET_PERIODS = ("day", "week", "month", "total")
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +77,41 @@ class TurnRow:
     turn: str  # the same for every call of one answer
     names: str  # the answer's tool names, in order, comma-separated
     payload: str
+    expires_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class LimitRow:
+    """The limits set for a team, or for a key (a managed key id or a passthrough fingerprint).
+    None means no limit of that kind."""
+
+    scope: str  # "team" or "key"
+    subject: str
+    budget_picousd: int | None = None
+    budget_period: str | None = None  # day, week, month (calendar, UTC) or total
+    rpm: int | None = None
+    tpm: int | None = None
+    max_concurrent: int | None = None
+    updated_at: float = 0.0
+
+    @property
+    def empty(self) -> bool:
+        return all(v is None for v in (self.budget_picousd, self.rpm, self.tpm, self.max_concurrent))
+
+
+LIMIT_FIELDS = ("budget_picousd", "budget_period", "rpm", "tpm", "max_concurrent")
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """A reservation against a budget: admitted only if spent + held + amount fits."""
+
+    hold_id: str
+    scope: str
+    subject: str
+    period_start: float
+    budget_picousd: int
+    amount_picousd: int
     expires_at: float
 
 
@@ -140,5 +177,31 @@ class Store(Protocol):
 
     def purge_turns(self, now: float) -> int:
         """Delete the expired rows; how many."""
+
+    def get_limits(self, scope: str, subject: str) -> LimitRow | None: ...
+
+    def list_limits(self, scope: str) -> list[LimitRow]: ...
+
+    def set_limits(self, row: LimitRow) -> None:
+        """Insert or replace; a row with no limit left is deleted."""
+
+    def spend(self, scope: str, subject: str, since: float) -> int:
+        """picoUSD recorded in usage for the team or key since `since` (inclusive)."""
+
+    def reserve(self, holds: Sequence[Hold], now: float) -> Hold | None:
+        """Insert all the holds, or none: None when every budget fits, else the first hold that does not.
+        Atomic against every replica (one transaction; the ledger rows locked)."""
+
+    def settle(self, hold_ids: Sequence[str], amount_picousd: int) -> None:
+        """Drop the holds and add the request's actual cost to their ledgers."""
+
+    def budget_state(self, scope: str, subject: str, period_start: float, now: float) -> tuple[int, int]:
+        """(spent, held) in picoUSD for that period."""
+
+    def purge_holds(self, now: float) -> int:
+        """Delete expired holds (left by a replica that died mid-request); how many."""
+
+    def mark_alert(self, scope: str, subject: str, period_start: float, level: str, now: float) -> bool:
+        """True for the one caller (of every replica) that marks this alert first in the period."""
 
     def close(self) -> None: ...

@@ -25,12 +25,25 @@ from app.metering.store._sql import (
     Queries,
     apply_migrations,
     key_from_row,
+    limit_from_row,
+    limit_params,
     report_rows,
+    reserve_in,
+    settle_in,
     turn_params,
 )
-from app.metering.store.base import ApiKey, ReportQuery, ReportRow, StoreError, TurnRow, UsageRecord
+from app.metering.store.base import (
+    ApiKey,
+    Hold,
+    LimitRow,
+    ReportQuery,
+    ReportRow,
+    StoreError,
+    TurnRow,
+    UsageRecord,
+)
 
-_Q = Queries.with_placeholder("%s")
+_Q = Queries.with_placeholder("%s", lock=" FOR UPDATE")
 
 
 # One statement per batch, the records as one JSON array unpacked by PostgreSQL (see sqlite.py).
@@ -144,6 +157,59 @@ class PostgresStore:
     def purge_turns(self, now: float) -> int:
         with self._connection(self._timeout) as conn:
             return conn.execute(_Q.purge_turns, (now,)).rowcount
+
+    # --- limits and budgets ---
+
+    def get_limits(self, scope: str, subject: str) -> LimitRow | None:
+        with self._connection(self._timeout) as conn:
+            row = conn.execute(_Q.get_limits, (scope, subject)).fetchone()
+        return None if row is None else limit_from_row(row)
+
+    def list_limits(self, scope: str) -> list[LimitRow]:
+        with self._connection(self._timeout) as conn:
+            return [limit_from_row(row) for row in conn.execute(_Q.list_limits, (scope,))]
+
+    def set_limits(self, row: LimitRow) -> None:
+        with self._connection(self._timeout) as conn:
+            if row.empty:
+                conn.execute(_Q.delete_limits, (row.scope, row.subject))
+            else:
+                conn.execute(_Q.upsert_limits, limit_params(row))
+
+    def spend(self, scope: str, subject: str, since: float) -> int:
+        with self._connection(self._slow_timeout) as conn:
+            row = conn.execute(_Q.spend(scope), (subject, since)).fetchone()
+        return 0 if row is None else int(row[0])
+
+    def reserve(self, holds: Sequence[Hold], now: float) -> Hold | None:
+        """One transaction; the ledger rows are locked (SELECT … FOR UPDATE) in a fixed order."""
+        with self._connection(self._timeout) as conn:
+            refused: Hold | None = None
+            with conn.transaction() as tx, conn.cursor() as cur:
+                refused = reserve_in(cur, _Q, holds, now)
+                if refused is not None:
+                    raise psycopg.Rollback(tx)
+            return refused
+
+    def settle(self, hold_ids: Sequence[str], amount_picousd: int) -> None:
+        with self._connection(self._timeout) as conn, conn.transaction(), conn.cursor() as cur:
+            settle_in(cur, _Q, hold_ids, amount_picousd)
+
+    def budget_state(self, scope: str, subject: str, period_start: float, now: float) -> tuple[int, int]:
+        with self._connection(self._timeout) as conn:
+            unlocked = _Q.ledger_spent.removesuffix(_Q.lock)
+            row = conn.execute(unlocked, (scope, subject, period_start)).fetchone()
+            held_row = conn.execute(_Q.held, (scope, subject, period_start, now)).fetchone()
+        spent = int(row[0]) if row is not None else self.spend(scope, subject, period_start)
+        return spent, int(held_row[0]) if held_row is not None else 0
+
+    def purge_holds(self, now: float) -> int:
+        with self._connection(self._timeout) as conn:
+            return conn.execute(_Q.purge_holds, (now,)).rowcount
+
+    def mark_alert(self, scope: str, subject: str, period_start: float, level: str, now: float) -> bool:
+        with self._connection(self._timeout) as conn:
+            return conn.execute(_Q.mark_alert, (scope, subject, period_start, level, now)).rowcount == 1
 
     def close(self) -> None:
         self._pool.close()

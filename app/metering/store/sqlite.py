@@ -19,10 +19,23 @@ from app.metering.store._sql import (
     Queries,
     apply_migrations,
     key_from_row,
+    limit_from_row,
+    limit_params,
     report_rows,
+    reserve_in,
+    settle_in,
     turn_params,
 )
-from app.metering.store.base import ApiKey, ReportQuery, ReportRow, StoreError, TurnRow, UsageRecord
+from app.metering.store.base import (
+    ApiKey,
+    Hold,
+    LimitRow,
+    ReportQuery,
+    ReportRow,
+    StoreError,
+    TurnRow,
+    UsageRecord,
+)
 
 _Q = Queries.with_placeholder("?")
 
@@ -152,6 +165,62 @@ class SQLiteStore:
     def purge_turns(self, now: float) -> int:
         with self._write() as conn:
             return int(conn.execute(_Q.purge_turns, (now,)).rowcount)
+
+    # --- limits and budgets ---
+
+    def get_limits(self, scope: str, subject: str) -> LimitRow | None:
+        with self._errors():
+            row = self._conn().execute(_Q.get_limits, (scope, subject)).fetchone()
+        return None if row is None else limit_from_row(row)
+
+    def list_limits(self, scope: str) -> list[LimitRow]:
+        with self._errors():
+            return [limit_from_row(row) for row in self._conn().execute(_Q.list_limits, (scope,))]
+
+    def set_limits(self, row: LimitRow) -> None:
+        with self._write() as conn:
+            if row.empty:
+                conn.execute(_Q.delete_limits, (row.scope, row.subject))
+            else:
+                conn.execute(_Q.upsert_limits, limit_params(row))
+
+    def spend(self, scope: str, subject: str, since: float) -> int:
+        with self._errors():
+            return int(self._conn().execute(_Q.spend(scope), (subject, since)).fetchone()[0])
+
+    def reserve(self, holds: Sequence[Hold], now: float) -> Hold | None:
+        """BEGIN IMMEDIATE holds the database's write lock for the whole check: nothing can interleave."""
+        with self._errors():
+            conn = self._conn()
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                refused = reserve_in(conn.cursor(), _Q, holds, now)
+                conn.execute("ROLLBACK" if refused is not None else "COMMIT")
+            except BaseException:
+                with suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+                raise
+        return refused
+
+    def settle(self, hold_ids: Sequence[str], amount_picousd: int) -> None:
+        with self._write() as conn:
+            settle_in(conn.cursor(), _Q, hold_ids, amount_picousd)
+
+    def budget_state(self, scope: str, subject: str, period_start: float, now: float) -> tuple[int, int]:
+        with self._errors():
+            conn = self._conn()
+            row = conn.execute(_Q.ledger_spent, (scope, subject, period_start)).fetchone()
+            spent = int(row[0]) if row is not None else self.spend(scope, subject, period_start)
+            held = int(conn.execute(_Q.held, (scope, subject, period_start, now)).fetchone()[0])
+        return spent, held
+
+    def purge_holds(self, now: float) -> int:
+        with self._write() as conn:
+            return int(conn.execute(_Q.purge_holds, (now,)).rowcount)
+
+    def mark_alert(self, scope: str, subject: str, period_start: float, level: str, now: float) -> bool:
+        with self._write() as conn:
+            return conn.execute(_Q.mark_alert, (scope, subject, period_start, level, now)).rowcount == 1
 
     def close(self) -> None:
         """Close every thread's connection; call it once the other threads are done with the store."""

@@ -30,7 +30,7 @@ from app.metering.store import (
     open_store,
 )
 from app.metering.store._sql import CREATE_SCHEMA_VERSION, MIGRATIONS, SCHEMA_VERSION, USAGE_COLUMNS
-from app.metering.store.base import TurnRow
+from app.metering.store.base import Hold, LimitRow, TurnRow
 from app.metering.store.postgres import PostgresStore
 from app.metering.store.sqlite import SQLiteStore, _chunk_sizes
 from tests.metering.store.conftest import TcpProxy
@@ -599,7 +599,7 @@ def test_migration_from_version_1_drops_the_unused_indexes(tmp_path: Path) -> No
     conn.close()
     store = SQLiteStore(db)
     store.migrate()
-    assert store.schema_version() == SCHEMA_VERSION == 3
+    assert store.schema_version() == SCHEMA_VERSION == 4
     rows = sqlite3.connect(db).execute("SELECT name FROM sqlite_master WHERE type = 'index'")
     names = {row[0] for row in rows}
     assert "usage_ts" in names and not names & {"usage_team", "usage_key_id", "usage_model", "usage_day"}
@@ -623,7 +623,7 @@ def test_migration_from_version_2_keeps_old_records_and_adds_repairs_and_turns(t
     conn.close()
     store = SQLiteStore(db)
     store.migrate()
-    assert store.schema_version() == 3
+    assert store.schema_version() == SCHEMA_VERSION
     store.insert_usage([record("new-1", repairs="restore_reasoning")])
     by_repair = store.usage_report(ReportQuery("repair"))
     assert [(r.group["repair"], r.counters["requests"]) for r in by_repair] == [("", 1),
@@ -679,3 +679,77 @@ def test_turns_are_shared_by_stores_on_one_url(make_store: Callable[[], Store]) 
     first.migrate()
     first.remember_turns([turn("fp-a", "call_9", "shared")])
     assert [r.payload for r in second.recall_turns("fp-a", "chat", ["call_9"], time.time())] == ["shared"]
+
+
+# --- limits and budgets (issue 15) ----------------------------------------------------------------
+
+def hold(subject: str, amount: int, budget: int = 1000, scope: str = "team", period: float = T0,
+         expires_in: float = 60.0) -> Hold:
+    return Hold(f"h-{subject}-{amount}-{time.monotonic_ns()}", scope, subject, period, budget, amount,
+                time.time() + expires_in)
+
+
+def test_limits_are_set_listed_changed_and_cleared(store: Store) -> None:
+    store.set_limits(LimitRow("team", "search", 50 * 10**12, "month", rpm=60, updated_at=1.0))
+    store.set_limits(LimitRow("key", "fp-abc", max_concurrent=2, updated_at=2.0))
+    assert store.get_limits("team", "search") == LimitRow("team", "search", 50 * 10**12, "month", 60, None,
+                                                          None, 1.0)
+    assert [r.subject for r in store.list_limits("key")] == ["fp-abc"]
+    store.set_limits(LimitRow("team", "search", rpm=10, updated_at=3.0))
+    assert store.get_limits("team", "search") == LimitRow("team", "search", rpm=10, updated_at=3.0)
+    store.set_limits(LimitRow("team", "search", updated_at=4.0))  # nothing left: the row goes
+    assert store.get_limits("team", "search") is None and store.get_limits("team", "nobody") is None
+
+
+def test_spend_sums_the_usage_of_a_team_or_key_since_a_time(store: Store) -> None:
+    store.insert_usage([record("a", team="red", key_id="k1", cost_picousd=5, ts=T0),
+                        record("b", team="red", key_id="k2", cost_picousd=7, ts=T0 + 10),
+                        record("c", team="blue", key_id="k1", cost_picousd=100, ts=T0 + 20)])
+    assert store.spend("team", "red", T0) == 12 and store.spend("team", "red", T0 + 5) == 7
+    assert store.spend("key", "k1", T0) == 105 and store.spend("key", "none", 0) == 0
+
+
+def test_reserve_is_all_or_nothing_and_counts_spend_and_holds(store: Store) -> None:
+    store.insert_usage([record("old", team="red", cost_picousd=300, ts=T0 + 1)])
+    now = time.time()
+    first = hold("red", 400)
+    assert store.reserve([first, hold("k9", 10, scope="key")], now) is None
+    assert store.budget_state("team", "red", T0, now) == (300, 400), "the ledger starts from the usage"
+    over = hold("red", 301)
+    key_ok = hold("k9", 10, scope="key")
+    assert store.reserve([key_ok, over], now) == over
+    assert store.budget_state("key", "k9", T0, now) == (0, 10), "the key's hold was not added either"
+    assert store.reserve([hold("red", 300)], now) is None, "exactly the budget fits"
+    store.settle([first.hold_id], 120)
+    assert store.budget_state("team", "red", T0, now) == (420, 300)
+
+
+def test_expired_holds_stop_counting_and_are_purged(store: Store) -> None:
+    now = time.time()
+    assert store.reserve([hold("red", 900, expires_in=-1)], now) is None
+    assert store.budget_state("team", "red", T0, now) == (0, 0)
+    assert store.reserve([hold("red", 1000)], now) is None
+    assert store.purge_holds(now) == 1
+
+
+def test_concurrent_reservations_from_two_stores_never_exceed_the_budget(make_store: Callable[[], Store]
+                                                                         ) -> None:
+    """Two replicas (two stores on one database), 8 threads each asking for 10 of a budget of 100."""
+    stores = [make_store(), make_store()]
+    stores[0].migrate()
+    admitted: list[bool] = []
+
+    def ask(n: int) -> None:
+        for _ in range(5):
+            admitted.append(stores[n % 2].reserve([hold("red", 10, budget=100)], time.time()) is None)
+
+    run_all(*[lambda n=n: ask(n) for n in range(8)])
+    assert admitted.count(True) == 10 and len(admitted) == 40
+    assert stores[1].budget_state("team", "red", T0, time.time()) == (0, 100)
+
+
+def test_an_alert_is_marked_once_per_period_and_level(store: Store) -> None:
+    assert store.mark_alert("team", "red", T0, "soft", 1.0) is True
+    assert store.mark_alert("team", "red", T0, "soft", 2.0) is False
+    assert store.mark_alert("team", "red", T0, "hard", 2.0) is True
+    assert store.mark_alert("team", "red", T0 + DAY, "soft", 3.0) is True
