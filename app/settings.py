@@ -94,7 +94,7 @@ class ValidationSettings(Section):
 
 
 class RepairSettings(Section):
-    """Named repairs (app/repair/base.py CATALOG), each on or off; the two lossless ones are on by default."""
+    """Named repairs (app/repair/base.py CATALOG), each on or off; the lossless ones are on by default."""
 
     restore_reasoning: bool = True
     restore_thinking: bool = True
@@ -112,6 +112,11 @@ class RepairSettings(Section):
     empty_assistant: bool = False
     model_suffix: bool = False
     redacted_thinking: bool = False
+    responses_output_order: bool = True
+    responses_reasoning: bool = True
+    responses_strip_encrypted: bool = False
+    responses_orphan_outputs: bool = False
+    responses_unanswered_calls: bool = False
     unanswered_tool_text: str = Field(default="no result: the call was interrupted", min_length=1)
     image_placeholder: str = Field(default="[image removed: this model does not accept images]", min_length=1)
     # How long a relayed tool-call turn's reasoning is kept for restoring (then deleted), and how much of it
@@ -152,6 +157,40 @@ class ModelSettings(Section):
 class LimitsSettings(Section):
     max_body_bytes: int = Field(default=48 * 1024 * 1024, ge=1024)  # DeepSeek's documented limit (§4)
     max_header_bytes: int = Field(default=64 * 1024, ge=1024)
+    # Budgets, rates and concurrency per team and key (set with `chatgate teams set` / `keys set` or the
+    # admin API). Where the counters live: rates and concurrency in Redis when redis_url is set (replicas
+    # share them), else in this process; budgets in the store ("store": atomic, shared by replicas) or in
+    # this process seeded from the store ("local"); "auto" = store on PostgreSQL, local on SQLite.
+    redis_url: str | None = None
+    budgets: Literal["auto", "local", "store"] = "auto"
+    # When Redis or the store cannot be asked: admit the request ("fail_open", logged and counted) or
+    # refuse it with a 503 ("fail_closed").
+    on_backend_error: Literal["fail_open", "fail_closed"] = "fail_open"
+    # The completion reserved for a request that sets no max_tokens (the reservation is settled to the
+    # actual cost when the request ends).
+    default_max_tokens: int = Field(default=32_768, ge=1)
+    cache_seconds: float = Field(default=2.0, ge=0)  # how long a replica caches the limits it looked up
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^rediss?://.+", value):
+            raise ValueError(f"must be redis://host:port[/db], got {redact_url(value)!r}")
+        return value
+
+
+class AlertSettings(Section):
+    webhook_url: str | None = None  # POSTed JSON when a budget crosses soft_percent and when it is spent
+    soft_percent: float = Field(default=80.0, gt=0, le=100)
+    timeout_seconds: float = Field(default=5.0, gt=0)
+    retries: int = Field(default=4, ge=0)  # after the first attempt, with 1, 2, 4, … s between
+
+    @field_validator("webhook_url")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^https?://.+", value):
+            raise ValueError(f"must be an http(s) URL, got {redact_url(value)!r}")
+        return value
 
 
 class Settings(Section):
@@ -163,6 +202,7 @@ class Settings(Section):
     repair: RepairSettings = RepairSettings()
     pricing: PricingSettings = PricingSettings()
     limits: LimitsSettings = LimitsSettings()
+    alerts: AlertSettings = AlertSettings()
     models: dict[str, ModelSettings] = {}
 
     def profiles(self) -> dict[str, ModelProfile]:
@@ -195,10 +235,10 @@ class ConfigError(Exception):
 
 
 Source = Literal["default", "file", "env", "flag"]
-SECTIONS = ("server", "upstream", "auth", "store", "validation", "repair", "pricing", "limits")
+SECTIONS = ("server", "upstream", "auth", "store", "validation", "repair", "pricing", "limits", "alerts")
 SPECIAL_ENV = {"DEEPSEEK_API_KEY": "auth.upstream_api_key", "CHATGATE_ADMIN_KEY": "auth.admin_key"}
 IGNORED_ENV = {"CHATGATE_CONFIG"}
-SECRETS = {"auth.upstream_api_key", "auth.admin_key"}
+SECRETS = {"auth.upstream_api_key", "auth.admin_key", "alerts.webhook_url"}  # webhook URLs carry tokens
 
 
 @dataclass(frozen=True)

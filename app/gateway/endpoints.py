@@ -9,14 +9,18 @@ from app.gateway.family import Family
 from app.gateway.proxy import Endpoint
 from app.openai.chat import ChatFamily
 from app.openai.fim import FimFamily
+from app.responses.family import ResponsesFamily
+from app.responses.rules import Options as ResponsesOptions
 from app.settings import Settings
 
 
 def families(settings: Settings) -> list[Family]:
     v = settings.validation
     messages_options = MessagesOptions(strict=v.strict, unknown_models=v.unknown_models)
+    responses_options = ResponsesOptions(strict=v.strict, unknown_models=v.unknown_models)
     return [ChatFamily(settings.policy()), FimFamily(settings.policy()),
-            MessagesFamily(settings.profiles(), messages_options)]
+            MessagesFamily(settings.profiles(), messages_options),
+            ResponsesFamily(settings.profiles(), responses_options)]
 
 
 def build_endpoints(settings: Settings) -> tuple[dict[str, Endpoint], dict[str, Endpoint]]:

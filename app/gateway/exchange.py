@@ -11,6 +11,7 @@ import orjson
 
 from app.gateway.auth import Identity
 from app.gateway.upstream import response_headers
+from app.quotas.model import Admission
 from app.repair.base import Repaired
 
 
@@ -37,6 +38,7 @@ class Exchange:
     warnings: list[str] = field(default_factory=list)  # sent back as x-chatgate-warning
     repaired: Repaired | None = None  # the body was repaired: x-chatgate-repaired, the usage record
     remember: bool = False  # remember the answer's tool-call turn (thinking mode, tools, a known caller)
+    admission: Admission | None = None  # the request's reservations against its limits, settled at the end
     _json: dict[str, Any] | None = None
 
     def json(self) -> dict[str, Any]:
@@ -55,6 +57,8 @@ class Exchange:
             headers.append((b"x-chatgate-warning", warning.encode("ascii", "replace")))
         if self.repaired is not None and self.repaired.applied:
             headers.append((b"x-chatgate-repaired", self.repaired.header().encode("ascii", "replace")))
+        if self.admission is not None:
+            headers += self.admission.info.headers()
         return headers
 
     def mark_first_byte(self) -> None:

@@ -27,6 +27,8 @@ class Ledger:
         self.recorder = recorder
         self.metrics = metrics
         self.access_log = AccessLog() if settings.server.access_log else None
+        # Called with each exchange's record once it is made (the gateway settles quotas there).
+        self.on_record: Callable[[Exchange, UsageRecord], None] | None = None
 
     async def estimate(self, ex: Exchange, prompt_text: Callable[[], str], completion_text: str,
                        reasoning_text: str = "") -> TokenCounts:
@@ -63,6 +65,8 @@ class Ledger:
             else None)
         if self.recorder is not None:
             self.recorder.record(record)
+        if self.on_record is not None:
+            self.on_record(ex, record)
         self.metrics.observe(record, status)
         if self.access_log is not None:
             line = access_line(record, status)

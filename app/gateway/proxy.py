@@ -29,14 +29,22 @@ from app.gateway.relay import SSERelay
 from app.gateway.responses import RawResponse, error_response, is_event_stream, json_response
 from app.gateway.upstream import Upstream, forward_headers, map_transport_error
 from app.metering.metrics import Metrics
+from app.metering.pricing import cost_picousd
 from app.metering.recorder import Recorder
+from app.metering.store.base import UsageRecord
 from app.metering.tokens import context_overflow
+from app.metering.usage import TokenCounts
+from app.quotas.gate import Quotas, refusal_error
+from app.quotas.model import Refusal
 from app.repair.base import Applied, Repaired
 from app.repair.memory import TurnMemory
 from app.settings import Settings
 from app.verdict import Verdict
 
 REPAIR_PASSES = 3  # fixing a type can reveal a sequence problem (the sequence rules need the types right)
+# A token covers at least one byte of the body, but an image costs up to 384 tokens (§8): the prompt bound.
+IMAGE_TOKENS = 384
+IMAGE_MARKERS = (b'"image_url"', b'"input_image"', b'"type":"image"', b'"type": "image"')
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +55,8 @@ class Endpoint:
 
 class Gateway:
     def __init__(self, settings: Settings, upstream: Upstream, recorder: Recorder | None,
-                 auth: Authenticator, metrics: Metrics, memory: TurnMemory | None = None) -> None:
+                 auth: Authenticator, metrics: Metrics, memory: TurnMemory | None = None,
+                 quotas: Quotas | None = None) -> None:
         self.settings = settings
         self.profiles = settings.profiles()
         self.upstream = upstream
@@ -58,6 +67,9 @@ class Gateway:
         self.memory = memory or TurnMemory(None, settings.repair.reasoning_ttl_seconds,
                                            settings.repair.reasoning_cache_bytes)
         self.background: set[asyncio.Task[None]] = set()
+        self.quotas = quotas
+        if quotas is not None:
+            self.ledger.on_record = self._settle
 
     # --- entry points ---------------------------------------------------------------
 
@@ -85,6 +97,10 @@ class Gateway:
             return self._reject(ex, family, APIError.from_problems([overflow]))
         if overflow is not None:
             ex.warnings.append(overflow.message)
+        if self.quotas is not None:
+            refused = await self._admit(ex, verdict)
+            if refused is not None:
+                return self._limit(ex, family, refused)
         try:
             return await self._forward(ex, family, request)
         except APIError as error:
@@ -238,6 +254,42 @@ class Gateway:
         """Whether the answer's tool-call turn is worth remembering for the restore repairs."""
         return (self.repairs.on("restore_reasoning") and verdict is not None and verdict.thinking
                 and verdict.tools and ex.identity.key_id != "anonymous")
+
+    # --- quotas ---------------------------------------------------------------------
+
+    async def _admit(self, ex: Exchange, verdict: Verdict | None) -> Refusal | None:
+        """Reserve the request's upper bounds against its caller's limits (issue 15)."""
+        assert self.quotas is not None
+        profile = verdict.profile if verdict is not None else self.profiles.get(ex.model)
+        prompt = len(ex.body) + IMAGE_TOKENS * sum(ex.body.count(m) for m in IMAGE_MARKERS)
+        top = profile.max_tokens_max if profile is not None else self.settings.limits.default_max_tokens
+        wanted = verdict.max_tokens if verdict is not None and verdict.max_tokens is not None else None
+        completion = min(wanted if wanted is not None else self.settings.limits.default_max_tokens, top)
+        tokens = TokenCounts(prompt, completion, 0, prompt, 0)
+        prices = profile.prices if profile is not None else None
+        pricing = self.settings.pricing
+
+        def cost(ts: float) -> int:
+            return cost_picousd(tokens, prices, ts, pricing.peak_hours_utc, pricing.off_peak_multiplier)
+
+        admitted = await self.quotas.admit(ex.identity.team, ex.identity.key_id, prompt + completion, cost)
+        if isinstance(admitted, Refusal):
+            return admitted
+        ex.admission = admitted
+        return None
+
+    def _limit(self, ex: Exchange, family: Family, refusal: Refusal) -> Response:
+        error = refusal_error(refusal)
+        if refusal.info is not None:
+            error.headers.update((k.decode(), v.decode()) for k, v in refusal.info.headers())
+        self.ledger.finish(ex, "limited", error.status, rule_code=refusal.code)
+        self.metrics.limited.labels(refusal.code).inc()
+        return error_response(error, ex.request_id, family)
+
+    def _settle(self, ex: Exchange, record: UsageRecord) -> None:
+        if ex.admission is not None and self.quotas is not None:
+            tokens = TokenCounts(record.prompt_tokens, record.completion_tokens)
+            self.spawn(self.quotas.settle(ex.admission, tokens, record.cost_picousd))
 
     def _reject(self, ex: Exchange, family: Family, error: APIError) -> Response:
         self.ledger.finish(ex, "rejected", 400, rule_code=error.code)

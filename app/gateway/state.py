@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 import httpx2
 
@@ -14,6 +15,7 @@ from app.gateway.upstream import Upstream
 from app.metering.metrics import Metrics
 from app.metering.recorder import Recorder
 from app.metering.store import Store, open_store
+from app.quotas.gate import Quotas
 from app.repair.memory import TurnMemory
 from app.settings import Settings
 
@@ -33,6 +35,7 @@ class State:
         self.gateway: Gateway | None = None
         self.models_cache: tuple[float, bytes] | None = None
         self.memory: TurnMemory | None = None
+        self.quotas: Quotas | None = None
         self.endpoints: dict[str, Endpoint]  # POST routes forwarded to DeepSeek, by path
         self.dry_runs: dict[str, Endpoint]  # POST /validate routes, by path
         self.endpoints, self.dry_runs = build_endpoints(settings)
@@ -55,8 +58,9 @@ class State:
             self.metrics.watch_recorder(self.recorder)
         upstream = Upstream(s.upstream, self.transport)
         self.memory = TurnMemory(self.store, s.repair.reasoning_ttl_seconds, s.repair.reasoning_cache_bytes)
+        self.quotas = Quotas(s, self.store)
         self.gateway = Gateway(s, upstream, self.recorder, Authenticator(s.auth, self.store), self.metrics,
-                               self.memory)
+                               self.memory, self.quotas)
         self._purger = asyncio.get_running_loop().create_task(self._purge_expired_turns())
 
     async def _purge_expired_turns(self) -> None:
@@ -66,8 +70,10 @@ class State:
             await asyncio.sleep(self.settings.repair.purge_interval_seconds)
             try:
                 await self.memory.purge()
+                if self.store is not None:
+                    await asyncio.to_thread(self.store.purge_holds, time.time())
             except Exception:  # never let the loop die: the next round tries again
-                log.exception("purging expired turns failed")
+                log.exception("purging expired turns or budget holds failed")
 
     async def stop(self) -> None:
         if self._purger is not None:
@@ -75,6 +81,8 @@ class State:
         if self.gateway is not None:
             await self.gateway.drain()
             await self.gateway.upstream.aclose()
+        if self.quotas is not None:
+            await self.quotas.close()
         if self.recorder is not None:
             flushed = await asyncio.to_thread(self.recorder.stop, 30.0)
             if not flushed:

@@ -35,6 +35,8 @@ class Metrics:
                             registry=r)
         self.upstream_latency = Histogram("chatgate_upstream_latency_seconds", "Whole upstream exchange",
                                           ["model"], buckets=LATENCY_BUCKETS, registry=r)
+        self.limited = Counter("chatgate_limited", "Requests refused by a budget, rate or concurrency limit, "
+                               "by limit (e.g. rpm:team)", ["limit"], registry=r)
         self.repairs = Counter("chatgate_repairs", "Repairs applied to requests, by repair code", ["code"],
                                registry=r)
         self.restore_misses = Counter("chatgate_reasoning_restore_misses",
@@ -60,8 +62,9 @@ class Metrics:
         if rec.repairs:
             for code in rec.repairs.split(","):
                 self._child(self.repairs, code).inc()
-        if rec.outcome == "rejected":
-            self._child(self.rejections, rec.rule_code or "unknown").inc()
+        if rec.outcome in ("rejected", "limited"):
+            if rec.outcome == "rejected":
+                self._child(self.rejections, rec.rule_code or "unknown").inc()
             return
         for kind, n in (("prompt", rec.prompt_tokens), ("completion", rec.completion_tokens),
                         ("cache_hit", rec.prompt_cache_hit_tokens),

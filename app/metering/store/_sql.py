@@ -176,6 +176,7 @@ _GROUP_FIELDS: dict[GroupBy, tuple[tuple[str, str], ...]] = {
 _COUNTER_SQL = {
     "requests": "count(*)",
     "rejected": "sum(CASE WHEN outcome = 'rejected' THEN 1 ELSE 0 END)",
+    "limited": "sum(CASE WHEN outcome = 'limited' THEN 1 ELSE 0 END)",
     "prompt_tokens": "sum(prompt_tokens)",
     "completion_tokens": "sum(completion_tokens)",
     "prompt_cache_hit_tokens": "sum(prompt_cache_hit_tokens)",

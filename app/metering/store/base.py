@@ -125,6 +125,7 @@ class ReportQuery:
 COUNTERS = (
     "requests",
     "rejected",
+    "limited",
     "prompt_tokens",
     "completion_tokens",
     "prompt_cache_hit_tokens",

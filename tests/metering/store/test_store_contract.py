@@ -107,6 +107,7 @@ def reference_report(records: Sequence[UsageRecord], query: ReportQuery) -> list
             counters = rows.setdefault(tuple(group.values()), ReportRow(group=group)).counters
             counters["requests"] += 1
             counters["rejected"] += r.outcome == "rejected"
+            counters["limited"] += r.outcome == "limited"
             counters["estimated_requests"] += not r.tokens_exact
             for name in TOKEN_FIELDS:
                 counters[name] += getattr(r, name)

@@ -1,0 +1,86 @@
+"""Budget alerts: one webhook when a budget crosses its soft threshold (alerts.soft_percent) and one when it
+is spent, per budget and period (every replica asks the store first, so only one sends it), retried with
+back-off in the background: a request never waits for an alert."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import httpx2
+
+from app.metering.pricing import picousd_to_usd
+from app.metering.store.base import Store, StoreError
+from app.settings import AlertSettings
+
+log = logging.getLogger("chatgate.alerts")
+
+
+class Alerts:
+    def __init__(self, settings: AlertSettings, store: Store | None) -> None:
+        self.settings = settings
+        self.store = store
+        self._marked: set[tuple[str, str, float, str]] = set()  # without a store: this process only
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.sent = 0
+        self.failed = 0
+
+    def check(self, scope: str, subject: str, period: str, period_start: float, spent: int, budget: int
+              ) -> None:
+        if self.settings.webhook_url is None or budget <= 0:
+            return
+        if spent >= budget:
+            self.fire("hard", scope, subject, period, period_start, spent, budget)
+        elif spent * 100 >= budget * self.settings.soft_percent:
+            self.fire("soft", scope, subject, period, period_start, spent, budget)
+
+    def fire(self, level: str, scope: str, subject: str, period: str, period_start: float, spent: int,
+             budget: int) -> None:
+        if self.settings.webhook_url is None:
+            return
+        key = (scope, subject, period_start, level)
+        if key in self._marked:
+            return
+        self._marked.add(key)
+        payload = {"event": "budget_alert", "level": level, scope: subject, "scope": scope,
+                   "subject": subject, "period": period, "period_start": period_start,
+                   "spent_usd": float(picousd_to_usd(spent)), "budget_usd": float(picousd_to_usd(budget)),
+                   "percent": round(100 * spent / budget, 2), "ts": time.time()}
+        task = asyncio.get_running_loop().create_task(self._deliver(key, payload))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _deliver(self, key: tuple[str, str, float, str], payload: dict[str, Any]) -> None:
+        if self.store is not None:
+            try:
+                first = await asyncio.to_thread(self.store.mark_alert, *key, time.time())
+            except StoreError as exc:
+                log.warning("could not record a budget alert (%s); sending it anyway", exc)
+                first = True
+            if not first:
+                return  # another replica sends it
+        url = self.settings.webhook_url
+        assert url is not None
+        delay = 1.0
+        for attempt in range(self.settings.retries + 1):
+            try:
+                async with httpx2.AsyncClient(timeout=self.settings.timeout_seconds) as client:
+                    resp = await client.post(url, json=payload)
+                if resp.status_code < 300:
+                    self.sent += 1
+                    return
+                why = f"HTTP {resp.status_code}"
+            except httpx2.HTTPError as exc:
+                why = type(exc).__name__
+            log.warning("budget alert webhook failed (%s), attempt %d of %d", why, attempt + 1,
+                        self.settings.retries + 1)
+            if attempt < self.settings.retries:
+                await asyncio.sleep(delay)
+                delay *= 2
+        self.failed += 1
+
+    async def drain(self, timeout: float = 5.0) -> None:
+        if self.tasks:
+            await asyncio.wait(list(self.tasks), timeout=timeout)

@@ -1,0 +1,166 @@
+"""Admission and settlement: the one place a request's limits are enforced.
+
+`admit` finds the limits of the caller's key and team; a caller with none costs two cache look-ups. It
+reserves the request's upper bounds (tokens: prompt bytes + 384 per image + max_tokens; cost: those tokens
+at the cache-miss and output prices of the hour) against the rate and concurrency counters and every
+budget, all or nothing. `settle`, once the request ends, replaces the reservations with what it used.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+import uuid
+from collections.abc import Callable
+
+from app.errors import APIError
+from app.metering.store.base import Hold, LimitRow, Store, StoreError
+from app.metering.usage import TokenCounts
+from app.quotas.alerts import Alerts
+from app.quotas.book import LimitBook
+from app.quotas.budgets import LocalBudgets, StoreBudgets
+from app.quotas.model import Admission, Ask, Refusal, Subject
+from app.quotas.periods import period_end, period_start
+from app.quotas.rates import LocalRates
+from app.quotas.redis_rates import RedisRates
+from app.settings import Settings
+
+log = logging.getLogger("chatgate.quotas")
+
+BACKEND_ERRORS = (StoreError, OSError, TimeoutError)
+
+
+class Quotas:
+    def __init__(self, settings: Settings, store: Store | None, clock: Callable[[], float] = time.time
+                 ) -> None:
+        limits = settings.limits
+        self.settings = settings
+        self.store = store
+        self.clock = clock
+        self.book = LimitBook(store, limits.cache_seconds)
+        self.rates: LocalRates | RedisRates = (RedisRates(limits.redis_url) if limits.redis_url is not None
+                                               else LocalRates())
+        shared = limits.budgets == "store" or (limits.budgets == "auto" and store is not None
+                                               and not hasattr(store, "path"))  # PostgreSQL
+        self.budgets: LocalBudgets | StoreBudgets = (StoreBudgets(store) if shared and store is not None
+                                                     else LocalBudgets(store))
+        self.alerts = Alerts(settings.alerts, store)
+        self.fail_open = limits.on_backend_error == "fail_open"
+        self.hold_seconds = settings.upstream.total_timeout + 60
+        self.backend_errors = 0
+
+    async def subjects(self, team: str, key_id: str) -> list[Subject]:
+        out = []
+        for scope, name in (("team", team), ("key", key_id)):
+            row = await self.book.get(scope, name)
+            if row is not None and not row.empty:
+                out.append(Subject(scope, name, row))
+        return out
+
+    async def admit(self, team: str, key_id: str, tokens: int, cost: Callable[[float], int]
+                    ) -> Admission | Refusal | None:
+        """None: no limit applies. `cost(ts)` is the reservation's cost at that time (peak or off-peak)."""
+        try:
+            subjects = await self.subjects(team, key_id)
+        except BACKEND_ERRORS as exc:
+            return self._backend_down(exc)
+        if not subjects:
+            return None
+        now = self.clock()
+        ask = Ask(uuid.uuid4().hex, now, tokens, cost(now), now + self.hold_seconds)
+        admission = Admission(ask, subjects)
+        rated = [s for s in subjects if _rated(s.limits)]
+        try:
+            if rated:
+                refused, admission.info = await self.rates.acquire(rated, ask, now)
+                if refused is not None:
+                    return dataclasses.replace(refused, info=admission.info)
+                admission.rated = True
+            holds = [self._hold(s, ask) for s in subjects if s.limits.budget_picousd is not None]
+            if holds:
+                over = await self.budgets.reserve(holds, now)
+                if over is not None:
+                    await self._release_rates(admission, 0)
+                    return dataclasses.replace(self._over_budget(over, subjects), info=admission.info)
+                admission.holds = holds
+        except BACKEND_ERRORS as exc:
+            await self._release_rates(admission, 0)
+            return self._backend_down(exc)
+        return admission
+
+    async def settle(self, admission: Admission, tokens: TokenCounts, cost: int) -> None:
+        if admission.settled:
+            return
+        admission.settled = True
+        used = tokens.prompt_tokens + tokens.completion_tokens
+        try:
+            await self._release_rates(admission, used)
+            if admission.holds:
+                for hold, spent in await self.budgets.settle(admission.holds, cost):
+                    subject = next(s for s in admission.subjects if s.scope == hold.scope)
+                    self.alerts.check(hold.scope, hold.subject, subject.limits.budget_period or "month",
+                                      hold.period_start, spent, hold.budget_picousd)
+        except BACKEND_ERRORS as exc:
+            self.backend_errors += 1
+            log.warning("could not settle a request's quotas (%s); its reservations expire on their own", exc)
+
+    async def _release_rates(self, admission: Admission, used: int) -> None:
+        if admission.rated:
+            admission.rated = False
+            await self.rates.release([s for s in admission.subjects if _rated(s.limits)], admission.ask, used)
+
+    def _hold(self, subject: Subject, ask: Ask) -> Hold:
+        period = subject.limits.budget_period or "month"
+        budget = subject.limits.budget_picousd
+        assert budget is not None
+        return Hold(f"{ask.request_id}:{subject.scope}", subject.scope, subject.name,
+                    period_start(ask.ts, period), budget, ask.cost_picousd, ask.expires_at)
+
+    def _over_budget(self, hold: Hold, subjects: list[Subject]) -> Refusal:
+        subject = next(s for s in subjects if s.scope == hold.scope)
+        period = subject.limits.budget_period or "month"
+        self.alerts.fire("hard", hold.scope, hold.subject, period, hold.period_start, hold.budget_picousd,
+                         hold.budget_picousd)
+        end = period_end(hold.period_start + 1, period)
+        renews = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(end)) if end is not None else ""
+        until = f" It renews at {renews}." if renews else ""
+        return Refusal("budget", subject, hold.budget_picousd, None,
+                       f"The {period} budget of {subject.label} (${hold.budget_picousd / 1e12:.2f}) is "
+                       f"spent, "
+                       f"or this request could cost more than what is left.{until}")
+
+    def _backend_down(self, exc: BaseException) -> Refusal | None:
+        self.backend_errors += 1
+        log.warning("limits backend unavailable (%s: %s); %s", type(exc).__name__, exc,
+                    "admitting the request (limits.on_backend_error = fail_open)" if self.fail_open
+                    else "refusing the request (limits.on_backend_error = fail_closed)")
+        if self.fail_open:
+            return None
+        return Refusal("unavailable", None, 0, 5.0, "chatgate cannot check this caller's limits right now "
+                       "(Redis or the store is unreachable) and is set to refuse then (fail_closed).")
+
+    async def close(self) -> None:
+        await self.alerts.drain()
+        await self.rates.close()
+
+
+def _rated(limits: LimitRow) -> bool:
+    return limits.rpm is not None or limits.tpm is not None or limits.max_concurrent is not None
+
+
+def refusal_error(refusal: Refusal) -> APIError:
+    """The 429 (or 503 when the limits cannot be checked) in the OpenAI shape the SDKs understand: a budget
+    refusal says `insufficient_quota` and tells the SDKs not to retry; a rate refusal carries Retry-After."""
+    if refusal.kind == "unavailable":
+        return APIError(503, refusal.message, "server_error", None, "limits_unavailable",
+                        headers={"retry-after": "5"})
+    if refusal.kind == "budget":
+        return APIError(429, refusal.message, "insufficient_quota", None, "insufficient_quota",
+                        headers={"x-should-retry": "false"})
+    if refusal.retry_after is None:  # waiting cannot help: the SDKs must not retry
+        headers = {"x-should-retry": "false"}
+    else:
+        headers = {"retry-after": str(max(1, round(refusal.retry_after + 0.5)))}
+    kind = "tokens" if refusal.kind == "tpm" else "requests"  # OpenAI's error types for rate limits
+    return APIError(429, refusal.message, kind, None, "rate_limit_exceeded", headers=headers)

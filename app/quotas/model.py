@@ -1,0 +1,104 @@
+"""The vocabulary of quotas: who a limit applies to, what a request asks for, why it is refused, and the
+rate-limit state a client is told about in OpenAI's `x-ratelimit-*` headers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from app.metering.store.base import Hold, LimitRow
+
+WINDOW = 60.0  # rpm and tpm count the last minute (a sliding window)
+
+
+@dataclass(frozen=True, slots=True)
+class Subject:
+    """A team or a key, with the limits set for it."""
+
+    scope: str  # "team" or "key"
+    name: str
+    limits: LimitRow
+
+    @property
+    def label(self) -> str:
+        return f"{self.scope} {self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class Ask:
+    """What one request reserves: an upper bound of its tokens and of its cost, settled when it ends."""
+
+    request_id: str
+    ts: float
+    tokens: int
+    cost_picousd: int
+    expires_at: float  # a reservation left by a replica that died is dropped then
+
+
+@dataclass(slots=True)
+class RateInfo:
+    """The tightest request and token limits over the caller's subjects, for the response headers."""
+
+    limit_requests: int | None = None
+    remaining_requests: int | None = None
+    reset_requests: float = 0.0
+    limit_tokens: int | None = None
+    remaining_tokens: int | None = None
+    reset_tokens: float = 0.0
+
+    def take(self, limit: int | None, remaining: int, reset: float, tokens: bool) -> None:
+        if limit is None:
+            return
+        if tokens and (self.remaining_tokens is None or remaining < self.remaining_tokens):
+            self.limit_tokens, self.remaining_tokens, self.reset_tokens = limit, remaining, reset
+        if not tokens and (self.remaining_requests is None or remaining < self.remaining_requests):
+            self.limit_requests, self.remaining_requests, self.reset_requests = limit, remaining, reset
+
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        out = []
+        if self.limit_requests is not None:
+            out += [(b"x-ratelimit-limit-requests", str(self.limit_requests).encode()),
+                    (b"x-ratelimit-remaining-requests", str(max(self.remaining_requests or 0, 0)).encode()),
+                    (b"x-ratelimit-reset-requests", duration(self.reset_requests).encode())]
+        if self.limit_tokens is not None:
+            out += [(b"x-ratelimit-limit-tokens", str(self.limit_tokens).encode()),
+                    (b"x-ratelimit-remaining-tokens", str(max(self.remaining_tokens or 0, 0)).encode()),
+                    (b"x-ratelimit-reset-tokens", duration(self.reset_tokens).encode())]
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    kind: str  # rpm, tpm, concurrency, budget, or unavailable (a backend down, fail_closed)
+    subject: Subject | None
+    limit: int
+    retry_after: float | None  # seconds; None when waiting cannot help (the request alone is too big)
+    message: str
+    info: RateInfo | None = None  # the caller's rate-limit state, for the 429's headers
+
+    @property
+    def code(self) -> str:
+        """The rule code of the usage record: which limit of whom (e.g. rpm:team)."""
+        return f"{self.kind}:{self.subject.scope}" if self.subject is not None else self.kind
+
+
+@dataclass(slots=True)
+class Admission:
+    """An admitted request's reservations, settled once when it ends."""
+
+    ask: Ask
+    subjects: list[Subject]
+    holds: list[Hold] = field(default_factory=list)
+    rated: bool = False  # counted in the rate and concurrency counters
+    info: RateInfo = field(default_factory=RateInfo)
+    settled: bool = False
+
+
+def duration(seconds: float) -> str:
+    """OpenAI's style for x-ratelimit-reset-*: 20ms, 1.5s, 6m0s."""
+    seconds = max(seconds, 0.0)
+    if seconds < 1:
+        return f"{round(seconds * 1000)}ms"
+    if seconds < 60:
+        return f"{seconds:.3g}s"
+    minutes, rest = divmod(round(seconds), 60)
+    return f"{minutes}m{rest}s"
