@@ -8,11 +8,13 @@ budget, all or nothing. `settle`, once the request ends, replaces the reservatio
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import time
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 from app.errors import APIError
 from app.metering.store.base import Hold, LimitRow, Store, StoreError
@@ -104,6 +106,34 @@ class Quotas:
         except BACKEND_ERRORS as exc:
             self.backend_errors += 1
             log.warning("could not settle a request's quotas (%s); its reservations expire on their own", exc)
+
+    async def status(self, scope: str, name: str) -> dict[str, Any]:
+        """A team's or key's limits and, if it has a budget, the current period's spend and what is left
+        (for the admin API, the CLI and the dashboard)."""
+        row = await asyncio.to_thread(self.store.get_limits, scope, name) if self.store is not None else None
+        limits = row or LimitRow(scope, name)
+        out: dict[str, Any] = {
+            "budget_usd": None if limits.budget_picousd is None else limits.budget_picousd / 1e12,
+            "budget_period": limits.budget_period if limits.budget_picousd is not None else None,
+            "rpm": limits.rpm, "tpm": limits.tpm, "max_concurrent": limits.max_concurrent}
+        if limits.budget_picousd is None or self.store is None:  # the calendar month's spend, for reference
+            start = period_start(self.clock(), "month")
+            spent = 0 if self.store is None else await asyncio.to_thread(self.store.spend, scope, name, start)
+            out.update(period_start=start, spent_usd=spent / 1e12, held_usd=0.0, remaining_usd=None)
+            return out
+        period = limits.budget_period or "month"
+        start = period_start(self.clock(), period)
+        spent, held = await self.budgets.state(scope, name, start, self.clock())
+        out.update(budget_period=period, period_start=start, period_end=period_end(start + 1, period),
+                   spent_usd=spent / 1e12, held_usd=held / 1e12,
+                   remaining_usd=max(limits.budget_picousd - spent - held, 0) / 1e12,
+                   used_percent=round(100 * spent / limits.budget_picousd, 2) if limits.budget_picousd
+                   else None)
+        return out
+
+    def forget(self, scope: str, name: str) -> None:
+        """Limits changed by this process apply to it at once (other replicas: within cache_seconds)."""
+        self.book.forget(scope, name)
 
     async def _release_rates(self, admission: Admission, used: int) -> None:
         if admission.rated:
