@@ -83,11 +83,11 @@ class Quotas:
             if holds:
                 over = await self.budgets.reserve(holds, now)
                 if over is not None:
-                    await self._release_rates(admission, 0)
+                    await self._release_rates(admission, 0, cancel=True)
                     return dataclasses.replace(self._over_budget(over, subjects), info=admission.info)
                 admission.holds = holds
         except BACKEND_ERRORS as exc:
-            await self._release_rates(admission, 0)
+            await self._release_rates(admission, 0, cancel=True)
             return self._backend_down(exc)
         return admission
 
@@ -135,10 +135,15 @@ class Quotas:
         """Limits changed by this process apply to it at once (other replicas: within cache_seconds)."""
         self.book.forget(scope, name)
 
-    async def _release_rates(self, admission: Admission, used: int) -> None:
+    async def _release_rates(self, admission: Admission, used: int, cancel: bool = False) -> None:
         if admission.rated:
             admission.rated = False
-            await self.rates.release([s for s in admission.subjects if _rated(s.limits)], admission.ask, used)
+            rated = [s for s in admission.subjects if _rated(s.limits)]
+            try:
+                await self.rates.release(rated, admission.ask, used, cancel)
+            except BACKEND_ERRORS:
+                if not cancel:
+                    raise
 
     def _hold(self, subject: Subject, ask: Ask) -> Hold:
         period = subject.limits.budget_period or "month"

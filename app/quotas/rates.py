@@ -94,9 +94,22 @@ class LocalRates:
             window.in_flight[ask.request_id] = entry
         return None, info
 
-    async def release(self, subjects: list[Subject], ask: Ask, tokens: int) -> None:
+    async def release(self, subjects: list[Subject], ask: Ask, tokens: int, cancel: bool = False) -> None:
+        """The request has ended, having used `tokens`; with `cancel` it never went out: it does not count
+        at all (its request and its tokens leave the window)."""
         for subject in subjects:
             window = self.windows.get((subject.scope, subject.name))
+            if window is not None and cancel:
+                entry = window.in_flight.pop(ask.request_id, None)
+                if subject.limits.rpm is not None and entry is not None and entry[0] in window.requests:
+                    window.requests.remove(entry[0])
+                if subject.limits.tpm is not None and entry is not None:
+                    for n, other in enumerate(window.entries):
+                        if other is entry:
+                            del window.entries[n]
+                            window.tokens -= entry[1]
+                            break
+                continue
             entry = window.in_flight.pop(ask.request_id, None) if window is not None else None
             if window is not None and entry is not None and subject.limits.tpm is not None:
                 if window.entries and window.entries[0][0] <= entry[0]:  # not pruned yet: it still counts

@@ -56,11 +56,15 @@ end
 return {'ok', '-1', unpack(stats)}
 """
 
-# KEYS: per subject tkv, cc. ARGV: id, actual tokens.
+# KEYS: per subject rq, tk, tkv, cc. ARGV: id, actual tokens, cancel (1: the request never went out).
 RELEASE = """
-for i = 0, #KEYS / 2 - 1 do
-  local tkv, cc = KEYS[2*i+1], KEYS[2*i+2]
-  if redis.call('HEXISTS', tkv, ARGV[1]) == 1 then redis.call('HSET', tkv, ARGV[1], ARGV[2]) end
+for i = 0, #KEYS / 4 - 1 do
+  local rq, tk, tkv, cc = KEYS[4*i+1], KEYS[4*i+2], KEYS[4*i+3], KEYS[4*i+4]
+  if ARGV[3] == '1' then
+    redis.call('ZREM', rq, ARGV[1]); redis.call('ZREM', tk, ARGV[1]); redis.call('HDEL', tkv, ARGV[1])
+  elseif redis.call('HEXISTS', tkv, ARGV[1]) == 1 then
+    redis.call('HSET', tkv, ARGV[1], ARGV[2])
+  end
   redis.call('ZREM', cc, ARGV[1])
 end
 return 1
@@ -110,12 +114,9 @@ class RedisRates:
                 refusal = _refusal(verdict, subject, ask, reset, treset, int(inflight))
         return refusal, info
 
-    async def release(self, subjects: list[Subject], ask: Ask, tokens: int) -> None:
-        keys: list[str] = []
-        for subject in subjects:
-            _, _, tkv, cc = self._keys(subject)
-            keys += [tkv, cc]
-        await self._release(keys=keys, args=[ask.request_id, tokens])
+    async def release(self, subjects: list[Subject], ask: Ask, tokens: int, cancel: bool = False) -> None:
+        keys = [key for subject in subjects for key in self._keys(subject)]
+        await self._release(keys=keys, args=[ask.request_id, tokens, "1" if cancel else "0"])
 
     async def close(self) -> None:
         await self.client.aclose()

@@ -1,0 +1,149 @@
+"""Quotas without HTTP: calendar periods, the in-process rate window, budgets all or nothing, the 429s."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from app.metering.store.base import Hold, LimitRow
+from app.metering.store.sqlite import SQLiteStore
+from app.quotas.budgets import LocalBudgets
+from app.quotas.gate import Quotas, refusal_error
+from app.quotas.model import WINDOW, Admission, Ask, Refusal, Subject, duration
+from app.quotas.periods import period_end, period_start
+from app.quotas.rates import LocalRates
+from app.settings import Settings
+
+USD = 10**12
+
+
+def ts(text: str) -> float:
+    return dt.datetime.fromisoformat(text).replace(tzinfo=dt.UTC).timestamp()
+
+
+@pytest.mark.parametrize(("at", "period", "start", "end"), [
+    ("2026-11-30T17:46:00", "day", "2026-11-30T00:00:00", "2026-12-01T00:00:00"),
+    ("2026-11-30T17:46:00", "week", "2026-11-30T00:00:00", "2026-12-07T00:00:00"),  # a Monday
+    ("2026-12-06T23:59:59", "week", "2026-11-30T00:00:00", "2026-12-07T00:00:00"),
+    ("2026-11-30T17:46:00", "month", "2026-11-01T00:00:00", "2026-12-01T00:00:00"),
+    ("2026-12-31T23:59:59", "month", "2026-12-01T00:00:00", "2027-01-01T00:00:00"),
+    ("2024-02-29T12:00:00", "month", "2024-02-01T00:00:00", "2024-03-01T00:00:00"),
+])
+def test_calendar_periods_in_utc(at: str, period: str, start: str, end: str) -> None:
+    assert period_start(ts(at), period) == ts(start)
+    assert period_end(ts(at), period) == ts(end)
+
+
+def test_the_total_period_never_ends() -> None:
+    assert period_start(ts("2026-11-30T00:00:00"), "total") == 0.0 and period_end(1.0, "total") is None
+
+
+def test_reset_durations_in_openais_style() -> None:
+    assert [duration(x) for x in (0.02, 1.5, 59.0, 360.0, -1.0)] == ["20ms", "1.5s", "59s", "6m0s", "0ms"]
+
+
+def subject(scope: str = "team", name: str = "search", **limits: int) -> Subject:
+    return Subject(scope, name, LimitRow(scope, name, **limits))  # type: ignore[arg-type]
+
+
+def ask(n: int, tokens: int = 100, at: float = 1000.0) -> Ask:
+    return Ask(f"r{n}", at, tokens, 0, at + 600)
+
+
+def run(coro: object) -> object:
+    return asyncio.run(coro)  # type: ignore[arg-type]
+
+
+def test_rpm_is_a_sliding_minute_and_all_or_nothing() -> None:
+    rates = LocalRates()
+    team, key = subject(rpm=3), subject("key", "fp-1", rpm=2)
+    for n in range(2):
+        refused, info = run(rates.acquire([team, key], ask(n), 1000.0 + n))  # type: ignore[misc]
+        assert refused is None
+    assert (info.limit_requests, info.remaining_requests) == (2, 0)  # the tighter of the two
+    refused, _ = run(rates.acquire([team, key], ask(2), 1010.0))  # type: ignore[misc]
+    assert refused.kind == "rpm" and refused.subject == key and refused.retry_after == pytest.approx(50.0)
+    refused, _ = run(rates.acquire([team], ask(3), 1010.0))  # type: ignore[misc]
+    assert refused is None, "the key's refusal did not count against the team"
+    refused, _ = run(rates.acquire([team, key], ask(4), 1000.0 + WINDOW + 0.5))  # type: ignore[misc]
+    assert refused is None, "a minute later the first requests have left the window"
+
+
+def test_tpm_reserves_then_settles_to_the_actual_tokens() -> None:
+    rates = LocalRates()
+    team = subject(tpm=1000)
+    assert run(rates.acquire([team], ask(1, 600), 1000.0))[0] is None  # type: ignore[index]
+    refused = run(rates.acquire([team], ask(2, 600), 1001.0))[0]  # type: ignore[index]
+    assert refused.kind == "tpm" and refused.retry_after == pytest.approx(59.0)
+    run(rates.release([team], ask(1, 600), 150))
+    assert run(rates.acquire([team], ask(3, 600), 1002.0))[0] is None, "150 + 600 fit"  # type: ignore[index]
+    too_big = run(rates.acquire([team], ask(4, 5000), 1003.0))[0]  # type: ignore[index]
+    assert too_big.retry_after is None and "can never fit" in too_big.message
+
+
+def test_concurrency_counts_requests_in_flight() -> None:
+    rates = LocalRates()
+    key = subject("key", "fp-1", max_concurrent=2)
+    assert run(rates.acquire([key], ask(1), 1.0))[0] is None  # type: ignore[index]
+    assert run(rates.acquire([key], ask(2), 1.0))[0] is None  # type: ignore[index]
+    assert run(rates.acquire([key], ask(3), 1.0))[0].kind == "concurrency"  # type: ignore[index]
+    run(rates.release([key], ask(1), 10))
+    assert run(rates.acquire([key], ask(4), 1.0))[0] is None  # type: ignore[index]
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[SQLiteStore]:
+    s = SQLiteStore(tmp_path / "q.db")
+    s.migrate()
+    yield s
+    s.close()
+
+
+def hold(n: int, amount: int, budget: int = 10 * USD, scope: str = "team", subject_: str = "search") -> Hold:
+    return Hold(f"h{n}", scope, subject_, 0.0, budget, amount, 10**12)
+
+
+def test_local_budgets_start_from_recorded_spend_and_are_all_or_nothing(store: SQLiteStore) -> None:
+    from tests.metering.store.test_store_contract import record
+
+    store.insert_usage([record("old", team="search", cost_picousd=4 * USD, ts=1.0)])
+    budgets = LocalBudgets(store)
+    assert run(budgets.reserve([hold(1, 5 * USD)], 2.0)) is None
+    over = hold(2, 2 * USD)
+    assert run(budgets.reserve([hold(3, 1, scope="key", subject_="k"), over], 2.0)) == over
+    assert run(budgets.state("key", "k", 0.0, 2.0)) == (0, 0)
+    assert run(budgets.settle([hold(1, 5 * USD)], 3 * USD)) == [(hold(1, 5 * USD), 7 * USD)]
+    assert run(budgets.state("team", "search", 0.0, 2.0)) == (7 * USD, 0)
+
+
+def test_the_gate_refuses_in_order_and_releases_what_it_took(store: SQLiteStore) -> None:
+    store.set_limits(LimitRow("team", "search", budget_picousd=USD, budget_period="day", rpm=10))
+    store.set_limits(LimitRow("key", "fp-1", max_concurrent=5))
+    quotas = Quotas(Settings(), store, clock=lambda: ts("2026-11-30T12:00:00"))
+
+    async def go() -> list[Admission | Refusal | None]:
+        out = [await quotas.admit("search", "fp-1", 100, lambda _: USD // 2) for _ in range(3)]
+        out.append(await quotas.admit("other", "fp-9", 100, lambda _: 10 * USD))
+        return out
+
+    first, second, third, free = run(go())  # type: ignore[misc]
+    assert isinstance(first, Admission) and isinstance(second, Admission)
+    assert isinstance(third, Refusal) and third.kind == "budget" and third.code == "budget:team"
+    assert free is None, "a caller without limits is not admitted at all: nothing to settle"
+    error = refusal_error(third)
+    assert (error.status, error.code, error.headers["x-should-retry"]) == (429, "insufficient_quota", "false")
+    window = quotas.rates.windows[("team", "search")]  # type: ignore[union-attr]
+    assert len(window.requests) == 2, "the refused request's rate slot was given back"
+    assert len(quotas.rates.windows[("key", "fp-1")].in_flight) == 2  # type: ignore[union-attr]
+
+
+def test_a_rate_refusal_is_a_429_with_retry_after() -> None:
+    refusal = Refusal("rpm", subject(rpm=1), 1, 12.2, "slow down")
+    error = refusal_error(refusal)
+    assert (error.status, error.type, error.code, error.headers) == (429, "requests", "rate_limit_exceeded",
+                                                                     {"retry-after": "13"})
+    assert refusal_error(Refusal("unavailable", None, 0, 5.0, "down")).status == 503
