@@ -36,13 +36,16 @@ class Alerts:
         elif spent * 100 >= budget * self.settings.soft_percent:
             self.fire("soft", scope, subject, period, period_start, spent, budget)
 
+    def due(self, level: str, scope: str, subject: str, period_start: float) -> bool:
+        """Whether this process would still send that alert (another replica may have sent it)."""
+        key = (scope, subject, period_start, level)
+        return self.settings.webhook_url is not None and key not in self._marked
+
     def fire(self, level: str, scope: str, subject: str, period: str, period_start: float, spent: int,
              budget: int) -> None:
-        if self.settings.webhook_url is None:
+        if not self.due(level, scope, subject, period_start):
             return
         key = (scope, subject, period_start, level)
-        if key in self._marked:
-            return
         self._marked.add(key)
         payload = {"event": "budget_alert", "level": level, scope: subject, "scope": scope,
                    "subject": subject, "period": period, "period_start": period_start,

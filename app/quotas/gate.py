@@ -11,10 +11,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
 import time
 import uuid
 from collections.abc import Callable
 from typing import Any
+
+from redis.exceptions import RedisError
 
 from app.errors import APIError
 from app.metering.store.base import Hold, LimitRow, Store, StoreError
@@ -30,7 +33,7 @@ from app.settings import Settings
 
 log = logging.getLogger("chatgate.quotas")
 
-BACKEND_ERRORS = (StoreError, OSError, TimeoutError)
+BACKEND_ERRORS = (StoreError, RedisError, OSError, TimeoutError)
 
 
 class Quotas:
@@ -84,7 +87,8 @@ class Quotas:
                 over = await self.budgets.reserve(holds, now)
                 if over is not None:
                     await self._release_rates(admission, 0, cancel=True)
-                    return dataclasses.replace(self._over_budget(over, subjects), info=admission.info)
+                    refusal = await self._over_budget(over, subjects, now)
+                    return dataclasses.replace(refusal, info=admission.info)
                 admission.holds = holds
         except BACKEND_ERRORS as exc:
             await self._release_rates(admission, 0, cancel=True)
@@ -152,11 +156,14 @@ class Quotas:
         return Hold(f"{ask.request_id}:{subject.scope}", subject.scope, subject.name,
                     period_start(ask.ts, period), budget, ask.cost_picousd, ask.expires_at)
 
-    def _over_budget(self, hold: Hold, subjects: list[Subject]) -> Refusal:
+    async def _over_budget(self, hold: Hold, subjects: list[Subject], now: float) -> Refusal:
         subject = next(s for s in subjects if s.scope == hold.scope)
         period = subject.limits.budget_period or "month"
-        self.alerts.fire("hard", hold.scope, hold.subject, period, hold.period_start, hold.budget_picousd,
-                         hold.budget_picousd)
+        if self.alerts.due("hard", hold.scope, hold.subject, hold.period_start):
+            # refused because this request might not fit: the alert reports what is really spent
+            spent, _ = await self.budgets.state(hold.scope, hold.subject, hold.period_start, now)
+            self.alerts.fire("hard", hold.scope, hold.subject, period, hold.period_start, spent,
+                             hold.budget_picousd)
         end = period_end(hold.period_start + 1, period)
         renews = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(end)) if end is not None else ""
         until = f" It renews at {renews}." if renews else ""
@@ -196,6 +203,6 @@ def refusal_error(refusal: Refusal) -> APIError:
     if refusal.retry_after is None:  # waiting cannot help: the SDKs must not retry
         headers = {"x-should-retry": "false"}
     else:
-        headers = {"retry-after": str(max(1, round(refusal.retry_after + 0.5)))}
+        headers = {"retry-after": str(max(1, math.ceil(refusal.retry_after)))}
     kind = "tokens" if refusal.kind == "tpm" else "requests"  # OpenAI's error types for rate limits
     return APIError(429, refusal.message, kind, None, "rate_limit_exceeded", headers=headers)

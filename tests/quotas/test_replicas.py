@@ -1,0 +1,161 @@
+"""Limits across replicas (issue 15): two chatgate replicas sharing PostgreSQL (budgets, reserved atomically
+in the store) and Redis (rates and concurrency, counted by Lua scripts), and what happens when Redis goes
+away and comes back under fail_open and fail_closed."""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any
+
+import openai
+import psycopg
+import pytest
+
+from tests.fakes.server import RunningFake, run_fake_deepseek
+from tests.harness import RunningChatgate, make_settings, run_chatgate
+from tests.pgutil import fresh_database
+from tests.quotas.support import RedisServer, ask, key_subject, set_limits, usd
+
+
+@pytest.fixture(scope="module")
+def fake() -> Iterator[RunningFake]:
+    with run_fake_deepseek() as running:
+        yield running
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path)
+    server.start()
+    yield server
+    server.stop()
+
+
+@contextmanager
+def replicas(tmp_path: Path, fake: RunningFake, store: str, count: int = 2, **limits: Any
+             ) -> Iterator[list[RunningChatgate]]:
+    with ExitStack() as stack:
+        out = []
+        for n in range(count):
+            home = tmp_path / f"replica-{n}"
+            home.mkdir(parents=True, exist_ok=True)
+            settings = make_settings(home, fake.url, store={"url": store},
+                                     limits={"cache_seconds": 0, **limits})
+            out.append(stack.enter_context(run_chatgate(settings)))
+        yield out
+
+
+def spent_in(store: str, key: str) -> tuple[int, int, int]:
+    """(requests, limited, total cost) of a key's usage records in PostgreSQL."""
+    with psycopg.connect(store) as conn:
+        row = conn.execute("SELECT count(*), sum(CASE WHEN outcome = 'limited' THEN 1 ELSE 0 END), "
+                           "coalesce(sum(cost_picousd), 0) FROM usage WHERE key_id = %s", (key,)).fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1] or 0), int(row[2])
+
+
+def wait_records(store: str, key: str, count: int, timeout: float = 20) -> tuple[int, int, int]:
+    deadline = time.monotonic() + timeout
+    while True:
+        got = spent_in(store, key)
+        if got[0] >= count or time.monotonic() > deadline:
+            return got
+        time.sleep(0.1)
+
+
+@pytest.mark.postgres
+def test_two_replicas_200_concurrent_requests_never_overspend_a_shared_budget(
+        tmp_path: Path, fake: RunningFake, redis_server: RedisServer) -> None:
+    fake.state.reset()
+    secret = "sk-shared-budget-" + secrets.token_hex(4)
+    key = key_subject(secret)
+    budget = usd("0.0008")  # room for some 50-100 of these requests at their actual cost (peak: fewer)
+    with fresh_database() as store, replicas(tmp_path, fake, store, redis_url=redis_server.url) as gates:
+        set_limits(store, "key", key, budget_picousd=budget, budget_period="month", max_concurrent=64)
+        statuses: list[int] = []
+        lock = threading.Lock()
+
+        def one(n: int) -> None:
+            try:
+                status = ask(gates[n % 2].url, secret, n, max_tokens=32).http_response.status_code
+            except openai.RateLimitError as err:
+                status = 429
+                assert err.code in ("insufficient_quota", "rate_limit_exceeded"), err.code
+            with lock:
+                statuses.append(status)
+
+        threads = [threading.Thread(target=one, args=(n,)) for n in range(200)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert len(statuses) == 200
+        served = statuses.count(200)
+        assert served >= 20 and statuses.count(429) >= 50, (served, statuses.count(429))
+        requests, limited, cost = wait_records(store, key, 200)
+        assert (requests, limited) == (200, 200 - served)
+        assert cost <= budget, f"spent {cost} of a {budget} budget"
+        assert fake.state.wait_idle(10)
+        assert sum(1 for r in fake.state.requests if r.path.endswith("/chat/completions")) == served
+        with psycopg.connect(store) as conn:  # every reservation was settled: nothing is still held
+            held = conn.execute("SELECT count(*) FROM budget_holds").fetchone()
+        assert held is not None and held[0] == 0
+
+
+@pytest.mark.postgres
+def test_rpm_and_concurrency_are_counted_once_across_replicas(
+        tmp_path: Path, fake: RunningFake, redis_server: RedisServer) -> None:
+    fake.state.reset()
+    secret = "sk-shared-rpm-" + secrets.token_hex(4)
+    with fresh_database() as store, replicas(tmp_path, fake, store, redis_url=redis_server.url) as gates:
+        set_limits(store, "key", key_subject(secret), rpm=5)
+        results = []
+        for n in range(10):
+            try:
+                results.append(ask(gates[n % 2].url, secret, n).http_response.status_code)
+            except openai.RateLimitError as err:
+                results.append(429)
+                assert err.response.headers["x-ratelimit-limit-requests"] == "5"
+        assert results == [200] * 5 + [429] * 5
+
+
+def test_redis_down_fail_open_admits_and_fail_closed_refuses_until_it_is_back(
+        tmp_path: Path, fake: RunningFake, redis_server: RedisServer) -> None:
+    fake.state.reset()
+    store = f"sqlite:///{tmp_path}/usage.db"
+    open_secret, closed_secret = "sk-open-" + secrets.token_hex(4), "sk-closed-" + secrets.token_hex(4)
+    with replicas(tmp_path / "open", fake, store, count=1, redis_url=redis_server.url,
+                  on_backend_error="fail_open") as (open_gate,), \
+            replicas(tmp_path / "closed", fake, store, count=1, redis_url=redis_server.url,
+                     on_backend_error="fail_closed") as (closed_gate,):
+        for secret in (open_secret, closed_secret):
+            set_limits(store, "key", key_subject(secret), rpm=2)
+        for gate, secret in ((open_gate, open_secret), (closed_gate, closed_secret)):
+            assert ask(gate.url, secret, 1).http_response.status_code == 200
+        redis_server.stop()
+        # fail_open: admitted (and counted as a backend error), limits unenforced while Redis is away
+        for n in range(3):
+            assert ask(open_gate.url, open_secret, n).http_response.status_code == 200
+        # fail_closed: a 503 in the OpenAI shape, nothing forwarded
+        with pytest.raises(openai.InternalServerError) as caught:
+            ask(closed_gate.url, closed_secret, 2)
+        err = caught.value
+        assert err.status_code == 503 and err.code == "limits_unavailable"
+        assert err.response.headers["retry-after"] == "5"
+        # a caller without limits never needs Redis: served either way
+        assert ask(closed_gate.url, "sk-unlimited-caller", 3).http_response.status_code == 200
+        redis_server.start()  # a fresh, empty Redis on the same port
+        for gate, secret in ((open_gate, open_secret), (closed_gate, closed_secret)):
+            statuses = []
+            for n in range(3):
+                try:
+                    statuses.append(ask(gate.url, secret, n).http_response.status_code)
+                except openai.RateLimitError:
+                    statuses.append(429)
+            assert statuses == [200, 200, 429], "limits are enforced again once Redis is back"
+    assert open_gate.state.quotas.backend_errors >= 3 and closed_gate.state.quotas.backend_errors >= 1
