@@ -328,3 +328,16 @@ def test_a_broken_stream_ends_with_an_anthropic_error_event(gate: RunningChatgat
     tail = received.rstrip().split(b"\n\n")[-1]
     assert tail.startswith(b"event: error\ndata: ")
     assert json.loads(tail.split(b"data: ", 1)[1])["error"]["type"] == "api_error"
+
+
+def test_a_body_over_the_limit_is_a_413_in_anthropics_shape_a21(start_gate: Callable[..., RunningChatgate],
+                                                                 fake: RunningFake) -> None:
+    gate = start_gate(limits={"max_body_bytes": 4096})
+    big = {"model": "claude-sonnet-5-0", "max_tokens": 64,
+           "messages": [{"role": "user", "content": "x" * 8000}]}
+    with pytest.raises(anthropic.APIStatusError) as caught:
+        client(gate).messages.create(**big)  # type: ignore[arg-type]
+    err = caught.value
+    assert err.status_code == 413
+    assert err.body["type"] == "error" and err.body["error"]["type"] == "request_too_large"  # type: ignore[index]
+    assert fake.state.requests == []
