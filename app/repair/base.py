@@ -14,8 +14,9 @@ class RepairSpec:
     what: str
 
 
-# Every repair (issue 12 for chat, issue 13 for the Anthropic route); rule numbers say which family's
-# problems each fixes (R: chat, A: Anthropic). A family applies the ones it knows, in its own order.
+# Every repair (issue 12 for chat, issue 13 for the Anthropic route, issue 17 for Responses); rule numbers
+# say which family's problems each fixes (R: chat, A: Anthropic, P: Responses). A family applies the ones it
+# knows, in its own order.
 CATALOG: tuple[RepairSpec, ...] = (
     RepairSpec("restore_reasoning", ("R17",), True,
                "puts back the reasoning_content of a tool-call turn chatgate relayed to the same caller"),
@@ -49,6 +50,19 @@ CATALOG: tuple[RepairSpec, ...] = (
                "an assistant message with an empty content array gets one text block (a space)"),
     RepairSpec("model_suffix", ("A19",), False, "strips a trailing [1m] from the model name"),
     RepairSpec("redacted_thinking", ("A5",), False, "drops redacted_thinking blocks"),
+    # The Responses route (issue 17), rules P1-P22.
+    RepairSpec("responses_output_order", ("P10",), True,
+               "moves each function_call_output directly after its batch of calls (what stood between, a "
+               "developer message or a later turn's reasoning, now follows the outputs; lossless)"),
+    RepairSpec("responses_reasoning", ("P11",), True,
+               "puts back the reasoning item of a tool-call turn chatgate relayed to the same caller (or, "
+               "where it never saw the turn, makes a summary-only reasoning item's summary its content)"),
+    RepairSpec("responses_strip_encrypted", ("P22",), False,
+               "removes OpenAI's encrypted_content (gAAAAA…) from reasoning items; DeepSeek ignores it"),
+    RepairSpec("responses_orphan_outputs", ("P8", "P9"), False,
+               "drops function_call_output items that answer no call or have no call_id"),
+    RepairSpec("responses_unanswered_calls", ("P10",), False,
+               "adds a function_call_output with a fixed text after each call that has none"),
 )
 NAMES: tuple[str, ...] = tuple(spec.name for spec in CATALOG)
 DEFAULT_ON: frozenset[str] = frozenset(spec.name for spec in CATALOG if spec.default)

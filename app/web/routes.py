@@ -23,6 +23,7 @@ from app.gateway.state import State
 from app.gateway.upstream import map_transport_error, response_headers
 from app.metering.reports import ReportError, build_report, make_query
 from app.openai.fim import NOT_ON_BETA, not_on_beta
+from app.web.compaction import add_compaction
 from app.web.count_tokens import add_count_tokens
 from app.web.dashboard import add_dashboard
 
@@ -57,6 +58,7 @@ def add_routes(app: FastAPI, state: State) -> None:
         app.router.add_route(path, _balance_handler(state), methods=["GET"], include_in_schema=False)
     for path in NOT_ON_BETA:  # FIM is on /beta only; the 404 says so, whatever the method
         app.router.add_route(path, _fim_not_on_beta, methods=ANY_METHOD, include_in_schema=False)
+    add_compaction(app)  # /responses/compact: not served by DeepSeek, the 404 says how Codex compacts
     add_count_tokens(app, state)
     add_dashboard(app, state)
 

@@ -538,9 +538,14 @@ class FakeDeepSeek:
         from tests.fakes import fim  # FIM completions and the balance (tests.fakes.fim imports this module)
         from tests.fakes.anthropic import PATHS as ANTHROPIC_PATHS  # it imports this module too
         from tests.fakes.anthropic import serve_messages
+        from tests.fakes.responses import PATHS as RESPONSES_PATHS  # the Responses API (imports this too)
+        from tests.fakes.responses import serve as serve_responses
 
         if rec.path in fim.PATHS:
             await fim.serve(self, rec, conn)
+            return
+        if rec.path in RESPONSES_PATHS:
+            await serve_responses(self, rec, conn)
             return
         if rec.path in ANTHROPIC_PATHS:
             await serve_messages(self, rec, conn)

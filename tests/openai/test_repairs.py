@@ -43,8 +43,9 @@ def repaired(req: dict[str, Any], options: RepairOptions = EVERYTHING, recalled:
 def test_the_catalog_and_the_handlers_agree() -> None:
     chat = {spec.name for spec in CATALOG if any(rule.startswith("R") for rule in spec.rules)}
     assert set(HANDLES) == chat
-    assert {spec.name for spec in CATALOG if spec.default} == {"restore_reasoning", "restore_thinking",
-                                                              "thinking_conflict"}
+    assert {spec.name for spec in CATALOG if spec.default} == {
+        "restore_reasoning", "restore_thinking", "thinking_conflict", "responses_output_order",
+        "responses_reasoning"}
 
 
 def test_restore_reasoning_puts_back_what_was_recalled_r17() -> None:
@@ -257,4 +258,4 @@ def test_a_valid_request_is_never_changed(req: dict[str, Any], options: RepairOp
 @pytest.mark.parametrize("name", NAMES)
 def test_each_repair_names_its_rules(name: str) -> None:
     spec = next(s for s in CATALOG if s.name == name)
-    assert spec.rules and all(rule[0] in "RA" and rule[1:].isdigit() for rule in spec.rules) and spec.what
+    assert spec.rules and all(rule[0] in "RAP" and rule[1:].isdigit() for rule in spec.rules) and spec.what

@@ -1,0 +1,139 @@
+"""The Responses API family as the gateway sees it (app/gateway/family.py): DeepSeek's native `/responses`
+(since 2026-07-31, "specifically adapted for Codex"), validated by rules P1-P22, repaired, relayed event by
+event and metered; errors in the OpenAI shape, so the openai SDKs and Codex raise and show them."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import orjson
+
+from app.errors import APIError, Problem
+from app.metering.usage import TokenCounts
+from app.profiles import ModelProfile
+from app.repair.base import Applied, RepairOptions, Turn
+from app.responses.repairs import reasoning_wanted, repair_responses, turn_of, wanted
+from app.responses.rules import Options, check_body
+from app.responses.stream import ResponsesMeter, StreamedTurn, tokens_from_usage, turn_from_response
+from app.verdict import Verdict
+
+ROUTE = "/responses"
+COMPACT_PATHS = ("/responses/compact", "/v1/responses/compact")
+
+
+class ResponsesFamily:
+    name = "openai-responses"
+    turn_kind = "responses"
+    restore_codes = frozenset({"reasoning_text_missing"})
+    routes: Sequence[tuple[str, str, str, bool]] = (
+        ("/v1/responses", ROUTE, ROUTE, False),
+        ("/responses", ROUTE, ROUTE, False),
+    )
+    validate_routes: Sequence[tuple[str, bool]] = (("/v1/responses/validate", False),
+                                                   ("/responses/validate", False))
+
+    def __init__(self, profiles: Mapping[str, ModelProfile], options: Options) -> None:
+        self.profiles = profiles
+        self.options = options
+
+    def check(self, body: bytes, *, beta: bool, origin: str | None) -> Verdict:
+        return check_body(body, self.profiles, self.options)
+
+    def repairable(self, found: Sequence[Problem], options: RepairOptions) -> bool:
+        return wanted(found, options)
+
+    def turns_to_restore(self, data: dict[str, Any], found: Sequence[Problem], options: RepairOptions
+                         ) -> dict[int, tuple[tuple[str, ...], tuple[str, ...]]]:
+        return reasoning_wanted(data, found, options)
+
+    def turn_of(self, data: dict[str, Any], problem: Problem) -> tuple[str, ...] | None:
+        return turn_of(data, problem)
+
+    def repair(self, data: dict[str, Any], found: Sequence[Problem], options: RepairOptions,
+               profile: ModelProfile | None, recalled: dict[int, str]) -> list[Applied]:
+        return repair_responses(data, found, options, recalled)
+
+    def render_error(self, error: APIError, request_id: str | None) -> tuple[bytes, dict[str, str]]:
+        return error.to_json(), {}
+
+    def stream_error(self, error: APIError) -> bytes:
+        """OpenAI's `error` stream event; its `error` object also makes the openai SDKs raise."""
+        inner = error.body()["error"]
+        payload = {"type": "error", "code": error.code, "message": error.message, "param": error.param,
+                   "error": inner}
+        return b"event: error\ndata: " + orjson.dumps(payload) + b"\n\n"
+
+    def usage(self, answer: Any) -> TokenCounts | None:
+        return tokens_from_usage(answer.get("usage")) if isinstance(answer, dict) else None
+
+    def served_model(self, answer: Any) -> str | None:
+        return None
+
+    def answer_turn(self, answer: Any) -> Turn | None:
+        return turn_from_response(answer)
+
+    def meter(self) -> ResponsesMeter:
+        return ResponsesMeter()
+
+    def stream_turns(self) -> StreamedTurn:
+        return StreamedTurn()
+
+    def prompt_text(self, data: dict[str, Any]) -> str:
+        return prompt_text(data)
+
+    def ask_stream_usage(self, data: dict[str, Any]) -> bytes | None:
+        return None  # response.completed always carries the usage
+
+    def usage_filter(self) -> None:
+        return None
+
+
+def compaction_not_served(path: str) -> APIError:
+    """`/responses/compact`: DeepSeek has no remote compaction (deepseek-responses.md §3.5)."""
+    return APIError(
+        404, f"{path} is not served: DeepSeek has no remote compaction (no /responses/compact and no "
+             "compaction items). Codex compacts remotely only when its model provider is named \"OpenAI\" "
+             "(or is Azure); give the provider another name in ~/.codex/config.toml "
+             "([model_providers.deepseek] name = \"deepseek\") and Codex compacts locally with an ordinary "
+             "/responses turn, which chatgate forwards.",
+        "invalid_request_error", None, "compaction_not_supported")
+
+
+def prompt_text(data: dict[str, Any]) -> str:
+    """The text of a Responses request as the model sees it (roughly): instructions, input, tools."""
+    parts: list[str] = []
+    instructions = data.get("instructions")
+    if isinstance(instructions, str):
+        parts.append(instructions)
+    value = data.get("input")
+    if isinstance(value, str):
+        parts.append(value)
+    for item in value if isinstance(value, list) else ():
+        if isinstance(item, dict):
+            parts.append(_item_text(item))
+    for tool in data.get("tools") or ():
+        if isinstance(tool, dict):
+            parts.append(orjson.dumps(tool).decode())
+    return "\n".join(p for p in parts if p)
+
+
+def _item_text(item: dict[str, Any]) -> str:
+    kind = item.get("type", "message")
+    if kind == "message":
+        return f"{item.get('role', '')}\n{_parts_text(item.get('content'))}"
+    if kind in ("function_call", "custom_tool_call"):
+        return f"{item.get('name', '')} {item.get('arguments', item.get('input', ''))}"
+    if kind in ("function_call_output", "custom_tool_call_output"):
+        return _parts_text(item.get("output"))
+    if kind == "reasoning":
+        return _parts_text(item.get("content"))
+    return ""
+
+
+def _parts_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        return ""
+    return "\n".join(str(p.get("text", "")) for p in content if isinstance(p, dict) and "text" in p)
