@@ -27,6 +27,7 @@ class MessagesFamily:
     name = "anthropic-messages"
     turn_kind = "anthropic"
     restore_codes = frozenset({"thinking_block_missing"})
+    restore_repair: str | None = "restore_thinking"
     routes: Sequence[tuple[str, str, str, bool]] = (
         ("/anthropic/v1/messages", "/anthropic/v1/messages", "/anthropic/v1/messages", False),
         ("/anthropic/messages", "/anthropic/v1/messages", "/anthropic/v1/messages", False),

@@ -58,6 +58,7 @@ class Family(Protocol):
     name: str
     turn_kind: str  # the kind of turn it remembers (TurnMemory)
     restore_codes: frozenset[str]  # problem codes a remembered turn can fix
+    restore_repair: str | None  # the repair that uses remembered turns (they are remembered while it is on)
     # (path chatgate serves, label in records and metrics, DeepSeek's path, is it a /beta route)
     routes: Sequence[tuple[str, str, str, bool]]
     validate_routes: Sequence[tuple[str, bool]]  # the dry-run paths (and whether they check as /beta)

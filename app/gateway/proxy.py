@@ -91,7 +91,7 @@ class Gateway:
             return self._reject(ex, family, self._refusal(ex, family, verdict))
         if verdict is not None and verdict.warnings:
             ex.warnings.extend(w.message for w in verdict.warnings)
-        ex.remember = self._remembers(ex, verdict)
+        ex.remember = self._remembers(ex, family, verdict)
         overflow = await self._context_guard(ex, family, verdict)
         if overflow is not None and self.settings.validation.strict:
             return self._reject(ex, family, APIError.from_problems([overflow]))
@@ -250,10 +250,11 @@ class Gateway:
         return dataclasses.replace(problem, message=f"{problem.message} chatgate could not restore it: "
                                                     f"{why}.")
 
-    def _remembers(self, ex: Exchange, verdict: Verdict | None) -> bool:
-        """Whether the answer's tool-call turn is worth remembering for the restore repairs."""
-        return (self.repairs.on("restore_reasoning") and verdict is not None and verdict.thinking
-                and verdict.tools and ex.identity.key_id != "anonymous")
+    def _remembers(self, ex: Exchange, family: Family, verdict: Verdict | None) -> bool:
+        """Whether the answer's tool-call turn is worth remembering for the family's restore repair."""
+        return (family.restore_repair is not None and self.repairs.on(family.restore_repair)
+                and verdict is not None and verdict.thinking and verdict.tools
+                and ex.identity.key_id != "anonymous")
 
     # --- quotas ---------------------------------------------------------------------
 

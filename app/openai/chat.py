@@ -22,6 +22,7 @@ class ChatFamily:
     name = "openai-chat"
     turn_kind = "chat"
     restore_codes = frozenset({"reasoning_content_missing"})
+    restore_repair: str | None = "restore_reasoning"
     routes: Sequence[tuple[str, str, str, bool]] = (
         ("/v1/chat/completions", "/v1/chat/completions", "/chat/completions", False),
         ("/chat/completions", "/chat/completions", "/chat/completions", False),

@@ -41,6 +41,7 @@ class FimFamily:
     name = "openai-fim"
     turn_kind = "fim"
     restore_codes: frozenset[str] = frozenset()
+    restore_repair: str | None = None
     routes: Sequence[tuple[str, str, str, bool]] = (
         ("/beta/completions", FIM_ROUTE, FIM_ROUTE, True),
         ("/v1/beta/completions", FIM_ROUTE, FIM_ROUTE, True),

@@ -26,6 +26,7 @@ class ResponsesFamily:
     name = "openai-responses"
     turn_kind = "responses"
     restore_codes = frozenset({"reasoning_text_missing"})
+    restore_repair: str | None = "responses_reasoning"
     routes: Sequence[tuple[str, str, str, bool]] = (
         ("/v1/responses", ROUTE, ROUTE, False),
         ("/responses", ROUTE, ROUTE, False),

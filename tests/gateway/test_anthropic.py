@@ -208,6 +208,17 @@ def test_stripped_thinking_blocks_are_restored_from_what_chatgate_relayed_a10(
         assert first.get("signature")  # what DeepSeek sent, signature included
 
 
+def test_thinking_is_remembered_for_restore_thinking_alone(start_gate: Callable[..., RunningChatgate],
+                                                           fake: RunningFake) -> None:
+    """Each family's restore repair decides whether its turns are remembered, not chat's."""
+    gate = start_gate(repair={"restore_reasoning": False})
+    claude_code_loop(gate, 2, False, strip_thinking=True)
+    fake.state.wait_idle(5)
+    last = orjson.loads(fake.state.requests[-1].body)
+    first = next(m for m in last["messages"] if m["role"] == "assistant")["content"][0]
+    assert first["type"] == "thinking" and first["thinking"].startswith("The user sent")
+
+
 def test_a_turn_chatgate_never_saw_gets_the_empty_thinking_block(gate: RunningChatgate,
                                                                  fake: RunningFake) -> None:
     body = {"model": "claude-sonnet-5-0", "max_tokens": 100, "tools": [TOOL], "messages": [
