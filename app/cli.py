@@ -7,7 +7,7 @@ import datetime as dt
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from app import __version__
@@ -46,15 +46,47 @@ def build_parser() -> argparse.ArgumentParser:
     _store_arg(serve)
     serve.set_defaults(func=cmd_serve)
 
-    keys = sub.add_parser("keys", help="manage client keys (managed mode)", description="Manage client keys.")
+    keys = sub.add_parser("keys", help="manage client keys (managed mode) and their limits",
+                          description="Manage client keys and their limits.")
     keys_sub = keys.add_subparsers(metavar="ACTION")
-    create = keys_sub.add_parser("create", help="create a key; prints it once", description="Create a key.")
+    create = keys_sub.add_parser("create", help="create a key; prints it once",
+                                 description="Create a key, optionally with its own limits (its team's apply "
+                                 "too); the secret is printed once, on the last line.")
     create.add_argument("--team", required=True)
     create.add_argument("--name", required=True)
-    listing = keys_sub.add_parser("list", help="list keys", description="List keys (never the secrets).")
+    _limit_args(create)
+    listing = keys_sub.add_parser("list", help="list keys and their limits",
+                                  description="List keys (never the secrets) with their limits, and the "
+                                  "passthrough fingerprints that have limits.")
+    listing.add_argument("--format", choices=["table", "json"], default="table",
+                         help="json: the document GET /admin/keys answers (with the period's spend)")
     revoke = keys_sub.add_parser("revoke", help="revoke a key", description="Revoke a key by id.")
     revoke.add_argument("key_id")
-    for p, func in ((create, cmd_keys_create), (listing, cmd_keys_list), (revoke, cmd_keys_revoke)):
+    key_set = keys_sub.add_parser("set", help="set a key's limits",
+                                  description="Set the limits of a managed key (key_…) or of a passthrough "
+                                  "caller (its fingerprint fp-…, as in usage reports); prints the result.")
+    key_set.add_argument("key_id", metavar="KEY_ID")
+    _limit_args(key_set)
+    for p, func in ((create, cmd_keys_create), (listing, cmd_keys_list), (revoke, cmd_keys_revoke),
+                    (key_set, cmd_keys_set)):
+        _config_arg(p)
+        _store_arg(p)
+        p.set_defaults(func=func)
+
+    teams = sub.add_parser("teams", help="team limits and budget use", description="Team limits and budgets.")
+    teams_sub = teams.add_subparsers(metavar="ACTION")
+    team_set = teams_sub.add_parser("set", help="set a team's limits",
+                                    description="Set a team's limits (they apply to every key of the team "
+                                    "together; passthrough callers are in the team 'default'); prints the "
+                                    "result.")
+    team_set.add_argument("team", metavar="TEAM")
+    _limit_args(team_set)
+    team_list = teams_sub.add_parser("list", help="teams, their limits and budget use",
+                                     description="Every team that has limits or keys (and 'default'): its "
+                                     "limits, the current period's spend and what is left.")
+    team_list.add_argument("--format", choices=["table", "json"], default="table",
+                           help="json: the document GET /admin/teams answers")
+    for p, func in ((team_set, cmd_teams_set), (team_list, cmd_teams_list)):
         _config_arg(p)
         _store_arg(p)
         p.set_defaults(func=func)
@@ -98,6 +130,17 @@ def _config_arg(p: argparse.ArgumentParser) -> None:
 
 def _store_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--store", help="sqlite:///path.db, postgresql://user@host:port/db, or none")
+
+
+def _limit_args(p: argparse.ArgumentParser) -> None:
+    group = p.add_argument_group("limits", "'none' clears a limit; a limit not given stays as it is")
+    group.add_argument("--budget-usd", metavar="USD",
+                       help="budget in USD over the period: a decimal, e.g. 50 or 12.50 (kept exactly)")
+    group.add_argument("--budget-period", metavar="PERIOD",
+                       help="day, week or month (calendar, UTC), or total; month when a budget is set")
+    group.add_argument("--rpm", metavar="N", help="requests per minute")
+    group.add_argument("--tpm", metavar="N", help="tokens per minute (prompt + completion)")
+    group.add_argument("--max-concurrent", metavar="N", help="requests in flight at once")
 
 
 def _flags(args: argparse.Namespace) -> dict[str, Any]:
@@ -196,29 +239,118 @@ def _store(args: argparse.Namespace) -> Any:
     return store, loaded
 
 
-def cmd_keys_create(args: argparse.Namespace) -> int:
-    from app.gateway.auth import new_key
+def _limit_change(args: argparse.Namespace) -> dict[str, Any]:
+    """The limit flags given, parsed (LimitsError for a bad value): budget_usd in picoUSD, None clears."""
+    from app.web.admin import parse_count, parse_period, parse_usd
 
-    store, _ = _store(args)
-    key_id, secret, digest, prefix = new_key()
-    key = store.create_key(key_id, digest, prefix, args.team, args.name)
-    print(f"created key {key.key_id} (team {key.team}, name {key.name}); it is shown once, store it now:")
-    print(secret)
-    store.close()
-    return 0
+    change: dict[str, Any] = {}
+    if args.budget_usd is not None:
+        change["budget_usd"] = parse_usd(args.budget_usd)
+    if args.budget_period is not None:
+        change["budget_period"] = parse_period(args.budget_period)
+    for name in ("rpm", "tpm", "max_concurrent"):
+        value = getattr(args, name)
+        if value is not None:
+            change[name] = parse_count(value, name)
+    return change
+
+
+def _admin(args: argparse.Namespace, work: Callable[[Any], Awaitable[Any]]) -> int:
+    """Run `work(admin)` over the store (and the limits settings) of the config; the CLI's exit codes: 2 for a
+    bad value (one line naming the flag), 1 for an unknown key."""
+    import asyncio
+
+    from app.quotas.gate import Quotas
+    from app.web.admin import Admin, KeyNotFound, LimitsError
+
+    async def run() -> Any:
+        store, loaded = _store(args)
+        quotas = Quotas(loaded.settings, store)
+        try:
+            return await work(Admin(store, quotas, loaded.settings.auth.passthrough_team))
+        finally:
+            await quotas.close()
+            store.close()
+
+    try:
+        result: int = asyncio.run(run())
+    except LimitsError as exc:
+        print(f"chatgate: {_flag(exc.param)}: {exc.detail}", file=sys.stderr)
+        return 2
+    except KeyNotFound as exc:
+        print(f"chatgate: {exc}", file=sys.stderr)
+        return 1
+    return result
+
+
+def _flag(param: str) -> str:
+    """The limit flag a LimitsError is about (team and name: as they are)."""
+    return "--" + param.replace("_", "-") if param not in ("team", "name") else param
+
+
+def _parsed_change(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The limit flags, or None after printing the one line saying which one is wrong."""
+    from app.web.admin import LimitsError
+
+    try:
+        return _limit_change(args)
+    except LimitsError as exc:
+        print(f"chatgate: {_flag(exc.param)}: {exc.detail}", file=sys.stderr)
+        return None
+
+
+def cmd_keys_create(args: argparse.Namespace) -> int:
+    change = _parsed_change(args)
+    if change is None:
+        return 2
+
+    async def work(admin: Any) -> int:
+        from app.web.admin import limits_text
+
+        entry, secret = await admin.create_key(args.team, args.name, change)
+        if change:
+            print(f"limits: {limits_text(entry['limits'])}")
+        print(f"created key {entry['id']} (team {entry['team']}, name {entry['name']}); it is shown once, "
+              "store it now:")
+        print(secret)
+        return 0
+    return _admin(args, work)
+
+
+def cmd_keys_set(args: argparse.Namespace) -> int:
+    change = _parsed_change(args)
+    if change is None:
+        return 2
+
+    async def work(admin: Any) -> int:
+        from app.web.admin import limits_text
+
+        entry = await admin.set_key_limits(args.key_id, change)
+        who = (f"team {entry['team']}, name {entry['name']}" if entry["kind"] == "managed"
+               else f"passthrough, team {entry['team']}")
+        print(f"key {entry['id']} ({who}): {limits_text(entry['limits'])}")
+        return 0
+    return _admin(args, work)
 
 
 def cmd_keys_list(args: argparse.Namespace) -> int:
-    store, _ = _store(args)
-    rows = [("key_id", "name", "team", "prefix", "created", "revoked")]
-    for key in store.list_keys():
-        rows.append((key.key_id, key.name, key.team, key.prefix + "…", _when(key.created_at),
-                     _when(key.revoked_at) if key.revoked_at else ""))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
-    store.close()
-    return 0
+    async def work(admin: Any) -> int:
+        from app.web.admin import limits_cells
+
+        entries = await admin.keys()
+        if args.format == "json":
+            _print_json({"object": "list", "data": entries})
+            return 0
+        rows = [("key_id", "name", "team", "prefix", "budget_usd", "period", "rpm", "tpm", "max_concurrent",
+                 "created", "revoked")]
+        for e in entries:
+            limits = limits_cells(e["limits"])
+            rows.append((e["id"], e["name"], e["team"], e["prefix"] + "…" if e["prefix"] else "-", *limits,
+                         _when(e["created_at"]) if e["created_at"] else "-",
+                         _when(e["revoked_at"]) if e["revoked_at"] else ""))
+        _print_table(rows)
+        return 0
+    return _admin(args, work)
 
 
 def cmd_keys_revoke(args: argparse.Namespace) -> int:
@@ -234,6 +366,63 @@ def cmd_keys_revoke(args: argparse.Namespace) -> int:
 
 def _when(ts: float | None) -> str:
     return dt.datetime.fromtimestamp(ts or 0, dt.UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def _print_table(rows: Sequence[tuple[str, ...]]) -> None:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+
+
+def _print_json(document: Any) -> None:
+    import orjson
+
+    print(orjson.dumps(document).decode())
+
+
+# --- teams ------------------------------------------------------------------------------------------
+
+
+def cmd_teams_set(args: argparse.Namespace) -> int:
+    change = _parsed_change(args)
+    if change is None:
+        return 2
+
+    async def work(admin: Any) -> int:
+        from app.web.admin import limits_text
+
+        entry = await admin.set_team_limits(args.team, change)
+        print(f"team {entry['team']}: {limits_text(entry['limits'])}")
+        return 0
+    return _admin(args, work)
+
+
+def cmd_teams_list(args: argparse.Namespace) -> int:
+    async def work(admin: Any) -> int:
+        from app.web.admin import limits_cells
+
+        entries = await admin.teams()
+        if args.format == "json":
+            _print_json({"object": "list", "data": entries})
+            return 0
+        rows = [("team", "keys", "budget_usd", "period", "rpm", "tpm", "max_concurrent", "spent_usd",
+                 "remaining_usd", "used", "since")]
+        for e in entries:
+            spend = e["spend"]
+            used = "-" if spend["used_percent"] is None else f"{spend['used_percent']:g}%"
+            rows.append((e["team"], str(e["key_count"]), *limits_cells(e["limits"]),
+                         _plain(spend["spent_usd"]), _plain(spend["remaining_usd"]), used,
+                         _when(spend["period_start"])[:10] if spend["period_start"] else "ever"))
+        _print_table(rows)
+        return 0
+    return _admin(args, work)
+
+
+def _plain(usd: float | None) -> str:
+    """A USD float from the spend figures in plain decimal notation (no exponent), '-' for none."""
+    from decimal import Decimal
+
+    return "-" if usd is None else format(Decimal(repr(usd)), "f")
 
 
 # --- usage ----------------------------------------------------------------------------------

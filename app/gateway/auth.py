@@ -96,6 +96,12 @@ class Authenticator:
         self._cache[digest] = (now + self.settings.key_cache_seconds, key)
         return key
 
+    def forget_key(self, key_id: str) -> None:
+        """A key was revoked here: it is refused at once on this replica (the others: within
+        auth.key_cache_seconds)."""
+        for digest in [d for d, (_, key) in self._cache.items() if key is not None and key.key_id == key_id]:
+            del self._cache[digest]
+
     def is_admin(self, authorization: str | None) -> bool:
         expected = self.settings.admin_key.get_secret_value() if self.settings.admin_key else None
         token = bearer(authorization)

@@ -23,6 +23,7 @@ from app.gateway.state import State
 from app.gateway.upstream import map_transport_error, response_headers
 from app.metering.reports import ReportError, build_report, make_query
 from app.openai.fim import NOT_ON_BETA, not_on_beta
+from app.web.admin import add_admin
 from app.web.compaction import add_compaction
 from app.web.count_tokens import add_count_tokens
 from app.web.dashboard import add_dashboard
@@ -61,6 +62,7 @@ def add_routes(app: FastAPI, state: State) -> None:
     add_compaction(app)  # /responses/compact: not served by DeepSeek, the 404 says how Codex compacts
     add_count_tokens(app, state)
     add_dashboard(app, state)
+    add_admin(app, state)
 
 
 async def _healthz(request: Request) -> Response:

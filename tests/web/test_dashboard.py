@@ -14,7 +14,7 @@ import pytest
 
 from tests.ci import missing
 from tests.harness import REPO_ROOT, make_settings, run_chatgate
-from tests.web.traffic import ADMIN_KEY, PLAN, Traffic, dashboard_traffic
+from tests.web.traffic import ADMIN_KEY, BUDGETS, PLAN, Traffic, dashboard_traffic
 
 ARTIFACTS = REPO_ROOT / "tests" / "artifacts"
 
@@ -115,6 +115,32 @@ def test_rejections_by_rule_code_and_top_offenders(traffic: Traffic) -> None:
     assert offenders[0]["team"] == "support" and offenders[0]["requests"] == 6
 
 
+def test_teams_budget_use_matches_the_usage_report(traffic: Traffic) -> None:
+    """What the Budgets card draws: each team's budget, the period's spend (here: all the traffic) and what
+    is left."""
+    teams = {t["team"]: t for t in traffic.admin("/admin/teams").json()["data"]}
+    assert list(teams) == ["default", "growth", "research", "support"]
+    cost = {r["team"]: r["cost_usd"] for r in traffic.admin("/admin/usage?by=team").json()["rows"]}
+    research, support = teams["research"], teams["support"]
+    assert (research["limits"]["budget_usd"], research["spend"]["period"]) == (0.0003, "month")
+    assert research["spend"]["spent_usd"] == pytest.approx(cost["research"], abs=1e-12)
+    assert 0 < research["spend"]["spent_usd"] < 0.0003
+    assert research["spend"]["remaining_usd"] == pytest.approx(0.0003 - cost["research"], abs=1e-12)
+    assert research["spend"]["used_percent"] == round(100 * research["spend"]["spent_usd"] / 0.0003, 2)
+    assert (support["limits"]["budget_usd"], support["spend"]["period"]) == (0.000001, "total")
+    assert support["spend"]["remaining_usd"] == 0 and support["spend"]["used_percent"] > 100
+    growth = teams["growth"]
+    assert growth["limits"]["budget_usd"] is None and growth["spend"]["remaining_usd"] is None
+    assert teams["growth"]["spend"]["spent_usd"] == pytest.approx(cost["growth"], abs=1e-12)
+    assert [teams[t]["key_count"] for t in teams] == [0, 1, 2, 1]
+
+
+def budget_row(dom: str, team: str) -> dict[str, str]:
+    match = re.search(rf'<tr[^>]*data-team="{team}"[^>]*>', dom)
+    assert match, f"no budget row for {team}"
+    return dict(re.findall(r'([\w-]+)="([^"]*)"', match.group(0)))
+
+
 # --- the page ----------------------------------------------------------------------------
 
 
@@ -153,6 +179,23 @@ def test_headless_chromium_renders_every_chart(traffic: Traffic, tmp_path: Path)
     assert dom.count('class="bar"') >= 3 + 4 + 3 + len(traffic.rejected_codes) + 1
     assert "helpdesk-bot" in dom and "tool_without_tool_calls" in dom
     assert ADMIN_KEY not in dom  # the fragment is dropped from the URL and never shown
+    budgets = chart_attrs(dom, "budgets")
+    assert (budgets["data-rows"], budgets["data-budgets"]) == ("4", str(len(BUDGETS)))
+    teams = {t["team"]: t for t in traffic.admin("/admin/teams").json()["data"]}
+    for team, entry in teams.items():
+        row = budget_row(dom, team)
+        spend = entry["spend"]
+        assert float(row["data-spent"]) == pytest.approx(spend["spent_usd"], abs=1e-12), team
+        if team in BUDGETS:
+            assert float(row["data-budget"]) == float(BUDGETS[team]["budget_usd"])
+            assert row["data-period"] == BUDGETS[team]["budget_period"]
+            assert float(row["data-percent"]) == spend["used_percent"]
+            assert float(row["data-remaining"]) == pytest.approx(spend["remaining_usd"], abs=1e-12)
+        else:
+            assert row["data-budget"] == row["data-percent"] == row["data-remaining"] == "", team
+    fills = re.findall(r'<span class="meter-fill( \w+)?"[^>]*data-width="([\d.]+)"', dom)
+    assert sorted(fills) == sorted([("", str(teams["research"]["spend"]["used_percent"])), (" over", "100")])
+    assert "no budget" in dom and "renews" in dom
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     shot = ARTIFACTS / "dashboard.png"
     chromium(tmp_path, f"--screenshot={shot}", url)

@@ -17,6 +17,12 @@ from tests.harness import RunningChatgate, make_settings, run_chatgate
 
 ADMIN_KEY = "admin-dashboard-test-key"
 
+# Budgets set through the admin API once the traffic is recorded (growth and default have none): research's
+# is about half used, support's was spent many times over (a "total" budget: no period boundary can reset it
+# while the tests run).
+BUDGETS = {"research": {"budget_usd": "0.0003", "budget_period": "month"},
+           "support": {"budget_usd": "0.000001", "budget_period": "total"}}
+
 # (team, key name, model, ok requests, rejected requests)
 PLAN = [
     ("research", "alice-laptop", "deepseek-v4-pro", 3, 0),
@@ -101,6 +107,10 @@ def dashboard_traffic(tmp_path: Path) -> Iterator[Traffic]:
             traffic.finished = time.time()
             assert int(traffic.started // 3600) == int(traffic.finished // 3600), "traffic crossed an hour"
             wait_recorded(traffic, traffic.ok + traffic.rejected)
+            for team, limits in BUDGETS.items():
+                resp = httpx2.put(f"{gate.url}/admin/teams/{team}", json=limits,
+                                  headers={"authorization": f"Bearer {ADMIN_KEY}"}, timeout=10)
+                assert resp.status_code == 200, resp.text
             yield traffic
 
 

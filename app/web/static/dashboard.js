@@ -173,6 +173,75 @@
     container.append(table);
   }
 
+  const usd = (v) => fmt(v, "cost_usd");
+
+  function day(ts) {
+    return new Date(ts * 1000).toISOString().slice(0, 10);
+  }
+
+  // Budget use per team, from GET /admin/teams: budget, period, spent, remaining and a bar of the percentage.
+  function budgetsTable(container, teams) {
+    container.replaceChildren();
+    container.dataset.rows = String(teams.length);
+    container.dataset.budgets = String(teams.filter((t) => t.limits.budget_usd !== null).length);
+    if (!teams.length) {
+      const p = document.createElement("p");
+      p.className = "empty";
+      p.textContent = "No teams yet.";
+      container.append(p);
+      return;
+    }
+    const table = document.createElement("table");
+    const head = table.createTHead().insertRow();
+    for (const [h, cls] of [["team", ""], ["keys", "num"], ["budget", "num"], ["period", ""], ["spent", "num"],
+                            ["remaining", "num"], ["use", ""]]) {
+      const th = document.createElement("th");
+      th.textContent = h;
+      th.className = cls;
+      head.append(th);
+    }
+    const tbody = table.createTBody();
+    for (const t of teams) {
+      const budget = t.limits.budget_usd, s = t.spend;
+      const tr = tbody.insertRow();
+      tr.className = "budget-row";
+      Object.assign(tr.dataset, {
+        team: t.team, budget: budget === null ? "" : String(budget), period: budget === null ? "" : s.period,
+        spent: String(s.spent_usd), remaining: s.remaining_usd === null ? "" : String(s.remaining_usd),
+        percent: s.used_percent === null ? "" : String(s.used_percent),
+      });
+      let period = "";
+      if (budget !== null) {
+        period = s.period === "total" ? "total" : `${s.period} (renews ${day(s.period_end)})`;
+      }
+      const cells = [[t.team, ""], [t.key_count, "num"],
+                     [budget === null ? "no budget" : usd(budget), budget === null ? "num muted" : "num"], [period, ""],
+                     [usd(s.spent_usd) + (budget === null ? " (this month)" : ""), "num"],
+                     [budget === null ? "" : usd(s.remaining_usd), "num"]];
+      for (const [v, cls] of cells) {
+        const td = tr.insertCell();
+        td.textContent = String(v);
+        td.className = cls;
+      }
+      const use = tr.insertCell();
+      if (budget !== null) {
+        const pct = s.used_percent === null ? 0 : s.used_percent;
+        const meter = document.createElement("span");
+        meter.className = "meter";
+        const fill = document.createElement("span");
+        fill.className = "meter-fill" + (pct >= 100 ? " over" : pct >= 80 ? " warn" : "");
+        fill.style.width = Math.min(100, Math.max(0, pct)) + "%";
+        fill.dataset.width = String(Math.min(100, Math.max(0, pct)));
+        meter.append(fill);
+        const label = document.createElement("span");
+        label.className = "percent";
+        label.textContent = (pct >= 10 ? pct.toFixed(0) : pct.toFixed(1)) + "%";
+        use.append(meter, label);
+      }
+    }
+    container.append(table);
+  }
+
   function totalsBox(report) {
     const box = $("totals");
     box.replaceChildren();
@@ -204,10 +273,10 @@
     const q = `bucket=${bucket}&since=${Math.floor(since.getTime() / 1000)}`;
     setStatus("loading", "Loading…");
     try {
-      const [team, key, model, totals, rejections, repairs] = await Promise.all([
+      const [team, key, model, totals, rejections, repairs, teams] = await Promise.all([
         api(`/admin/usage/timeseries?by=team&${q}`), api(`/admin/usage/timeseries?by=key&${q}`),
         api(`/admin/usage/timeseries?by=model&${q}`), api("/admin/usage?by=team"), api("/admin/rejections"),
-        api("/admin/repairs")]);
+        api("/admin/repairs"), api("/admin/teams")]);
       const byName = { team, key, model };
       document.querySelectorAll(".chart[data-by]").forEach((c) => {
         const data = byName[c.dataset.by];
@@ -218,6 +287,7 @@
                "#c0392b");
       codeBars($("chart-repairs"), repairs.by_code, "repairs by code", "No repaired requests.", "#2e86c1");
       offendersTable($("offenders"), rejections.top_offenders);
+      budgetsTable($("budgets"), teams.data);
       setStatus("ready", `Last ${span} ${bucket}(s), UTC. Updated ${new Date().toLocaleTimeString()}.`);
     } catch (err) {
       if (err.status === 401) sessionStorage.removeItem(KEY);
