@@ -28,17 +28,29 @@ class Ledger:
 class LocalBudgets:
     def __init__(self, store: Store | None) -> None:
         self.store = store
-        self.ledgers: dict[tuple[str, str, float], Ledger] = {}
+        self.ledgers: dict[tuple[str, str], dict[float, Ledger]] = {}  # (scope, subject) -> period start
 
     async def _ledger(self, scope: str, subject: str, period_start: float) -> Ledger:
-        key = (scope, subject, period_start)
-        ledger = self.ledgers.get(key)
+        periods = self.ledgers.get((scope, subject))
+        ledger = periods.get(period_start) if periods is not None else None
         if ledger is None:
             spent = 0
             if self.store is not None:
                 spent = await asyncio.to_thread(self.store.spend, scope, subject, period_start)
-            ledger = self.ledgers.setdefault(key, Ledger(spent))  # another request may have seeded it first
+            # another request may have seeded it while this one waited
+            ledger = self.ledgers.setdefault((scope, subject), {}).setdefault(period_start, Ledger(spent))
         return ledger
+
+    def unbudgeted(self, scope: str, subject: str) -> None:
+        """The subject has no budget (now): its spending is no longer tracked, so its ledgers go (those
+        without requests in flight); a budget set again starts from the usage the store recorded."""
+        periods = self.ledgers.get((scope, subject))
+        if periods is None:
+            return
+        for start in [start for start, ledger in periods.items() if not ledger.holds]:
+            del periods[start]
+        if not periods:
+            del self.ledgers[(scope, subject)]
 
     async def reserve(self, holds: Sequence[Hold], now: float) -> Hold | None:
         ledgers = [await self._ledger(h.scope, h.subject, h.period_start) for h in holds]
@@ -54,7 +66,7 @@ class LocalBudgets:
         """(hold, the ledger's spend after it) for each hold."""
         out = []
         for hold in holds:
-            ledger = self.ledgers.get((hold.scope, hold.subject, hold.period_start))
+            ledger = self.ledgers.get((hold.scope, hold.subject), {}).get(hold.period_start)
             if ledger is not None and ledger.holds.pop(hold.hold_id, None) is not None:
                 ledger.spent += amount
                 out.append((hold, ledger.spent))
@@ -68,6 +80,9 @@ class LocalBudgets:
 class StoreBudgets:
     def __init__(self, store: Store) -> None:
         self.store = store
+
+    def unbudgeted(self, scope: str, subject: str) -> None:
+        """Nothing to do: the store drops a subject's ledger when its budget is cleared."""
 
     async def reserve(self, holds: Sequence[Hold], now: float) -> Hold | None:
         return await asyncio.to_thread(self.store.reserve, holds, now)

@@ -59,6 +59,8 @@ class Quotas:
         out = []
         for scope, name in (("team", team), ("key", key_id)):
             row = await self.book.get(scope, name)
+            if row is None or row.budget_picousd is None:
+                self.budgets.unbudgeted(scope, name)
             if row is not None and not row.empty:
                 out.append(Subject(scope, name, row))
         return out

@@ -333,3 +333,22 @@ def test_many_concurrent_callers_never_exceed_a_budget(
     assert set(outcomes) <= {200, 429} and 200 in outcomes and 429 in outcomes
     rows = records(tmp_path, 60)
     assert sum(r["cost_picousd"] for r in rows) <= budget
+
+
+@pytest.mark.parametrize("budgets", ["local", "store"])
+def test_a_budget_cleared_and_set_again_counts_what_was_spent_meanwhile(
+        tmp_path: Path, start: Callable[..., RunningChatgate], fake: RunningFake, budgets: str) -> None:
+    gate = start(limits={"budgets": budgets}, auth={"admin_key": "admin-key-for-test"})
+    secret = "sk-reset-budget-0013"
+    key = key_subject(secret)
+    set_limits(store_url(tmp_path), "key", key, budget_picousd=usd("1"), budget_period="month")
+    for n in range(2):
+        ask(gate.url, secret, n)
+    set_limits(store_url(tmp_path), "key", key)  # the budget cleared: spending goes on, untracked
+    for n in range(3):
+        ask(gate.url, secret, n)
+    spent = sum(r["cost_picousd"] for r in records(tmp_path, 5))
+    set_limits(store_url(tmp_path), "key", key, budget_picousd=usd("1"), budget_period="month")
+    shown = httpx2.get(f"{gate.url}/admin/keys/{key}",
+                       headers={"authorization": "Bearer admin-key-for-test"}).json()["spend"]
+    assert shown["spent_usd"] == pytest.approx(spent / 1e12, rel=1e-9)

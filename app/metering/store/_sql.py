@@ -254,6 +254,13 @@ class Queries:
     def delete_limits(self) -> str:
         return f"DELETE FROM limits WHERE scope = {self.placeholder} AND subject = {self.placeholder}"
 
+    @property
+    def drop_ledger(self) -> str:
+        """A subject's budget ledger rows: dropped when its budget is cleared, since spending is not tracked
+        without a budget; a budget set again starts from the usage table."""
+        p = self.placeholder
+        return f"DELETE FROM budget_ledger WHERE scope = {p} AND subject = {p}"
+
     def spend(self, scope: str) -> str:
         """The usage recorded for a team or key since a time (the column depends on the scope)."""
         column = "team" if scope == "team" else "key_id"

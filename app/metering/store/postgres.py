@@ -175,6 +175,8 @@ class PostgresStore:
                 conn.execute(_Q.delete_limits, (row.scope, row.subject))
             else:
                 conn.execute(_Q.upsert_limits, limit_params(row))
+            if row.budget_picousd is None:
+                conn.execute(_Q.drop_ledger, (row.scope, row.subject))
 
     def spend(self, scope: str, subject: str, since: float) -> int:
         with self._connection(self._slow_timeout) as conn:
