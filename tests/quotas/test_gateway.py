@@ -352,3 +352,30 @@ def test_a_budget_cleared_and_set_again_counts_what_was_spent_meanwhile(
     shown = httpx2.get(f"{gate.url}/admin/keys/{key}",
                        headers={"authorization": "Bearer admin-key-for-test"}).json()["spend"]
     assert shown["spent_usd"] == pytest.approx(spent / 1e12, rel=1e-9)
+
+
+def test_limits_apply_on_the_anthropic_and_responses_routes_in_their_shapes(
+        tmp_path: Path, start: Callable[..., RunningChatgate], fake: RunningFake) -> None:
+    import anthropic
+
+    gate = start()
+    secret = "sk-every-route-0014"
+    set_limits(store_url(tmp_path), "key", key_subject(secret), budget_picousd=usd("0.000001"),
+               budget_period="day", rpm=100)
+    claude = anthropic.Anthropic(base_url=gate.url + "/anthropic", api_key=secret, max_retries=2, timeout=20)
+    with pytest.raises(anthropic.RateLimitError) as refused:
+        claude.messages.create(model="claude-sonnet-5-0", max_tokens=64,
+                               messages=[{"role": "user", "content": "hi"}])
+    assert refused.value.body["type"] == "error"  # type: ignore[index]
+    assert refused.value.body["error"]["type"] == "rate_limit_error"  # type: ignore[index]
+    assert refused.value.body["error"]["code"] == "insufficient_quota"  # type: ignore[index]
+    assert refused.value.response.headers["x-should-retry"] == "false"
+    assert refused.value.response.headers["x-ratelimit-limit-requests"] == "100"
+    with pytest.raises(openai.RateLimitError) as codex:
+        client(gate.url, secret, max_retries=2).responses.create(model="deepseek-flash", input="hi",
+                                                                  max_output_tokens=64)
+    assert codex.value.code == "insufficient_quota"
+    rows = records(tmp_path, 2)  # one record each: neither SDK retried
+    assert [(r["route"], r["outcome"], r["rule_code"]) for r in rows] == [
+        ("/anthropic/v1/messages", "limited", "budget:key"), ("/responses", "limited", "budget:key")]
+    assert chat_requests(fake) == 0 and fake.state.requests == []
