@@ -20,7 +20,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("app.openai", "app.anthropic", "app.responses"),
     ("app.repair",),  # the repairs' vocabulary and the memory of relayed turns, shared by the families
     ("app.metering",),
-    ("app.verdict", "app.wire"),  # what a family's rules found; pydantic errors as problems
+    ("app.verdict", "app.wire", "app.sse"),  # what a family's rules found; pydantic errors as problems;
+    # scanning relayed SSE bytes
     ("app.profiles", "app.errors", "app.ids", "app"),
 )
 FAMILIES = ("app.openai", "app.anthropic", "app.responses")

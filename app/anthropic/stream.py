@@ -11,6 +11,7 @@ import orjson
 
 from app.metering.usage import TokenCounts
 from app.repair.base import Turn
+from app.sse import JSON_STRING, decode
 
 STOP = b"event: message_stop"
 
@@ -46,9 +47,8 @@ def turn_from_message(message: Any) -> Turn | None:
     return Turn(ids, tuple(str(b.get("name", "")) for b in calls), orjson.dumps(blocks).decode())
 
 
-_STRING = rb'[ \t]*:[ \t]*"([^"\\]*(?:\\.[^"\\]*)*)"'
-_TEXT = re.compile(rb'"(?:text|partial_json)"' + _STRING)
-_THINKING = re.compile(rb'"thinking"' + _STRING)
+_TEXT = re.compile(rb'"(?:text|partial_json)"' + JSON_STRING)
+_THINKING = re.compile(rb'"thinking"' + JSON_STRING)
 
 
 class MessagesMeter:
@@ -84,11 +84,11 @@ class MessagesMeter:
 
     @property
     def text(self) -> str:
-        return _decode(self._text)
+        return decode(self._text)
 
     @property
     def reasoning(self) -> str:
-        return _decode(self._thinking)
+        return decode(self._thinking)
 
     @property
     def ended_with_error(self) -> bool:
@@ -165,12 +165,3 @@ class StreamedThinkingTurn:
             block["signature"] = self._signature
         return Turn(tuple(c[0] for c in self._calls), tuple(c[1] for c in self._calls),
                     orjson.dumps([block]).decode())
-
-
-def _decode(parts: list[bytes]) -> str:
-    raw = b"".join(parts)
-    try:
-        text = orjson.loads(b'"' + raw + b'"')
-    except orjson.JSONDecodeError:
-        return raw.decode("utf-8", "replace")
-    return text if isinstance(text, str) else ""

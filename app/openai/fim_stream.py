@@ -12,9 +12,10 @@ import re
 import orjson
 
 from app.metering.usage import TokenCounts, tokens_from_usage
-from app.openai.stream import _STRING, COMPACT_AT, DONE, _collect, _data_lines_with, _decode
+from app.openai.stream import DONE
+from app.sse import JSON_STRING, SCAN_AT, collect, data_lines_with, decode
 
-_TEXT = re.compile(rb'"text"' + _STRING)
+_TEXT = re.compile(rb'"text"' + JSON_STRING)
 _LAST_DATA = re.compile(rb"^data:[ \t]*(\{.*)$", re.MULTILINE)
 
 
@@ -33,7 +34,7 @@ class FimStreamMeter:
 
     def feed(self, chunk: bytes) -> None:
         self._buf += chunk
-        if len(self._buf) > COMPACT_AT:
+        if len(self._buf) > SCAN_AT:
             self._drain(final=False)
 
     def finish(self) -> None:
@@ -48,7 +49,7 @@ class FimStreamMeter:
 
     @property
     def text(self) -> str:
-        return _decode(self._text_raw)
+        return decode(self._text_raw)
 
     @property
     def reasoning(self) -> str:
@@ -69,12 +70,12 @@ class FimStreamMeter:
             return
         self._buf = bytearray(data[cut:])
         batch = data[:cut]
-        _collect(self._text_raw, _TEXT.findall(batch))
+        collect(self._text_raw, _TEXT.findall(batch))
         if b'"usage":{' in batch or b'"usage": {' in batch:
-            for payload in _data_lines_with(batch, b'"usage"'):
+            for payload in data_lines_with(batch, b'"usage"'):
                 self._usage_line(payload)
         if not self.done and b"[DONE]" in batch:
-            self.done = any(line.strip() == b"[DONE]" for line in _data_lines_with(batch, b"[DONE]"))
+            self.done = any(line.strip() == b"[DONE]" for line in data_lines_with(batch, b"[DONE]"))
         last = _LAST_DATA.match(batch, max(batch.rfind(b"\ndata: {"), batch.rfind(b"\ndata:{")) + 1)
         if last is not None:
             self._last_event = last.group(1).rstrip()

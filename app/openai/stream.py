@@ -8,20 +8,19 @@ import re
 import orjson
 
 from app.metering.usage import TokenCounts, tokens_from_usage
+from app.sse import JSON_STRING, SCAN_AT, collect, data_lines_with, decode
 
 DONE = b"data: [DONE]"
 
-COMPACT_AT = 16 * 1024  # per stream: 2,000 long streams hold at most ~32 MB of raw events
 
 # The streamed text is needed only for an estimate (a stream that ends without `usage`), so it is kept as
 # the raw JSON-escaped string values, found by regex scans over each batch, and decoded once at the end.
 # Inside a JSON string a quote is always escaped, so `"content":"` can only match a real key. Each pattern
 # starts with a literal, which the regex engine searches for fast; the rarer ones run only when a cheap
 # substring test says they can match.
-_STRING = rb'[ \t]*:[ \t]*"([^"\\]*(?:\\.[^"\\]*)*)"'
-_CONTENT = re.compile(rb'"content"' + _STRING)
-_REASONING = re.compile(rb'"reasoning_content"' + _STRING)
-_TOOL = re.compile(rb'"(?:name|arguments)"' + _STRING)
+_CONTENT = re.compile(rb'"content"' + JSON_STRING)
+_REASONING = re.compile(rb'"reasoning_content"' + JSON_STRING)
+_TOOL = re.compile(rb'"(?:name|arguments)"' + JSON_STRING)
 _LAST_DATA = re.compile(rb"^data:[ \t]*(\{.*)$", re.MULTILINE)
 
 
@@ -45,7 +44,7 @@ class StreamMeter:
 
     def feed(self, chunk: bytes) -> None:
         self._buf += chunk
-        if len(self._buf) > COMPACT_AT:
+        if len(self._buf) > SCAN_AT:
             self._drain(final=False)
 
     def finish(self) -> None:
@@ -61,11 +60,11 @@ class StreamMeter:
     @property
     def text(self) -> str:
         """Content, then tool names and arguments."""
-        return _decode(self._text_raw) + _decode(self._tool_raw)
+        return decode(self._text_raw) + decode(self._tool_raw)
 
     @property
     def reasoning(self) -> str:
-        return _decode(self._reasoning_raw)
+        return decode(self._reasoning_raw)
 
     @property
     def ended_with_error(self) -> bool:
@@ -83,16 +82,16 @@ class StreamMeter:
             return
         self._buf = bytearray(data[cut:])
         batch = data[:cut]
-        _collect(self._text_raw, _CONTENT.findall(batch))
+        collect(self._text_raw, _CONTENT.findall(batch))
         if b'"reasoning_content"' in batch:
-            _collect(self._reasoning_raw, _REASONING.findall(batch))
+            collect(self._reasoning_raw, _REASONING.findall(batch))
         if b'"tool_calls"' in batch:
-            _collect(self._tool_raw, _TOOL.findall(batch))
+            collect(self._tool_raw, _TOOL.findall(batch))
         if b'"usage":{' in batch or b'"usage": {' in batch:
-            for payload in _data_lines_with(batch, b'"usage"'):
+            for payload in data_lines_with(batch, b'"usage"'):
                 self._usage_line(payload)
         if not self.done and b"[DONE]" in batch:
-            self.done = any(line.strip() == b"[DONE]" for line in _data_lines_with(batch, b"[DONE]"))
+            self.done = any(line.strip() == b"[DONE]" for line in data_lines_with(batch, b"[DONE]"))
         last = _LAST_DATA.match(batch, max(batch.rfind(b"\ndata: {"), batch.rfind(b"\ndata:{")) + 1)
         if last is not None:
             self._last_event = last.group(1).rstrip()
@@ -105,38 +104,6 @@ class StreamMeter:
         found = tokens_from_usage(event.get("usage")) if isinstance(event, dict) else None
         if found is not None:
             self.usage = found
-
-
-def _collect(parts: list[bytes], found: list[bytes]) -> None:
-    if found:
-        parts.append(b"".join(found))
-        if len(parts) > 1:
-            parts[:] = [b"".join(parts)]
-
-
-def _data_lines_with(batch: bytes, needle: bytes) -> list[bytes]:
-    """The payloads of the `data:` lines that contain `needle` (rare: callers test for it first)."""
-    out = []
-    at = batch.find(needle)
-    while at >= 0:
-        start = batch.rfind(b"\n", 0, at) + 1
-        end = batch.find(b"\n", at)
-        end = len(batch) if end < 0 else end
-        line = batch[start:end]
-        if line.startswith(b"data:"):
-            out.append(line[5:])
-        at = batch.find(needle, end)
-    return out
-
-
-def _decode(parts: list[bytes]) -> str:
-    """JSON-escaped pieces -> text; a piece cut by a broken stream is decoded as far as it goes."""
-    raw = b"".join(parts)
-    try:
-        text = orjson.loads(b'"' + raw + b'"')
-    except orjson.JSONDecodeError:
-        return raw.decode("utf-8", "replace")
-    return text if isinstance(text, str) else ""
 
 
 class UsageStripper:

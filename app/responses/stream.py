@@ -17,9 +17,9 @@ import orjson
 
 from app.metering.usage import TokenCounts
 from app.repair.base import Turn
+from app.sse import JSON_STRING, SCAN_AT, decode
 
 CALL_TYPES = ("function_call", "custom_tool_call")
-COMPACT_AT = 16 * 1024
 
 # The terminal events whose data line ends the stream (the record is made before it is relayed). Inside a
 # JSON string a quote is escaped, so this can only match a real "type" key (the event's own: nested items have
@@ -27,8 +27,7 @@ COMPACT_AT = 16 * 1024
 # closes.
 _FINAL = re.compile(rb'"type"[ \t]*:[ \t]*"response\.(?:completed|incomplete)"')
 _TERMINAL = re.compile(rb'"type"[ \t]*:[ \t]*"response\.(?:completed|incomplete|failed)"')
-_STRING = rb'[ \t]*:[ \t]*"([^"\\]*(?:\\.[^"\\]*)*)"'
-_DELTA = re.compile(rb'"delta"' + _STRING)
+_DELTA = re.compile(rb'"delta"' + JSON_STRING)
 _ERROR = re.compile(rb'[ \t]*\{[ \t]*"type"[ \t]*:[ \t]*"error"')  # an `error` event (no `event:` line)
 _TEXT_DELTAS = (b"output_text.delta", b"function_call_arguments.delta", b"custom_tool_call_input.delta",
                 b"refusal.delta")
@@ -98,7 +97,7 @@ class ResponsesMeter:
 
     def feed(self, chunk: bytes) -> None:
         self._buf += chunk
-        if len(self._buf) > COMPACT_AT:
+        if len(self._buf) > SCAN_AT:
             self._drain(final=False)
 
     def finish(self) -> None:
@@ -109,11 +108,11 @@ class ResponsesMeter:
 
     @property
     def text(self) -> str:
-        return _decode(self._text)
+        return decode(self._text)
 
     @property
     def reasoning(self) -> str:
-        return _decode(self._reasoning)
+        return decode(self._reasoning)
 
     @property
     def ended_with_error(self) -> bool:
@@ -191,12 +190,3 @@ class StreamedTurn:
             items.insert(0, {"type": "reasoning", "summary": [],
                              "content": [{"type": "reasoning_text", "text": reasoning}]})
         return turn_of_items(items)
-
-
-def _decode(parts: list[bytes]) -> str:
-    raw = b"".join(parts)
-    try:
-        text = orjson.loads(b'"' + raw + b'"')
-    except orjson.JSONDecodeError:
-        return raw.decode("utf-8", "replace")
-    return text if isinstance(text, str) else ""

@@ -1,0 +1,47 @@
+"""Scanning relayed SSE bytes without parsing every event: what the stream meters of every API family share.
+
+A meter sees the raw bytes it relays, in batches; it finds JSON string values with a regex (`JSON_STRING`
+after a key) in batches of `SCAN_AT` bytes, keeps the escaped pieces (`collect`) and decodes them once at
+the end (`decode`), and parses only the rare `data:` lines that carry what it needs (`data_lines_with`).
+"""
+
+from __future__ import annotations
+
+import orjson
+
+# `"key"` + JSON_STRING matches `"key": "value"` and captures the value, escapes and all.
+JSON_STRING = rb'[ \t]*:[ \t]*"([^"\\]*(?:\\.[^"\\]*)*)"'
+SCAN_AT = 16 * 1024  # bytes a meter buffers before scanning them (2,000 long streams hold at most ~32 MB)
+
+
+def collect(parts: list[bytes], found: list[bytes]) -> None:
+    """Add a batch's pieces, keeping `parts` one joined piece (a long stream makes one bytes, not many)."""
+    if found:
+        parts.append(b"".join(found))
+        if len(parts) > 1:
+            parts[:] = [b"".join(parts)]
+
+
+def data_lines_with(batch: bytes, needle: bytes) -> list[bytes]:
+    """The payloads of the `data:` lines that contain `needle` (rare: callers test for it first)."""
+    out = []
+    at = batch.find(needle)
+    while at >= 0:
+        start = batch.rfind(b"\n", 0, at) + 1
+        end = batch.find(b"\n", at)
+        end = len(batch) if end < 0 else end
+        line = batch[start:end]
+        if line.startswith(b"data:"):
+            out.append(line[5:])
+        at = batch.find(needle, end)
+    return out
+
+
+def decode(parts: list[bytes]) -> str:
+    """JSON-escaped pieces -> text; a piece cut by a broken stream is decoded as far as it goes."""
+    raw = b"".join(parts)
+    try:
+        text = orjson.loads(b'"' + raw + b'"')
+    except orjson.JSONDecodeError:
+        return raw.decode("utf-8", "replace")
+    return text if isinstance(text, str) else ""

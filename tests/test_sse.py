@@ -1,0 +1,33 @@
+"""app/sse.py: the byte-level scanning every family's stream meter uses."""
+
+from __future__ import annotations
+
+import re
+
+import orjson
+
+from app.sse import JSON_STRING, collect, data_lines_with, decode
+
+CONTENT = re.compile(rb'"content"' + JSON_STRING)
+
+
+def test_json_string_captures_escaped_values_split_across_batches_and_decode_joins_them() -> None:
+    texts = ['He said "hi"\n', "caf\u00e9 \\ \u2603", "\U0001f600 end"]
+    batches = [b"data: " + orjson.dumps({"delta": {"content": t}}) + b"\n\n" for t in texts]
+    parts: list[bytes] = []
+    for batch in batches:
+        collect(parts, CONTENT.findall(batch))
+        assert len(parts) == 1  # kept as one piece however long the stream
+    assert decode(parts) == "".join(texts)
+
+
+def test_decode_of_a_piece_cut_mid_escape_keeps_what_it_can() -> None:
+    assert decode([b"abc\\u26"]) == "abc\\u26"
+    assert decode([]) == ""
+
+
+def test_data_lines_with_returns_only_data_payloads_that_contain_the_needle() -> None:
+    batch = (b'event: x\ndata: {"usage": 1}\n\n: keep-alive "usage"\n\ndata: {"a": 2}\n\n'
+             b'data: {"usage": 3}')
+    assert data_lines_with(batch, b'"usage"') == [b' {"usage": 1}', b' {"usage": 3}']
+    assert data_lines_with(batch, b"[DONE]") == []
