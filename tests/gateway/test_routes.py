@@ -6,6 +6,7 @@ exactly what chatgate forwarded (path, headers, body bytes).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -361,8 +362,16 @@ def test_readyz_with_writable_store(client: httpx2.Client) -> None:
 def test_unknown_route_is_404_in_openai_shape(client: httpx2.Client, upstream: MockUpstream) -> None:
     error = assert_openai_error(client.post("/v1/completions", json={"prompt": "hi"}), 404, "not_found")
     assert "/v1/completions" in error["message"]
-    assert_openai_error(client.get("/v2/anything"), 404, "not_found")
+    other = assert_openai_error(client.get("/v2/anything"), 404, "not_found")
     assert upstream.seen == []
+    # every route the message names is one chatgate serves, with and without /v1
+    listed = other["message"].split("routes:")[1].split("(each")[0]
+    named = re.findall(r"/[a-z0-9/_]+", listed)
+    assert len(named) == 6
+    for path in named:
+        for served in {path, path.removeprefix("/v1")}:
+            method = "GET" if served.endswith(("models", "balance")) else "POST"
+            assert client.request(method, served, json={}).status_code != 404, served
 
 
 @pytest.mark.parametrize(("method", "path"), [
