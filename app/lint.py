@@ -1,6 +1,8 @@
 """`chatgate lint`: the proxy's checks, offline, on JSON bodies, JSONL files and batch-input files (OpenAI's,
-and Anthropic's `{"custom_id", "params"}` lines). Each body is checked by the family whose format it is in:
-OpenAI chat completions, or Anthropic Messages (told apart by their fields). `--fix` also applies the
+and Anthropic's `{"custom_id", "params"}` lines). Each body is checked by the family whose format it is in,
+told apart by the batch line's `url` or by the body's fields: OpenAI chat completions (`messages`), FIM
+completions (`prompt`, checked as on /beta), the Responses API (`input`), or Anthropic Messages (a top-level
+`system`, Anthropic content blocks, a claude* model). `--fix` also applies the
 configured repairs (those that need no memory of relayed answers) and writes the repaired bodies, in the
 same form as the input, to stdout or `--output`; the repairs go to stderr."""
 
@@ -11,7 +13,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Literal, TextIO
 
 import orjson
 
@@ -20,9 +22,14 @@ from app.anthropic.rules import Options as MessagesOptions
 from app.errors import Problem
 from app.gateway.family import Family
 from app.openai.chat import ChatFamily
+from app.openai.fim import FimFamily
 from app.openai.rules import Policy
 from app.repair.base import Applied, RepairOptions
+from app.responses.family import ResponsesFamily
+from app.responses.rules import Options as ResponsesOptions
 from app.verdict import Verdict
+
+Kind = Literal["chat", "fim", "responses", "messages"]
 
 FIX_PASSES = 3  # as the gateway: fixing a type can reveal a sequence problem
 
@@ -38,7 +45,7 @@ class Item:
     raw: bytes = b""  # the text as it was in the file (a line, or the whole document)
     batch: dict[str, Any] | None = None  # the batch-input line around the body
     batch_field: str = "body"  # where the body sits in it ("params" in Anthropic's batches)
-    anthropic: bool = False
+    kind: Kind = "chat"  # the API family whose format the body is in
     problems: list[Problem] = field(default_factory=list)
     warnings: list[Problem] = field(default_factory=list)
     repairs: list[Applied] = field(default_factory=list)
@@ -101,10 +108,24 @@ def _item(path: str, line: int, raw: bytes, beta: bool) -> Item:
         return Item(path, line, raw, beta, raw=raw)  # check_body reports the JSON error
     if isinstance(doc, dict) and "messages" not in doc and isinstance(doc.get("params"), dict):
         custom_id = str(doc["custom_id"]) if "custom_id" in doc else None
-        return Item(path, line, orjson.dumps(doc["params"]), beta, None, custom_id, raw, doc, "params", True)
+        return Item(path, line, orjson.dumps(doc["params"]), beta, None, custom_id, raw, doc, "params",
+                    "messages")
     if isinstance(doc, dict) and "messages" not in doc and ("body" in doc or "custom_id" in doc):
         return _batch_line(path, line, doc, beta, raw)
-    return Item(path, line, raw, beta, raw=raw, anthropic=looks_anthropic(doc))
+    kind = kind_of(doc)
+    return Item(path, line, raw, beta or kind == "fim", raw=raw, kind=kind)
+
+
+def kind_of(doc: Any) -> Kind:
+    """The family a lone body belongs to, from its fields (a chat body when nothing says otherwise)."""
+    if looks_anthropic(doc):
+        return "messages"
+    if isinstance(doc, dict) and "messages" not in doc:
+        if "input" in doc:
+            return "responses"
+        if "prompt" in doc:
+            return "fim"
+    return "chat"
 
 
 ANTHROPIC_BLOCKS = ("tool_use", "tool_result", "thinking", "redacted_thinking", "image", "document")
@@ -129,32 +150,46 @@ def _batch_line(path: str, line: int, doc: dict[str, Any], beta: bool, raw: byte
     custom_id = str(doc["custom_id"]) if "custom_id" in doc else None
     url = str(doc.get("url", ""))
     method = doc.get("method", "POST")
-    anthropic = url.rstrip("/").endswith("/messages")
-    if url and not url.rstrip("/").endswith("chat/completions") and not anthropic:
-        return Item(path, line, b"", beta, f"url {url!r} is not a chat-completions or messages endpoint",
-                    custom_id, raw)
+    kind = _kind_of_url(url.rstrip("/")) if url else kind_of(doc.get("body"))
+    if kind is None:
+        why = f"url {url!r} is not a chat-completions, completions, responses or messages endpoint"
+        return Item(path, line, b"", beta, why, custom_id, raw)
     if str(method).upper() != "POST":
-        return Item(path, line, b"", beta, f"method {method!r}: chat completions are POSTed", custom_id, raw)
+        return Item(path, line, b"", beta, f"method {method!r}: requests are POSTed", custom_id, raw)
     if not isinstance(doc.get("body"), dict):
-        return Item(path, line, b"", beta, "batch line has no 'body' object (the chat-completions request)",
-                    custom_id, raw)
-    return Item(path, line, orjson.dumps(doc["body"]), beta or "/beta/" in url, None, custom_id, raw, doc,
-                anthropic=anthropic)
+        return Item(path, line, b"", beta, "batch line has no 'body' object (the request)", custom_id, raw)
+    return Item(path, line, orjson.dumps(doc["body"]), beta or "/beta/" in url or kind == "fim", None,
+                custom_id, raw, doc, kind=kind)
 
 
-def families(policy: Policy) -> tuple[Family, Family]:
-    """(chat, Anthropic messages), checking with the same options as the server."""
-    options = MessagesOptions(strict=policy.options.strict, unknown_models=policy.options.unknown_models)
-    return ChatFamily(policy), MessagesFamily(dict(policy.profiles), options)
+def _kind_of_url(url: str) -> Kind | None:
+    if url.endswith("chat/completions"):
+        return "chat"
+    if url.endswith("/messages"):
+        return "messages"
+    if url.endswith("/responses"):
+        return "responses"
+    if url.endswith("/completions"):
+        return "fim"
+    return None
 
 
-def check_item(item: Item, policy: Policy, repairs: RepairOptions | None = None) -> None:
+def families(policy: Policy) -> dict[Kind, Family]:
+    """Each family by kind, checking with the same options as the server."""
+    strict, unknown = policy.options.strict, policy.options.unknown_models
+    profiles = dict(policy.profiles)
+    return {"chat": ChatFamily(policy), "fim": FimFamily(policy),
+            "responses": ResponsesFamily(profiles, ResponsesOptions(strict=strict, unknown_models=unknown)),
+            "messages": MessagesFamily(profiles, MessagesOptions(strict=strict, unknown_models=unknown))}
+
+
+def check_item(item: Item, by_kind: dict[Kind, Family], repairs: RepairOptions | None = None) -> None:
     """Fill in the item's problems and warnings; with `repairs`, repair it first where that helps."""
     if item.read_error:
         item.problems = [Problem("unreadable" if not item.line else "invalid_batch_line", None,
                                  item.read_error)]
         return
-    family = families(policy)[1 if item.anthropic else 0]
+    family = by_kind[item.kind]
     verdict = family.check(item.body, beta=item.beta, origin=None)
     if repairs is not None:
         verdict = _fix(item, family, verdict, repairs)
@@ -185,8 +220,9 @@ def run_lint(files: list[str], policy: Policy, fmt: str = "text", beta: bool = F
              fix: RepairOptions | None = None, output: str | None = None) -> int:
     sources = [read_source(path, beta) for path in files]
     items = [item for source in sources for item in source.items]
+    by_kind = families(policy)
     for item in items:
-        check_item(item, policy, fix)
+        check_item(item, by_kind, fix)
     bad = sum(bool(item.problems) for item in items)
     if fix is not None:
         _write_fixed(sources, output)

@@ -388,3 +388,41 @@ def test_fix_puts_the_empty_thinking_block_into_anthropic_bodies(tmp_path: Path,
     assert first["messages"][1]["content"][0] == {"type": "thinking", "thinking": ""}
     assert second["custom_id"] == "b1" and second["params"]["messages"][1]["content"][0]["type"] == "thinking"
     assert f"{path}:1: repaired: restore_thinking@messages[1]" in err
+
+
+FIM = {"model": "deepseek-flash", "prompt": "def fib(a):", "suffix": "    return fib(a-1)", "max_tokens": 128}
+CALL = {"type": "function_call", "call_id": "call_1", "name": "shell", "arguments": "{\"cmd\": \"ls\"}"}
+OUTPUT = {"type": "function_call_output", "call_id": "call_1", "output": "README.md"}
+THOUGHT = {"type": "reasoning", "id": "rs_1", "summary": [],
+           "content": [{"type": "reasoning_text", "text": "I will list them."}]}
+CODEX = {"model": "deepseek-flash", "input": [{"role": "user", "content": "List the files."}, THOUGHT, CALL,
+                                              OUTPUT],
+         "tools": [{"type": "function", "name": "shell", "parameters": {"type": "object"}}]}
+
+
+def test_fim_and_responses_bodies_are_checked_by_their_own_rules(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    orphan = {**CODEX, "input": [{"role": "user", "content": "hi"}, {**OUTPUT, "call_id": "call_9"}]}
+    path = jsonl(tmp_path / "mixed.jsonl", FIM, {**FIM, "max_tokens": 5000}, CODEX, orphan,
+                 batch_line("b1", {**FIM, "max_tokens": 9000}, url="/beta/completions"),
+                 batch_line("b2", orphan, url="/v1/responses"), GOOD)
+    code, out = lint(capsys, path)
+    assert code == 1
+    assert f"{path}:1:" not in out and f"{path}:3:" not in out and f"{path}:7:" not in out
+    assert f"{path}:2: max_tokens: max_tokens_out_of_range [F6]" in out
+    assert f"{path}:4: input[1].call_id: tool_output_without_call [P9]" in out
+    assert f"{path}:5 (custom_id b1): max_tokens: max_tokens_out_of_range [F6]" in out
+    assert f"{path}:6 (custom_id b2): input[1].call_id: tool_output_without_call [P9]" in out
+
+
+def test_fix_moves_a_codex_output_back_after_its_call(tmp_path: Path,
+                                                      capfd: pytest.CaptureFixture[str]) -> None:
+    hook = {"role": "developer", "content": "A hook ran."}
+    body = {**CODEX, "input": [{"role": "user", "content": "List the files."}, THOUGHT, CALL, hook, OUTPUT]}
+    path = jsonl(tmp_path / "codex.jsonl", body)
+    assert main(["lint", "--fix", str(path)]) == 0
+    out, err = capfd.readouterr()
+    fixed = json.loads(out)
+    assert [item.get("type", item.get("role")) for item in fixed["input"]] == [
+        "user", "reasoning", "function_call", "function_call_output", "developer"]
+    assert f"{path}:1: repaired: responses_output_order@input[" in err
