@@ -151,6 +151,7 @@ class FakeState:
     requests: list[RecordedRequest] = field(default_factory=list)
     issued_usage: dict[str, dict[str, int]] = field(default_factory=dict)  # per Authorization key
     active: int = 0  # requests being handled right now
+    peak_active: int = 0  # the most handled at once since the last reset
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _defaults: dict[str, Any] = field(default_factory=dict, repr=False)
 
@@ -179,6 +180,7 @@ class FakeState:
         with self._lock:
             self.requests.clear()
             self.issued_usage.clear()
+            self.peak_active = self.active
         self.configure(**self._defaults)
 
     def take_fault(self) -> str | None:
@@ -211,6 +213,7 @@ class FakeState:
     def tracking(self) -> Iterator[None]:
         with self._lock:
             self.active += 1
+            self.peak_active = max(self.peak_active, self.active)
         try:
             yield
         finally:

@@ -12,6 +12,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx2
 import openai
 import psycopg
 import pytest
@@ -19,7 +20,7 @@ import pytest
 from tests.fakes.server import RunningFake, run_fake_deepseek
 from tests.harness import RunningChatgate, make_settings, run_chatgate
 from tests.pgutil import fresh_database
-from tests.quotas.support import RedisServer, ask, key_subject, set_limits, usd
+from tests.quotas.support import RedisServer, ask, client, key_subject, set_limits, usd
 
 
 @pytest.fixture(scope="module")
@@ -39,12 +40,13 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
 @contextmanager
 def replicas(tmp_path: Path, fake: RunningFake, store: str, count: int = 2, **limits: Any
              ) -> Iterator[list[RunningChatgate]]:
+    auth = {"admin_key": limits.pop("admin_key")} if "admin_key" in limits else {}
     with ExitStack() as stack:
         out = []
         for n in range(count):
             home = tmp_path / f"replica-{n}"
             home.mkdir(parents=True, exist_ok=True)
-            settings = make_settings(home, fake.url, store={"url": store},
+            settings = make_settings(home, fake.url, store={"url": store}, auth=auth,
                                      limits={"cache_seconds": 0, **limits})
             out.append(stack.enter_context(run_chatgate(settings)))
         yield out
@@ -159,3 +161,66 @@ def test_redis_down_fail_open_admits_and_fail_closed_refuses_until_it_is_back(
                     statuses.append(429)
             assert statuses == [200, 200, 429], "limits are enforced again once Redis is back"
     assert open_gate.state.quotas.backend_errors >= 3 and closed_gate.state.quotas.backend_errors >= 1
+
+
+def _stream_all(url: str, secret: str, n: int, max_tokens: int) -> int:
+    """One slow streamed answer read to its end; its status (429 when refused)."""
+    try:
+        stream = client(url, secret).chat.completions.create(
+            model="deepseek-flash", messages=[{"role": "user", "content": f"Story {n}, please."}],
+            max_tokens=max_tokens, stream=True, extra_headers={"x-fake-chunk-delay": "0.15"})
+        for _ in stream:
+            pass
+        return 200
+    except openai.RateLimitError:
+        return 429
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize(("limit", "value", "allowed"), [("max_concurrent", 3, 3), ("tpm", 2500, 2)])
+def test_concurrency_and_tpm_hold_across_replicas_counted_at_the_fake(
+        tmp_path: Path, fake: RunningFake, redis_server: RedisServer, limit: str, value: int,
+        allowed: int) -> None:
+    """12 slow streams at once, alternating replicas: DeepSeek never has more in flight than the limit allows
+    (tpm 2,500 against ~1,100 reserved per request: two at a time)."""
+    secret = f"sk-shared-{limit}-" + secrets.token_hex(4)
+    with fresh_database() as store, replicas(tmp_path, fake, store, redis_url=redis_server.url) as gates:
+        set_limits(store, "key", key_subject(secret), **{limit: value})
+        fake.state.reset()
+        results: list[int] = []
+        threads = [threading.Thread(target=lambda n=n: results.append(
+            _stream_all(gates[n % 2].url, secret, n, max_tokens=1000))) for n in range(12)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert fake.state.wait_idle(10)
+        assert fake.state.peak_active == allowed, (fake.state.peak_active, results)
+        assert results.count(429) >= 12 - 3 * allowed and results.count(200) >= 1, results
+        forwarded = sum(1 for r in fake.state.requests if r.path.endswith("/chat/completions"))
+        assert forwarded == results.count(200)
+
+
+@pytest.mark.postgres
+def test_a_limit_set_through_the_admin_api_applies_on_both_replicas(
+        tmp_path: Path, fake: RunningFake, redis_server: RedisServer) -> None:
+    fake.state.reset()
+    secret = "sk-admin-change-" + secrets.token_hex(4)
+    admin = {"authorization": "Bearer admin-key-of-both"}
+    with fresh_database() as store, replicas(tmp_path, fake, store, redis_url=redis_server.url,
+                                             cache_seconds=1.0, admin_key="admin-key-of-both") as (a, b):
+        for n in range(3):
+            assert ask(b.url, secret, n).http_response.status_code == 200  # B has looked up: no limits
+        changed = time.monotonic()
+        resp = httpx2.patch(f"{a.url}/admin/keys/{key_subject(secret)}", json={"rpm": 1}, headers=admin)
+        assert resp.status_code == 200 and resp.json()["limits"]["rpm"] == 1, resp.text
+        with pytest.raises(openai.RateLimitError):  # A applies it at once: its one request is this one...
+            ask(a.url, secret, 4)
+            ask(a.url, secret, 5)
+        while True:  # ...and B within its cache delay
+            try:
+                ask(b.url, secret, 6)
+            except openai.RateLimitError:
+                break
+            assert time.monotonic() - changed < 1.0 + 1.5, "B still used the limits it had cached"
+            time.sleep(0.05)
