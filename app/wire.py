@@ -1,9 +1,12 @@
-"""What both API families need to turn pydantic's type errors into problems: JSON type names, `param`
-paths, and the wording of a type error."""
+"""What every API family needs to turn pydantic's type errors into problems: JSON type names, `param`
+paths, the wording of a type error, and the loop that keeps one problem per param."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any
+
+import pydantic
 
 from app.errors import Problem
 
@@ -20,6 +23,20 @@ EXPECTED = {
     "content_type": "a string or an array of content parts",
     "finite_number": "a finite number (JSON has no NaN or Infinity)",
 }
+
+
+def problems_of(exc: pydantic.ValidationError, problem_of: Callable[[Any], Problem],
+                expected: Mapping[str, str] = EXPECTED) -> list[Problem]:
+    """One problem per param (a union reports one param once per member: their expectations are merged into
+    one message), the deeper one where a union also reports the whole value."""
+    problems: dict[str, Problem] = {}
+    wanted: dict[str, list[str]] = {}
+    for error in exc.errors(include_url=False):
+        problem = problem_of(error)
+        key = problem.param or ""
+        wanted.setdefault(key, []).append(expected.get(error["type"], ""))
+        problems.setdefault(key, problem)
+    return [merge_union(p, wanted[p.param or ""]) for p in problems.values() if not shadowed(p, problems)]
 
 
 def json_type(value: Any) -> str:

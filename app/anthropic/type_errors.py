@@ -7,7 +7,7 @@ from typing import Any
 import pydantic
 
 from app.errors import Problem
-from app.wire import EXPECTED, json_type, merge_union, param_of, shadowed, type_message
+from app.wire import json_type, param_of, problems_of, type_message
 
 _RULES = {"model": "A1", "messages": "A1", "max_tokens": "A2", "temperature": "A20", "top_p": "A20",
           "thinking": "A11", "tool_choice": "A13", "output_config": "A14", "metadata": "A15", "tools": "A17"}
@@ -15,14 +15,7 @@ _TAGS = ("text", "blocks", "image", "thinking", "redacted_thinking", "tool_use",
 
 
 def problems_from_validation_error(exc: pydantic.ValidationError) -> list[Problem]:
-    problems: dict[str, Problem] = {}
-    expected: dict[str, list[str]] = {}
-    for error in exc.errors(include_url=False):
-        problem = _problem(error)
-        key = problem.param or ""
-        expected.setdefault(key, []).append(EXPECTED.get(error["type"], ""))
-        problems.setdefault(key, problem)
-    return [merge_union(p, expected[p.param or ""]) for p in problems.values() if not shadowed(p, problems)]
+    return problems_of(exc, _problem)
 
 
 def _problem(error: Any) -> Problem:

@@ -8,7 +8,7 @@ import pydantic
 
 from app.errors import Problem
 from app.openai.protocol import ROLES
-from app.wire import EXPECTED, json_type, merge_union, param_of, shadowed, type_message
+from app.wire import json_type, param_of, problems_of, type_message
 
 _PART_TAGS = ("text", "image_url", "file")
 _CONTENT_TAGS = ("text", "parts")
@@ -22,15 +22,7 @@ _PARAM_RULES = {
 
 
 def problems_from_validation_error(exc: pydantic.ValidationError, body: bytes) -> list[Problem]:
-    problems: dict[str, Problem] = {}
-    expected: dict[str, list[str]] = {}
-    for error in exc.errors(include_url=False):
-        problem = _problem(error)
-        key = problem.param or ""
-        expected.setdefault(key, []).append(EXPECTED.get(error["type"], ""))
-        problems.setdefault(key, problem)  # union members report one param once per member
-    return [merge_union(p, expected[p.param or ""]) for p in problems.values()
-            if not shadowed(p, problems)]
+    return problems_of(exc, _problem)
 
 
 def _problem(error: Any) -> Problem:

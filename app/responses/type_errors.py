@@ -8,7 +8,7 @@ from typing import Any
 import pydantic
 
 from app.errors import Problem
-from app.wire import EXPECTED, json_type, merge_union, param_of, shadowed, type_message
+from app.wire import EXPECTED, json_type, param_of, problems_of, type_message
 
 _EXPECTED = {**EXPECTED, "input_type": "a string or an array of input items",
              "item_type": "an input item object", "part_type": "a content part object",
@@ -16,14 +16,7 @@ _EXPECTED = {**EXPECTED, "input_type": "a string or an array of input items",
 
 
 def problems_from_validation_error(exc: pydantic.ValidationError) -> list[Problem]:
-    problems: dict[str, Problem] = {}
-    expected: dict[str, list[str]] = {}
-    for error in exc.errors(include_url=False):
-        problem = _problem(error)
-        key = problem.param or ""
-        expected.setdefault(key, []).append(_EXPECTED.get(error["type"], ""))
-        problems.setdefault(key, problem)  # a union reports one param once per member
-    return [merge_union(p, expected[p.param or ""]) for p in problems.values() if not shadowed(p, problems)]
+    return problems_of(exc, _problem, _EXPECTED)
 
 
 _LABELS = ("str", "int", "float", "bool")
