@@ -32,8 +32,6 @@ import orjson
 
 from tests.fakes.anthropic_rules import anthropic_error, blocks, is_thinking, served_model
 from tests.fakes.deepseek import (
-    ERROR_FAULTS,
-    FAULTS,
     HTML_GARBAGE,
     INVALID,
     STREAM_FAULTS,
@@ -313,17 +311,7 @@ async def serve_messages(app: FakeDeepSeek, rec: RecordedRequest, conn: Conn) ->
 
 
 async def messages(app: FakeDeepSeek, rec: RecordedRequest, conn: Conn) -> None:
-    parsed = rec.json
-    rec.stream = isinstance(parsed, dict) and parsed.get("stream") is True
-    fault = rec.fault = app.pick_fault(rec)
-    if fault is not None and fault not in FAULTS:
-        await app.send_error(rec, conn, 400, error_bytes(f"fake: unknown x-fake-fault {fault!r}", INVALID))
-    elif fault in ERROR_FAULTS or fault in ("http_401", "http_422"):
-        await app.error_fault(rec, conn, fault)
-    elif await app.hang_before_headers(rec, conn, fault):
-        rec.outcome = "client_disconnected"
-    else:
-        await answer(app, rec, conn, fault)
+    await app.fault_or_answer(rec, conn, lambda fault: answer(app, rec, conn, fault))
 
 
 async def answer(app: FakeDeepSeek, rec: RecordedRequest, conn: Conn, fault: str | None) -> None:

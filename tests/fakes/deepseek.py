@@ -581,6 +581,11 @@ class FakeDeepSeek:
         return self.state.take_fault()
 
     async def chat(self, rec: RecordedRequest, conn: Conn) -> None:
+        await self.fault_or_answer(rec, conn, lambda fault: self.answer(rec, conn, fault))
+
+    async def fault_or_answer(self, rec: RecordedRequest, conn: Conn,
+                              answer: Callable[[str | None], Awaitable[None]]) -> None:
+        """How every route starts (chat, FIM, Anthropic, Responses): the request's fault, else `answer`."""
         parsed = rec.json
         rec.stream = isinstance(parsed, dict) and parsed.get("stream") is True
         fault = rec.fault = self.pick_fault(rec)
@@ -592,7 +597,7 @@ class FakeDeepSeek:
         elif await self.hang_before_headers(rec, conn, fault):
             rec.outcome = "client_disconnected"
         else:
-            await self.answer(rec, conn, fault)
+            await answer(fault)
 
     async def error_fault(self, rec: RecordedRequest, conn: Conn, fault: str) -> None:
         if fault == "http_401":

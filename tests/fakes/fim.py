@@ -23,8 +23,6 @@ from typing import Any
 import orjson
 
 from tests.fakes.deepseek import (
-    ERROR_FAULTS,
-    FAULTS,
     HTML_GARBAGE,
     INVALID,
     Conn,
@@ -75,17 +73,7 @@ async def serve(fake: FakeDeepSeek, rec: RecordedRequest, conn: Conn) -> None:
 
 async def fim(fake: FakeDeepSeek, rec: RecordedRequest, conn: Conn) -> None:
     """As `FakeDeepSeek.chat`: the request's fault first, then the answer."""
-    parsed = rec.json
-    rec.stream = isinstance(parsed, dict) and parsed.get("stream") is True
-    fault = rec.fault = fake.pick_fault(rec)
-    if fault is not None and fault not in FAULTS:
-        await fake.send_error(rec, conn, 400, error_bytes(f"fake: unknown x-fake-fault {fault!r}", INVALID))
-    elif fault in ERROR_FAULTS or fault in ("http_401", "http_422"):
-        await fake.error_fault(rec, conn, fault)
-    elif await fake.hang_before_headers(rec, conn, fault):
-        rec.outcome = "client_disconnected"
-    else:
-        await answer(fake, rec, conn, fault)
+    await fake.fault_or_answer(rec, conn, lambda fault: answer(fake, rec, conn, fault))
 
 
 async def answer(fake: FakeDeepSeek, rec: RecordedRequest, conn: Conn, fault: str | None) -> None:
