@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Tools some tests drive besides Python: Node.js + npm (openai-node), Chromium (dashboard screenshot),
-# and wrk, the benchmark's load generator.
+# redis-server (the quota tests start and stop one of their own), and wrk, the benchmark's load generator.
 # Safe to run repeatedly; needs root for apt-get.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,6 +9,7 @@ command -v node >/dev/null || need+=(nodejs)
 command -v npm >/dev/null || need+=(npm)
 command -v chromium >/dev/null || need+=(chromium)
 command -v wrk >/dev/null || need+=(wrk)
+command -v redis-server >/dev/null || need+=(redis-server)
 if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
 fi
