@@ -46,8 +46,10 @@ class Quotas:
         self.book = LimitBook(store, limits.cache_seconds)
         self.rates: LocalRates | RedisRates = (RedisRates(limits.redis_url) if limits.redis_url is not None
                                                else LocalRates())
+        several = settings.server.workers > 1  # worker processes share nothing but the store and Redis
         shared = limits.budgets == "store" or (limits.budgets == "auto" and store is not None
-                                               and not hasattr(store, "path"))  # PostgreSQL
+                                               and (several or not hasattr(store, "path")))  # or PostgreSQL
+        self.per_process_rates = several and limits.redis_url is None  # said once, when a rate applies
         self.budgets: LocalBudgets | StoreBudgets = (StoreBudgets(store) if shared and store is not None
                                                      else LocalBudgets(store))
         self.alerts = Alerts(settings.alerts, store)
@@ -78,6 +80,11 @@ class Quotas:
         ask = Ask(uuid.uuid4().hex, now, tokens, cost(now), now + self.hold_seconds)
         admission = Admission(ask, subjects)
         rated = [s for s in subjects if _rated(s.limits)]
+        if rated and self.per_process_rates:
+            self.per_process_rates = False
+            log.warning("server.workers = %d without limits.redis_url: rpm, tpm and max_concurrent are "
+                        "counted by each worker process on its own; set limits.redis_url to share them",
+                        self.settings.server.workers)
         try:
             if rated:
                 refused, admission.info = await self.rates.acquire(rated, ask, now)
