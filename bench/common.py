@@ -115,6 +115,7 @@ class Proc:
     log_path: Path
     env: dict[str, str] = field(default_factory=dict)
     popen: subprocess.Popen[bytes] | None = None
+    cwd: Path | None = None  # default: the repository
 
     def start(self) -> None:
         env = dict(os.environ)
@@ -128,7 +129,7 @@ class Proc:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=env,
-                cwd=str(REPO_DIR),
+                cwd=str(self.cwd or REPO_DIR),
                 start_new_session=True,
                 preexec_fn=_die_with_parent,
             )
@@ -185,10 +186,31 @@ def post_once(port: int, body: bytes, path: str = CHAT_PATH, timeout: float = 5.
         conn.close()
 
 
-def warm_up(port: int, bodies: list[bytes], count: int) -> None:
+def request_once(
+    port: int,
+    method: str = "POST",
+    path: str = CHAT_PATH,
+    body: bytes | None = None,
+    authorization: str | None = AUTH_HEADER,
+    timeout: float = 10.0,
+) -> tuple[int, dict[str, str], bytes]:
+    """One request on a new connection: (status, headers with lower-case names, body)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    headers = {"Content-Type": "application/json"} if body is not None else {}
+    if authorization:
+        headers["Authorization"] = authorization
+    try:
+        conn.request(method, path, body=body, headers=headers)
+        resp = conn.getresponse()
+        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
+    finally:
+        conn.close()
+
+
+def warm_up(port: int, bodies: list[bytes], count: int, authorization: str = AUTH_HEADER) -> None:
     """`count` sequential requests over one keep-alive connection, cycling through `bodies`."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10.0)
-    headers = {"Content-Type": "application/json", "Authorization": AUTH_HEADER}
+    headers = {"Content-Type": "application/json", "Authorization": authorization}
     try:
         for i in range(count):
             conn.request("POST", CHAT_PATH, body=bodies[i % len(bodies)], headers=headers)

@@ -9,9 +9,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
-from bench.common import REPO_DIR
+from bench.common import REPO_DIR, group_cpu_seconds
 from bench.report import ScenarioResult
 from bench.stats import median
 from bench.targets import Target
@@ -97,6 +97,74 @@ def round_robin(
         row.update({prefix + k: v for k, v in median_dict(samples).items()})
 
 
+class Named(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+N = TypeVar("N", bound=Named)
+
+
+def alternating(
+    ctx: Context,
+    res: ScenarioResult,
+    targets: list[N],
+    measure: Callable[[N], dict[str, Any]],
+    prefix: str,
+    rounds: int,
+) -> list[dict[str, dict[str, Any]]]:
+    """A/B rounds (scenario 8's pairs, for any number of targets): each round measures every target once, back
+    to back, the order rotated every round (two targets: A B, then B A), so that none is always first. Rows
+    get the per-metric medians (keys prefixed); returns each round's {name: sample}, for per-round ratios."""
+    per_round: list[dict[str, dict[str, Any]]] = []
+    samples: dict[str, list[dict[str, Any]]] = {t.name: [] for t in targets}
+    for r in range(rounds):
+        k = r % max(len(targets), 1)
+        got: dict[str, dict[str, Any]] = {}
+        for t in targets[k:] + targets[:k]:
+            try:
+                sample = measure(t)
+            except Exception as exc:  # one failed measurement must not end the run
+                res.notes.append(f"{t.name} {prefix} round {r + 1} failed: {type(exc).__name__}: {exc}"[:400])
+                ctx.log(f"    {prefix}{t.name}: FAILED {exc}")
+                continue
+            got[t.name] = sample
+            samples[t.name].append(sample)
+        per_round.append(got)
+        ctx.log(f"    {prefix}round {r + 1}: " + "; ".join(f"{n} {_brief(x)}" for n, x in got.items()))
+    for name, got_samples in samples.items():
+        if got_samples:
+            res.samples.setdefault(name, []).extend({**x, "config": prefix} for x in got_samples)
+            res.rows.setdefault(name, {}).update({prefix + k: v for k, v in median_dict(got_samples).items()})
+    return per_round
+
+
+def round_ratios(rounds: list[dict[str, dict[str, Any]]], num: str, den: str, metric: str) -> list[float]:
+    """num/den of `metric` in every round where both were measured."""
+    return [r[num][metric] / r[den][metric] for r in rounds if num in r and den in r and r[den].get(metric)]
+
+
+def with_cpu(measure: Callable[[Target], dict[str, Any]]) -> Callable[[Target], dict[str, Any]]:
+    """Adds `cpu_us`: the CPU time (utime + stime) of the target's process group per request it served."""
+
+    def measured(t: Target) -> dict[str, Any]:
+        assert t.proc is not None
+        cpu0 = group_cpu_seconds(t.proc.pid)
+        sample = measure(t)
+        sample["cpu_us"] = (group_cpu_seconds(t.proc.pid) - cpu0) * 1e6 / max(sample.get("requests", 0), 1)
+        return sample
+
+    return measured
+
+
+def spread(values: list[float], fmt: str = "{:.2f}") -> str:
+    """'median of N (min a, max b)' for a detail line."""
+    if not values:
+        return "no measurement"
+    lo, hi = fmt.format(min(values)), fmt.format(max(values))
+    return f"median of {len(values)} round(s) (min {lo}, max {hi})"
+
+
 def _brief(sample: dict[str, Any]) -> str:
     keys = [
         k
@@ -118,8 +186,12 @@ def _brief(sample: dict[str, Any]) -> str:
     )
 
 
-def wrk_sample(target: Target, body: Path, connections: int, seconds: int) -> dict[str, Any]:
-    return run_wrk(target.port, body, connections, seconds).as_dict()
+def wrk_sample(
+    target: Target, body: Path, connections: int, seconds: int, authorization: str | None = None
+) -> dict[str, Any]:
+    if authorization is None:
+        return run_wrk(target.port, body, connections, seconds).as_dict()
+    return run_wrk(target.port, body, connections, seconds, authorization=authorization).as_dict()
 
 
 def wrk_measure(body: Path, connections: int, seconds: int) -> Callable[[Target], dict[str, Any]]:

@@ -28,13 +28,16 @@ from bench.common import BENCH_DIR, REPO_DIR, load_average, raise_nofile_limit
 from bench.measure import Context, Settings
 from bench.report import Column, ScenarioResult, write_reports
 from bench.scenarios_fast import run_fast_group
+from bench.scenarios_limits import limits
 from bench.scenarios_load import long_streams, slow_upstream
+from bench.scenarios_refactor import refactor
+from bench.scenarios_repairs import repairs
 from bench.targets import chatgate_available, remove_tree
 from bench.validation import BUDGET_MS
 from bench.validation import run as run_validation
 from bench.wrkload import wrk_available
 
-ALL = ["1", "2", "3", "4", "5", "6", "7", "8", "9", "10"]
+ALL = ["1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13"]
 FAST_GROUP = {"1", "2", "3", "6", "8", "9", "10"}
 
 
@@ -176,8 +179,12 @@ def main(argv: list[str] | None = None) -> int:
             ("fast upstream group", lambda: run_fast_group(ctx, only)),
             ("scenario 4: slow upstream, open loop", lambda: [slow_upstream(ctx)]),
             ("scenario 5: long streams", lambda: [long_streams(ctx)]),
+            ("scenario 11: repairs (restore_reasoning on vs off)", lambda: [repairs(ctx)]),
+            ("scenario 12: chat route before/after the API-family refactor", lambda: [refactor(ctx)]),
+            ("scenario 13: limits", lambda: [limits(ctx)]),
         ]
         wanted = ["7" in only, bool(only & FAST_GROUP), "4" in only, "5" in only]
+        wanted += ["11" in only, "12" in only, "13" in only]
         for (label, run_group), want in zip(groups, wanted, strict=True):
             if not want:
                 continue

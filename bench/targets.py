@@ -24,6 +24,10 @@ class TargetSpec:
     transport: str = "aiohttp"  # reference only
     workers: int = 1
     metering: bool = True  # chatgate only
+    # chatgate only, for scenarios 11-13:
+    env: tuple[tuple[str, str], ...] = ()  # extra env, e.g. (("CHATGATE_REPAIR_RESTORE_REASONING", "false"),)
+    store_url: str | None = None  # instead of a fresh sqlite:///<workdir>/<name>.db (kept as it is)
+    source_dir: str | None = None  # run `python -m app serve` with this tree as cwd, not the installed binary
 
     @property
     def is_chatgate(self) -> bool:
@@ -50,6 +54,7 @@ class UpstreamSpec:
     delay_s: float = 0.0
     chunks: int = 10
     chunk_interval_s: float = 0.0
+    tool_loop: bool = False  # scenario 11: tool-call answers to requests ending in a user message
 
 
 @dataclass
@@ -95,13 +100,19 @@ def _argv(spec: TargetSpec, port: int, upstream_url: str, workdir: Path) -> tupl
         argv = [py, "-m", "bench.aiohttp_passthrough", "--port", str(port), "--upstream", upstream_url]
         return [*argv, "--workers", str(spec.workers)], {}
     if spec.kind == "chatgate":
-        argv = [str(CHATGATE_BIN), "serve", "--host", "127.0.0.1", "--port", str(port)]
+        # `python -m app` puts the cwd (source_dir) first on sys.path: that tree's `app` is imported, ahead of
+        # the editable install's finder (which sits after the path finder in sys.meta_path).
+        head = [py, "-m", "app"] if spec.source_dir else [str(CHATGATE_BIN)]
+        argv = [*head, "serve", "--host", "127.0.0.1", "--port", str(port)]
         argv += ["--upstream", upstream_url, "--auth", "passthrough", "--workers", str(spec.workers)]
         env: dict[str, str] = {}
-        if spec.metering:
-            argv += ["--store", f"sqlite:///{workdir / (spec.name + '.db')}"]
-        else:
+        if not spec.metering:
             env["CHATGATE_STORE_URL"] = "none"
+        elif spec.store_url:
+            argv += ["--store", spec.store_url]
+        else:
+            argv += ["--store", f"sqlite:///{workdir / (spec.name + '.db')}"]
+        env.update(spec.env)
         return argv, env
     raise ValueError(spec.kind)
 
@@ -153,6 +164,7 @@ class Cluster:
                 str(up.chunks),
                 "--chunk-interval",
                 str(up.chunk_interval_s),
+                *(["--tool-loop"] if up.tool_loop else []),
             ],
             logs / f"{self.label}-upstream.log",
         )
@@ -172,10 +184,11 @@ class Cluster:
             if spec.is_chatgate and self.chatgate_problem:
                 self.targets[spec.name] = Target(spec, port, None, skipped=self.chatgate_problem)
                 continue
-            if spec.is_chatgate and (self.workdir / (spec.name + ".db")).exists():
+            if spec.is_chatgate and not spec.store_url and (self.workdir / (spec.name + ".db")).exists():
                 (self.workdir / (spec.name + ".db")).unlink()
             argv, env = _argv(spec, port, upstream_url, self.workdir)
-            proc = Proc(spec.name, argv, logs / f"{self.label}-{spec.name}.log", env=env)
+            cwd = Path(spec.source_dir) if spec.source_dir else None
+            proc = Proc(spec.name, argv, logs / f"{self.label}-{spec.name}.log", env=env, cwd=cwd)
             self.procs.append(proc)
             proc.start()
             target = Target(spec, port, proc)

@@ -1,4 +1,5 @@
--- wrk script: POST the JSON body in $BENCH_BODY to $BENCH_PATH; print a JSON summary line in done().
+-- wrk script: POST the JSON body in $BENCH_BODY to $BENCH_PATH with the Authorization in $BENCH_AUTH
+-- (default "Bearer sk-bench"); print a JSON summary line in done().
 local body_path = os.getenv("BENCH_BODY")
 local f = assert(io.open(body_path, "rb"))
 wrk.method = "POST"
@@ -6,7 +7,7 @@ wrk.body = f:read("*a")
 f:close()
 wrk.path = os.getenv("BENCH_PATH") or "/v1/chat/completions"
 wrk.headers["Content-Type"] = "application/json"
-wrk.headers["Authorization"] = "Bearer sk-bench"
+wrk.headers["Authorization"] = os.getenv("BENCH_AUTH") or "Bearer sk-bench"
 
 function done(summary, latency, requests)
   local e = summary.errors

@@ -9,7 +9,7 @@ import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from bench.common import BENCH_DIR, CHAT_PATH
+from bench.common import AUTH_HEADER, BENCH_DIR, CHAT_PATH
 
 LUA = BENCH_DIR / "wrk_post.lua"
 
@@ -42,6 +42,7 @@ def run_wrk(
     threads: int = 1,
     timeout_s: int = 10,
     path: str = CHAT_PATH,
+    authorization: str = AUTH_HEADER,
 ) -> WrkResult:
     """Run wrk against 127.0.0.1:port; raises RuntimeError when wrk fails or prints no summary."""
     threads = max(1, min(threads, connections))
@@ -55,7 +56,7 @@ def run_wrk(
         str(LUA),
         f"http://127.0.0.1:{port}{path}",
     ]
-    env = dict(os.environ, BENCH_BODY=str(body), BENCH_PATH=path)
+    env = dict(os.environ, BENCH_BODY=str(body), BENCH_PATH=path, BENCH_AUTH=authorization)
     proc = subprocess.run(
         argv, env=env, capture_output=True, text=True, timeout=duration_s + timeout_s + 30, check=False
     )
