@@ -11,6 +11,7 @@ import asyncio
 import dataclasses
 import functools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -261,19 +262,23 @@ class Gateway:
     async def _admit(self, ex: Exchange, verdict: Verdict | None) -> Refusal | None:
         """Reserve the request's upper bounds against its caller's limits (issue 15)."""
         assert self.quotas is not None
-        profile = verdict.profile if verdict is not None else self.profiles.get(ex.model)
-        prompt = len(ex.body) + IMAGE_TOKENS * sum(ex.body.count(m) for m in IMAGE_MARKERS)
-        top = profile.max_tokens_max if profile is not None else self.settings.limits.default_max_tokens
-        wanted = verdict.max_tokens if verdict is not None and verdict.max_tokens is not None else None
-        completion = min(wanted if wanted is not None else self.settings.limits.default_max_tokens, top)
-        tokens = TokenCounts(prompt, completion, 0, prompt, 0)
-        prices = profile.prices if profile is not None else None
-        pricing = self.settings.pricing
 
-        def cost(ts: float) -> int:
-            return cost_picousd(tokens, prices, ts, pricing.peak_hours_utc, pricing.off_peak_multiplier)
+        def bounds() -> tuple[int, Callable[[float], int]]:  # only asked when the caller has limits
+            profile = verdict.profile if verdict is not None else self.profiles.get(ex.model)
+            prompt = len(ex.body) + IMAGE_TOKENS * sum(ex.body.count(m) for m in IMAGE_MARKERS)
+            top = profile.max_tokens_max if profile is not None else self.settings.limits.default_max_tokens
+            wanted = verdict.max_tokens if verdict is not None and verdict.max_tokens is not None else None
+            completion = min(wanted if wanted is not None else self.settings.limits.default_max_tokens, top)
+            tokens = TokenCounts(prompt, completion, 0, prompt, 0)
+            prices = profile.prices if profile is not None else None
+            pricing = self.settings.pricing
 
-        admitted = await self.quotas.admit(ex.identity.team, ex.identity.key_id, prompt + completion, cost)
+            def cost(ts: float) -> int:
+                return cost_picousd(tokens, prices, ts, pricing.peak_hours_utc, pricing.off_peak_multiplier)
+
+            return prompt + completion, cost
+
+        admitted = await self.quotas.admit(ex.identity.team, ex.identity.key_id, bounds)
         if isinstance(admitted, Refusal):
             return admitted
         ex.admission = admitted

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import logging
 import math
 import time
@@ -55,6 +56,8 @@ class Quotas:
         self.alerts = Alerts(settings.alerts, store)
         self.fail_open = limits.on_backend_error == "fail_open"
         self.hold_seconds = settings.upstream.total_timeout + 60
+        self._ids_prefix = uuid.uuid4().hex[:16] + "-"  # reservation ids: unique across replicas, cheap
+        self._ids = itertools.count()
         self.backend_errors = 0
 
     async def subjects(self, team: str, key_id: str) -> list[Subject]:
@@ -67,9 +70,10 @@ class Quotas:
                 out.append(Subject(scope, name, row))
         return out
 
-    async def admit(self, team: str, key_id: str, tokens: int, cost: Callable[[float], int]
+    async def admit(self, team: str, key_id: str, bounds: Callable[[], tuple[int, Callable[[float], int]]]
                     ) -> Admission | Refusal | None:
-        """None: no limit applies. `cost(ts)` is the reservation's cost at that time (peak or off-peak)."""
+        """None: no limit applies. `bounds()` (asked only when a limit applies) is the request's upper bound
+        of tokens and the cost of those tokens at a given time (peak or off-peak)."""
         try:
             subjects = await self.subjects(team, key_id)
         except BACKEND_ERRORS as exc:
@@ -77,7 +81,8 @@ class Quotas:
         if not subjects:
             return None
         now = self.clock()
-        ask = Ask(uuid.uuid4().hex, now, tokens, cost(now), now + self.hold_seconds)
+        tokens, cost = bounds()
+        ask = Ask(f"{self._ids_prefix}{next(self._ids)}", now, tokens, cost(now), now + self.hold_seconds)
         admission = Admission(ask, subjects)
         rated = [s for s in subjects if _rated(s.limits)]
         if rated and self.per_process_rates:
