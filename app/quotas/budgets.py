@@ -62,8 +62,8 @@ class LocalBudgets:
             ledger.holds[hold.hold_id] = hold.amount_picousd
         return None
 
-    async def settle(self, holds: Sequence[Hold], amount: int) -> list[tuple[Hold, int]]:
-        """(hold, the ledger's spend after it) for each hold."""
+    async def settle(self, holds: Sequence[Hold], amount: int, spent: bool = True) -> list[tuple[Hold, int]]:
+        """(hold, the ledger's spend after it) for each hold (free here: `spent` is for the store's)."""
         out = []
         for hold in holds:
             ledger = self.ledgers.get((hold.scope, hold.subject), {}).get(hold.period_start)
@@ -87,8 +87,11 @@ class StoreBudgets:
     async def reserve(self, holds: Sequence[Hold], now: float) -> Hold | None:
         return await asyncio.to_thread(self.store.reserve, holds, now)
 
-    async def settle(self, holds: Sequence[Hold], amount: int) -> list[tuple[Hold, int]]:
-        await asyncio.to_thread(self.store.settle, [h.hold_id for h in holds], amount)
+    async def settle(self, holds: Sequence[Hold], amount: int, spent: bool = True) -> list[tuple[Hold, int]]:
+        """With `spent`, (hold, the ledger's spend after it) for each hold (one more query each)."""
+        await asyncio.to_thread(self.store.settle, holds, amount)
+        if not spent:
+            return []
         states = [await self.state(h.scope, h.subject, h.period_start, h.expires_at) for h in holds]
         return [(h, spent) for h, (spent, _) in zip(holds, states, strict=True)]
 

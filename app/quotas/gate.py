@@ -117,7 +117,8 @@ class Quotas:
         try:
             await self._release_rates(admission, used)
             if admission.holds:
-                for hold, spent in await self.budgets.settle(admission.holds, cost):
+                alerting = self.alerts.settings.webhook_url is not None
+                for hold, spent in await self.budgets.settle(admission.holds, cost, spent=alerting):
                     subject = next(s for s in admission.subjects if s.scope == hold.scope)
                     self.alerts.check(hold.scope, hold.subject, subject.limits.budget_period or "month",
                                       hold.period_start, spent, hold.budget_picousd)

@@ -295,8 +295,7 @@ class Queries:
 
     @property
     def take_hold(self) -> str:
-        p = self.placeholder
-        return f"DELETE FROM budget_holds WHERE hold_id = {p} RETURNING scope, subject, period_start"
+        return f"DELETE FROM budget_holds WHERE hold_id = {self.placeholder}"
 
     @property
     def add_spent(self) -> str:
@@ -361,10 +360,15 @@ def reserve_in(cur: Cursor, q: Queries, holds: Sequence[Hold], now: float) -> Ho
     """The body of `Store.reserve`, inside the caller's transaction: ledger rows in a fixed order (no
     deadlock between replicas), each seeded, locked and checked; all holds inserted, or the refused one."""
     for hold in sorted(holds, key=lambda h: (h.scope, h.subject)):
-        cur.execute(q.seed_ledger(hold.scope),
-                    (hold.scope, hold.subject, hold.period_start, hold.subject, hold.period_start))
-        cur.execute(q.ledger_spent, (hold.scope, hold.subject, hold.period_start))
-        spent = int(cur.fetchone()[0])
+        key = (hold.scope, hold.subject, hold.period_start)
+        cur.execute(q.ledger_spent, key)
+        row = cur.fetchone()
+        if row is None:  # the period's first reservation: its ledger starts from the usage table (a scan)
+            cur.execute(q.seed_ledger(hold.scope),
+                        (hold.scope, hold.subject, hold.period_start, hold.subject, hold.period_start))
+            cur.execute(q.ledger_spent, key)
+            row = cur.fetchone()
+        spent = int(row[0])
         cur.execute(q.held, (hold.scope, hold.subject, hold.period_start, now))
         held = int(cur.fetchone()[0])
         if spent + held + hold.amount_picousd > hold.budget_picousd:
@@ -375,12 +379,12 @@ def reserve_in(cur: Cursor, q: Queries, holds: Sequence[Hold], now: float) -> Ho
     return None
 
 
-def settle_in(cur: Cursor, q: Queries, hold_ids: Sequence[str], amount: int) -> None:
-    for hold_id in hold_ids:
-        cur.execute(q.take_hold, (hold_id,))
-        row = cur.fetchone()
-        if row is not None:
-            cur.execute(q.add_spent, (amount, row[0], row[1], row[2]))
+def settle_in(cur: Cursor, q: Queries, holds: Sequence[Hold], amount: int) -> None:
+    """The holds go and the cost is added to their ledgers, even for a hold that expired meanwhile: the money
+    was spent all the same."""
+    for hold in holds:
+        cur.execute(q.take_hold, (hold.hold_id,))
+        cur.execute(q.add_spent, (amount, hold.scope, hold.subject, hold.period_start))
 
 
 def turn_params(row: TurnRow) -> tuple[Any, ...]:

@@ -193,8 +193,8 @@ class Store(Protocol):
         """Insert all the holds, or none: None when every budget fits, else the first hold that does not.
         Atomic against every replica (one transaction; the ledger rows locked)."""
 
-    def settle(self, hold_ids: Sequence[str], amount_picousd: int) -> None:
-        """Drop the holds and add the request's actual cost to their ledgers."""
+    def settle(self, holds: Sequence[Hold], amount_picousd: int) -> None:
+        """Drop the holds and add the request's actual cost to their ledgers (an expired hold's too)."""
 
     def budget_state(self, scope: str, subject: str, period_start: float, now: float) -> tuple[int, int]:
         """(spent, held) in picoUSD for that period."""

@@ -193,9 +193,9 @@ class PostgresStore:
                     raise psycopg.Rollback(tx)
             return refused
 
-    def settle(self, hold_ids: Sequence[str], amount_picousd: int) -> None:
+    def settle(self, holds: Sequence[Hold], amount_picousd: int) -> None:
         with self._connection(self._timeout) as conn, conn.transaction(), conn.cursor() as cur:
-            settle_in(cur, _Q, hold_ids, amount_picousd)
+            settle_in(cur, _Q, holds, amount_picousd)
 
     def budget_state(self, scope: str, subject: str, period_start: float, now: float) -> tuple[int, int]:
         with self._connection(self._timeout) as conn:

@@ -204,9 +204,9 @@ class SQLiteStore:
                 raise
         return refused
 
-    def settle(self, hold_ids: Sequence[str], amount_picousd: int) -> None:
+    def settle(self, holds: Sequence[Hold], amount_picousd: int) -> None:
         with self._write() as conn:
-            settle_in(conn.cursor(), _Q, hold_ids, amount_picousd)
+            settle_in(conn.cursor(), _Q, holds, amount_picousd)
 
     def budget_state(self, scope: str, subject: str, period_start: float, now: float) -> tuple[int, int]:
         with self._errors():

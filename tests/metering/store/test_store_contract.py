@@ -721,8 +721,17 @@ def test_reserve_is_all_or_nothing_and_counts_spend_and_holds(store: Store) -> N
     assert store.reserve([key_ok, over], now) == over
     assert store.budget_state("key", "k9", T0, now) == (0, 10), "the key's hold was not added either"
     assert store.reserve([hold("red", 300)], now) is None, "exactly the budget fits"
-    store.settle([first.hold_id], 120)
+    store.settle([first], 120)
     assert store.budget_state("team", "red", T0, now) == (420, 300)
+
+
+def test_settling_an_expired_hold_still_counts_its_cost(store: Store) -> None:
+    now = time.time()
+    late = hold("red", 500, expires_in=-1)
+    assert store.reserve([hold("red", 100), late], now) is None
+    assert store.purge_holds(now) == 1
+    store.settle([late], 70)
+    assert store.budget_state("team", "red", T0, now) == (70, 100)
 
 
 def test_expired_holds_stop_counting_and_are_purged(store: Store) -> None:
