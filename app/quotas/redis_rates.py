@@ -11,7 +11,8 @@ import redis.asyncio as aioredis
 
 from app.quotas.model import WINDOW, Ask, RateInfo, Refusal, Subject
 
-# KEYS: per subject rq (request times), tk (token entry times), tkv (entry -> tokens), cc (in flight).
+# KEYS: per subject rq (request times), tk (token entry times), tkv (entry -> tokens, and '#sum': their
+# total, kept as entries come, settle and leave, so no admission adds up the window), cc (in flight).
 # ARGV: now, window, id, tokens, expires_at, then per subject rpm, tpm, max_concurrent (-1: no limit).
 ACQUIRE = """
 local now, window, id = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
@@ -24,14 +25,16 @@ for i = 0, n - 1 do
   redis.call('ZREMRANGEBYSCORE', rq, '-inf', now - window)
   local old = redis.call('ZRANGEBYSCORE', tk, '-inf', now - window)
   if #old > 0 then
+    local gone = 0
+    for _, v in ipairs(redis.call('HMGET', tkv, unpack(old))) do gone = gone + (tonumber(v) or 0) end
     redis.call('HDEL', tkv, unpack(old))
+    redis.call('HINCRBY', tkv, '#sum', -gone)
     redis.call('ZREMRANGEBYSCORE', tk, '-inf', now - window)
   end
   redis.call('ZREMRANGEBYSCORE', cc, '-inf', now)
   local used = redis.call('ZCARD', rq)
   local first = redis.call('ZRANGE', rq, 0, 0, 'WITHSCORES')
-  local sum = 0
-  for _, v in ipairs(redis.call('HVALS', tkv)) do sum = sum + tonumber(v) end
+  local sum = tonumber(redis.call('HGET', tkv, '#sum') or '0')
   local tfirst = redis.call('ZRANGE', tk, 0, 0, 'WITHSCORES')
   local inflight = redis.call('ZCARD', cc)
   local s = {tostring(used), first[2] or '-1', tostring(sum), tfirst[2] or '-1', tostring(inflight)}
@@ -48,6 +51,7 @@ for i = 0, n - 1 do
   if rpm >= 0 then redis.call('ZADD', rq, now, id); redis.call('EXPIRE', rq, math.ceil(window * 2)) end
   if tpm >= 0 then
     redis.call('ZADD', tk, now, id); redis.call('HSET', tkv, id, tokens)
+    redis.call('HINCRBY', tkv, '#sum', tokens)
     redis.call('EXPIRE', tk, math.ceil(window * 2)); redis.call('EXPIRE', tkv, math.ceil(window * 2))
   end
   redis.call('ZADD', cc, expires, id)
@@ -60,10 +64,13 @@ return {'ok', '-1', unpack(stats)}
 RELEASE = """
 for i = 0, #KEYS / 4 - 1 do
   local rq, tk, tkv, cc = KEYS[4*i+1], KEYS[4*i+2], KEYS[4*i+3], KEYS[4*i+4]
+  local reserved = tonumber(redis.call('HGET', tkv, ARGV[1]) or 'nil')
   if ARGV[3] == '1' then
     redis.call('ZREM', rq, ARGV[1]); redis.call('ZREM', tk, ARGV[1]); redis.call('HDEL', tkv, ARGV[1])
-  elseif redis.call('HEXISTS', tkv, ARGV[1]) == 1 then
+    if reserved then redis.call('HINCRBY', tkv, '#sum', -reserved) end
+  elseif reserved then
     redis.call('HSET', tkv, ARGV[1], ARGV[2])
+    redis.call('HINCRBY', tkv, '#sum', tonumber(ARGV[2]) - reserved)
   end
   redis.call('ZREM', cc, ARGV[1])
 end

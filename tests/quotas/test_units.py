@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-from collections.abc import Iterator
+import secrets
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,7 +18,9 @@ from app.quotas.gate import Quotas, refusal_error
 from app.quotas.model import WINDOW, Admission, Ask, Refusal, Subject, duration
 from app.quotas.periods import period_end, period_start
 from app.quotas.rates import LocalRates
+from app.quotas.redis_rates import RedisRates
 from app.settings import Settings
+from tests.quotas.support import RedisServer
 
 USD = 10**12
 
@@ -58,41 +62,97 @@ def run(coro: object) -> object:
     return asyncio.run(coro)  # type: ignore[arg-type]
 
 
-def test_rpm_is_a_sliding_minute_and_all_or_nothing() -> None:
-    rates = LocalRates()
+RatesFactory = Callable[[], Any]
+
+
+@pytest.fixture(params=["local", "redis"])
+def make_rates(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[RatesFactory]:
+    """The in-process counters, and the Redis ones (Lua scripts) on a redis-server of the test's own: the
+    same tests hold for both."""
+    if request.param == "local":
+        yield LocalRates
+        return
+    server = RedisServer(tmp_path)
+    server.start()
+    try:
+        yield lambda: RedisRates(server.url, prefix="t-" + secrets.token_hex(4))
+    finally:
+        server.stop()
+
+
+def check(make_rates: RatesFactory, body: Callable[[Any], Awaitable[None]]) -> None:
+    async def main() -> None:
+        rates = make_rates()
+        try:
+            await body(rates)
+        finally:
+            if isinstance(rates, RedisRates):
+                await rates.close()
+
+    asyncio.run(main())
+
+
+def test_rpm_is_a_sliding_minute_and_all_or_nothing(make_rates: RatesFactory) -> None:
     team, key = subject(rpm=3), subject("key", "fp-1", rpm=2)
-    for n in range(2):
-        refused, info = run(rates.acquire([team, key], ask(n), 1000.0 + n))  # type: ignore[misc]
-        assert refused is None
-    assert (info.limit_requests, info.remaining_requests) == (2, 0)  # the tighter of the two
-    refused, _ = run(rates.acquire([team, key], ask(2), 1010.0))  # type: ignore[misc]
-    assert refused.kind == "rpm" and refused.subject == key and refused.retry_after == pytest.approx(50.0)
-    refused, _ = run(rates.acquire([team], ask(3), 1010.0))  # type: ignore[misc]
-    assert refused is None, "the key's refusal did not count against the team"
-    refused, _ = run(rates.acquire([team, key], ask(4), 1000.0 + WINDOW + 0.5))  # type: ignore[misc]
-    assert refused is None, "a minute later the first requests have left the window"
+
+    async def body(rates: Any) -> None:
+        for n in range(2):
+            refused, info = await rates.acquire([team, key], ask(n), 1000.0 + n)
+            assert refused is None
+        assert (info.limit_requests, info.remaining_requests) == (2, 0)  # the tighter of the two
+        refused, _ = await rates.acquire([team, key], ask(2), 1010.0)
+        assert refused.kind == "rpm" and refused.subject == key and refused.retry_after == pytest.approx(50.0)
+        refused, _ = await rates.acquire([team], ask(3), 1010.0)
+        assert refused is None, "the key's refusal did not count against the team"
+        refused, _ = await rates.acquire([team, key], ask(4), 1000.0 + WINDOW + 0.5)
+        assert refused is None, "a minute later the first requests have left the window"
+
+    check(make_rates, body)
 
 
-def test_tpm_reserves_then_settles_to_the_actual_tokens() -> None:
-    rates = LocalRates()
+def test_tpm_reserves_then_settles_to_the_actual_tokens(make_rates: RatesFactory) -> None:
     team = subject(tpm=1000)
-    assert run(rates.acquire([team], ask(1, 600), 1000.0))[0] is None  # type: ignore[index]
-    refused = run(rates.acquire([team], ask(2, 600), 1001.0))[0]  # type: ignore[index]
-    assert refused.kind == "tpm" and refused.retry_after == pytest.approx(59.0)
-    run(rates.release([team], ask(1, 600), 150))
-    assert run(rates.acquire([team], ask(3, 600), 1002.0))[0] is None, "150 + 600 fit"  # type: ignore[index]
-    too_big = run(rates.acquire([team], ask(4, 5000), 1003.0))[0]  # type: ignore[index]
-    assert too_big.retry_after is None and "can never fit" in too_big.message
+
+    async def body(rates: Any) -> None:
+        assert (await rates.acquire([team], ask(1, 600), 1000.0))[0] is None
+        refused = (await rates.acquire([team], ask(2, 600), 1001.0))[0]
+        assert refused.kind == "tpm" and refused.retry_after == pytest.approx(59.0)
+        await rates.release([team], ask(1, 600), 150)
+        third = await rates.acquire([team], ask(3, 600), 1002.0)
+        assert third[0] is None, "150 + 600 fit"
+        assert third[1].remaining_tokens == 1000 - 150 - 600
+        too_big = (await rates.acquire([team], ask(4, 5000), 1003.0))[0]
+        assert too_big.retry_after is None and "can never fit" in too_big.message
+        # a minute on, both entries have left the window: the whole minute is free again
+        fresh = await rates.acquire([team], ask(5, 1000), 1003.0 + WINDOW)
+        assert fresh[0] is None and fresh[1].remaining_tokens == 0
+
+    check(make_rates, body)
 
 
-def test_concurrency_counts_requests_in_flight() -> None:
-    rates = LocalRates()
+def test_a_cancelled_request_leaves_no_trace(make_rates: RatesFactory) -> None:
+    team = subject(rpm=1, tpm=500)
+
+    async def body(rates: Any) -> None:
+        assert (await rates.acquire([team], ask(1, 400), 1000.0))[0] is None
+        await rates.release([team], ask(1, 400), 0, True)  # refused by a budget after all: never sent
+        again = await rates.acquire([team], ask(2, 500), 1001.0)
+        assert again[0] is None and again[1].remaining_requests == 0 and again[1].remaining_tokens == 0
+
+    check(make_rates, body)
+
+
+def test_concurrency_counts_requests_in_flight(make_rates: RatesFactory) -> None:
     key = subject("key", "fp-1", max_concurrent=2)
-    assert run(rates.acquire([key], ask(1), 1.0))[0] is None  # type: ignore[index]
-    assert run(rates.acquire([key], ask(2), 1.0))[0] is None  # type: ignore[index]
-    assert run(rates.acquire([key], ask(3), 1.0))[0].kind == "concurrency"  # type: ignore[index]
-    run(rates.release([key], ask(1), 10))
-    assert run(rates.acquire([key], ask(4), 1.0))[0] is None  # type: ignore[index]
+
+    async def body(rates: Any) -> None:
+        assert (await rates.acquire([key], ask(1), 1.0))[0] is None
+        assert (await rates.acquire([key], ask(2), 1.0))[0] is None
+        assert (await rates.acquire([key], ask(3), 1.0))[0].kind == "concurrency"
+        await rates.release([key], ask(1), 10)
+        assert (await rates.acquire([key], ask(4), 1.0))[0] is None
+
+    check(make_rates, body)
 
 
 @pytest.fixture
