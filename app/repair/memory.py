@@ -4,12 +4,16 @@ For every answer it relays that ends in tool calls in thinking mode, chatgate re
 the caller's identity and the answer's tool-call ids: in the shared store (so another replica, or this one
 after a restart, finds it) before the client gets the end of the answer, and in a bounded in-process cache.
 A caller only ever recalls its own turns. Entries expire after `ttl` seconds and are then deleted.
+
+Turns relayed at the same time are written to the store together (one transaction for all that arrived
+while the previous one was written), so the promise costs one commit per batch, not one per answer.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import time
 import uuid
 from collections import OrderedDict
@@ -20,7 +24,8 @@ from app.repair.base import Turn
 
 log = logging.getLogger("chatgate.repair")
 
-ENTRY_OVERHEAD = 200  # bytes of bookkeeping per cached call id, besides the payload
+# Bytes of bookkeeping per cached call id besides its objects' own sizes: the key tuple and the dict slot.
+ENTRY_OVERHEAD = sys.getsizeof(("", "", "")) + 104
 
 
 class TurnMemory:
@@ -33,6 +38,8 @@ class TurnMemory:
         self._cache: OrderedDict[tuple[str, str, str], TurnRow] = OrderedDict()
         self._bytes = 0
         self.store_errors = 0
+        self._queued: list[tuple[list[TurnRow], asyncio.Future[None]]] = []
+        self._writer: asyncio.Task[None] | None = None
 
     @property
     def cached_bytes(self) -> int:
@@ -54,12 +61,27 @@ class TurnMemory:
         for row in rows:
             self._put(row)
         if self.store is not None:
+            done = asyncio.get_running_loop().create_future()
+            self._queued.append((rows, done))
+            if self._writer is None or self._writer.done():
+                self._writer = asyncio.create_task(self._write())
+            await asyncio.shield(done)
+
+    async def _write(self) -> None:
+        """Write what is queued, batch after batch, until nothing is left; each waiter learns when its batch
+        is in the store (or could not be written: this replica still remembers it, others will not)."""
+        assert self.store is not None
+        while self._queued:
+            batch, self._queued = self._queued, []
             try:
-                await asyncio.to_thread(self.store.remember_turns, rows)
-            except StoreError as exc:  # this replica still remembers it; others will not
+                await asyncio.to_thread(self.store.remember_turns, [row for rows, _ in batch for row in rows])
+            except StoreError as exc:
                 self.store_errors += 1
-                log.warning("could not store a relayed turn for restoring (%s); kept in this process only",
-                            exc)
+                log.warning("could not store %d relayed turn(s) for restoring (%s); kept in this process "
+                            "only", len(batch), exc)
+            for _, done in batch:
+                if not done.done():
+                    done.set_result(None)
 
     async def recall(self, caller: str, kind: str, call_ids: Sequence[str]) -> dict[str, TurnRow]:
         """The caller's unexpired rows for these ids: the cache first, then the shared store."""
@@ -101,7 +123,7 @@ class TurnMemory:
         key = (row.caller, row.kind, row.call_id)
         if key in self._cache:
             self._drop(key)
-        size = len(row.payload) + ENTRY_OVERHEAD
+        size = _size(row)
         if size > self.cache_bytes:
             return
         self._cache[key] = row
@@ -110,5 +132,10 @@ class TurnMemory:
             self._drop(next(iter(self._cache)))
 
     def _drop(self, key: tuple[str, str, str]) -> None:
-        row = self._cache.pop(key)
-        self._bytes -= len(row.payload) + ENTRY_OVERHEAD
+        self._bytes -= _size(self._cache.pop(key))
+
+
+def _size(row: TurnRow) -> int:
+    """What a cached row costs in memory (its strings counted as if none were shared: an upper bound)."""
+    strings = (row.caller, row.kind, row.call_id, row.turn, row.names, row.payload)
+    return sys.getsizeof(row) + sum(sys.getsizeof(s) for s in strings) + ENTRY_OVERHEAD

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+import time
+import tracemalloc
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
 
-from app.metering.store.base import StoreError
+from app.metering.store.base import StoreError, TurnRow
 from app.metering.store.sqlite import SQLiteStore
 from app.repair.base import Turn
 from app.repair.memory import ENTRY_OVERHEAD, TurnMemory
@@ -74,7 +76,10 @@ def test_turns_expire_and_are_purged_from_cache_and_store(store: SQLiteStore) ->
 
 
 def test_the_cache_is_bounded_in_bytes_and_drops_the_least_recently_used() -> None:
-    size = 1000 + ENTRY_OVERHEAD
+    probe = TurnMemory(None, 60, 1 << 20)
+    run(probe.remember("fp-a", "chat", turn("c0", payload="x" * 1000)))
+    size = probe.cached_bytes
+    assert size > 1000 + ENTRY_OVERHEAD
     memory = TurnMemory(None, 60, 3 * size)
     for n in range(3):
         run(memory.remember("fp-a", "chat", turn(f"c{n}", payload="x" * 1000)))
@@ -115,3 +120,52 @@ def test_a_failing_store_leaves_this_process_its_memory(tmp_path: Path,
     assert memory.store_errors == 2
     assert "secret reasoning" not in caplog.text, "the reasoning itself is never logged"
     broken.close()
+
+
+def test_the_bytes_counted_are_at_least_what_the_cache_really_holds() -> None:
+    """repair.reasoning_cache_bytes bounds the real memory: measured with tracemalloc."""
+    async def fill(memory: TurnMemory) -> None:
+        for n in range(4000):
+            await memory.remember(f"fp-{n % 7}", "chat", turn(f"call_{n:08d}",
+                                                             payload=f"reasoning {n} " + "r" * 900))
+
+    memory = TurnMemory(None, 60, 64 << 20)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.take_snapshot()
+        run(fill(memory))
+        after = tracemalloc.take_snapshot()
+    finally:
+        tracemalloc.stop()
+    held = sum(stat.size_diff for stat in after.compare_to(before, "filename"))  # all that is still held
+    assert memory.cached_entries == 4000
+    assert held <= memory.cached_bytes, (held, memory.cached_bytes)
+
+
+class CountingStore(SQLiteStore):
+    calls: list[int]
+
+    def remember_turns(self, rows: Sequence[TurnRow]) -> None:
+        self.calls.append(len(rows))
+        time.sleep(0.02)  # a commit that takes a while: turns relayed meanwhile queue up
+        super().remember_turns(rows)
+
+
+def test_turns_relayed_together_are_stored_together_and_each_waits_for_its_commit(tmp_path: Path) -> None:
+    store = CountingStore(tmp_path / "batch.db")
+    store.migrate()
+    store.calls = []
+    memory = TurnMemory(store, 60, 1 << 20)
+
+    async def one(n: int) -> bool:
+        await memory.remember("fp-a", "chat", turn(f"c{n}"))
+        return bool(store.recall_turns("fp-a", "chat", [f"c{n}"], 0))  # in the store when remember returns
+
+    async def main() -> list[bool]:
+        return await asyncio.gather(*(one(n) for n in range(16)))
+
+    try:
+        assert run(main()) == [True] * 16
+        assert sum(store.calls) == 16 and len(store.calls) < 16, store.calls
+    finally:
+        store.close()
