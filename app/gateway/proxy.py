@@ -183,9 +183,14 @@ class Gateway:
         misses: dict[str, str] = {}
         for _ in range(REPAIR_PASSES):
             found = [*verdict.problems, *verdict.warnings]
-            if not family.repairable(found, self.repairs) or not ex.json():
+            if not family.repairable(found, self.repairs):
                 break
-            data = orjson.loads(ex.body)  # a fresh copy to change
+            try:
+                data = orjson.loads(ex.body)  # a fresh copy to change
+            except orjson.JSONDecodeError:
+                break
+            if not isinstance(data, dict):
+                break
             recalled, missed = await self._recall(ex, family, data, found)
             misses.update(missed)
             done = family.repair(data, found, self.repairs, verdict.profile, recalled)

@@ -81,6 +81,8 @@ class State:
         if self.gateway is not None:
             await self.gateway.drain()
             await self.gateway.upstream.aclose()
+        if self.memory is not None:
+            await self.memory.drain()
         if self.quotas is not None:
             await self.quotas.close()
         if self.recorder is not None:

@@ -49,7 +49,7 @@ class Quotas:
                                                else LocalRates())
         several = settings.server.workers > 1  # worker processes share nothing but the store and Redis
         shared = limits.budgets == "store" or (limits.budgets == "auto" and store is not None
-                                               and (several or not hasattr(store, "path")))  # or PostgreSQL
+                                               and (several or store.server))
         self.per_process_rates = several and limits.redis_url is None  # said once, when a rate applies
         self.budgets: LocalBudgets | StoreBudgets = (StoreBudgets(store) if shared and store is not None
                                                      else LocalBudgets(store))

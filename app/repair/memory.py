@@ -1,12 +1,13 @@
 """The memory of relayed tool-call turns: what a client may drop and chatgate may put back.
 
 For every answer it relays that ends in tool calls in thinking mode, chatgate remembers the reasoning under
-the caller's identity and the answer's tool-call ids: in the shared store (so another replica, or this one
-after a restart, finds it) before the client gets the end of the answer, and in a bounded in-process cache.
-A caller only ever recalls its own turns. Entries expire after `ttl` seconds and are then deleted.
+the caller's identity and the answer's tool-call ids, in a bounded in-process cache and in the store (so
+another replica, or this one after a restart, finds it). A caller only ever recalls its own turns. Entries
+expire after `ttl` seconds and are then deleted.
 
-Turns relayed at the same time are written to the store together (one transaction for all that arrived
-while the previous one was written), so the promise costs one commit per batch, not one per answer.
+A turn is in the store before the client gets the end of the answer: the next round may reach another
+replica at once, or this one after a restart (kill -9 included). Turns relayed at the same time are written
+together: one transaction for all that arrived while the previous one was written.
 """
 
 from __future__ import annotations
@@ -24,8 +25,7 @@ from app.repair.base import Turn
 
 log = logging.getLogger("chatgate.repair")
 
-# Bytes of bookkeeping per cached call id besides its objects' own sizes: the key tuple and the dict slot.
-ENTRY_OVERHEAD = sys.getsizeof(("", "", "")) + 104
+DICT_SLOT = 104  # bytes of an OrderedDict entry (hash table slot and linked-list node), besides key and value
 
 
 class TurnMemory:
@@ -35,7 +35,9 @@ class TurnMemory:
         self.ttl = ttl_seconds
         self.cache_bytes = cache_bytes
         self.clock = clock
-        self._cache: OrderedDict[tuple[str, str, str], TurnRow] = OrderedDict()
+        # (caller, kind, call_id) -> (turn, names, payload, expires_at): plain tuples of strings and floats,
+        # which the garbage collector stops tracking, so a full cache costs its collections nothing.
+        self._cache: OrderedDict[tuple[str, str, str], tuple[str, str, str, float]] = OrderedDict()
         self._bytes = 0
         self.store_errors = 0
         self._queued: list[tuple[list[TurnRow], asyncio.Future[None]]] = []
@@ -67,6 +69,11 @@ class TurnMemory:
                 self._writer = asyncio.create_task(self._write())
             await asyncio.shield(done)
 
+    async def drain(self) -> None:
+        """Wait until every turn remembered so far is in the store (or could not be written)."""
+        while self._writer is not None and not self._writer.done():
+            await asyncio.shield(self._writer)
+
     async def _write(self) -> None:
         """Write what is queued, batch after batch, until nothing is left; each waiter learns when its batch
         is in the store (or could not be written: this replica still remembers it, others will not)."""
@@ -88,10 +95,10 @@ class TurnMemory:
         now = self.clock()
         found: dict[str, TurnRow] = {}
         for call_id in call_ids:
-            row = self._cache.get((caller, kind, call_id))
-            if row is not None and row.expires_at > now:
+            cached = self._cache.get((caller, kind, call_id))
+            if cached is not None and cached[3] > now:
                 self._cache.move_to_end((caller, kind, call_id))
-                found[call_id] = row
+                found[call_id] = TurnRow(caller, kind, call_id, *cached)
         missing = [c for c in dict.fromkeys(call_ids) if c not in found]
         if missing and self.store is not None:
             try:
@@ -109,7 +116,7 @@ class TurnMemory:
     async def purge(self) -> int:
         """Delete what has expired, here and in the store; how many rows the store deleted."""
         now = self.clock()
-        for key in [k for k, row in self._cache.items() if row.expires_at <= now]:
+        for key in [k for k, cached in self._cache.items() if cached[3] <= now]:
             self._drop(key)
         if self.store is None:
             return 0
@@ -123,19 +130,20 @@ class TurnMemory:
         key = (row.caller, row.kind, row.call_id)
         if key in self._cache:
             self._drop(key)
-        size = _size(row)
+        cached = (row.turn, row.names, row.payload, row.expires_at)
+        size = _size(key, cached)
         if size > self.cache_bytes:
             return
-        self._cache[key] = row
+        self._cache[key] = cached
         self._bytes += size
         while self._bytes > self.cache_bytes:
             self._drop(next(iter(self._cache)))
 
     def _drop(self, key: tuple[str, str, str]) -> None:
-        self._bytes -= _size(self._cache.pop(key))
+        self._bytes -= _size(key, self._cache.pop(key))
 
 
-def _size(row: TurnRow) -> int:
-    """What a cached row costs in memory (its strings counted as if none were shared: an upper bound)."""
-    strings = (row.caller, row.kind, row.call_id, row.turn, row.names, row.payload)
-    return sys.getsizeof(row) + sum(sys.getsizeof(s) for s in strings) + ENTRY_OVERHEAD
+def _size(key: tuple[str, str, str], cached: tuple[str, str, str, float]) -> int:
+    """What a cached entry costs in memory (its strings counted as if none were shared: an upper bound)."""
+    return (sys.getsizeof(key) + sys.getsizeof(cached) + sum(sys.getsizeof(s) for s in key)
+            + sum(sys.getsizeof(s) for s in cached) + DICT_SLOT)

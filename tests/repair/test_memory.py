@@ -13,7 +13,7 @@ import pytest
 from app.metering.store.base import StoreError, TurnRow
 from app.metering.store.sqlite import SQLiteStore
 from app.repair.base import Turn
-from app.repair.memory import ENTRY_OVERHEAD, TurnMemory
+from app.repair.memory import DICT_SLOT, TurnMemory
 
 
 class Clock:
@@ -79,7 +79,7 @@ def test_the_cache_is_bounded_in_bytes_and_drops_the_least_recently_used() -> No
     probe = TurnMemory(None, 60, 1 << 20)
     run(probe.remember("fp-a", "chat", turn("c0", payload="x" * 1000)))
     size = probe.cached_bytes
-    assert size > 1000 + ENTRY_OVERHEAD
+    assert size > 1000 + DICT_SLOT
     memory = TurnMemory(None, 60, 3 * size)
     for n in range(3):
         run(memory.remember("fp-a", "chat", turn(f"c{n}", payload="x" * 1000)))
@@ -169,3 +169,4 @@ def test_turns_relayed_together_are_stored_together_and_each_waits_for_its_commi
         assert sum(store.calls) == 16 and len(store.calls) < 16, store.calls
     finally:
         store.close()
+

@@ -148,6 +148,7 @@ class StoreError(Exception):
 
 class Store(Protocol):
     url: str
+    server: bool  # a database server that replicas share (PostgreSQL), not a file of this machine (SQLite)
 
     def migrate(self) -> None:
         """Create or upgrade the schema (versioned); safe to run concurrently from replicas."""

@@ -59,6 +59,7 @@ _Connection = psycopg.Connection[TupleRow]
 
 
 class PostgresStore:
+    server = True
     def __init__(
         self,
         url: str,

@@ -77,6 +77,7 @@ def _chunk_sizes(total: int, largest: int) -> Iterator[int]:
 
 
 class SQLiteStore:
+    server = False
     def __init__(
         self, path: str | os.PathLike[str], *, url: str | None = None, busy_timeout_ms: int = 5000
     ) -> None:
@@ -85,6 +86,9 @@ class SQLiteStore:
         self._busy_timeout_s = busy_timeout_ms / 1000
         self._local = threading.local()
         self._lock = threading.Lock()
+        # This process's writers (the usage writer, turn memory, budgets) take turns here: a thread waiting
+        # on a lock wakes when it is released, where SQLite's busy handler sleeps and polls (ms at a time).
+        self._writing = threading.Lock()
         self._conns: dict[threading.Thread, sqlite3.Connection] = {}
         self._closed = False
 
@@ -192,7 +196,7 @@ class SQLiteStore:
 
     def reserve(self, holds: Sequence[Hold], now: float) -> Hold | None:
         """BEGIN IMMEDIATE holds the database's write lock for the whole check: nothing can interleave."""
-        with self._errors():
+        with self._errors(), self._writing:
             conn = self._conn()
             conn.execute("BEGIN IMMEDIATE")
             try:
@@ -243,7 +247,7 @@ class SQLiteStore:
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
         """A write transaction; IMMEDIATE takes the write lock up front so busy_timeout applies to it."""
-        with self._errors():
+        with self._errors(), self._writing:
             conn = self._conn()
             conn.execute("BEGIN IMMEDIATE")
             try:
