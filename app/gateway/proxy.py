@@ -199,6 +199,11 @@ class Gateway:
             applied += done
             body = orjson.dumps(data)
             ex.replace_body(body, data)
+            if _only_restored(family, verdict, done, len(recalled), missed):
+                # Each problem was a turn's missing reasoning, put back as relayed: nothing else changed,
+                # so checking the whole body again could only find what it found before, minus those.
+                verdict = dataclasses.replace(verdict, problems=[])
+                break
             verdict = family.check(body, beta=ex.route.beta, origin=origin)
         if applied or misses:
             ex.repaired = Repaired(applied, misses)
@@ -419,3 +424,12 @@ async def read_all(resp: httpx2.Response) -> bytes:
         return resp.content  # a transport that answers with the body already read (MockTransport)
     except httpx2.ResponseNotRead:
         return b"".join([chunk async for chunk in resp.aiter_raw()])
+
+
+def _only_restored(family: Family, verdict: Verdict, done: list[Applied], recalled: int,
+                   missed: dict[str, str]) -> bool:
+    """Whether the repairs just applied were restores alone, each of what chatgate relayed, one for each
+    problem (all of them restore problems): the repaired body is then valid but for the warnings it had."""
+    return (not missed and len(done) == len(verdict.problems) == recalled > 0
+            and all(a.code == family.restore_repair for a in done)
+            and all(p.code in family.restore_codes for p in verdict.problems))

@@ -13,6 +13,7 @@ together: one transaction for all that arrived while the previous one was writte
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import sys
 import time
@@ -42,6 +43,8 @@ class TurnMemory:
         self.store_errors = 0
         self._queued: list[tuple[list[TurnRow], asyncio.Future[None]]] = []
         self._writer: asyncio.Task[None] | None = None
+        self._ids_prefix = uuid.uuid4().hex[:16] + "-"  # turn ids: unique across replicas, cheap
+        self._ids = itertools.count()
 
     @property
     def cached_bytes(self) -> int:
@@ -56,7 +59,7 @@ class TurnMemory:
         if not turn.call_ids or len(set(turn.call_ids)) != len(turn.call_ids):
             return
         expires = self.clock() + self.ttl
-        turn_id = uuid.uuid4().hex
+        turn_id = f"{self._ids_prefix}{next(self._ids)}"
         names = ",".join(turn.names)
         rows = [TurnRow(caller, kind, call_id, turn_id, names, turn.payload, expires)
                 for call_id in turn.call_ids]

@@ -240,3 +240,26 @@ def test_the_openai_sdk_sees_the_repaired_answer(repairing: RunningChatgate) -> 
                                           {"role": "user", "content": "hi"}])
     assert raw.headers["x-chatgate-repaired"] == "developer_role@messages[0]"
     assert raw.parse().choices[0].message.content
+
+
+def test_a_restored_request_keeps_its_warnings_and_is_what_a_full_check_accepts(gate: RunningChatgate,
+                                                                                fake: RunningFake) -> None:
+    """After restores alone chatgate does not check the whole body again: what it forwards must be exactly
+    what /validate, checking it in full, finds valid with the same warnings."""
+    strict = {**SEARCH, "function": {**SEARCH["function"], "strict": True}}  # R32: a warning off /beta
+    first = post(gate, {"model": "deepseek-flash", "tools": [strict],
+                        "messages": [{"role": "user", "content": "Umbrella in Lisbon today?"}]})
+    calls = tool_calls_of(first, stream=False)
+    history = [{"role": "user", "content": "Umbrella in Lisbon today?"},
+               {"role": "assistant", "content": "", "tool_calls": calls},
+               {"role": "tool", "tool_call_id": calls[0]["id"], "content": "rain"}]
+    second = post(gate, {"model": "deepseek-flash", "tools": [strict], "messages": history})
+    assert second.status_code == 200, second.text
+    assert second.headers["x-chatgate-repaired"] == "restore_reasoning@messages[1]"
+    assert "only enforced on DeepSeek's /beta" in second.headers["x-chatgate-warning"]
+    fake.state.wait_idle(5)
+    forwarded = fake.state.requests[-1].body
+    checked = httpx2.post(gate.url + "/v1/chat/completions/validate", content=forwarded,
+                          headers={"content-type": "application/json", "authorization": f"Bearer {KEY}"})
+    assert checked.json()["valid"] is True and not checked.json().get("repairs")
+    assert [w["rule"] for w in checked.json()["warnings"]] == ["R32"]
