@@ -305,7 +305,10 @@ class Gateway:
     def _settle(self, ex: Exchange, record: UsageRecord) -> None:
         if ex.admission is not None and self.quotas is not None:
             tokens = TokenCounts(record.prompt_tokens, record.completion_tokens)
-            self.spawn(self.quotas.settle(ex.admission, tokens, record.cost_picousd))
+            if self.quotas.in_process:
+                self.quotas.settle_now(ex.admission, tokens, record.cost_picousd)
+            else:
+                self.spawn(self.quotas.settle(ex.admission, tokens, record.cost_picousd))
 
     def _reject(self, ex: Exchange, family: Family, error: APIError) -> Response:
         self.ledger.finish(ex, "rejected", 400, rule_code=error.code)

@@ -63,7 +63,10 @@ class LocalBudgets:
         return None
 
     async def settle(self, holds: Sequence[Hold], amount: int, spent: bool = True) -> list[tuple[Hold, int]]:
-        """(hold, the ledger's spend after it) for each hold (free here: `spent` is for the store's)."""
+        return self.settle_now(holds, amount)
+
+    def settle_now(self, holds: Sequence[Hold], amount: int) -> list[tuple[Hold, int]]:
+        """(hold, the ledger's spend after it) for each hold."""
         out = []
         for hold in holds:
             ledger = self.ledgers.get((hold.scope, hold.subject), {}).get(hold.period_start)

@@ -109,6 +109,30 @@ class Quotas:
             return self._backend_down(exc)
         return admission
 
+    @property
+    def in_process(self) -> bool:
+        """Whether rates and budgets are both counted in this process: settling then needs no I/O."""
+        return isinstance(self.rates, LocalRates) and isinstance(self.budgets, LocalBudgets)
+
+    def settle_now(self, admission: Admission, tokens: TokenCounts, cost: int) -> None:
+        """`settle` without a task, when the counters are `in_process` (the common single-replica case)."""
+        assert isinstance(self.rates, LocalRates) and isinstance(self.budgets, LocalBudgets)
+        if admission.settled:
+            return
+        admission.settled = True
+        if admission.rated:
+            admission.rated = False
+            used = tokens.prompt_tokens + tokens.completion_tokens
+            self.rates.release_now([s for s in admission.subjects if _rated(s.limits)], admission.ask, used)
+        if admission.holds:
+            self._alert_on(admission, self.budgets.settle_now(admission.holds, cost))
+
+    def _alert_on(self, admission: Admission, settled: list[tuple[Hold, int]]) -> None:
+        for hold, spent in settled:
+            subject = next(s for s in admission.subjects if s.scope == hold.scope)
+            self.alerts.check(hold.scope, hold.subject, subject.limits.budget_period or "month",
+                              hold.period_start, spent, hold.budget_picousd)
+
     async def settle(self, admission: Admission, tokens: TokenCounts, cost: int) -> None:
         if admission.settled:
             return
@@ -118,10 +142,7 @@ class Quotas:
             await self._release_rates(admission, used)
             if admission.holds:
                 alerting = self.alerts.settings.webhook_url is not None
-                for hold, spent in await self.budgets.settle(admission.holds, cost, spent=alerting):
-                    subject = next(s for s in admission.subjects if s.scope == hold.scope)
-                    self.alerts.check(hold.scope, hold.subject, subject.limits.budget_period or "month",
-                                      hold.period_start, spent, hold.budget_picousd)
+                self._alert_on(admission, await self.budgets.settle(admission.holds, cost, spent=alerting))
         except BACKEND_ERRORS as exc:
             self.backend_errors += 1
             log.warning("could not settle a request's quotas (%s); its reservations expire on their own", exc)

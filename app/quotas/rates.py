@@ -95,6 +95,9 @@ class LocalRates:
         return None, info
 
     async def release(self, subjects: list[Subject], ask: Ask, tokens: int, cancel: bool = False) -> None:
+        self.release_now(subjects, ask, tokens, cancel)
+
+    def release_now(self, subjects: list[Subject], ask: Ask, tokens: int, cancel: bool = False) -> None:
         """The request has ended, having used `tokens`; with `cancel` it never went out: it does not count
         at all (its request and its tokens leave the window)."""
         for subject in subjects:
