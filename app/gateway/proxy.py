@@ -275,7 +275,8 @@ class Gateway:
 
         def bounds() -> tuple[int, Callable[[float], int]]:  # only asked when the caller has limits
             profile = verdict.profile if verdict is not None else self.profiles.get(ex.model)
-            prompt = len(ex.body) + IMAGE_TOKENS * sum(ex.body.count(m) for m in IMAGE_MARKERS)
+            images = sum(ex.body.count(m) for m in IMAGE_MARKERS) if b"image" in ex.body else 0
+            prompt = len(ex.body) + IMAGE_TOKENS * images
             top = profile.max_tokens_max if profile is not None else self.settings.limits.default_max_tokens
             wanted = verdict.max_tokens if verdict is not None and verdict.max_tokens is not None else None
             completion = min(wanted if wanted is not None else self.settings.limits.default_max_tokens, top)

@@ -59,15 +59,22 @@ class Quotas:
         self._ids_prefix = uuid.uuid4().hex[:16] + "-"  # reservation ids: unique across replicas, cheap
         self._ids = itertools.count()
         self.backend_errors = 0
+        self._subjects: dict[tuple[str, str], tuple[LimitRow | None, LimitRow | None, list[Subject]]] = {}
 
     async def subjects(self, team: str, key_id: str) -> list[Subject]:
+        rows = (await self.book.get("team", team), await self.book.get("key", key_id))
+        known = self._subjects.get((team, key_id))
+        if known is not None and known[0] is rows[0] and known[1] is rows[1]:
+            return known[2]  # the same rows as last time (the book hands out a row until it expires)
         out = []
-        for scope, name in (("team", team), ("key", key_id)):
-            row = await self.book.get(scope, name)
+        for scope, name, row in (("team", team, rows[0]), ("key", key_id, rows[1])):
             if row is None or row.budget_picousd is None:
                 self.budgets.unbudgeted(scope, name)
             if row is not None and not row.empty:
                 out.append(Subject(scope, name, row))
+        if len(self._subjects) > 10_000:
+            self._subjects.clear()
+        self._subjects[(team, key_id)] = (rows[0], rows[1], out)
         return out
 
     async def admit(self, team: str, key_id: str, bounds: Callable[[], tuple[int, Callable[[float], int]]]
@@ -128,6 +135,8 @@ class Quotas:
             self._alert_on(admission, self.budgets.settle_now(admission.holds, cost))
 
     def _alert_on(self, admission: Admission, settled: list[tuple[Hold, int]]) -> None:
+        if self.alerts.settings.webhook_url is None:
+            return
         for hold, spent in settled:
             subject = next(s for s in admission.subjects if s.scope == hold.scope)
             self.alerts.check(hold.scope, hold.subject, subject.limits.budget_period or "month",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import functools
 
 PERIODS = ("day", "week", "month", "total")
 
@@ -11,7 +12,12 @@ def period_start(ts: float, period: str) -> float:
     """Unix time at which the period holding `ts` began (0 for "total")."""
     if period == "total":
         return 0.0
-    day = dt.datetime.fromtimestamp(ts, dt.UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    return _start_of(int(ts // 86400), period)  # POSIX days are 86,400 s long: no leap seconds
+
+
+@functools.lru_cache(maxsize=64)
+def _start_of(day_number: int, period: str) -> float:
+    day = dt.datetime.fromtimestamp(day_number * 86400, dt.UTC)
     if period == "week":
         day -= dt.timedelta(days=day.weekday())
     elif period == "month":

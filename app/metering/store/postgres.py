@@ -8,6 +8,7 @@ without help; while the server is away every call raises StoreError.
 from __future__ import annotations
 
 import os
+import select
 import socket
 import threading
 import time
@@ -28,8 +29,6 @@ from app.metering.store._sql import (
     limit_from_row,
     limit_params,
     report_rows,
-    reserve_in,
-    settle_in,
     turn_params,
 )
 from app.metering.store.base import (
@@ -55,7 +54,66 @@ INSERT_USAGE_JSON = (
 )
 _MIGRATION_LOCK = 0x6368_6174_6761_7465  # "chatgate": one advisory lock for every replica's migrate()
 
+# Store.reserve and Store.settle as functions on the server: one round trip each instead of one per
+# statement (a reservation is on every limited request's path). Each statement of a VOLATILE PL/pgSQL
+# function takes a fresh snapshot, so the sum of holds read after a ledger row is locked sees every hold
+# committed before the lock was granted: the same guarantee as reserve_in/settle_in in one transaction.
+# Replaced (not versioned) by every migrate(); the name carries a number for incompatible changes.
+BUDGET_FUNCTIONS = (
+    """CREATE OR REPLACE FUNCTION chatgate_reserve_1(
+        hold_ids text[], scopes text[], subjects text[], starts float8[], amounts int8[], budgets int8[],
+        expires float8[], now_ts float8) RETURNS integer LANGUAGE plpgsql AS $$
+    DECLARE
+        spent int8;
+        held int8;
+    BEGIN
+        -- the holds come sorted by (scope, subject): ledger rows are locked in one order on every replica
+        FOR i IN 1 .. coalesce(array_length(hold_ids, 1), 0) LOOP
+            SELECT spent_picousd INTO spent FROM budget_ledger
+                WHERE scope = scopes[i] AND subject = subjects[i] AND period_start = starts[i] FOR UPDATE;
+            IF NOT FOUND THEN  -- the period's first reservation: its ledger starts from the usage table
+                IF scopes[i] = 'team' THEN
+                    INSERT INTO budget_ledger (scope, subject, period_start, spent_picousd)
+                        SELECT scopes[i], subjects[i], starts[i], coalesce(sum(cost_picousd), 0) FROM usage
+                        WHERE team = subjects[i] AND ts >= starts[i]
+                        ON CONFLICT (scope, subject, period_start) DO NOTHING;
+                ELSE
+                    INSERT INTO budget_ledger (scope, subject, period_start, spent_picousd)
+                        SELECT scopes[i], subjects[i], starts[i], coalesce(sum(cost_picousd), 0) FROM usage
+                        WHERE key_id = subjects[i] AND ts >= starts[i]
+                        ON CONFLICT (scope, subject, period_start) DO NOTHING;
+                END IF;
+                SELECT spent_picousd INTO spent FROM budget_ledger
+                    WHERE scope = scopes[i] AND subject = subjects[i] AND period_start = starts[i] FOR UPDATE;
+            END IF;
+            SELECT coalesce(sum(amount_picousd), 0) INTO held FROM budget_holds
+                WHERE scope = scopes[i] AND subject = subjects[i] AND period_start = starts[i]
+                  AND expires_at > now_ts;
+            IF spent + held + amounts[i] > budgets[i] THEN
+                RETURN i;  -- refused: nothing is held (a seeded ledger row stays: it is right either way)
+            END IF;
+        END LOOP;
+        INSERT INTO budget_holds (hold_id, scope, subject, period_start, amount_picousd, expires_at)
+            SELECT * FROM unnest(hold_ids, scopes, subjects, starts, amounts, expires);
+        RETURN 0;
+    END $$""",
+    """CREATE OR REPLACE FUNCTION chatgate_settle_1(
+        hold_ids text[], scopes text[], subjects text[], starts float8[], amount int8)
+        RETURNS void LANGUAGE plpgsql AS $$
+    BEGIN
+        DELETE FROM budget_holds WHERE hold_id = ANY(hold_ids);
+        FOR i IN 1 .. coalesce(array_length(hold_ids, 1), 0) LOOP  -- sorted as in chatgate_reserve_1
+            UPDATE budget_ledger SET spent_picousd = spent_picousd + amount
+                WHERE scope = scopes[i] AND subject = subjects[i] AND period_start = starts[i];
+        END LOOP;
+    END $$""",
+)
+RESERVE = ("SELECT chatgate_reserve_1(%s::text[], %s::text[], %s::text[], %s::float8[], %s::int8[], "
+           "%s::int8[], %s::float8[], %s::float8)")
+SETTLE = "SELECT chatgate_settle_1(%s::text[], %s::text[], %s::text[], %s::float8[], %s::int8)"
+
 _Connection = psycopg.Connection[TupleRow]
+CHECK_AFTER = 1.0  # seconds since a connection last answered before the pool checks it again
 
 
 class PostgresStore:
@@ -76,6 +134,7 @@ class PostgresStore:
         self._insert_timeout = insert_timeout
         self._slow_timeout = slow_timeout
         self._watchdog = _Watchdog()
+        self._answered: dict[int, float] = {}  # id(connection) -> when its last call succeeded
         self._pool: ConnectionPool[_Connection] = ConnectionPool(
             url,
             min_size=1,
@@ -95,6 +154,8 @@ class PostgresStore:
         with self._connection(self._slow_timeout) as conn, conn.transaction(), conn.cursor() as cur:
             cur.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
             apply_migrations(cur, _Q)
+            for statement in BUDGET_FUNCTIONS:
+                cur.execute(statement)
 
     def schema_version(self) -> int:
         """The applied schema version, 0 before the first migrate()."""
@@ -185,18 +246,20 @@ class PostgresStore:
         return 0 if row is None else int(row[0])
 
     def reserve(self, holds: Sequence[Hold], now: float) -> Hold | None:
-        """One transaction; the ledger rows are locked (SELECT … FOR UPDATE) in a fixed order."""
+        """One statement (chatgate_reserve_1); the ledger rows are locked (SELECT … FOR UPDATE) in a fixed
+        order."""
+        ordered = sorted(holds, key=lambda h: (h.scope, h.subject))
+        params = (*_hold_columns(ordered), [h.amount_picousd for h in ordered],
+                  [h.budget_picousd for h in ordered], [h.expires_at for h in ordered], now)
         with self._connection(self._timeout) as conn:
-            refused: Hold | None = None
-            with conn.transaction() as tx, conn.cursor() as cur:
-                refused = reserve_in(cur, _Q, holds, now)
-                if refused is not None:
-                    raise psycopg.Rollback(tx)
-            return refused
+            row = conn.execute(RESERVE, params).fetchone()
+        refused = int(row[0]) if row is not None else 0
+        return ordered[refused - 1] if refused else None
 
     def settle(self, holds: Sequence[Hold], amount_picousd: int) -> None:
-        with self._connection(self._timeout) as conn, conn.transaction(), conn.cursor() as cur:
-            settle_in(cur, _Q, holds, amount_picousd)
+        ordered = sorted(holds, key=lambda h: (h.scope, h.subject))
+        with self._connection(self._timeout) as conn:
+            conn.execute(SETTLE, (*_hold_columns(ordered), amount_picousd))
 
     def budget_state(self, scope: str, subject: str, period_start: float, now: float) -> tuple[int, int]:
         with self._connection(self._timeout) as conn:
@@ -224,13 +287,25 @@ class PostgresStore:
         try:
             with self._pool.connection() as conn, self._watchdog.guard(conn, deadline):
                 yield conn
+                if len(self._answered) > 64:  # connections replaced over time
+                    self._answered.clear()
+                self._answered[id(conn)] = time.monotonic()
         except PoolTimeout as e:
             raise StoreError(f"PostgreSQL store: {e}{self._why_no_connection()}") from e
         except psycopg.Error as e:
             raise StoreError(f"PostgreSQL store: {_message(e)}") from e
 
     def _check(self, conn: _Connection) -> None:
-        """Run by the pool before handing out a connection: one that was killed is replaced."""
+        """Run by the pool before handing out a connection: one that was killed is replaced. A connection
+        that answered within the last second is only looked at, not asked (a round trip costs as much
+        as a whole reservation): an idle connection has nothing to read unless the server closed it (a
+        killed backend, a restart) or sent its last words before doing so."""
+        if time.monotonic() - self._answered.get(id(conn), -CHECK_AFTER) < CHECK_AFTER:
+            poller = select.poll()
+            poller.register(conn.fileno(), select.POLLIN | select.POLLERR | select.POLLHUP)
+            if not poller.poll(0):
+                return
+            raise psycopg.OperationalError("the server closed this connection")
         with self._watchdog.guard(conn, self._timeout):
             conn.execute("")
 
@@ -307,3 +382,8 @@ def _shut_down(conn: _Connection) -> None:
 
 def _message(e: psycopg.Error) -> str:
     return " ".join(str(e).split()) or type(e).__name__
+
+
+def _hold_columns(holds: Sequence[Hold]) -> tuple[list[str], list[str], list[str], list[float]]:
+    return ([h.hold_id for h in holds], [h.scope for h in holds], [h.subject for h in holds],
+            [h.period_start for h in holds])

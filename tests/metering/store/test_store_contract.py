@@ -758,6 +758,28 @@ def test_concurrent_reservations_from_two_stores_never_exceed_the_budget(make_st
     assert stores[1].budget_state("team", "red", T0, time.time()) == (0, 100)
 
 
+def test_reservations_and_settlements_of_team_and_key_race_without_deadlock(make_store: Callable[[], Store]
+                                                                          ) -> None:
+    """Two replicas reserving and settling a team and a key hold at once (given team first, as the gate
+    does): the ledger rows are always locked in one order, so no transaction deadlocks and every cost
+    lands in both ledgers."""
+    stores = [make_store(), make_store()]
+    stores[0].migrate()
+    budget = 10**9
+
+    def work(n: int) -> None:
+        for i in range(10):
+            holds = [hold("red", 7, budget=budget), hold(f"k{n % 2}", 7, budget=budget, scope="key")]
+            assert stores[n % 2].reserve(holds, time.time()) is None
+            stores[(n + i) % 2].settle(holds, 5)
+
+    run_all(*[lambda n=n: work(n) for n in range(6)])
+    now = time.time()
+    assert stores[0].budget_state("team", "red", T0, now) == (6 * 10 * 5, 0)
+    assert stores[1].budget_state("key", "k0", T0, now) == (3 * 10 * 5, 0)
+    assert stores[1].budget_state("key", "k1", T0, now) == (3 * 10 * 5, 0)
+
+
 def test_an_alert_is_marked_once_per_period_and_level(store: Store) -> None:
     assert store.mark_alert("team", "red", T0, "soft", 1.0) is True
     assert store.mark_alert("team", "red", T0, "soft", 2.0) is False
