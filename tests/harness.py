@@ -3,6 +3,7 @@ process (`python -m app serve`), for kill -9, SIGTERM and multi-replica tests.""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -120,16 +121,18 @@ def spawn_chatgate(tmp_path: Path, *args: str, env: dict[str, str] | None = None
         full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), full_env.get("PYTHONPATH")]))
     full_env.update(env or {})
     with open(log_path, "wb") as log:
+        # its own process group: `--workers N` forks workers that outlive a killed supervisor otherwise
         process = subprocess.Popen([sys.executable, "-m", module, "serve", "--port", str(port), *args],
-                                   cwd=cwd or tmp_path, env=full_env, stdout=log, stderr=subprocess.STDOUT)
+                                   cwd=cwd or tmp_path, env=full_env, stdout=log, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
     spawned = SpawnedChatgate(f"http://127.0.0.1:{port}", port, process, log_path)
     try:
         wait_healthy(spawned)
         yield spawned
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait(10)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)  # the server and any worker it left behind
+        process.wait(10)
 
 
 def wait_healthy(spawned: SpawnedChatgate, timeout: float = 20) -> None:
