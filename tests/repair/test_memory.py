@@ -169,4 +169,3 @@ def test_turns_relayed_together_are_stored_together_and_each_waits_for_its_commi
         assert sum(store.calls) == 16 and len(store.calls) < 16, store.calls
     finally:
         store.close()
-

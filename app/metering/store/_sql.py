@@ -206,10 +206,9 @@ class Queries:
     record_version: str
     remember_turn: str
     purge_turns: str
-    lock: str  # appended to a ledger SELECT: row lock (PostgreSQL) or nothing (SQLite locks the database)
 
     @classmethod
-    def with_placeholder(cls, p: str, lock: str = "") -> Queries:
+    def with_placeholder(cls, p: str) -> Queries:
         return cls(
             placeholder=p,
             insert_key=(
@@ -227,7 +226,6 @@ class Queries:
                 "names = excluded.names, payload = excluded.payload, expires_at = excluded.expires_at"
             ),
             purge_turns=f"DELETE FROM turn_memory WHERE expires_at <= {p}",
-            lock=lock,
         )
 
     # --- limits and budgets (the same SQL for both backends) ---
@@ -279,7 +277,7 @@ class Queries:
     def ledger_spent(self) -> str:
         p = self.placeholder
         return ("SELECT spent_picousd FROM budget_ledger WHERE scope = "
-                f"{p} AND subject = {p} AND period_start = {p}{self.lock}")
+                f"{p} AND subject = {p} AND period_start = {p}")
 
     @property
     def held(self) -> str:
@@ -357,8 +355,9 @@ def _int_or_none(value: Any) -> int | None:
 
 
 def reserve_in(cur: Cursor, q: Queries, holds: Sequence[Hold], now: float) -> Hold | None:
-    """The body of `Store.reserve`, inside the caller's transaction: ledger rows in a fixed order (no
-    deadlock between replicas), each seeded, locked and checked; all holds inserted, or the refused one."""
+    """SQLite's `Store.reserve`, inside the caller's transaction (which holds the database's write lock):
+    ledger rows in a fixed order, each seeded and checked; all holds inserted, or the refused one.
+    PostgreSQL runs the same steps, with row locks, as the function chatgate_reserve_1 (postgres.py)."""
     for hold in sorted(holds, key=lambda h: (h.scope, h.subject)):
         key = (hold.scope, hold.subject, hold.period_start)
         cur.execute(q.ledger_spent, key)

@@ -42,7 +42,7 @@ from app.metering.store.base import (
     UsageRecord,
 )
 
-_Q = Queries.with_placeholder("%s", lock=" FOR UPDATE")
+_Q = Queries.with_placeholder("%s")
 
 
 # One statement per batch, the records as one JSON array unpacked by PostgreSQL (see sqlite.py).
@@ -263,8 +263,7 @@ class PostgresStore:
 
     def budget_state(self, scope: str, subject: str, period_start: float, now: float) -> tuple[int, int]:
         with self._connection(self._timeout) as conn:
-            unlocked = _Q.ledger_spent.removesuffix(_Q.lock)
-            row = conn.execute(unlocked, (scope, subject, period_start)).fetchone()
+            row = conn.execute(_Q.ledger_spent, (scope, subject, period_start)).fetchone()
             held_row = conn.execute(_Q.held, (scope, subject, period_start, now)).fetchone()
         spent = int(row[0]) if row is not None else self.spend(scope, subject, period_start)
         return spent, int(held_row[0]) if held_row is not None else 0
