@@ -1,18 +1,24 @@
 """Budgets: a request is admitted only if, for each budget that applies, spent + held + its reservation
 fits; when it ends its hold is replaced by what it cost.
 
-`StoreBudgets` keeps the ledger in the shared store (one transaction per admission and per settlement,
-atomic across replicas). `LocalBudgets` keeps it in this process (one replica), each period's spend started
-from the usage the store already recorded for it.
+`StoreBudgets` keeps the ledger in the shared store, atomic across replicas, and takes the budget a slice
+at a time (a lease) so that most admissions need no round trip. `LocalBudgets` keeps it in this process
+(one replica), each period's spend started from the usage the store already recorded for it.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from app.metering.store.base import Hold, Store
+from app.metering.store.base import Hold, LeaseAsk, LeaseGrant, Store
+
+log = logging.getLogger("chatgate.quotas")
 
 
 @dataclass(slots=True)
@@ -79,24 +85,184 @@ class LocalBudgets:
         ledger = await self._ledger(scope, subject, period_start)
         return ledger.spent, ledger.held
 
+    async def close(self) -> None:
+        """Nothing is held outside this process."""
+
+
+LEASE_ASKS = 32  # a lease asks room for this many more requests like the one that renews it
+FLUSH_DELAY = 0.05  # seconds: spend settled under a lease reaches the store's ledger within about this
+IDLE_SECONDS = 1.0  # a lease no request used for this long goes back to the budget
+
+
+@dataclass(slots=True)
+class Lease:
+    """This replica's slice of one budget period: `granted` is held in the store under `hold_id`; requests
+    in flight (`holds`) and what they spent since the last renewal (`spent`) always fit in it."""
+
+    hold_id: str
+    scope: str
+    subject: str
+    period_start: float
+    budget: int = 0
+    granted: int = 0
+    expires_at: float = 0.0
+    ledger_spent: int = 0  # the store's ledger at the last renewal, which included this lease's spend
+    spent: int = 0
+    holds: dict[str, int] = field(default_factory=dict)
+    used_at: float = 0.0
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    @property
+    def keep(self) -> int:
+        return sum(self.holds.values())
+
+    def fits(self, hold: Hold, now: float, hold_seconds: float) -> bool:
+        # not while the lease is being renewed: the store may grant less than the lease had
+        return (not self.lock.locked() and self.budget == hold.budget_picousd
+                and self.expires_at - now >= hold_seconds
+                and self.keep + self.spent + hold.amount_picousd <= self.granted)
+
 
 class StoreBudgets:
-    def __init__(self, store: Store) -> None:
+    """Budgets in the shared store, taken a slice (a lease) at a time.
+
+    A request reserves its cost against this replica's lease without asking the store; when the lease is
+    too small (or its budget changed, or it nears its expiry) one transaction renews it: the spend settled
+    under it goes to the ledger and the lease becomes what is in flight + this request + room for
+    `LEASE_ASKS` more, but never more than a quarter of what the budget has free, so near the end of a
+    budget leases shrink to single requests and the store decides each one, as without leases. The store
+    only grants what fits (spent + every hold + the lease <= budget), so the bound is the same as holding
+    each request in the store: the spend exceeds the budget by at most what requests cost beyond their
+    reservation. Settlements are local; their spend reaches the ledger within `FLUSH_DELAY`, a lease
+    unused for `IDLE_SECONDS` is given back, and a replica that dies leaves its leases to expire.
+    """
+
+    def __init__(self, store: Store, hold_seconds: float, clock: Callable[[], float] = time.time) -> None:
         self.store = store
+        self.hold_seconds = hold_seconds
+        self.clock = clock
+        self.leases: dict[tuple[str, str, float], Lease] = {}
+        self.prefix = f"lease:{uuid.uuid4().hex[:16]}:"
+        self.flush_errors = 0
+        self._keeper: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
 
     def unbudgeted(self, scope: str, subject: str) -> None:
-        """Nothing to do: the store drops a subject's ledger when its budget is cleared."""
+        """The store dropped the subject's ledger (a budget set again starts from the usage table, which has
+        what was settled here): its leases forget their spend and go once idle."""
+        for lease in self.leases.values():
+            if (lease.scope, lease.subject) == (scope, subject):
+                lease.spent, lease.budget = 0, -1
+
+    def _lease(self, hold: Hold) -> Lease:
+        key = (hold.scope, hold.subject, hold.period_start)
+        lease = self.leases.get(key)
+        if lease is None:
+            hold_id = f"{self.prefix}{hold.scope}:{hold.subject}:{hold.period_start:.0f}"
+            lease = self.leases[key] = Lease(hold_id, hold.scope, hold.subject, hold.period_start)
+        return lease
 
     async def reserve(self, holds: Sequence[Hold], now: float) -> Hold | None:
-        return await asyncio.to_thread(self.store.reserve, holds, now)
+        leases = [self._lease(h) for h in holds]
+        if not all(lease.fits(h, now, self.hold_seconds) for lease, h in zip(leases, holds, strict=True)):
+            order = sorted(range(len(holds)), key=lambda i: (holds[i].scope, holds[i].subject))
+            async with contextlib.AsyncExitStack() as stack:
+                for i in order:  # one lock order for every request of this replica
+                    await stack.enter_async_context(leases[i].lock)
+                short = [i for i, (lease, h) in enumerate(zip(leases, holds, strict=True))
+                         if not lease.fits(h, now, self.hold_seconds)]
+                if short:  # not renewed by another request while this one waited for the locks
+                    refused = await self._renew([(leases[i], holds[i]) for i in short], now)
+                    if refused is not None:
+                        return refused
+        for lease, hold in zip(leases, holds, strict=True):
+            lease.holds[hold.hold_id] = hold.amount_picousd
+            lease.used_at = now
+        return None
+
+    async def _renew(self, pairs: list[tuple[Lease, Hold]], now: float) -> Hold | None:
+        asks = []
+        for lease, hold in pairs:
+            keep = lease.keep
+            asks.append(LeaseAsk(lease.hold_id, lease.scope, lease.subject, lease.period_start,
+                                 hold.budget_picousd, lease.spent, keep, keep + hold.amount_picousd,
+                                 LEASE_ASKS * hold.amount_picousd, now + 2 * self.hold_seconds))
+        refused, grants = await asyncio.to_thread(self.store.renew_leases, asks, now)
+        for (lease, hold), ask, grant in zip(pairs, asks, grants, strict=True):
+            self._granted(lease, ask, grant, hold.budget_picousd)
+        self._start_keeper()
+        return pairs[refused - 1][1] if refused else None
+
+    @staticmethod
+    def _granted(lease: Lease, ask: LeaseAsk, grant: LeaseGrant, budget: int) -> None:
+        # requests may have settled while the store answered: only what was sent left `spent`
+        lease.spent -= ask.spent_picousd
+        lease.granted, lease.ledger_spent = grant.amount_picousd, grant.ledger_spent_picousd
+        lease.budget, lease.expires_at = budget, ask.expires_at
 
     async def settle(self, holds: Sequence[Hold], amount: int, spent: bool = True) -> list[tuple[Hold, int]]:
-        """With `spent`, (hold, the ledger's spend after it) for each hold (one more query each)."""
-        await asyncio.to_thread(self.store.settle, holds, amount)
-        if not spent:
-            return []
-        states = [await self.state(h.scope, h.subject, h.period_start, h.expires_at) for h in holds]
-        return [(h, spent) for h, (spent, _) in zip(holds, states, strict=True)]
+        return self.settle_now(holds, amount)
+
+    def settle_now(self, holds: Sequence[Hold], amount: int) -> list[tuple[Hold, int]]:
+        """No I/O: the spend goes to the ledger with the next flush. (hold, the period's spend as this
+        replica knows it) for each hold."""
+        out = []
+        for hold in holds:
+            lease = self.leases.get((hold.scope, hold.subject, hold.period_start))
+            if lease is not None and lease.holds.pop(hold.hold_id, None) is not None:
+                lease.spent += amount
+                out.append((hold, lease.ledger_spent + lease.spent))
+        self._wake.set()
+        return out
+
+    def _start_keeper(self) -> None:
+        if self._keeper is None or self._keeper.done():
+            self._keeper = asyncio.get_running_loop().create_task(self._keep())
+
+    async def _keep(self) -> None:
+        """Flush settled spend to the ledger, give idle leases back; ends when no lease is left."""
+        while self.leases:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), IDLE_SECONDS / 2)
+            self._wake.clear()
+            await asyncio.sleep(FLUSH_DELAY)  # more settlements join this flush
+            await self.flush(idle_after=IDLE_SECONDS)
+
+    async def flush(self, idle_after: float | None = None) -> None:
+        """One renewal per lease with unflushed spend; leases unused for `idle_after` seconds (all, with 0)
+        shrink to what is in flight, and go when nothing is."""
+        now = self.clock()
+        for key, lease in list(self.leases.items()):
+            idle = idle_after is not None and now - lease.used_at >= idle_after
+            if not (lease.spent or idle):
+                continue
+            async with lease.lock:
+                keep = lease.keep
+                extra = 0 if idle else max(lease.granted - lease.spent - keep, 0)
+                ask = LeaseAsk(lease.hold_id, lease.scope, lease.subject, lease.period_start, lease.budget,
+                               lease.spent, keep, keep, extra, now + 2 * self.hold_seconds)
+                try:
+                    _, (grant,) = await asyncio.to_thread(self.store.renew_leases, [ask], now)
+                except Exception as exc:  # StoreError, or anything else: the keeper must go on
+                    self.flush_errors += 1
+                    log.warning("could not flush a budget lease to the store (%s); retrying", exc)
+                    continue
+                self._granted(lease, ask, grant, lease.budget)
+                if idle and not lease.holds and not lease.spent and lease.granted == 0:
+                    del self.leases[key]
+
+    async def close(self) -> None:
+        """Give every lease back (what is settled goes to the ledger)."""
+        if self._keeper is not None:
+            self._keeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._keeper
+        await self.flush(idle_after=0.0)
 
     async def state(self, scope: str, subject: str, period_start: float, now: float) -> tuple[int, int]:
-        return await asyncio.to_thread(self.store.budget_state, scope, subject, period_start, now)
+        """(spent, held) in the store, with what this replica settled but has not flushed yet counted as
+        spent rather than held (held includes every replica's leases)."""
+        spent, held = await asyncio.to_thread(self.store.budget_state, scope, subject, period_start, now)
+        lease = self.leases.get((scope, subject, period_start))
+        local = lease.spent if lease is not None else 0
+        return spent + local, max(held - local, 0)

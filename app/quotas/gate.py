@@ -51,11 +51,11 @@ class Quotas:
         shared = limits.budgets == "store" or (limits.budgets == "auto" and store is not None
                                                and (several or store.server))
         self.per_process_rates = several and limits.redis_url is None  # said once, when a rate applies
-        self.budgets: LocalBudgets | StoreBudgets = (StoreBudgets(store) if shared and store is not None
-                                                     else LocalBudgets(store))
+        self.hold_seconds = settings.upstream.total_timeout + 60
+        self.budgets: LocalBudgets | StoreBudgets = (StoreBudgets(store, self.hold_seconds, clock)
+                                                     if shared and store is not None else LocalBudgets(store))
         self.alerts = Alerts(settings.alerts, store)
         self.fail_open = limits.on_backend_error == "fail_open"
-        self.hold_seconds = settings.upstream.total_timeout + 60
         self._ids_prefix = uuid.uuid4().hex[:16] + "-"  # reservation ids: unique across replicas, cheap
         self._ids = itertools.count()
         self.backend_errors = 0
@@ -228,6 +228,11 @@ class Quotas:
                        "(Redis or the store is unreachable) and is set to refuse then (fail_closed).")
 
     async def close(self) -> None:
+        try:
+            await self.budgets.close()
+        except BACKEND_ERRORS as exc:
+            log.warning("could not give this replica's budget leases back (%s); they expire on their own",
+                        exc)
         await self.alerts.drain()
         await self.rates.close()
 

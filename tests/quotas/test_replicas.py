@@ -107,9 +107,18 @@ def test_two_replicas_200_concurrent_requests_never_overspend_a_team_budget(
         assert cost <= budget, f"spent {cost} of a {budget} budget"
         assert fake.state.wait_idle(10)
         assert sum(1 for r in fake.state.requests if r.path.endswith("/chat/completions")) == served
-        with psycopg.connect(store) as conn:  # every reservation was settled: nothing is still held
-            held = conn.execute("SELECT count(*) FROM budget_holds").fetchone()
-        assert held is not None and held[0] == 0
+        # every reservation was settled and the replicas' idle leases went back: nothing is still held,
+        # and the ledger has every cost
+        deadline = time.monotonic() + 10
+        while True:
+            with psycopg.connect(store) as conn:
+                held = conn.execute("SELECT count(*) FROM budget_holds").fetchone()
+                ledger = conn.execute("SELECT spent_picousd FROM budget_ledger WHERE subject = %s",
+                                      (team,)).fetchone()
+            if held == (0,) or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert held == (0,) and ledger == (cost,), (held, ledger, cost)
 
 
 @pytest.mark.postgres

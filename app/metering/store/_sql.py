@@ -17,6 +17,8 @@ from app.metering.store.base import (
     ApiKey,
     GroupBy,
     Hold,
+    LeaseAsk,
+    LeaseGrant,
     LimitRow,
     ReportQuery,
     ReportRow,
@@ -286,6 +288,12 @@ class Queries:
                 f"{p} AND subject = {p} AND period_start = {p} AND expires_at > {p}")
 
     @property
+    def held_by_others(self) -> str:
+        p = self.placeholder
+        return ("SELECT coalesce(sum(amount_picousd), 0) FROM budget_holds WHERE scope = "
+                f"{p} AND subject = {p} AND period_start = {p} AND expires_at > {p} AND hold_id <> {p}")
+
+    @property
     def insert_hold(self) -> str:
         p = self.placeholder
         return ("INSERT INTO budget_holds (hold_id, scope, subject, period_start, amount_picousd, "
@@ -376,6 +384,40 @@ def reserve_in(cur: Cursor, q: Queries, holds: Sequence[Hold], now: float) -> Ho
         cur.execute(q.insert_hold, (hold.hold_id, hold.scope, hold.subject, hold.period_start,
                                     hold.amount_picousd, hold.expires_at))
     return None
+
+
+def renew_in(cur: Cursor, q: Queries, asks: Sequence[LeaseAsk], now: float) -> tuple[int, list[LeaseGrant]]:
+    """SQLite's `Store.renew_leases`, inside the caller's transaction (which holds the write lock). PostgreSQL
+    runs the same steps, with row locks, as the function chatgate_lease_1 (postgres.py)."""
+    ordered = sorted(range(len(asks)), key=lambda i: (asks[i].scope, asks[i].subject))
+    spent: dict[int, int] = {}
+    free: dict[int, int] = {}
+    refused = 0
+    for i in ordered:
+        a = asks[i]
+        key = (a.scope, a.subject, a.period_start)
+        cur.execute(q.ledger_spent, key)
+        row = cur.fetchone()
+        if row is None and a.need_picousd > a.keep_picousd:  # a flush never seeds: see renew_leases
+            cur.execute(q.seed_ledger(a.scope),
+                        (a.scope, a.subject, a.period_start, a.subject, a.period_start))
+            cur.execute(q.ledger_spent, key)
+            row = cur.fetchone()
+        spent[i] = (int(row[0]) if row is not None else 0) + a.spent_picousd
+        cur.execute(q.held_by_others, (*key, now, a.hold_id))
+        free[i] = a.budget_picousd - spent[i] - int(cur.fetchone()[0])
+        if a.need_picousd > a.keep_picousd and free[i] < a.need_picousd and not refused:
+            refused = i + 1
+    grants = []
+    for i, a in enumerate(asks):
+        amount = a.keep_picousd if refused else a.need_picousd + max(min(a.extra_picousd,
+                                                                         (free[i] - a.need_picousd) // 4), 0)
+        cur.execute(q.add_spent, (a.spent_picousd, a.scope, a.subject, a.period_start))
+        cur.execute(q.take_hold, (a.hold_id,))
+        if amount > 0:
+            cur.execute(q.insert_hold, (a.hold_id, a.scope, a.subject, a.period_start, amount, a.expires_at))
+        grants.append(LeaseGrant(amount, spent[i]))
+    return refused, grants
 
 
 def settle_in(cur: Cursor, q: Queries, holds: Sequence[Hold], amount: int) -> None:

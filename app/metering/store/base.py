@@ -116,6 +116,29 @@ class Hold:
 
 
 @dataclass(frozen=True, slots=True)
+class LeaseAsk:
+    """One replica's slice of a budget (a lease), held in the store as one hold, `hold_id`, and renewed by
+    replacing that hold. The replica admits requests against its slice without asking the store."""
+
+    hold_id: str
+    scope: str
+    subject: str
+    period_start: float
+    budget_picousd: int
+    spent_picousd: int  # settled under the lease since its last renewal: added to the ledger now
+    keep_picousd: int  # reserved by requests in flight: held again whatever the budget says
+    need_picousd: int  # keep + what the request asking for room reserves (keep alone: a flush)
+    extra_picousd: int  # asked on top, for the requests to come: granted up to a quarter of what is free
+    expires_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseGrant:
+    amount_picousd: int  # the lease's new size (keep_picousd when refused)
+    ledger_spent_picousd: int  # the period's spend in the ledger, this renewal's included
+
+
+@dataclass(frozen=True, slots=True)
 class ReportQuery:
     group_by: GroupBy
     since: float | None = None  # unix seconds, inclusive
@@ -196,6 +219,14 @@ class Store(Protocol):
 
     def settle(self, holds: Sequence[Hold], amount_picousd: int) -> None:
         """Drop the holds and add the request's actual cost to their ledgers (an expired hold's too)."""
+
+    def renew_leases(self, asks: Sequence[LeaseAsk], now: float) -> tuple[int, list[LeaseGrant]]:
+        """Replace each lease's hold, all or nothing, atomically against every replica: each ledger gets the
+        lease's spend; each lease is granted need + min(extra, a quarter of what is then free) if every need
+        fits (spent + the other unexpired holds + need <= budget), else every lease keeps only `keep`.
+        (0, grants) or (the 1-based position of the first ask that did not fit, grants). A flush (need ==
+        keep) adds nothing to a ledger that does not exist: it was dropped with the subject's budget, and
+        the usage table, from which a budget set again starts, has that spend."""
 
     def budget_state(self, scope: str, subject: str, period_start: float, now: float) -> tuple[int, int]:
         """(spent, held) in picoUSD for that period."""

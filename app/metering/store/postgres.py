@@ -34,6 +34,8 @@ from app.metering.store._sql import (
 from app.metering.store.base import (
     ApiKey,
     Hold,
+    LeaseAsk,
+    LeaseGrant,
     LimitRow,
     ReportQuery,
     ReportRow,
@@ -107,10 +109,72 @@ BUDGET_FUNCTIONS = (
                 WHERE scope = scopes[i] AND subject = subjects[i] AND period_start = starts[i];
         END LOOP;
     END $$""",
+    """CREATE OR REPLACE FUNCTION chatgate_lease_1(
+        hold_ids text[], scopes text[], subjects text[], starts float8[], budgets int8[], spents int8[],
+        keeps int8[], needs int8[], extras int8[], expires float8[], now_ts float8)
+        RETURNS int8[] LANGUAGE plpgsql AS $$
+    DECLARE
+        n integer := coalesce(array_length(hold_ids, 1), 0);
+        ledger int8;
+        spent int8[] := array_fill(0::int8, ARRAY[n]);
+        free int8[] := array_fill(0::int8, ARRAY[n]);
+        held int8;
+        refused integer := 0;
+        amount int8;
+        out int8[];
+    BEGIN
+        -- the asks come sorted by (scope, subject), as the holds of chatgate_reserve_1
+        FOR i IN 1 .. n LOOP
+            SELECT spent_picousd INTO ledger FROM budget_ledger
+                WHERE scope = scopes[i] AND subject = subjects[i] AND period_start = starts[i] FOR UPDATE;
+            IF NOT FOUND AND needs[i] > keeps[i] THEN  -- a flush never seeds (see renew_in)
+                IF scopes[i] = 'team' THEN
+                    INSERT INTO budget_ledger (scope, subject, period_start, spent_picousd)
+                        SELECT scopes[i], subjects[i], starts[i], coalesce(sum(cost_picousd), 0) FROM usage
+                        WHERE team = subjects[i] AND ts >= starts[i]
+                        ON CONFLICT (scope, subject, period_start) DO NOTHING;
+                ELSE
+                    INSERT INTO budget_ledger (scope, subject, period_start, spent_picousd)
+                        SELECT scopes[i], subjects[i], starts[i], coalesce(sum(cost_picousd), 0) FROM usage
+                        WHERE key_id = subjects[i] AND ts >= starts[i]
+                        ON CONFLICT (scope, subject, period_start) DO NOTHING;
+                END IF;
+                SELECT spent_picousd INTO ledger FROM budget_ledger
+                    WHERE scope = scopes[i] AND subject = subjects[i] AND period_start = starts[i] FOR UPDATE;
+            END IF;
+            spent[i] := coalesce(ledger, 0) + spents[i];
+            SELECT coalesce(sum(amount_picousd), 0) INTO held FROM budget_holds
+                WHERE scope = scopes[i] AND subject = subjects[i] AND period_start = starts[i]
+                  AND expires_at > now_ts AND hold_id <> hold_ids[i];
+            free[i] := budgets[i] - spent[i] - held;
+            IF needs[i] > keeps[i] AND free[i] < needs[i] AND refused = 0 THEN
+                refused := i;
+            END IF;
+        END LOOP;
+        out := ARRAY[refused::int8];
+        FOR i IN 1 .. n LOOP
+            IF refused > 0 THEN
+                amount := keeps[i];
+            ELSE
+                amount := needs[i] + greatest(least(extras[i], (free[i] - needs[i]) / 4), 0);
+            END IF;
+            UPDATE budget_ledger SET spent_picousd = spent_picousd + spents[i]
+                WHERE scope = scopes[i] AND subject = subjects[i] AND period_start = starts[i];
+            DELETE FROM budget_holds WHERE hold_id = hold_ids[i];
+            IF amount > 0 THEN
+                INSERT INTO budget_holds (hold_id, scope, subject, period_start, amount_picousd, expires_at)
+                    VALUES (hold_ids[i], scopes[i], subjects[i], starts[i], amount, expires[i]);
+            END IF;
+            out := out || amount || spent[i];
+        END LOOP;
+        RETURN out;
+    END $$""",
 )
 RESERVE = ("SELECT chatgate_reserve_1(%s::text[], %s::text[], %s::text[], %s::float8[], %s::int8[], "
            "%s::int8[], %s::float8[], %s::float8)")
 SETTLE = "SELECT chatgate_settle_1(%s::text[], %s::text[], %s::text[], %s::float8[], %s::int8)"
+LEASE = ("SELECT chatgate_lease_1(%s::text[], %s::text[], %s::text[], %s::float8[], %s::int8[], %s::int8[], "
+         "%s::int8[], %s::int8[], %s::int8[], %s::float8[], %s::float8)")
 
 _Connection = psycopg.Connection[TupleRow]
 CHECK_AFTER = 1.0  # seconds since a connection last answered before the pool checks it again
@@ -261,6 +325,22 @@ class PostgresStore:
         with self._connection(self._timeout) as conn:
             conn.execute(SETTLE, (*_hold_columns(ordered), amount_picousd))
 
+    def renew_leases(self, asks: Sequence[LeaseAsk], now: float) -> tuple[int, list[LeaseGrant]]:
+        """One statement (chatgate_lease_1), the ledger rows locked in the order of chatgate_reserve_1."""
+        order = sorted(range(len(asks)), key=lambda i: (asks[i].scope, asks[i].subject))
+        o = [asks[i] for i in order]
+        params = (*_hold_columns(o), [a.budget_picousd for a in o], [a.spent_picousd for a in o],
+                  [a.keep_picousd for a in o], [a.need_picousd for a in o], [a.extra_picousd for a in o],
+                  [a.expires_at for a in o], now)
+        with self._connection(self._timeout) as conn:
+            row = conn.execute(LEASE, params).fetchone()
+        assert row is not None
+        values = [int(v) for v in row[0]]
+        grants: list[LeaseGrant] = [LeaseGrant(0, 0)] * len(asks)
+        for n, i in enumerate(order):
+            grants[i] = LeaseGrant(values[1 + 2 * n], values[2 + 2 * n])
+        return (order[values[0] - 1] + 1 if values[0] else 0), grants
+
     def budget_state(self, scope: str, subject: str, period_start: float, now: float) -> tuple[int, int]:
         with self._connection(self._timeout) as conn:
             row = conn.execute(_Q.ledger_spent, (scope, subject, period_start)).fetchone()
@@ -383,6 +463,7 @@ def _message(e: psycopg.Error) -> str:
     return " ".join(str(e).split()) or type(e).__name__
 
 
-def _hold_columns(holds: Sequence[Hold]) -> tuple[list[str], list[str], list[str], list[float]]:
+def _hold_columns(holds: Sequence[Hold] | Sequence[LeaseAsk]
+                  ) -> tuple[list[str], list[str], list[str], list[float]]:
     return ([h.hold_id for h in holds], [h.scope for h in holds], [h.subject for h in holds],
             [h.period_start for h in holds])

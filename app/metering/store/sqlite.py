@@ -21,6 +21,7 @@ from app.metering.store._sql import (
     key_from_row,
     limit_from_row,
     limit_params,
+    renew_in,
     report_rows,
     reserve_in,
     settle_in,
@@ -29,6 +30,8 @@ from app.metering.store._sql import (
 from app.metering.store.base import (
     ApiKey,
     Hold,
+    LeaseAsk,
+    LeaseGrant,
     LimitRow,
     ReportQuery,
     ReportRow,
@@ -211,6 +214,10 @@ class SQLiteStore:
     def settle(self, holds: Sequence[Hold], amount_picousd: int) -> None:
         with self._write() as conn:
             settle_in(conn.cursor(), _Q, holds, amount_picousd)
+
+    def renew_leases(self, asks: Sequence[LeaseAsk], now: float) -> tuple[int, list[LeaseGrant]]:
+        with self._write() as conn:
+            return renew_in(conn.cursor(), _Q, asks, now)
 
     def budget_state(self, scope: str, subject: str, period_start: float, now: float) -> tuple[int, int]:
         with self._errors():

@@ -30,7 +30,7 @@ from app.metering.store import (
     open_store,
 )
 from app.metering.store._sql import CREATE_SCHEMA_VERSION, MIGRATIONS, SCHEMA_VERSION, USAGE_COLUMNS
-from app.metering.store.base import Hold, LimitRow, TurnRow
+from app.metering.store.base import Hold, LeaseAsk, LeaseGrant, LimitRow, TurnRow
 from app.metering.store.postgres import PostgresStore
 from app.metering.store.sqlite import SQLiteStore, _chunk_sizes
 from tests.metering.store.conftest import TcpProxy
@@ -778,6 +778,73 @@ def test_reservations_and_settlements_of_team_and_key_race_without_deadlock(make
     assert stores[0].budget_state("team", "red", T0, now) == (6 * 10 * 5, 0)
     assert stores[1].budget_state("key", "k0", T0, now) == (3 * 10 * 5, 0)
     assert stores[1].budget_state("key", "k1", T0, now) == (3 * 10 * 5, 0)
+
+
+def lease(subject: str, spent: int = 0, keep: int = 0, need: int = 0, extra: int = 0, budget: int = 1000,
+          scope: str = "team", replica: str = "a") -> LeaseAsk:
+    return LeaseAsk(f"lease:{replica}:{scope}:{subject}", scope, subject, T0, budget, spent, keep, need,
+                    extra, time.time() + 60)
+
+
+def test_a_lease_is_granted_need_plus_at_most_a_quarter_of_what_is_free(store: Store) -> None:
+    store.insert_usage([record("old", team="red", cost_picousd=200, ts=T0 + 1)])
+    now = time.time()
+    assert store.reserve([hold("red", 100)], now) is None
+    # free: 1000 - 200 spent - 100 held = 700; need 20 + min(1000, (700 - 20) // 4 = 170)
+    assert store.renew_leases([lease("red", need=20, extra=1000)], now) == (0, [LeaseGrant(190, 200)])
+    assert store.budget_state("team", "red", T0, now) == (200, 290)
+    # the other replica: free 510, so 10 + min(40, 125)
+    assert store.renew_leases([lease("red", need=10, extra=40, replica="b")], now) == (
+        0, [LeaseGrant(50, 200)])
+    # a renewal replaces the lease's hold and moves its spend to the ledger: free = 1000 - 230 - 150 = 620
+    assert store.renew_leases([lease("red", spent=30, keep=40, need=60, extra=8)], now) == (
+        0, [LeaseGrant(68, 230)])
+    assert store.budget_state("team", "red", T0, now) == (230, 100 + 50 + 68)
+
+
+def test_a_lease_that_does_not_fit_keeps_only_what_is_in_flight_for_every_subject(store: Store) -> None:
+    now = time.time()
+    assert store.renew_leases([lease("red", need=900), lease("k1", need=5, scope="key")], now) == (
+        0, [LeaseGrant(900, 0), LeaseGrant(5, 0)])
+    refused, grants = store.renew_leases(
+        [lease("k1", spent=5, need=10, extra=50, scope="key"), lease("red", spent=300, keep=100, need=800)],
+        now)
+    assert refused == 2, "red: 1000 - 300 spent = 700 free < 800"
+    assert grants == [LeaseGrant(0, 5), LeaseGrant(100, 300)], "each keeps what is in flight; spend counts"
+    assert store.budget_state("team", "red", T0, now) == (300, 100)
+    assert store.budget_state("key", "k1", T0, now) == (5, 0)
+
+
+def test_a_flush_adds_spend_but_never_recreates_a_dropped_ledger(store: Store) -> None:
+    now = time.time()
+    store.insert_usage([record("u1", team="red", cost_picousd=40, ts=T0 + 1)])
+    assert store.renew_leases([lease("red", need=100)], now)[0] == 0
+    assert store.renew_leases([lease("red", spent=60, keep=0, need=0, extra=40)], now) == (
+        0, [LeaseGrant(40, 100)])
+    store.set_limits(LimitRow("team", "red", rpm=5))  # the budget cleared: the ledger goes
+    store.set_limits(LimitRow("team", "red", 1000, "month", rpm=5))
+    store.renew_leases([lease("red", spent=7)], now)  # a late flush from a replica
+    assert store.budget_state("team", "red", T0, now) == (40, 0), "from the usage table, as if new"
+
+
+def test_leases_of_two_replicas_never_grant_more_than_the_budget(make_store: Callable[[], Store]) -> None:
+    """Two replicas, 8 threads renewing leases of 10 with extra room while spending all they hold."""
+    stores = [make_store(), make_store()]
+    stores[0].migrate()
+    spent, last = [0] * 8, [0] * 8
+
+    def work(n: int) -> None:
+        for _ in range(20):
+            refused, (grant,) = stores[n % 2].renew_leases(
+                [lease("red", spent=last[n], need=10, extra=30, replica=str(n))], time.time())
+            last[n] = 0 if refused else grant.amount_picousd  # spent whole before the next renewal
+            spent[n] += last[n]
+
+    run_all(*[lambda n=n: work(n) for n in range(8)])
+    for n in range(8):  # the last slices' spend goes to the ledger, the leases go
+        stores[0].renew_leases([lease("red", spent=last[n], replica=str(n))], time.time())
+    total, held = stores[1].budget_state("team", "red", T0, time.time())
+    assert held == 0 and total == sum(spent) and 1000 - 10 < total <= 1000
 
 
 def test_an_alert_is_marked_once_per_period_and_level(store: Store) -> None:

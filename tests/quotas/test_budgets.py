@@ -1,0 +1,144 @@
+"""Budgets in the shared store taken a lease at a time (app/quotas/budgets.py StoreBudgets): admissions
+inside a lease ask nothing of the store, spend reaches the ledger within FLUSH_DELAY, idle leases go back,
+and two replicas together never hold more than the budget."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+
+from app.metering.store.base import Hold, LeaseAsk, LeaseGrant
+from app.metering.store.sqlite import SQLiteStore
+from app.quotas import budgets as budgets_module
+from app.quotas.budgets import LEASE_ASKS, StoreBudgets
+
+BUDGET = 1000
+T0 = 0.0
+
+
+class CountingStore(SQLiteStore):
+    """A SQLite store that counts the lease renewals it is asked for."""
+
+    renewals = 0
+
+    def renew_leases(self, asks: Sequence[LeaseAsk], now: float) -> tuple[int, list[LeaseGrant]]:
+        self.renewals += 1
+        return super().renew_leases(asks, now)
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    store = SQLiteStore(tmp_path / "b.db")
+    store.migrate()
+    store.close()
+    return tmp_path / "b.db"
+
+
+@pytest.fixture
+def store(db: Path) -> Iterator[CountingStore]:
+    s = CountingStore(db)
+    yield s
+    s.close()
+
+
+def hold(n: int, amount: int = 10, budget: int = BUDGET, scope: str = "team", subject: str = "red") -> Hold:
+    return Hold(f"r{n}:{scope}", scope, subject, T0, budget, amount, 10**12)
+
+
+def test_admissions_inside_a_lease_ask_nothing_of_the_store(store: CountingStore) -> None:
+    async def go() -> None:
+        budgets = StoreBudgets(store, 60.0)
+        budget = 10**9  # far from its end: the lease is what 1 + LEASE_ASKS requests reserve
+        for n in range(1 + LEASE_ASKS):
+            assert await budgets.reserve([hold(n, budget=budget)], 1.0) is None
+        assert store.renewals == 1
+        assert store.budget_state("team", "red", T0, 1.0) == (0, 10 * (1 + LEASE_ASKS))
+        assert await budgets.reserve([hold(99, budget=budget)], 1.0) is None
+        assert store.renewals == 2, "the lease was full: renewed"
+        await budgets.close()
+
+    asyncio.run(go())
+
+
+def test_settled_spend_reaches_the_ledger_and_an_idle_lease_goes_back(
+        store: CountingStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(budgets_module, "IDLE_SECONDS", 0.3)
+
+    async def go() -> None:
+        budgets = StoreBudgets(store, 60.0)  # the real clock: idleness is measured with it
+        assert await budgets.reserve([hold(1, 50)], time.time()) is None
+        assert budgets.settle_now([hold(1, 50)], 20) == [(hold(1, 50), 20)]
+        await asyncio.sleep(budgets_module.FLUSH_DELAY + 0.1)
+        spent, held = store.budget_state("team", "red", T0, time.time())
+        assert spent == 20 and held == (1000 - 20) // 4, "flushed; the lease is kept (a quarter of free)"
+        for _ in range(40):
+            await asyncio.sleep(0.1)
+            if not budgets.leases:
+                break
+        assert not budgets.leases and store.budget_state("team", "red", T0, time.time()) == (20, 0)
+
+    asyncio.run(go())
+
+
+def test_a_lowered_budget_applies_at_the_next_admission(store: CountingStore) -> None:
+    async def go() -> None:
+        budgets = StoreBudgets(store, 60.0)
+        assert await budgets.reserve([hold(1, 100)], 1.0) is None
+        budgets.settle_now([hold(1, 100)], 100)
+        refused = hold(2, 100, budget=150)
+        assert await budgets.reserve([refused], 1.0) == refused, "100 spent + 100 > 150"
+        assert await budgets.reserve([hold(3, 50, budget=150)], 1.0) is None
+        budgets.settle_now([hold(3, 50, budget=150)], 30)
+        await budgets.close()
+        assert store.budget_state("team", "red", T0, 1.0) == (130, 0), "closing flushed, gave the lease back"
+
+    asyncio.run(go())
+
+
+def test_team_and_key_are_all_or_nothing(store: CountingStore) -> None:
+    async def go() -> None:
+        budgets = StoreBudgets(store, 60.0)
+        key_over = hold(1, 300, budget=200, scope="key", subject="k1")
+        assert await budgets.reserve([hold(1, 300), key_over], 1.0) == key_over
+        await budgets.close()
+        assert store.budget_state("team", "red", T0, 1.0) == (0, 0)
+
+    asyncio.run(go())
+
+
+def test_two_replicas_with_concurrent_requests_never_hold_more_than_the_budget(db: Path) -> None:
+    """Two replicas (two stores on one file), 300 requests at once, each reserving 10 and spending all of it
+    (the worst case) after a random pause: the spend is at most the budget, and close to it."""
+    stores = [SQLiteStore(db), SQLiteStore(db)]
+
+    async def go() -> int:
+        replicas = [StoreBudgets(s, 60.0) for s in stores]
+        admitted = 0
+
+        async def one(n: int) -> None:
+            nonlocal admitted
+            budgets = replicas[n % 2]
+            h = hold(n)
+            if await budgets.reserve([h], 1.0) is None:
+                admitted += 1
+                await asyncio.sleep(random.random() * 0.05)
+                budgets.settle_now([h], 10)
+
+        await asyncio.gather(*(one(n) for n in range(300)))
+        for budgets in replicas:
+            await budgets.close()
+        return admitted
+
+    try:
+        admitted = asyncio.run(go())
+        spent, held = stores[0].budget_state("team", "red", T0, 1.0)
+    finally:
+        for s in stores:
+            s.close()
+    assert held == 0 and spent == 10 * admitted
+    assert BUDGET - 10 * 2 * 2 <= spent <= BUDGET, "never over; at most a request or two per replica unused"
