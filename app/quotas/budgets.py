@@ -110,15 +110,15 @@ class Lease:
     spent: int = 0
     holds: dict[str, int] = field(default_factory=dict)
     used_at: float = 0.0
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one store call per lease at a time
+    shrinking: bool = False  # a call that may grant less than the lease has is under way
 
     @property
     def keep(self) -> int:
         return sum(self.holds.values())
 
     def fits(self, hold: Hold, now: float, hold_seconds: float) -> bool:
-        # not while the lease is being renewed: the store may grant less than the lease had
-        return (not self.lock.locked() and self.budget == hold.budget_picousd
+        return (not self.shrinking and self.budget == hold.budget_picousd
                 and self.expires_at - now >= hold_seconds
                 and self.keep + self.spent + hold.amount_picousd <= self.granted)
 
@@ -146,6 +146,7 @@ class StoreBudgets:
         self.flush_errors = 0
         self._keeper: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
+        self._closing = False
 
     def unbudgeted(self, scope: str, subject: str) -> None:
         """The store dropped the subject's ledger (a budget set again starts from the usage table, which has
@@ -164,20 +165,48 @@ class StoreBudgets:
 
     async def reserve(self, holds: Sequence[Hold], now: float) -> Hold | None:
         leases = [self._lease(h) for h in holds]
-        if not all(lease.fits(h, now, self.hold_seconds) for lease, h in zip(leases, holds, strict=True)):
-            order = sorted(range(len(holds)), key=lambda i: (holds[i].scope, holds[i].subject))
-            async with contextlib.AsyncExitStack() as stack:
-                for i in order:  # one lock order for every request of this replica
-                    await stack.enter_async_context(leases[i].lock)
-                short = [i for i, (lease, h) in enumerate(zip(leases, holds, strict=True))
-                         if not lease.fits(h, now, self.hold_seconds)]
-                if short:  # not renewed by another request while this one waited for the locks
-                    refused = await self._renew([(leases[i], holds[i]) for i in short], now)
-                    if refused is not None:
-                        return refused
+        if all(lease.fits(h, now, self.hold_seconds) for lease, h in zip(leases, holds, strict=True)):
+            self._take(leases, holds, now)
+            return None
+        # The store call must finish and be applied even if the request is cancelled meanwhile (a client
+        # that went away): else its spend would be flushed twice. What it took is then given back.
+        slow = asyncio.ensure_future(self._reserve_renewing(leases, holds, now))
+        try:
+            return await asyncio.shield(slow)
+        except asyncio.CancelledError:
+            slow.add_done_callback(lambda done: self._untake(done, leases, holds))
+            raise
+
+    @staticmethod
+    def _take(leases: list[Lease], holds: Sequence[Hold], now: float) -> None:
         for lease, hold in zip(leases, holds, strict=True):
             lease.holds[hold.hold_id] = hold.amount_picousd
             lease.used_at = now
+
+    @staticmethod
+    def _untake(done: asyncio.Future[Hold | None], leases: list[Lease], holds: Sequence[Hold]) -> None:
+        if not done.cancelled() and done.exception() is None and done.result() is None:
+            for lease, hold in zip(leases, holds, strict=True):
+                lease.holds.pop(hold.hold_id, None)
+
+    async def _reserve_renewing(self, leases: list[Lease], holds: Sequence[Hold], now: float) -> Hold | None:
+        order = sorted(range(len(holds)), key=lambda i: (holds[i].scope, holds[i].subject))
+        async with contextlib.AsyncExitStack() as stack:
+            for i in order:  # one lock order for every request of this replica
+                await stack.enter_async_context(leases[i].lock)
+            short = [i for i, (lease, h) in enumerate(zip(leases, holds, strict=True))
+                     if not lease.fits(h, now, self.hold_seconds)]
+            if short:  # not renewed by another request while this one waited for the locks
+                for i in short:
+                    leases[i].shrinking = True
+                try:
+                    refused = await self._renew([(leases[i], holds[i]) for i in short], now)
+                finally:
+                    for i in short:
+                        leases[i].shrinking = False
+                if refused is not None:
+                    return refused
+            self._take(leases, holds, now)
         return None
 
     async def _renew(self, pairs: list[tuple[Lease, Hold]], now: float) -> Hold | None:
@@ -221,7 +250,7 @@ class StoreBudgets:
 
     async def _keep(self) -> None:
         """Flush settled spend to the ledger, give idle leases back; ends when no lease is left."""
-        while self.leases:
+        while self.leases and not self._closing:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), IDLE_SECONDS / 2)
             self._wake.clear()
@@ -229,34 +258,38 @@ class StoreBudgets:
             await self.flush(idle_after=IDLE_SECONDS)
 
     async def flush(self, idle_after: float | None = None) -> None:
-        """One renewal per lease with unflushed spend; leases unused for `idle_after` seconds (all, with 0)
-        shrink to what is in flight, and go when nothing is."""
+        """One renewal per lease with unflushed spend: the spend moves to the ledger, the lease keeps the
+        rest, so requests go on being admitted meanwhile. Leases unused for `idle_after` seconds (all,
+        with 0) shrink to what is in flight, and go when nothing is (admissions wait for that one)."""
         now = self.clock()
         for key, lease in list(self.leases.items()):
             idle = idle_after is not None and now - lease.used_at >= idle_after
             if not (lease.spent or idle):
                 continue
             async with lease.lock:
-                keep = lease.keep
-                extra = 0 if idle else max(lease.granted - lease.spent - keep, 0)
+                keep = lease.keep if idle else max(lease.granted - lease.spent, 0)
                 ask = LeaseAsk(lease.hold_id, lease.scope, lease.subject, lease.period_start, lease.budget,
-                               lease.spent, keep, keep, extra, now + 2 * self.hold_seconds)
+                               lease.spent, keep, keep, 0, now + 2 * self.hold_seconds)
+                lease.shrinking = idle
                 try:
                     _, (grant,) = await asyncio.to_thread(self.store.renew_leases, [ask], now)
                 except Exception as exc:  # StoreError, or anything else: the keeper must go on
                     self.flush_errors += 1
                     log.warning("could not flush a budget lease to the store (%s); retrying", exc)
                     continue
+                finally:
+                    lease.shrinking = False
                 self._granted(lease, ask, grant, lease.budget)
                 if idle and not lease.holds and not lease.spent and lease.granted == 0:
                     del self.leases[key]
 
     async def close(self) -> None:
-        """Give every lease back (what is settled goes to the ledger)."""
+        """Give every lease back (what is settled goes to the ledger). The keeper ends its flush first:
+        a store call cut short would leave its spend to be flushed twice."""
+        self._closing = True
+        self._wake.set()
         if self._keeper is not None:
-            self._keeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._keeper
+            await self._keeper
         await self.flush(idle_after=0.0)
 
     async def state(self, scope: str, subject: str, period_start: float, now: float) -> tuple[int, int]:

@@ -5,6 +5,7 @@ and two replicas together never hold more than the budget."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 from collections.abc import Iterator, Sequence
@@ -75,7 +76,8 @@ def test_settled_spend_reaches_the_ledger_and_an_idle_lease_goes_back(
         assert budgets.settle_now([hold(1, 50)], 20) == [(hold(1, 50), 20)]
         await asyncio.sleep(budgets_module.FLUSH_DELAY + 0.1)
         spent, held = store.budget_state("team", "red", T0, time.time())
-        assert spent == 20 and held == (1000 - 20) // 4, "flushed; the lease is kept (a quarter of free)"
+        lease = 50 + (1000 - 50) // 4  # the request + a quarter of what was free (not 32 requests' worth)
+        assert spent == 20 and held == lease - 20, "flushed: the spend moved from the lease to the ledger"
         for _ in range(40):
             await asyncio.sleep(0.1)
             if not budgets.leases:
@@ -142,3 +144,68 @@ def test_two_replicas_with_concurrent_requests_never_hold_more_than_the_budget(d
             s.close()
     assert held == 0 and spent == 10 * admitted
     assert BUDGET - 10 * 2 * 2 <= spent <= BUDGET, "never over; at most a request or two per replica unused"
+
+
+class SlowFlushStore(CountingStore):
+    """Flushes (need == keep) take 0.5 s, as on a loaded database."""
+
+    def renew_leases(self, asks: Sequence[LeaseAsk], now: float) -> tuple[int, list[LeaseGrant]]:
+        if all(a.need_picousd == a.keep_picousd for a in asks):
+            time.sleep(0.5)
+        return super().renew_leases(asks, now)
+
+
+def test_admissions_do_not_wait_for_a_flush(db: Path) -> None:
+    store = SlowFlushStore(db)
+
+    async def go() -> None:
+        budgets = StoreBudgets(store, 60.0)
+        assert await budgets.reserve([hold(1)], time.time()) is None
+        budgets.settle_now([hold(1)], 10)
+        await asyncio.sleep(budgets_module.FLUSH_DELAY + 0.1)  # the flush is under way
+        lease = next(iter(budgets.leases.values()))
+        assert lease.lock.locked()
+        started = time.monotonic()
+        assert await budgets.reserve([hold(2)], time.time()) is None
+        assert time.monotonic() - started < 0.2, "admitted inside the lease while it was being flushed"
+        budgets.settle_now([hold(2)], 10)
+        await budgets.close()
+
+    try:
+        asyncio.run(go())
+        assert store.budget_state("team", "red", T0, time.time()) == (20, 0)
+    finally:
+        store.close()
+
+
+class SlowRenewalStore(CountingStore):
+    """Renewals that ask for more room (need > keep) take 0.3 s."""
+
+    def renew_leases(self, asks: Sequence[LeaseAsk], now: float) -> tuple[int, list[LeaseGrant]]:
+        if any(a.need_picousd > a.keep_picousd for a in asks):
+            time.sleep(0.3)
+        return super().renew_leases(asks, now)
+
+
+def test_a_request_cancelled_during_a_renewal_takes_nothing_and_spend_is_flushed_once(db: Path) -> None:
+    store = SlowRenewalStore(db)
+
+    async def go() -> None:
+        budgets = StoreBudgets(store, 60.0)
+        assert await budgets.reserve([hold(1, 900)], time.time()) is None
+        budgets.settle_now([hold(1, 900)], 10)  # 10 spent, not flushed yet; the lease is nearly full
+        request = asyncio.ensure_future(budgets.reserve([hold(2, 950)], time.time()))  # renews
+        await asyncio.sleep(0.1)
+        request.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await request
+        await asyncio.sleep(0.4)  # the renewal finished on its own
+        lease = next(iter(budgets.leases.values()))
+        assert lease.holds == {} and lease.spent == 0, "nothing taken; the spend went with the renewal"
+        await budgets.close()
+
+    try:
+        asyncio.run(go())
+        assert store.budget_state("team", "red", T0, time.time()) == (10, 0)
+    finally:
+        store.close()

@@ -143,10 +143,12 @@ BUDGET_FUNCTIONS = (
                     WHERE scope = scopes[i] AND subject = subjects[i] AND period_start = starts[i] FOR UPDATE;
             END IF;
             spent[i] := coalesce(ledger, 0) + spents[i];
-            SELECT coalesce(sum(amount_picousd), 0) INTO held FROM budget_holds
-                WHERE scope = scopes[i] AND subject = subjects[i] AND period_start = starts[i]
-                  AND expires_at > now_ts AND hold_id <> hold_ids[i];
-            free[i] := budgets[i] - spent[i] - held;
+            IF needs[i] > keeps[i] OR extras[i] > 0 THEN  -- else nothing depends on it
+                SELECT coalesce(sum(amount_picousd), 0) INTO held FROM budget_holds
+                    WHERE scope = scopes[i] AND subject = subjects[i] AND period_start = starts[i]
+                      AND expires_at > now_ts AND hold_id <> hold_ids[i];
+                free[i] := budgets[i] - spent[i] - held;
+            END IF;
             IF needs[i] > keeps[i] AND free[i] < needs[i] AND refused = 0 THEN
                 refused := i;
             END IF;
@@ -158,12 +160,17 @@ BUDGET_FUNCTIONS = (
             ELSE
                 amount := needs[i] + greatest(least(extras[i], (free[i] - needs[i]) / 4), 0);
             END IF;
-            UPDATE budget_ledger SET spent_picousd = spent_picousd + spents[i]
-                WHERE scope = scopes[i] AND subject = subjects[i] AND period_start = starts[i];
-            DELETE FROM budget_holds WHERE hold_id = hold_ids[i];
-            IF amount > 0 THEN
+            IF spents[i] <> 0 THEN
+                UPDATE budget_ledger SET spent_picousd = spent_picousd + spents[i]
+                    WHERE scope = scopes[i] AND subject = subjects[i] AND period_start = starts[i];
+            END IF;
+            IF amount > 0 THEN  -- in place (see Queries.upsert_hold)
                 INSERT INTO budget_holds (hold_id, scope, subject, period_start, amount_picousd, expires_at)
-                    VALUES (hold_ids[i], scopes[i], subjects[i], starts[i], amount, expires[i]);
+                    VALUES (hold_ids[i], scopes[i], subjects[i], starts[i], amount, expires[i])
+                    ON CONFLICT (hold_id) DO UPDATE
+                    SET amount_picousd = excluded.amount_picousd, expires_at = excluded.expires_at;
+            ELSE
+                DELETE FROM budget_holds WHERE hold_id = hold_ids[i];
             END IF;
             out := out || amount || spent[i];
         END LOOP;
