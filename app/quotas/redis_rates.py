@@ -23,13 +23,14 @@ for i = 0, n - 1 do
   local rq, tk, tkv, cc = KEYS[4*i+1], KEYS[4*i+2], KEYS[4*i+3], KEYS[4*i+4]
   local rpm, tpm, maxc = tonumber(ARGV[6+3*i]), tonumber(ARGV[7+3*i]), tonumber(ARGV[8+3*i])
   redis.call('ZREMRANGEBYSCORE', rq, '-inf', now - window)
-  local old = redis.call('ZRANGEBYSCORE', tk, '-inf', now - window)
-  if #old > 0 then
+  while true do  -- in batches: Lua's unpack takes at most about 8,000 values
+    local old = redis.call('ZRANGEBYSCORE', tk, '-inf', now - window, 'LIMIT', 0, 1000)
+    if #old == 0 then break end
     local gone = 0
     for _, v in ipairs(redis.call('HMGET', tkv, unpack(old))) do gone = gone + (tonumber(v) or 0) end
     redis.call('HDEL', tkv, unpack(old))
+    redis.call('ZREM', tk, unpack(old))
     redis.call('HINCRBY', tkv, '#sum', -gone)
-    redis.call('ZREMRANGEBYSCORE', tk, '-inf', now - window)
   end
   redis.call('ZREMRANGEBYSCORE', cc, '-inf', now)
   local used = redis.call('ZCARD', rq)

@@ -130,6 +130,21 @@ def test_tpm_reserves_then_settles_to_the_actual_tokens(make_rates: RatesFactory
     check(make_rates, body)
 
 
+def test_a_window_that_expires_20000_entries_at_once_is_pruned(make_rates: RatesFactory) -> None:
+    """A subject busy for a minute, then idle: its next request finds every entry expired at once (Redis's
+    Lua `unpack` stops at about 8,000 values, so the script prunes in batches)."""
+    team = subject(rpm=10**7, tpm=10**12)
+
+    async def body(rates: Any) -> None:
+        for n in range(20_000):
+            assert (await rates.acquire([team], ask(n, 10), 1000.0 + n / 1000))[0] is None
+        refused, info = await rates.acquire([team], ask(99_999, 10), 1000.0 + 20 + WINDOW)
+        assert refused is None
+        assert info.remaining_requests == 10**7 - 1 and info.remaining_tokens == 10**12 - 10
+
+    check(make_rates, body)
+
+
 def test_a_cancelled_request_leaves_no_trace(make_rates: RatesFactory) -> None:
     team = subject(rpm=1, tpm=500)
 
