@@ -62,6 +62,32 @@ _MIGRATION_LOCK = 0x6368_6174_6761_7465  # "chatgate": one advisory lock for eve
 # committed before the lock was granted: the same guarantee as reserve_in/settle_in in one transaction.
 # Replaced (not versioned) by every migrate(); the name carries a number for incompatible changes.
 BUDGET_FUNCTIONS = (
+    # A period's ledger row, locked; with `seed`, created first if missing (the period's first reservation:
+    # it starts from the usage table); NULL if missing without. A flush of a lease never seeds (renew_in).
+    """CREATE OR REPLACE FUNCTION chatgate_ledger_1(scope_ text, subject_ text, start_ float8, seed boolean)
+        RETURNS int8 LANGUAGE plpgsql AS $$
+    DECLARE
+        spent int8;
+    BEGIN
+        SELECT spent_picousd INTO spent FROM budget_ledger
+            WHERE scope = scope_ AND subject = subject_ AND period_start = start_ FOR UPDATE;
+        IF NOT FOUND AND seed THEN
+            IF scope_ = 'team' THEN
+                INSERT INTO budget_ledger (scope, subject, period_start, spent_picousd)
+                    SELECT scope_, subject_, start_, coalesce(sum(cost_picousd), 0) FROM usage
+                    WHERE team = subject_ AND ts >= start_
+                    ON CONFLICT (scope, subject, period_start) DO NOTHING;
+            ELSE
+                INSERT INTO budget_ledger (scope, subject, period_start, spent_picousd)
+                    SELECT scope_, subject_, start_, coalesce(sum(cost_picousd), 0) FROM usage
+                    WHERE key_id = subject_ AND ts >= start_
+                    ON CONFLICT (scope, subject, period_start) DO NOTHING;
+            END IF;
+            SELECT spent_picousd INTO spent FROM budget_ledger
+                WHERE scope = scope_ AND subject = subject_ AND period_start = start_ FOR UPDATE;
+        END IF;
+        RETURN spent;
+    END $$""",
     """CREATE OR REPLACE FUNCTION chatgate_reserve_1(
         hold_ids text[], scopes text[], subjects text[], starts float8[], amounts int8[], budgets int8[],
         expires float8[], now_ts float8) RETURNS integer LANGUAGE plpgsql AS $$
@@ -71,23 +97,7 @@ BUDGET_FUNCTIONS = (
     BEGIN
         -- the holds come sorted by (scope, subject): ledger rows are locked in one order on every replica
         FOR i IN 1 .. coalesce(array_length(hold_ids, 1), 0) LOOP
-            SELECT spent_picousd INTO spent FROM budget_ledger
-                WHERE scope = scopes[i] AND subject = subjects[i] AND period_start = starts[i] FOR UPDATE;
-            IF NOT FOUND THEN  -- the period's first reservation: its ledger starts from the usage table
-                IF scopes[i] = 'team' THEN
-                    INSERT INTO budget_ledger (scope, subject, period_start, spent_picousd)
-                        SELECT scopes[i], subjects[i], starts[i], coalesce(sum(cost_picousd), 0) FROM usage
-                        WHERE team = subjects[i] AND ts >= starts[i]
-                        ON CONFLICT (scope, subject, period_start) DO NOTHING;
-                ELSE
-                    INSERT INTO budget_ledger (scope, subject, period_start, spent_picousd)
-                        SELECT scopes[i], subjects[i], starts[i], coalesce(sum(cost_picousd), 0) FROM usage
-                        WHERE key_id = subjects[i] AND ts >= starts[i]
-                        ON CONFLICT (scope, subject, period_start) DO NOTHING;
-                END IF;
-                SELECT spent_picousd INTO spent FROM budget_ledger
-                    WHERE scope = scopes[i] AND subject = subjects[i] AND period_start = starts[i] FOR UPDATE;
-            END IF;
+            spent := chatgate_ledger_1(scopes[i], subjects[i], starts[i], true);
             SELECT coalesce(sum(amount_picousd), 0) INTO held FROM budget_holds
                 WHERE scope = scopes[i] AND subject = subjects[i] AND period_start = starts[i]
                   AND expires_at > now_ts;
@@ -125,23 +135,7 @@ BUDGET_FUNCTIONS = (
     BEGIN
         -- the asks come sorted by (scope, subject), as the holds of chatgate_reserve_1
         FOR i IN 1 .. n LOOP
-            SELECT spent_picousd INTO ledger FROM budget_ledger
-                WHERE scope = scopes[i] AND subject = subjects[i] AND period_start = starts[i] FOR UPDATE;
-            IF NOT FOUND AND needs[i] > keeps[i] THEN  -- a flush never seeds (see renew_in)
-                IF scopes[i] = 'team' THEN
-                    INSERT INTO budget_ledger (scope, subject, period_start, spent_picousd)
-                        SELECT scopes[i], subjects[i], starts[i], coalesce(sum(cost_picousd), 0) FROM usage
-                        WHERE team = subjects[i] AND ts >= starts[i]
-                        ON CONFLICT (scope, subject, period_start) DO NOTHING;
-                ELSE
-                    INSERT INTO budget_ledger (scope, subject, period_start, spent_picousd)
-                        SELECT scopes[i], subjects[i], starts[i], coalesce(sum(cost_picousd), 0) FROM usage
-                        WHERE key_id = subjects[i] AND ts >= starts[i]
-                        ON CONFLICT (scope, subject, period_start) DO NOTHING;
-                END IF;
-                SELECT spent_picousd INTO ledger FROM budget_ledger
-                    WHERE scope = scopes[i] AND subject = subjects[i] AND period_start = starts[i] FOR UPDATE;
-            END IF;
+            ledger := chatgate_ledger_1(scopes[i], subjects[i], starts[i], needs[i] > keeps[i]);
             spent[i] := coalesce(ledger, 0) + spents[i];
             IF needs[i] > keeps[i] OR extras[i] > 0 THEN  -- else nothing depends on it
                 SELECT coalesce(sum(amount_picousd), 0) INTO held FROM budget_holds
