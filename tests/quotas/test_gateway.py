@@ -223,9 +223,10 @@ def test_budget_refuses_with_insufficient_quota_and_is_never_overspent(
     spent = sum(r["cost_picousd"] for r in rows)
     assert 0 < spent <= budget
     assert [r["rule_code"] for r in rows if r["outcome"] == "limited"] == ["budget:key"]
-    with pytest.raises(openai.RateLimitError):
+    with pytest.raises(openai.RateLimitError):  # the refused request again: nothing has changed since
         client(gate.url, secret, max_retries=2).chat.completions.create(
-            model="deepseek-flash", messages=[{"role": "user", "content": "one more"}], max_tokens=32)
+            model="deepseek-flash", messages=[{"role": "user", "content": f"Question {ok}: what is 2 + 2?"}],
+            max_tokens=32)
     assert len(records(tmp_path, ok + 2)) == ok + 2, "the SDK retried an insufficient_quota"
     assert chat_requests(fake) == ok
 
