@@ -122,11 +122,11 @@ def test_teams_budget_use_matches_the_usage_report(traffic: Traffic) -> None:
     assert list(teams) == ["default", "growth", "research", "support"]
     cost = {r["team"]: r["cost_usd"] for r in traffic.admin("/admin/usage?by=team").json()["rows"]}
     research, support = teams["research"], teams["support"]
-    assert (research["limits"]["budget_usd"], research["spend"]["period"]) == (0.0003, "month")
+    assert (research["limits"]["budget_usd"], research["spend"]["period"]) == (0.0006, "month")
     assert research["spend"]["spent_usd"] == pytest.approx(cost["research"], abs=1e-12)
-    assert 0 < research["spend"]["spent_usd"] < 0.0003
-    assert research["spend"]["remaining_usd"] == pytest.approx(0.0003 - cost["research"], abs=1e-12)
-    assert research["spend"]["used_percent"] == round(100 * research["spend"]["spent_usd"] / 0.0003, 2)
+    assert 0 < research["spend"]["spent_usd"] < 0.0006
+    assert research["spend"]["remaining_usd"] == pytest.approx(0.0006 - cost["research"], abs=1e-12)
+    assert research["spend"]["used_percent"] == round(100 * research["spend"]["spent_usd"] / 0.0006, 2)
     assert (support["limits"]["budget_usd"], support["spend"]["period"]) == (0.000001, "total")
     assert support["spend"]["remaining_usd"] == 0 and support["spend"]["used_percent"] > 100
     growth = teams["growth"]

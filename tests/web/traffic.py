@@ -18,9 +18,10 @@ from tests.harness import RunningChatgate, make_settings, run_chatgate
 ADMIN_KEY = "admin-dashboard-test-key"
 
 # Budgets set through the admin API once the traffic is recorded (growth and default have none): research's
-# is about half used, support's was spent many times over (a "total" budget: no period boundary can reset it
-# while the tests run).
-BUDGETS = {"research": {"budget_usd": "0.0003", "budget_period": "month"},
+# is about half used (prices are the same at every hour here, so that holds whenever the tests run),
+# support's was spent many times over (a "total" budget: no period boundary can reset it while the tests
+# run).
+BUDGETS = {"research": {"budget_usd": "0.0006", "budget_period": "month"},
            "support": {"budget_usd": "0.000001", "budget_period": "total"}}
 
 # (team, key name, model, ok requests, rejected requests)
@@ -77,7 +78,7 @@ def clear_of_an_hour_boundary(margin: float = 20.0) -> float:
 def dashboard_traffic(tmp_path: Path) -> Iterator[Traffic]:
     with run_fake_deepseek() as fake:
         auth = {"mode": "managed", "upstream_api_key": "sk-house", "admin_key": ADMIN_KEY}
-        settings = make_settings(tmp_path, fake.url, auth=auth)
+        settings = make_settings(tmp_path, fake.url, auth=auth, pricing={"off_peak_multiplier": "1"})
         with run_chatgate(settings) as gate:
             traffic = Traffic(gate)
             for team, name, _, _, _ in PLAN:
