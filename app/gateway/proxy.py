@@ -30,7 +30,7 @@ from app.gateway.relay import SSERelay
 from app.gateway.responses import RawResponse, error_response, is_event_stream, json_response
 from app.gateway.upstream import Upstream, forward_headers, map_transport_error
 from app.metering.metrics import Metrics
-from app.metering.pricing import cost_picousd
+from app.metering.pricing import cost_bound_picousd
 from app.metering.recorder import Recorder
 from app.metering.store.base import UsageRecord
 from app.metering.tokens import context_overflow
@@ -280,12 +280,12 @@ class Gateway:
             top = profile.max_tokens_max if profile is not None else self.settings.limits.default_max_tokens
             wanted = verdict.max_tokens if verdict is not None and verdict.max_tokens is not None else None
             completion = min(wanted if wanted is not None else self.settings.limits.default_max_tokens, top)
-            tokens = TokenCounts(prompt, completion, 0, prompt, 0)
             prices = profile.prices if profile is not None else None
             pricing = self.settings.pricing
 
             def cost(ts: float) -> int:
-                return cost_picousd(tokens, prices, ts, pricing.peak_hours_utc, pricing.off_peak_multiplier)
+                return cost_bound_picousd(prompt, completion, prices, ts, pricing.peak_hours_utc,
+                                          pricing.off_peak_multiplier)
 
             return prompt + completion, cost
 

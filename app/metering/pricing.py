@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from decimal import ROUND_HALF_UP, Decimal
+from decimal import ROUND_CEILING, ROUND_HALF_UP, Decimal
 
 from app.metering.usage import TokenCounts
 from app.profiles import Prices
@@ -38,6 +38,24 @@ def cost_picousd(tokens: TokenCounts, prices: Prices | None, ts: float, windows:
     if not is_peak(ts, windows):
         usd_per_mtok *= off_peak_multiplier
     return int((usd_per_mtok * PICO_PER_USD_PER_MTOK).to_integral_value(ROUND_HALF_UP))
+
+
+@functools.lru_cache(maxsize=64)
+def _rates(prices: Prices, peak: bool, off_peak_multiplier: Decimal) -> tuple[int, int]:
+    """picoUSD per cache-miss input token and per output token, rounded up."""
+    scale = PICO_PER_USD_PER_MTOK * (1 if peak else off_peak_multiplier)
+    return (int((prices.input_cache_miss * scale).to_integral_value(ROUND_CEILING)),
+            int((prices.output * scale).to_integral_value(ROUND_CEILING)))
+
+
+def cost_bound_picousd(prompt_tokens: int, completion_tokens: int, prices: Prices | None, ts: float,
+                       windows: list[str], off_peak_multiplier: Decimal) -> int:
+    """An upper bound of `cost_picousd` for this many tokens, all of the prompt a cache miss (what a limit
+    reserves before the request goes out): integer arithmetic, per-token prices rounded up."""
+    if prices is None:
+        return 0
+    miss, out = _rates(prices, is_peak(ts, windows), off_peak_multiplier)
+    return prompt_tokens * miss + completion_tokens * out
 
 
 def picousd_to_usd(pico: int) -> Decimal:

@@ -47,6 +47,10 @@ class LocalBudgets:
             ledger = self.ledgers.setdefault((scope, subject), {}).setdefault(period_start, Ledger(spent))
         return ledger
 
+    def _known(self, hold: Hold) -> Ledger | None:
+        periods = self.ledgers.get((hold.scope, hold.subject))
+        return periods.get(hold.period_start) if periods is not None else None
+
     def unbudgeted(self, scope: str, subject: str) -> None:
         """The subject has no budget (now): its spending is no longer tracked, so its ledgers go (those
         without requests in flight); a budget set again starts from the usage the store recorded."""
@@ -59,7 +63,7 @@ class LocalBudgets:
             del self.ledgers[(scope, subject)]
 
     async def reserve(self, holds: Sequence[Hold], now: float) -> Hold | None:
-        ledgers = [await self._ledger(h.scope, h.subject, h.period_start) for h in holds]
+        ledgers = [self._known(h) or await self._ledger(h.scope, h.subject, h.period_start) for h in holds]
         # From here to the end nothing awaits: the check and the holds are one step for this event loop.
         for hold, ledger in zip(holds, ledgers, strict=True):
             if ledger.spent + ledger.held + hold.amount_picousd > hold.budget_picousd:

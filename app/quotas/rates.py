@@ -120,7 +120,9 @@ class LocalRates:
                 entry[1] = float(tokens)
 
     def _window(self, subject: Subject, now: float) -> Window:
-        window = self.windows.setdefault((subject.scope, subject.name), Window())
+        window = self.windows.get((subject.scope, subject.name))
+        if window is None:
+            window = self.windows[(subject.scope, subject.name)] = Window()
         window.prune(now)
         return window
 

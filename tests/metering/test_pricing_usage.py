@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.metering.pricing import cost_picousd, is_peak, picousd_to_usd
+from app.metering.pricing import cost_bound_picousd, cost_picousd, is_peak, picousd_to_usd
 from app.metering.usage import TokenCounts, tokens_from_usage
 from app.openai.chat import ChatFamily
 from app.profiles import DEFAULT_PROFILES, FLASH_PRICES, PRO_PRICES
@@ -159,3 +159,18 @@ def test_the_chat_family_reads_usage_from_an_answer() -> None:
     assert family.usage({"choices": [], "usage": DEEPSEEK_USAGE}) == TokenCounts(120, 45, 64, 56, 30)
     assert family.usage({"choices": []}) is None
     assert family.usage([1, 2]) is None
+
+
+@given(prompt=st.integers(0, 2_000_000), completion=st.integers(0, 400_000),
+       minute=st.integers(0, 24 * 60 - 1), pro=st.booleans(),
+       half=st.sampled_from([Decimal("0.5"), Decimal("1"), Decimal("0.333")]))
+def test_the_bound_a_limit_reserves_is_the_cost_rounded_up(prompt: int, completion: int, minute: int,
+                                                            pro: bool, half: Decimal) -> None:
+    """The integer bound of issue 15's reservations: never below what the same tokens cost (the prompt all
+    cache misses), above it by less than a picodollar per token."""
+    prices = PRO_PRICES if pro else FLASH_PRICES
+    ts = 1_800_000_000 // 86400 * 86400 + minute * 60.0
+    exact = cost_picousd(TokenCounts(prompt, completion, 0, prompt, 0), prices, ts, PEAK, half)
+    bound = cost_bound_picousd(prompt, completion, prices, ts, PEAK, half)
+    assert exact <= bound <= exact + prompt + completion
+    assert cost_bound_picousd(prompt, completion, None, ts, PEAK, half) == 0
