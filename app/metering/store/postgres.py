@@ -385,7 +385,8 @@ class PostgresStore:
             poller.register(conn.fileno(), select.POLLIN | select.POLLERR | select.POLLHUP)
             if not poller.poll(0):
                 return
-            raise psycopg.OperationalError("the server closed this connection")
+            # Something to read: most often the server's last words, but a new connection can have
+            # something pending too (and may carry a discarded one's id): the round trip decides.
         with self._watchdog.guard(conn, self._timeout):
             conn.execute("")
 
