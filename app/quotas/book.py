@@ -16,6 +16,7 @@ class LimitBook:
         self.ttl = ttl
         self.clock = clock
         self._cache: dict[tuple[str, str], tuple[float, LimitRow | None]] = {}
+        self._loading: dict[tuple[str, str], asyncio.Future[LimitRow | None]] = {}
 
     async def get(self, scope: str, subject: str) -> LimitRow | None:
         if self.store is None:
@@ -25,12 +26,27 @@ class LimitBook:
         cached = self._cache.get(key)
         if cached is not None and cached[0] > now:
             return cached[1]
-        row = await asyncio.to_thread(self.store.get_limits, scope, subject)
-        if len(self._cache) > 10_000:
-            self._cache.clear()
-        self._cache[key] = (now + self.ttl, row)
+        loading = self._loading.get(key)
+        if loading is None:  # one look-up per expiry, however many requests arrive meanwhile
+            loading = self._loading[key] = asyncio.ensure_future(self._load(key, now))
+        return await asyncio.shield(loading)
+
+    async def _load(self, key: tuple[str, str], now: float) -> LimitRow | None:
+        assert self.store is not None
+        me = asyncio.current_task()
+        try:
+            row = await asyncio.to_thread(self.store.get_limits, *key)
+        finally:
+            current = self._loading.get(key) is me
+            if current:
+                del self._loading[key]
+        if current:  # not forgotten meanwhile: a row read before a change must not be kept
+            if len(self._cache) > 10_000:
+                self._cache.clear()
+            self._cache[key] = (now + self.ttl, row)
         return row
 
     def forget(self, scope: str, subject: str) -> None:
-        """A change made by this process applies to it at once."""
+        """A change made by this process applies to it at once (a look-up under way is not cached)."""
         self._cache.pop((scope, subject), None)
+        self._loading.pop((scope, subject), None)
