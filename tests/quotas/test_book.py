@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from app.metering.store.base import LimitRow
 from app.metering.store.sqlite import SQLiteStore
@@ -27,11 +30,16 @@ class SlowStore(SQLiteStore):
         return row
 
 
-def test_concurrent_requests_share_one_look_up(tmp_path: Path) -> None:
-    store = SlowStore(tmp_path / "b.db")
-    store.migrate()
-    store.set_limits(LimitRow("team", "red", rpm=5))
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[SlowStore]:
+    s = SlowStore(tmp_path / "b.db")
+    s.migrate()
+    s.set_limits(LimitRow("team", "red", rpm=5))
+    yield s
+    s.close()
 
+
+def test_concurrent_requests_share_one_look_up(store: SlowStore) -> None:
     async def go() -> None:
         book = LimitBook(store, ttl=60.0)
         waiting = [asyncio.ensure_future(book.get("team", "red")) for _ in range(16)]
@@ -42,17 +50,10 @@ def test_concurrent_requests_share_one_look_up(tmp_path: Path) -> None:
         assert store.lookups == 1
         assert (await book.get("team", "red")) is rows[0] and store.lookups == 1, "then cached"
 
-    try:
-        asyncio.run(go())
-    finally:
-        store.close()
+    asyncio.run(go())
 
 
-def test_a_look_up_under_way_does_not_undo_a_change_made_here(tmp_path: Path) -> None:
-    store = SlowStore(tmp_path / "b.db")
-    store.migrate()
-    store.set_limits(LimitRow("team", "red", rpm=5))
-
+def test_a_look_up_under_way_does_not_undo_a_change_made_here(store: SlowStore) -> None:
     async def go() -> None:
         book = LimitBook(store, ttl=60.0)
         stale = asyncio.ensure_future(book.get("team", "red"))
@@ -64,7 +65,4 @@ def test_a_look_up_under_way_does_not_undo_a_change_made_here(tmp_path: Path) ->
         row = await book.get("team", "red")
         assert row is not None and row.rpm == 9
 
-    try:
-        asyncio.run(go())
-    finally:
-        store.close()
+    asyncio.run(go())
