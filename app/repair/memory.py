@@ -83,8 +83,10 @@ class TurnMemory:
         assert self.store is not None
         while self._queued:
             batch, self._queued = self._queued, []
+            written = [row for turn_rows, _ in batch for row in turn_rows]
             try:
-                await asyncio.to_thread(self.store.remember_turns, [row for rows, _ in batch for row in rows])
+                if not self.store.try_remember_turns(written):
+                    await asyncio.to_thread(self.store.remember_turns, written)
             except StoreError as exc:
                 self.store_errors += 1
                 log.warning("could not store %d relayed turn(s) for restoring (%s); kept in this process "

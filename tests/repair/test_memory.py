@@ -99,6 +99,9 @@ def test_duplicate_ids_in_one_turn_are_not_remembered() -> None:
 
 
 class BrokenStore(SQLiteStore):
+    def try_remember_turns(self, rows: object) -> bool:
+        raise StoreError("database is locked")
+
     def remember_turns(self, rows: object) -> None:
         raise StoreError("database is locked")
 
@@ -144,6 +147,9 @@ def test_the_bytes_counted_are_at_least_what_the_cache_really_holds() -> None:
 
 class CountingStore(SQLiteStore):
     calls: list[int]
+
+    def try_remember_turns(self, rows: Sequence[TurnRow]) -> bool:
+        return False  # always through a worker thread, where batches form
 
     def remember_turns(self, rows: Sequence[TurnRow]) -> None:
         self.calls.append(len(rows))

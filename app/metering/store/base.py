@@ -197,6 +197,10 @@ class Store(Protocol):
     def remember_turns(self, rows: Sequence[TurnRow]) -> None:
         """Insert or replace, keyed by (caller, kind, call_id)."""
 
+    def try_remember_turns(self, rows: Sequence[TurnRow]) -> bool:
+        """`remember_turns` at once on the calling thread (the event loop's) if that cannot wait on
+        anything (a lock, the network, a checkpoint); False, having written nothing, when it would."""
+
     def recall_turns(self, caller: str, kind: str, call_ids: Sequence[str], now: float) -> list[TurnRow]:
         """The caller's unexpired rows for these call ids (never another caller's)."""
 

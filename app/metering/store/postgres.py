@@ -269,6 +269,9 @@ class PostgresStore:
             row = conn.execute(_Q.find_key, (key_hash,)).fetchone()
         return None if row is None else key_from_row(row)
 
+    def try_remember_turns(self, rows: Sequence[TurnRow]) -> bool:
+        return False  # a round trip: never on the event loop
+
     def remember_turns(self, rows: Sequence[TurnRow]) -> None:
         if rows:
             with self._connection(self._timeout) as conn, conn.transaction(), conn.cursor() as cur:

@@ -92,6 +92,7 @@ class SQLiteStore:
         # This process's writers (the usage writer, turn memory, budgets) take turns here: a thread waiting
         # on a lock wakes when it is released, where SQLite's busy handler sleeps and polls (ms at a time).
         self._writing = threading.Lock()
+        self._inline: sqlite3.Connection | None = None
         self._conns: dict[threading.Thread, sqlite3.Connection] = {}
         self._closed = False
 
@@ -156,6 +157,52 @@ class SQLiteStore:
         with self._errors():
             row = self._conn().execute(_Q.find_key, (key_hash,)).fetchone()
         return None if row is None else key_from_row(row)
+
+    def try_remember_turns(self, rows: Sequence[TurnRow]) -> bool:
+        """A small local write (~0.2 ms) done on the caller's thread: handing it to a worker thread costs
+        that thread a GIL hand-off per statement, up to 5 ms each while the event loop is busy. Only
+        if nothing has to be waited for: this process's write lock is free, the file's write lock is
+        taken without a busy wait (timeout 0), and this connection never checkpoints the WAL."""
+        if not rows:
+            return True
+        if not self._writing.acquire(blocking=False):
+            return False
+        try:
+            with self._errors():
+                conn = self._inline_conn()
+                if conn is None:
+                    return False
+                try:
+                    conn.execute("BEGIN IMMEDIATE")
+                except sqlite3.OperationalError as e:
+                    if e.sqlite_errorcode in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+                        return False
+                    raise
+                try:
+                    conn.executemany(_Q.remember_turn, [turn_params(r) for r in rows])
+                    conn.execute("COMMIT")
+                except BaseException:
+                    with suppress(sqlite3.Error):
+                        conn.execute("ROLLBACK")
+                    raise
+            return True
+        finally:
+            self._writing.release()
+
+    def _inline_conn(self) -> sqlite3.Connection | None:
+        """The connection of `try_remember_turns` (used under `_writing` only); None if the file is not in
+        WAL mode yet."""
+        if self._closed:
+            raise StoreError(f"SQLite store {self.path} is closed")
+        if self._inline is None:
+            conn = sqlite3.connect(self.path, timeout=0, isolation_level=None, check_same_thread=False)
+            if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                conn.close()
+                return None
+            conn.execute("PRAGMA synchronous = NORMAL")
+            conn.execute("PRAGMA wal_autocheckpoint = 0")  # the other connections checkpoint
+            self._inline = conn
+        return self._inline
 
     def remember_turns(self, rows: Sequence[TurnRow]) -> None:
         if rows:
@@ -241,6 +288,10 @@ class SQLiteStore:
             self._closed = True
             conns = list(self._conns.values())
             self._conns.clear()
+        with self._writing:
+            if self._inline is not None:
+                conns.append(self._inline)
+                self._inline = None
         for conn in conns:
             conn.close()
 

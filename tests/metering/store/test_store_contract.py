@@ -682,6 +682,37 @@ def test_turns_are_shared_by_stores_on_one_url(make_store: Callable[[], Store]) 
     assert [r.payload for r in second.recall_turns("fp-a", "chat", ["call_9"], time.time())] == ["shared"]
 
 
+def test_a_turn_written_at_once_is_there_for_another_replica(make_store: Callable[[], Store]) -> None:
+    """try_remember_turns: SQLite writes on the calling thread (committed: another store on the file reads
+    it at once); PostgreSQL never does (a round trip), and says so without writing."""
+    first, second = make_store(), make_store()
+    first.migrate()
+    written = first.try_remember_turns([turn("fp-a", "call_1", "now")])
+    assert written is isinstance(first, SQLiteStore)
+    found = second.recall_turns("fp-a", "chat", ["call_1"], time.time())
+    assert [r.payload for r in found] == (["now"] if written else [])
+
+
+def test_sqlite_does_not_write_at_once_when_it_would_have_to_wait(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "t.db")
+    store.migrate()
+    other = sqlite3.connect(tmp_path / "t.db", isolation_level=None)
+    try:
+        other.execute("BEGIN IMMEDIATE")  # another process writing
+        started = time.monotonic()
+        assert store.try_remember_turns([turn("fp-a", "call_1", "x")]) is False
+        assert time.monotonic() - started < 0.5, "no busy wait"
+        other.execute("ROLLBACK")
+        with store._writing:  # this process's usage writer in a transaction
+            assert store.try_remember_turns([turn("fp-a", "call_1", "x")]) is False
+        assert store.recall_turns("fp-a", "chat", ["call_1"], time.time()) == []
+        assert store.try_remember_turns([turn("fp-a", "call_1", "x")]) is True
+        assert [r.payload for r in store.recall_turns("fp-a", "chat", ["call_1"], time.time())] == ["x"]
+    finally:
+        other.close()
+        store.close()
+
+
 # --- limits and budgets (issue 15) ----------------------------------------------------------------
 
 def hold(subject: str, amount: int, budget: int = 1000, scope: str = "team", period: float = T0,
