@@ -26,6 +26,7 @@ from app.repair.base import Turn
 
 log = logging.getLogger("chatgate.repair")
 
+INLINE_TRIES, INLINE_RETRY_S = 8, 0.001  # writing on the event loop: tries, and the pause between them
 DICT_SLOT = 104  # bytes of an OrderedDict entry (hash table slot and linked-list node), besides key and value
 
 
@@ -85,7 +86,11 @@ class TurnMemory:
             batch, self._queued = self._queued, []
             written = [row for turn_rows, _ in batch for row in turn_rows]
             try:
-                if not self.store.try_remember_turns(written):
+                for _ in range(INLINE_TRIES):  # the write lock is mostly busy for a few ms (a usage batch)
+                    if self.store.try_remember_turns(written):
+                        break
+                    await asyncio.sleep(INLINE_RETRY_S)
+                else:
                     await asyncio.to_thread(self.store.remember_turns, written)
             except StoreError as exc:
                 self.store_errors += 1
