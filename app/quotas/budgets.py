@@ -36,9 +36,12 @@ class LocalBudgets:
         self.store = store
         self.ledgers: dict[tuple[str, str], dict[float, Ledger]] = {}  # (scope, subject) -> period start
 
-    async def _ledger(self, scope: str, subject: str, period_start: float) -> Ledger:
+    def _known(self, scope: str, subject: str, period_start: float) -> Ledger | None:
         periods = self.ledgers.get((scope, subject))
-        ledger = periods.get(period_start) if periods is not None else None
+        return periods.get(period_start) if periods is not None else None
+
+    async def _ledger(self, scope: str, subject: str, period_start: float) -> Ledger:
+        ledger = self._known(scope, subject, period_start)
         if ledger is None:
             spent = 0
             if self.store is not None:
@@ -46,10 +49,6 @@ class LocalBudgets:
             # another request may have seeded it while this one waited
             ledger = self.ledgers.setdefault((scope, subject), {}).setdefault(period_start, Ledger(spent))
         return ledger
-
-    def _known(self, hold: Hold) -> Ledger | None:
-        periods = self.ledgers.get((hold.scope, hold.subject))
-        return periods.get(hold.period_start) if periods is not None else None
 
     def unbudgeted(self, scope: str, subject: str) -> None:
         """The subject has no budget (now): its spending is no longer tracked, so its ledgers go (those
@@ -63,7 +62,8 @@ class LocalBudgets:
             del self.ledgers[(scope, subject)]
 
     async def reserve(self, holds: Sequence[Hold], now: float) -> Hold | None:
-        ledgers = [self._known(h) or await self._ledger(h.scope, h.subject, h.period_start) for h in holds]
+        ledgers = [self._known(h.scope, h.subject, h.period_start)  # no await when known: the hot path
+                   or await self._ledger(h.scope, h.subject, h.period_start) for h in holds]
         # From here to the end nothing awaits: the check and the holds are one step for this event loop.
         for hold, ledger in zip(holds, ledgers, strict=True):
             if ledger.spent + ledger.held + hold.amount_picousd > hold.budget_picousd:
@@ -72,14 +72,11 @@ class LocalBudgets:
             ledger.holds[hold.hold_id] = hold.amount_picousd
         return None
 
-    async def settle(self, holds: Sequence[Hold], amount: int, spent: bool = True) -> list[tuple[Hold, int]]:
-        return self.settle_now(holds, amount)
-
     def settle_now(self, holds: Sequence[Hold], amount: int) -> list[tuple[Hold, int]]:
         """(hold, the ledger's spend after it) for each hold."""
         out = []
         for hold in holds:
-            ledger = self.ledgers.get((hold.scope, hold.subject), {}).get(hold.period_start)
+            ledger = self._known(hold.scope, hold.subject, hold.period_start)
             if ledger is not None and ledger.holds.pop(hold.hold_id, None) is not None:
                 ledger.spent += amount
                 out.append((hold, ledger.spent))
@@ -232,9 +229,6 @@ class StoreBudgets:
         lease.spent -= ask.spent_picousd
         lease.granted, lease.ledger_spent = grant.amount_picousd, grant.ledger_spent_picousd
         lease.budget, lease.expires_at = budget, ask.expires_at
-
-    async def settle(self, holds: Sequence[Hold], amount: int, spent: bool = True) -> list[tuple[Hold, int]]:
-        return self.settle_now(holds, amount)
 
     def settle_now(self, holds: Sequence[Hold], amount: int) -> list[tuple[Hold, int]]:
         """No I/O: the spend goes to the ledger with the next flush. (hold, the period's spend as this

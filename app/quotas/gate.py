@@ -118,12 +118,13 @@ class Quotas:
 
     @property
     def in_process(self) -> bool:
-        """Whether rates and budgets are both counted in this process: settling then needs no I/O."""
-        return isinstance(self.rates, LocalRates) and isinstance(self.budgets, LocalBudgets)
+        """Whether rates are counted in this process: settling then needs no I/O (budgets never do: a
+        lease's spend is flushed by its keeper)."""
+        return isinstance(self.rates, LocalRates)
 
     def settle_now(self, admission: Admission, tokens: TokenCounts, cost: int) -> None:
         """`settle` without a task, when the counters are `in_process` (the common single-replica case)."""
-        assert isinstance(self.rates, LocalRates) and isinstance(self.budgets, LocalBudgets)
+        assert isinstance(self.rates, LocalRates)
         if admission.settled:
             return
         admission.settled = True
@@ -147,11 +148,10 @@ class Quotas:
             return
         admission.settled = True
         used = tokens.prompt_tokens + tokens.completion_tokens
+        if admission.holds:  # first: no I/O, so a Redis error below cannot leave a budget hold behind
+            self._alert_on(admission, self.budgets.settle_now(admission.holds, cost))
         try:
             await self._release_rates(admission, used)
-            if admission.holds:
-                alerting = self.alerts.settings.webhook_url is not None
-                self._alert_on(admission, await self.budgets.settle(admission.holds, cost, spent=alerting))
         except BACKEND_ERRORS as exc:
             self.backend_errors += 1
             log.warning("could not settle a request's quotas (%s); its reservations expire on their own", exc)

@@ -191,7 +191,7 @@ def test_local_budgets_start_from_recorded_spend_and_are_all_or_nothing(store: S
     over = hold(2, 2 * USD)
     assert run(budgets.reserve([hold(3, 1, scope="key", subject_="k"), over], 2.0)) == over
     assert run(budgets.state("key", "k", 0.0, 2.0)) == (0, 0)
-    assert run(budgets.settle([hold(1, 5 * USD)], 3 * USD)) == [(hold(1, 5 * USD), 7 * USD)]
+    assert budgets.settle_now([hold(1, 5 * USD)], 3 * USD) == [(hold(1, 5 * USD), 7 * USD)]
     assert run(budgets.state("team", "search", 0.0, 2.0)) == (7 * USD, 0)
 
 
