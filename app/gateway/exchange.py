@@ -57,7 +57,7 @@ class Exchange:
             headers.append((b"x-chatgate-warning", warning.encode("ascii", "replace")))
         if self.repaired is not None and self.repaired.applied:
             headers.append((b"x-chatgate-repaired", self.repaired.header().encode("ascii", "replace")))
-        if self.admission is not None:
+        if self.admission is not None and self.admission.info is not None:
             headers += self.admission.info.headers()
         return headers
 

@@ -11,7 +11,6 @@ import asyncio
 import dataclasses
 import functools
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,7 +33,6 @@ from app.metering.pricing import cost_bound_picousd
 from app.metering.recorder import Recorder
 from app.metering.store.base import UsageRecord
 from app.metering.tokens import context_overflow
-from app.metering.usage import TokenCounts
 from app.quotas.gate import Quotas, refusal_error
 from app.quotas.model import Refusal
 from app.repair.base import Applied, Repaired
@@ -202,7 +200,7 @@ class Gateway:
             if _only_restored(family, verdict, done, len(recalled), missed):
                 # Each problem was a turn's missing reasoning, put back as relayed: nothing else changed,
                 # so checking the whole body again could only find what it found before, minus those.
-                verdict = dataclasses.replace(verdict, problems=[])
+                verdict = verdict.without_problems()
                 break
             verdict = family.check(body, beta=ex.route.beta, origin=origin)
         if applied or misses:
@@ -273,20 +271,17 @@ class Gateway:
         """Reserve the request's upper bounds against its caller's limits (issue 15)."""
         assert self.quotas is not None
 
-        def bounds() -> tuple[int, Callable[[float], int]]:  # only asked when the caller has limits
+        def bounds(now: float) -> tuple[int, int]:  # only asked when the caller has limits
             profile = verdict.profile if verdict is not None else self.profiles.get(ex.model)
-            images = sum(ex.body.count(m) for m in IMAGE_MARKERS) if b"image" in ex.body else 0
+            media = verdict is None or verdict.media
+            images = sum(ex.body.count(m) for m in IMAGE_MARKERS) if media and b"image" in ex.body else 0
             prompt = len(ex.body) + IMAGE_TOKENS * images
             top = profile.max_tokens_max if profile is not None else self.settings.limits.default_max_tokens
             wanted = verdict.max_tokens if verdict is not None and verdict.max_tokens is not None else None
             completion = min(wanted if wanted is not None else self.settings.limits.default_max_tokens, top)
-            prices = profile.prices if profile is not None else None
-            pricing = self.settings.pricing
-
-            def cost(ts: float) -> int:
-                return cost_bound_picousd(prompt, completion, prices, ts, pricing.peak_hours_utc,
-                                          pricing.off_peak_multiplier)
-
+            pricing, prices = self.settings.pricing, profile.prices if profile is not None else None
+            cost = cost_bound_picousd(prompt, completion, prices, now, pricing.peak_hours_utc,
+                                      pricing.off_peak_multiplier)
             return prompt + completion, cost
 
         admitted = await self.quotas.admit(ex.identity.team, ex.identity.key_id, bounds)
@@ -305,7 +300,7 @@ class Gateway:
 
     def _settle(self, ex: Exchange, record: UsageRecord) -> None:
         if ex.admission is not None and self.quotas is not None:
-            tokens = TokenCounts(record.prompt_tokens, record.completion_tokens)
+            tokens = record.prompt_tokens + record.completion_tokens
             if self.quotas.in_process:
                 self.quotas.settle_now(ex.admission, tokens, record.cost_picousd)
             else:

@@ -23,8 +23,12 @@ def _spans(windows: tuple[str, ...]) -> tuple[tuple[int, int], ...]:
 
 
 def is_peak(ts: float, windows: list[str]) -> bool:
-    now = int(ts // 60) % (24 * 60)  # minute of the UTC day: POSIX time has no leap seconds
-    return any(start <= now < end for start, end in _spans(tuple(windows)))
+    return _peak_minute(int(ts // 60) % (24 * 60), tuple(windows))  # POSIX time has no leap seconds
+
+
+@functools.lru_cache(maxsize=4096)
+def _peak_minute(minute_of_day: int, windows: tuple[str, ...]) -> bool:
+    return any(start <= minute_of_day < end for start, end in _spans(windows))
 
 
 def cost_picousd(tokens: TokenCounts, prices: Prices | None, ts: float, windows: list[str],

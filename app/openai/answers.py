@@ -12,26 +12,16 @@ from app.repair.base import Turn
 
 def turn_from_completion(data: Any) -> Turn | None:
     """The tool-call turn of a non-streaming answer, when it has one and reasoning to go with it."""
-    if not isinstance(data, dict) or not isinstance(data.get("choices"), list) or not data["choices"]:
+    try:
+        message = data["choices"][0]["message"]
+        reasoning, calls = message["reasoning_content"], message["tool_calls"]
+        ids = tuple([call["id"] for call in calls])
+        names = tuple([str(call["function"].get("name", "")) for call in calls])
+    except (KeyError, IndexError, TypeError, AttributeError):  # not the shape of a tool-call turn
         return None
-    choice = data["choices"][0]
-    message = choice.get("message") if isinstance(choice, dict) else None
-    if not isinstance(message, dict) or not isinstance(message.get("reasoning_content"), str):
+    if not ids or not isinstance(reasoning, str) or not all(isinstance(i, str) for i in ids):
         return None
-    calls = message.get("tool_calls")
-    if not isinstance(calls, list) or not calls:
-        return None
-    ids: list[str] = []
-    names: list[str] = []
-    for call in calls:
-        if not isinstance(call, dict) or not isinstance(call.get("id"), str):
-            return None
-        function = call.get("function")
-        if not isinstance(function, dict):
-            return None
-        ids.append(call["id"])
-        names.append(str(function.get("name", "")))
-    return Turn(tuple(ids), tuple(names), message["reasoning_content"])
+    return Turn(ids, names, reasoning)
 
 
 class StreamedTurn:

@@ -43,7 +43,7 @@ class ChatFamily:
         if req is None:
             return Verdict(checked.problems, checked.warnings, profile=checked.profile)
         return Verdict(checked.problems, checked.warnings, req.model, req.stream is True, checked.thinking,
-                       bool(req.tools), req.max_tokens, checked.profile)
+                       bool(req.tools), req.max_tokens, checked.profile, checked.media)
 
     def repairable(self, found: Sequence[Problem], options: RepairOptions) -> bool:
         return wanted(found, options)

@@ -8,7 +8,7 @@ the assistant turns of R17 problems (message index -> reasoning_content), looked
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from app.errors import Problem
@@ -32,11 +32,15 @@ HANDLES: dict[str, frozenset[str]] = {
     "orphan_tool_messages": frozenset({"tool_without_tool_calls", "unknown_tool_call_id"}),
     "unanswered_tool_calls": frozenset({"tool_calls_unanswered"}),
 }
+FIXED_BY: dict[str, tuple[str, ...]] = {
+    code: tuple(name for name, codes in HANDLES.items() if code in codes)
+    for code in frozenset().union(*HANDLES.values())
+}
 
 
 def wanted(found: Sequence[Problem], options: RepairOptions) -> bool:
     """Whether any enabled repair handles any of these problems (cheap: most requests have none)."""
-    return any(p.code in HANDLES[name] for p in found for name in options.enabled if name in HANDLES)
+    return any(name in options.enabled for p in found for name in FIXED_BY.get(p.code, ()))
 
 
 def reasoning_wanted(found: Sequence[Problem], options: RepairOptions) -> list[int]:
@@ -59,9 +63,7 @@ def repair_chat(data: dict[str, Any], found: Sequence[Problem], options: RepairO
         return []
     applied: list[Applied] = []
     codes = {p.code for p in found}
-
-    def on(name: str) -> bool:
-        return options.on(name) and bool(HANDLES[name] & codes)
+    on = {name for code in codes for name in FIXED_BY.get(code, ()) if name in options.enabled}.__contains__
 
     def each(code: str) -> list[Problem]:
         return [p for p in found if p.code == code]
@@ -120,7 +122,7 @@ def repair_chat(data: dict[str, Any], found: Sequence[Problem], options: RepairO
 
 
 def _restructure(messages: list[Any], found: Sequence[Problem], options: RepairOptions,
-                 on: Any) -> list[Applied]:
+                 on: Callable[[str], bool]) -> list[Applied]:
     """Drop orphan tool messages and answer unanswered calls: one new list, built from the original
     indices, so both repairs (and their reported paths) refer to the request as it came."""
     drop: set[int] = set()

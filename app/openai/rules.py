@@ -56,23 +56,37 @@ class MessageIndex:
     with_calls: list[tuple[int, AssistantMessage]]  # assistants with non-empty tool_calls
     arrays: list[tuple[int, UserMessage | ToolMessage]]  # content given as an array of parts
     tools: dict[int, str]  # position of each tool message -> its tool_call_id
+    other_arrays: bool = False  # another message's content is an array (a latest_reminder's may be)
+
+    @property
+    def media(self) -> bool:
+        """Whether an image (or another part that is not text) can be in the messages at all."""
+        return bool(self.arrays) or self.other_arrays
 
 
 def index_messages(messages: list[Message]) -> MessageIndex:
-    index = MessageIndex([], [], [], [], {})
+    roles: list[str] = []
+    assistants: list[tuple[int, AssistantMessage]] = []
+    with_calls: list[tuple[int, AssistantMessage]] = []
+    arrays: list[tuple[int, UserMessage | ToolMessage]] = []
+    tools: dict[int, str] = {}
+    other_arrays = False
     for i, msg in enumerate(messages):
-        index.roles.append(msg["role"])
+        roles.append(msg["role"])
         if msg["role"] == "assistant":
-            index.assistants.append((i, msg))
+            assistants.append((i, msg))
             if msg.get("tool_calls"):
-                index.with_calls.append((i, msg))
+                with_calls.append((i, msg))
         elif msg["role"] == "tool":
-            index.tools[i] = msg["tool_call_id"]
+            tools[i] = msg["tool_call_id"]
             if type(msg["content"]) is list:
-                index.arrays.append((i, msg))
-        elif msg["role"] == "user" and type(msg["content"]) is list:
-            index.arrays.append((i, msg))
-    return index
+                arrays.append((i, msg))
+        elif msg["role"] == "user":
+            if type(msg["content"]) is list:
+                arrays.append((i, msg))
+        else:
+            other_arrays = other_arrays or type(msg.get("content")) is list
+    return MessageIndex(roles, assistants, with_calls, arrays, tools, other_arrays)
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +116,7 @@ class Checked:
     profile: ModelProfile | None = None
     warnings: list[Problem] = field(default_factory=list)
     thinking: bool = False  # the request runs in thinking mode (§11)
+    media: bool = True  # the messages may hold images (False: no content array at all)
 
     @property
     def ok(self) -> bool:
@@ -129,7 +144,7 @@ def check_request(request: ChatCompletionRequest, policy: Policy, *, beta: bool 
     found = [p for rule in RULES for p in rule(request, ctx)]
     problems = sorted((p for p in found if not p.warning), key=_position)
     warnings = sorted((p for p in found if p.warning), key=_position)
-    return Checked(request, problems, profile, warnings, ctx.thinking)
+    return Checked(request, problems, profile, warnings, ctx.thinking, ctx.index.media)
 
 
 def is_thinking(request: ChatCompletionRequest, profile: ModelProfile, known: bool) -> bool:

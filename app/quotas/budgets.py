@@ -25,10 +25,7 @@ log = logging.getLogger("chatgate.quotas")
 class Ledger:
     spent: int
     holds: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def held(self) -> int:
-        return sum(self.holds.values())
+    held: int = 0  # the sum of holds
 
 
 class LocalBudgets:
@@ -70,6 +67,7 @@ class LocalBudgets:
                 return hold
         for hold, ledger in zip(holds, ledgers, strict=True):
             ledger.holds[hold.hold_id] = hold.amount_picousd
+            ledger.held += hold.amount_picousd
         return None
 
     def settle_now(self, holds: Sequence[Hold], amount: int) -> list[tuple[Hold, int]]:
@@ -77,7 +75,9 @@ class LocalBudgets:
         out = []
         for hold in holds:
             ledger = self._known(hold.scope, hold.subject, hold.period_start)
-            if ledger is not None and ledger.holds.pop(hold.hold_id, None) is not None:
+            held = ledger.holds.pop(hold.hold_id, None) if ledger is not None else None
+            if ledger is not None and held is not None:
+                ledger.held -= held
                 ledger.spent += amount
                 out.append((hold, ledger.spent))
         return out

@@ -22,11 +22,10 @@ from redis.exceptions import RedisError
 
 from app.errors import APIError
 from app.metering.store.base import Hold, LimitRow, Store, StoreError
-from app.metering.usage import TokenCounts
 from app.quotas.alerts import Alerts
 from app.quotas.book import LimitBook
 from app.quotas.budgets import LocalBudgets, StoreBudgets
-from app.quotas.model import Admission, Ask, Refusal, Subject
+from app.quotas.model import Admission, Ask, Plan, Refusal, Subject
 from app.quotas.periods import period_end, period_start
 from app.quotas.rates import LocalRates
 from app.quotas.redis_rates import RedisRates
@@ -51,6 +50,9 @@ class Quotas:
         shared = limits.budgets == "store" or (limits.budgets == "auto" and store is not None
                                                and (several or store.server))
         self.per_process_rates = several and limits.redis_url is None  # said once, when a rate applies
+        # rates counted in this process: settling needs no I/O then (budgets never do: a lease's spend is
+        # flushed by its keeper)
+        self.in_process = isinstance(self.rates, LocalRates)
         self.hold_seconds = settings.upstream.total_timeout + 60
         self.budgets: LocalBudgets | StoreBudgets = (StoreBudgets(store, self.hold_seconds, clock)
                                                      if shared and store is not None else LocalBudgets(store))
@@ -59,56 +61,59 @@ class Quotas:
         self._ids_prefix = uuid.uuid4().hex[:16] + "-"  # reservation ids: unique across replicas, cheap
         self._ids = itertools.count()
         self.backend_errors = 0
-        self._subjects: dict[tuple[str, str], tuple[LimitRow | None, LimitRow | None, list[Subject]]] = {}
+        self._plans: dict[tuple[str, str], tuple[LimitRow | None, LimitRow | None, Plan]] = {}
 
     async def subjects(self, team: str, key_id: str) -> list[Subject]:
+        return (await self.plan(team, key_id)).subjects
+
+    async def plan(self, team: str, key_id: str) -> Plan:
         rows = (await self.book.get("team", team), await self.book.get("key", key_id))
-        known = self._subjects.get((team, key_id))
+        known = self._plans.get((team, key_id))
         if known is not None and known[0] is rows[0] and known[1] is rows[1]:
             return known[2]  # the same rows as last time (the book hands out a row until it expires)
-        out = []
+        subjects = []
         for scope, name, row in (("team", team, rows[0]), ("key", key_id, rows[1])):
             if row is None or row.budget_picousd is None:
                 self.budgets.unbudgeted(scope, name)
             if row is not None and not row.empty:
-                out.append(Subject(scope, name, row))
-        if len(self._subjects) > 10_000:
-            self._subjects.clear()
-        self._subjects[(team, key_id)] = (rows[0], rows[1], out)
-        return out
+                subjects.append(Subject(scope, name, row))
+        if len(self._plans) > 10_000:
+            self._plans.clear()
+        plan = Plan.of(subjects)
+        self._plans[(team, key_id)] = (rows[0], rows[1], plan)
+        return plan
 
-    async def admit(self, team: str, key_id: str, bounds: Callable[[], tuple[int, Callable[[float], int]]]
+    async def admit(self, team: str, key_id: str, bounds: Callable[[float], tuple[int, int]]
                     ) -> Admission | Refusal | None:
-        """None: no limit applies. `bounds()` (asked only when a limit applies) is the request's upper bound
-        of tokens and the cost of those tokens at a given time (peak or off-peak)."""
+        """None: no limit applies. `bounds(now)` (asked only when a limit applies) is the request's upper
+        bound of tokens and the cost of those tokens at that time (peak or off-peak), in picoUSD."""
         try:
-            subjects = await self.subjects(team, key_id)
+            plan = await self.plan(team, key_id)
         except BACKEND_ERRORS as exc:
             return self._backend_down(exc)
-        if not subjects:
+        if not plan.subjects:
             return None
         now = self.clock()
-        tokens, cost = bounds()
-        ask = Ask(f"{self._ids_prefix}{next(self._ids)}", now, tokens, cost(now), now + self.hold_seconds)
-        admission = Admission(ask, subjects)
-        rated = [s for s in subjects if _rated(s.limits)]
-        if rated and self.per_process_rates:
+        tokens, cost = bounds(now)
+        ask = Ask(f"{self._ids_prefix}{next(self._ids)}", now, tokens, cost, now + self.hold_seconds)
+        admission = Admission(ask, plan.subjects, [], [])
+        if plan.rated and self.per_process_rates:
             self.per_process_rates = False
             log.warning("server.workers = %d without limits.redis_url: rpm, tpm and max_concurrent are "
                         "counted by each worker process on its own; set limits.redis_url to share them",
                         self.settings.server.workers)
         try:
-            if rated:
-                refused, admission.info = await self.rates.acquire(rated, ask, now)
+            if plan.rated:
+                refused, admission.info = await self.rates.acquire(plan.rated, ask, now)
                 if refused is not None:
                     return dataclasses.replace(refused, info=admission.info)
-                admission.rated = True
-            holds = [self._hold(s, ask) for s in subjects if s.limits.budget_picousd is not None]
-            if holds:
+                admission.rated = plan.rated
+            if plan.budgeted:
+                holds = [self._hold(s, ask) for s in plan.budgeted]
                 over = await self.budgets.reserve(holds, now)
                 if over is not None:
                     await self._release_rates(admission, 0, cancel=True)
-                    refusal = await self._over_budget(over, subjects, now)
+                    refusal = await self._over_budget(over, plan.subjects, now)
                     return dataclasses.replace(refusal, info=admission.info)
                 admission.holds = holds
         except BACKEND_ERRORS as exc:
@@ -116,42 +121,37 @@ class Quotas:
             return self._backend_down(exc)
         return admission
 
-    @property
-    def in_process(self) -> bool:
-        """Whether rates are counted in this process: settling then needs no I/O (budgets never do: a
-        lease's spend is flushed by its keeper)."""
-        return isinstance(self.rates, LocalRates)
-
-    def settle_now(self, admission: Admission, tokens: TokenCounts, cost: int) -> None:
-        """`settle` without a task, when the counters are `in_process` (the common single-replica case)."""
+    def settle_now(self, admission: Admission, tokens: int, cost: int) -> None:
+        """`settle` without a task, when the counters are `in_process` (the common single-replica case).
+        `tokens`: prompt + completion tokens used; `cost` in picoUSD."""
         assert isinstance(self.rates, LocalRates)
         if admission.settled:
             return
         admission.settled = True
         if admission.rated:
-            admission.rated = False
-            used = tokens.prompt_tokens + tokens.completion_tokens
-            self.rates.release_now([s for s in admission.subjects if _rated(s.limits)], admission.ask, used)
+            rated, admission.rated = admission.rated, []
+            self.rates.release_now(rated, admission.ask, tokens)
         if admission.holds:
-            self._alert_on(admission, self.budgets.settle_now(admission.holds, cost))
+            settled = self.budgets.settle_now(admission.holds, cost)
+            if self.alerts.settings.webhook_url is not None:
+                self._alert_on(admission, settled)
 
     def _alert_on(self, admission: Admission, settled: list[tuple[Hold, int]]) -> None:
-        if self.alerts.settings.webhook_url is None:
-            return
         for hold, spent in settled:
             subject = next(s for s in admission.subjects if s.scope == hold.scope)
             self.alerts.check(hold.scope, hold.subject, subject.limits.budget_period or "month",
                               hold.period_start, spent, hold.budget_picousd)
 
-    async def settle(self, admission: Admission, tokens: TokenCounts, cost: int) -> None:
+    async def settle(self, admission: Admission, tokens: int, cost: int) -> None:
         if admission.settled:
             return
         admission.settled = True
-        used = tokens.prompt_tokens + tokens.completion_tokens
         if admission.holds:  # first: no I/O, so a Redis error below cannot leave a budget hold behind
-            self._alert_on(admission, self.budgets.settle_now(admission.holds, cost))
+            settled = self.budgets.settle_now(admission.holds, cost)
+            if self.alerts.settings.webhook_url is not None:
+                self._alert_on(admission, settled)
         try:
-            await self._release_rates(admission, used)
+            await self._release_rates(admission, tokens)
         except BACKEND_ERRORS as exc:
             self.backend_errors += 1
             log.warning("could not settle a request's quotas (%s); its reservations expire on their own", exc)
@@ -186,8 +186,7 @@ class Quotas:
 
     async def _release_rates(self, admission: Admission, used: int, cancel: bool = False) -> None:
         if admission.rated:
-            admission.rated = False
-            rated = [s for s in admission.subjects if _rated(s.limits)]
+            rated, admission.rated = admission.rated, []
             try:
                 await self.rates.release(rated, admission.ask, used, cancel)
             except BACKEND_ERRORS:
@@ -235,10 +234,6 @@ class Quotas:
                         exc)
         await self.alerts.drain()
         await self.rates.close()
-
-
-def _rated(limits: LimitRow) -> bool:
-    return limits.rpm is not None or limits.tpm is not None or limits.max_concurrent is not None
 
 
 def refusal_error(refusal: Refusal) -> APIError:

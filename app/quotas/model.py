@@ -3,7 +3,7 @@ rate-limit state a client is told about in OpenAI's `x-ratelimit-*` headers."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from app.metering.store.base import Hold, LimitRow
 
@@ -23,7 +23,7 @@ class Subject:
         return f"{self.scope} {self.name}"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one per request, and a frozen __init__ pays a call per field
 class Ask:
     """What one request reserves: an upper bound of its tokens and of its cost, settled when it ends."""
 
@@ -56,12 +56,12 @@ class RateInfo:
     def headers(self) -> list[tuple[bytes, bytes]]:
         out = []
         if self.limit_requests is not None:
-            out += [(b"x-ratelimit-limit-requests", str(self.limit_requests).encode()),
-                    (b"x-ratelimit-remaining-requests", str(max(self.remaining_requests or 0, 0)).encode()),
+            out += [(b"x-ratelimit-limit-requests", b"%d" % self.limit_requests),
+                    (b"x-ratelimit-remaining-requests", b"%d" % max(self.remaining_requests or 0, 0)),
                     (b"x-ratelimit-reset-requests", duration(self.reset_requests).encode())]
         if self.limit_tokens is not None:
-            out += [(b"x-ratelimit-limit-tokens", str(self.limit_tokens).encode()),
-                    (b"x-ratelimit-remaining-tokens", str(max(self.remaining_tokens or 0, 0)).encode()),
+            out += [(b"x-ratelimit-limit-tokens", b"%d" % self.limit_tokens),
+                    (b"x-ratelimit-remaining-tokens", b"%d" % max(self.remaining_tokens or 0, 0)),
                     (b"x-ratelimit-reset-tokens", duration(self.reset_tokens).encode())]
         return out
 
@@ -81,15 +81,30 @@ class Refusal:
         return f"{self.kind}:{self.subject.scope}" if self.subject is not None else self.kind
 
 
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What a caller's limits ask of each request, worked out once per change of its limits."""
+
+    subjects: list[Subject]
+    rated: list[Subject]  # those with an rpm, tpm or max_concurrent
+    budgeted: list[Subject]  # those with a budget
+
+    @staticmethod
+    def of(subjects: list[Subject]) -> Plan:
+        rated = [s for s in subjects if s.limits.rpm is not None or s.limits.tpm is not None
+                 or s.limits.max_concurrent is not None]
+        return Plan(subjects, rated, [s for s in subjects if s.limits.budget_picousd is not None])
+
+
 @dataclass(slots=True)
 class Admission:
     """An admitted request's reservations, settled once when it ends."""
 
     ask: Ask
     subjects: list[Subject]
-    holds: list[Hold] = field(default_factory=list)
-    rated: bool = False  # counted in the rate and concurrency counters
-    info: RateInfo = field(default_factory=RateInfo)
+    holds: list[Hold]
+    rated: list[Subject]  # the subjects whose rate and concurrency counters count it (until released)
+    info: RateInfo | None = None  # the rate-limit state for the response headers, when a rate applies
     settled: bool = False
 
 

@@ -79,11 +79,13 @@ class LocalRates:
     async def acquire(self, subjects: list[Subject], ask: Ask, now: float
                       ) -> tuple[Refusal | None, RateInfo]:
         info = RateInfo()
-        windows = [self._window(s, now) for s in subjects]
-        for window, subject in zip(windows, subjects, strict=True):
+        windows = []
+        for subject in subjects:
+            window = self._window(subject, now)
             refused = check(window, subject, ask, now, info)
             if refused is not None:
                 return refused, info
+            windows.append(window)
         for window, subject in zip(windows, subjects, strict=True):
             if subject.limits.rpm is not None:
                 window.requests.append(now)
@@ -102,19 +104,19 @@ class LocalRates:
         at all (its request and its tokens leave the window)."""
         for subject in subjects:
             window = self.windows.get((subject.scope, subject.name))
-            if window is not None and cancel:
-                entry = window.in_flight.pop(ask.request_id, None)
-                if subject.limits.rpm is not None and entry is not None and entry[0] in window.requests:
+            entry = window.in_flight.pop(ask.request_id, None) if window is not None else None
+            if window is None or entry is None:
+                continue
+            if cancel:
+                if subject.limits.rpm is not None and entry[0] in window.requests:
                     window.requests.remove(entry[0])
-                if subject.limits.tpm is not None and entry is not None:
+                if subject.limits.tpm is not None:
                     for n, other in enumerate(window.entries):
                         if other is entry:
                             del window.entries[n]
                             window.tokens -= entry[1]
                             break
-                continue
-            entry = window.in_flight.pop(ask.request_id, None) if window is not None else None
-            if window is not None and entry is not None and subject.limits.tpm is not None:
+            elif subject.limits.tpm is not None:
                 if window.entries and window.entries[0][0] <= entry[0]:  # not pruned yet: it still counts
                     window.tokens += tokens - entry[1]
                 entry[1] = float(tokens)

@@ -66,12 +66,25 @@ class TurnMemory:
                 for call_id in turn.call_ids]
         for row in rows:
             self._put(row)
-        if self.store is not None:
-            done = asyncio.get_running_loop().create_future()
-            self._queued.append((rows, done))
-            if self._writer is None or self._writer.done():
-                self._writer = asyncio.create_task(self._write())
-            await asyncio.shield(done)
+        if self.store is None:
+            return
+        if not self._queued and (self._writer is None or self._writer.done()) and self._write_now(rows):
+            return
+        done = asyncio.get_running_loop().create_future()
+        self._queued.append((rows, done))
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.create_task(self._write())
+        await asyncio.shield(done)
+
+    def _write_now(self, rows: list[TurnRow]) -> bool:
+        """Write on the event loop, when the store can without waiting (most turns: no task, no future)."""
+        assert self.store is not None
+        try:
+            return self.store.try_remember_turns(rows)
+        except StoreError as exc:
+            self.store_errors += 1
+            log.warning("could not store a relayed turn for restoring (%s); kept in this process only", exc)
+            return True
 
     async def drain(self) -> None:
         """Wait until every turn remembered so far is in the store (or could not be written)."""
@@ -153,7 +166,11 @@ class TurnMemory:
         self._bytes -= _size(key, self._cache.pop(key))
 
 
+_FIXED = sys.getsizeof(("", "", "")) + sys.getsizeof(("", "", "", 0.0)) + sys.getsizeof(0.0) + DICT_SLOT
+
+
 def _size(key: tuple[str, str, str], cached: tuple[str, str, str, float]) -> int:
     """What a cached entry costs in memory (its strings counted as if none were shared: an upper bound)."""
-    return (sys.getsizeof(key) + sys.getsizeof(cached) + sum(sys.getsizeof(s) for s in key)
-            + sum(sys.getsizeof(s) for s in cached) + DICT_SLOT)
+    size = sys.getsizeof
+    return (_FIXED + size(key[0]) + size(key[1]) + size(key[2]) + size(cached[0]) + size(cached[1])
+            + size(cached[2]))

@@ -201,8 +201,8 @@ def test_the_gate_refuses_in_order_and_releases_what_it_took(store: SQLiteStore)
     quotas = Quotas(Settings(), store, clock=lambda: ts("2026-11-30T12:00:00"))
 
     async def go() -> list[Admission | Refusal | None]:
-        out = [await quotas.admit("search", "fp-1", lambda: (100, lambda _: USD // 2)) for _ in range(3)]
-        out.append(await quotas.admit("other", "fp-9", lambda: (100, lambda _: 10 * USD)))
+        out = [await quotas.admit("search", "fp-1", lambda _: (100, USD // 2)) for _ in range(3)]
+        out.append(await quotas.admit("other", "fp-9", lambda _: (100, 10 * USD)))
         return out
 
     first, second, third, free = run(go())  # type: ignore[misc]

@@ -66,7 +66,7 @@ class ApiKey:
         return self.revoked_at is None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built per relayed turn and per recall, and frozen costs a call per field
 class TurnRow:
     """One tool call of an answer chatgate relayed, remembered for its caller until `expires_at`: what the
     caller's client may drop from the history and chatgate may put back (`payload`: the reasoning)."""
@@ -102,7 +102,7 @@ class LimitRow:
 LIMIT_FIELDS = ("budget_picousd", "budget_period", "rpm", "tpm", "max_concurrent")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one per budget per request, and a frozen __init__ pays a call per field
 class Hold:
     """A reservation against a budget: admitted only if spent + held + amount fits."""
 
