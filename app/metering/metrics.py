@@ -108,5 +108,6 @@ class RecorderCollector(Collector):
         yield CounterMetricFamily("chatgate_usage_records_dropped",
                                   "Usage records the store refused (logged whole, then dropped)",
                                   value=self.recorder.dropped)
-        yield GaugeMetricFamily("chatgate_usage_records_spooled", "Usage records spooled, not yet stored",
+        yield GaugeMetricFamily("chatgate_usage_records_spooled",
+                                "Usage records (and relayed turns) spooled, not yet stored",
                                 value=self.recorder.pending)

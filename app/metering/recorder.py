@@ -1,12 +1,14 @@
-"""Usage records: spooled to a local append-only file at once, written to the store in batches.
+"""Usage records (and, where one process owns the store, relayed tool-call turns): spooled to a local
+append-only file at once, written to the store in batches.
 
-The request path calls `record()`: one `os.write` of a JSON line (survives `kill -9`: the bytes are in
-the OS page cache) and a list append. A writer thread takes the whole list every `flush_interval` and
-writes it to the store in batches (group commit), retrying while the store is down; the spool is
-truncated once everything in it is stored.
-On start, spool files left by dead processes are replayed (inserts are idempotent by record_id). Spool
-file names carry a fingerprint of the store they were meant for, so a spool directory shared by processes
-(or a `chatgate usage --store OTHER`) never replays records into the wrong store.
+The request path calls `record()` (or `remember_turns()`): one `os.write` of a JSON line (survives
+`kill -9`: the bytes are in the OS page cache) and a list append. A writer thread takes the whole list every
+`flush_interval` and writes it to the store in batches (group commit), retrying while the store is down; the
+spool is truncated once everything in it is stored.
+On start, before anything is served, spool files left by dead processes are replayed (inserts are
+idempotent: by record_id, by caller and call id). Spool file names carry a fingerprint of the store they
+were meant for, so a spool directory shared by processes (or a `chatgate usage --store OTHER`) never
+replays records into the wrong store.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from pathlib import Path
 
 import orjson
 
-from app.metering.store.base import Store, StoreError, UsageRecord
+from app.metering.store.base import Store, StoreError, TurnRow, UsageRecord
 
 log = logging.getLogger("chatgate.recorder")
 
@@ -41,11 +43,24 @@ def store_tag(store: Store) -> str:
     return hashlib.sha256(where.encode("utf-8", "surrogateescape")).hexdigest()[:12]
 
 
-def decode(line: bytes) -> UsageRecord | None:
+def encode_turn(row: TurnRow) -> bytes:
+    return orjson.dumps({"turn": [row.caller, row.kind, row.call_id, row.turn, row.names, row.payload,
+                                  row.expires_at]}, option=orjson.OPT_APPEND_NEWLINE)
+
+
+def decode(line: bytes) -> UsageRecord | TurnRow | None:
     try:
-        return UsageRecord(**orjson.loads(line))
+        data = orjson.loads(line)
+        if isinstance(data, dict) and "turn" in data:
+            return TurnRow(*data["turn"])
+        return UsageRecord(**data)
     except (orjson.JSONDecodeError, TypeError):
         return None  # a line torn by a crash mid-write
+
+
+def _split(items: list[UsageRecord | TurnRow]) -> tuple[list[UsageRecord], list[TurnRow]]:
+    usage = [x for x in items if isinstance(x, UsageRecord)]
+    return usage, [x for x in items if isinstance(x, TurnRow)] if len(usage) < len(items) else []
 
 
 class Recorder:
@@ -59,9 +74,9 @@ class Recorder:
         self.truncate_at = truncate_at
         self._lock = threading.Lock()
         self._wake = threading.Event()
-        self._queued: list[UsageRecord] = []  # spooled, not yet taken by the writer
+        self._queued: list[UsageRecord | TurnRow] = []  # spooled, not yet taken by the writer
         self._stopping = False
-        self._pending = 0  # spooled, not yet in the store
+        self._pending = 0  # spooled (records and turns), not yet in the store
         self._fd = -1
         self._thread: threading.Thread | None = None
         self._path = Path()
@@ -70,11 +85,15 @@ class Recorder:
         self.last_error: str | None = None
         self.written = 0  # records the store took
         self.dropped = 0  # records the store refused (logged whole, then dropped: they cannot be written)
+        self.turns_written = 0
 
     # --- lifecycle ---------------------------------------------------------------
 
     def start(self) -> None:
+        """Replays what dead processes left (so a turn spooled before a `kill -9` can be restored by the
+        first request served after the restart), then starts the writer."""
         self.spool_dir.mkdir(parents=True, exist_ok=True)
+        self._replay_orphans()
         path = self.spool_dir / f"spool-{self._tag}-{os.getpid()}-{uuid.uuid4().hex[:8]}.jsonl"
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -109,6 +128,18 @@ class Recorder:
         if first:
             self._wake.set()
 
+    def remember_turns(self, rows: list[TurnRow]) -> None:
+        """Spool relayed turns (TurnMemory's durable write where this process owns the store): they reach
+        the store with the next batch."""
+        lines = b"".join([encode_turn(row) for row in rows])
+        with self._lock:
+            os.write(self._fd, lines)
+            self._pending += len(rows)
+            first = not self._queued
+            self._queued.extend(rows)
+        if first:
+            self._wake.set()
+
     @property
     def pending(self) -> int:
         return self._pending
@@ -120,7 +151,6 @@ class Recorder:
     # --- writer thread --------------------------------------------------------------
 
     def _run(self) -> None:
-        self._replay_orphans()
         while True:
             self._wake.wait()
             if not self._stopping:
@@ -128,8 +158,11 @@ class Recorder:
             with self._lock:
                 taken, self._queued = self._queued, []
                 self._wake.clear()
-            for start in range(0, len(taken), self.batch_max):
-                self._write(taken[start:start + self.batch_max])
+            usage, turns = _split(taken)
+            for start in range(0, len(usage), self.batch_max):
+                self._write(usage[start:start + self.batch_max])
+            for start in range(0, len(turns), self.batch_max):
+                self._write_turns(turns[start:start + self.batch_max])
             if taken and self._orphans_left and self.last_error is None:
                 self._replay_orphans()
             if self._stopping and not self._queued:
@@ -160,6 +193,27 @@ class Recorder:
             self._settle(len(batch))
             return
 
+    def _write_turns(self, rows: list[TurnRow]) -> None:
+        while True:
+            try:
+                self.store.remember_turns(rows)
+            except StoreError as exc:  # the store is down: keep the turns spooled, retry
+                self.last_error = f"usage store unavailable: {type(exc).__name__}: {exc}"
+                log.warning("%s; %d record(s) and turn(s) held in the spool", self.last_error, self._pending)
+                if self._stopping:
+                    return
+                time.sleep(self.retry_seconds)
+                continue
+            except Exception as exc:  # never block the others; the reasoning itself is never logged
+                log.error("%d relayed turn(s) dropped, the store refused them (%s: %s); calls %s", len(rows),
+                          type(exc).__name__, exc, ", ".join(r.call_id for r in rows))
+                self._settle(len(rows))
+                return
+            self.last_error = None
+            self.turns_written += len(rows)
+            self._settle(len(rows))
+            return
+
     def _settle(self, n: int) -> None:
         with self._lock:
             self._pending -= n
@@ -182,12 +236,18 @@ class Recorder:
             os.close(fd)
             return
         try:
-            records = [r for r in map(decode, Path(path).read_bytes().splitlines()) if r is not None]
+            items = [x for x in map(decode, Path(path).read_bytes().splitlines()) if x is not None]
+            records, turns = _split(items)
             for start in range(0, len(records), self.batch_max):
                 self.store.insert_usage(records[start:start + self.batch_max])
+            now = time.time()
+            turns = [t for t in turns if t.expires_at > now]
+            for start in range(0, len(turns), self.batch_max):
+                self.store.remember_turns(turns[start:start + self.batch_max])
             path.unlink()
-            if records:
-                log.info("replayed %d usage record(s) from %s", len(records), path.name)
+            if items:
+                log.info("replayed %d usage record(s) and %d relayed turn(s) from %s", len(records),
+                         len(turns), path.name)
         except Exception as exc:
             self._orphans_left = True
             self.last_error = f"usage store unavailable while replaying {path.name}: {exc}"

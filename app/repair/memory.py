@@ -5,9 +5,13 @@ the caller's identity and the answer's tool-call ids, in a bounded in-process ca
 another replica, or this one after a restart, finds it). A caller only ever recalls its own turns. Entries
 expire after `ttl` seconds and are then deleted.
 
-A turn is in the store before the client gets the end of the answer: the next round may reach another
-replica at once, or this one after a restart (kill -9 included). Turns relayed at the same time are written
-together: one transaction for all that arrived while the previous one was written.
+A turn is durable before the client gets the end of the answer: the next round may reach another replica
+at once, or this one after a restart (kill -9 included). Where another process may serve the next round
+(PostgreSQL, or several worker processes on SQLite) it is in the store by then; turns relayed at the same
+time are written together, one transaction for all that arrived while the previous one was written. Where
+this process is the store's only user (SQLite, one worker), it is in the spool instead, as usage records
+are (app/metering/recorder.py): an append to a local file, which a restart replays before serving, and from
+which the writer thread batches it into the store within a flush interval.
 """
 
 from __future__ import annotations
@@ -32,8 +36,10 @@ DICT_SLOT = 104  # bytes of an OrderedDict entry (hash table slot and linked-lis
 
 class TurnMemory:
     def __init__(self, store: Store | None, ttl_seconds: float, cache_bytes: int,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 spool: Callable[[list[TurnRow]], None] | None = None) -> None:
         self.store = store
+        self.spool = spool  # the durable write, when this process is the store's only user
         self.ttl = ttl_seconds
         self.cache_bytes = cache_bytes
         self.clock = clock
@@ -67,6 +73,9 @@ class TurnMemory:
         for row in rows:
             self._put(row)
         if self.store is None:
+            return
+        if self.spool is not None:
+            self.spool(rows)
             return
         if not self._queued and (self._writer is None or self._writer.done()) and self._write_now(rows):
             return

@@ -16,9 +16,9 @@ import httpx2
 import orjson
 import pytest
 
-from app.metering.recorder import Recorder, decode, encode, replay_spools
+from app.metering.recorder import Recorder, decode, encode, encode_turn, replay_spools
 from app.metering.store import open_store
-from app.metering.store.base import Store, UsageRecord
+from app.metering.store.base import Store, TurnRow, UsageRecord
 from app.metering.store.sqlite import SQLiteStore
 from tests.fakes.server import run_fake_deepseek
 from tests.harness import make_settings, run_chatgate
@@ -169,4 +169,74 @@ def test_a_spool_held_by_a_live_process_is_not_replayed(tmp_path: Path) -> None:
     finally:
         live.stop(5)
     assert stored_ids(store) == ["req-7"]
+    store.close()
+
+
+def turn_row(n: int, expires_at: float = 4_000_000_000.0, payload: str = "secret reasoning") -> TurnRow:
+    return TurnRow("fp-1", "chat", f"call-{n}", f"turn-{n}", "read_file", payload, expires_at)
+
+
+def test_spooled_turns_reach_the_store_in_a_batch(tmp_path: Path) -> None:
+    store = open_store(f"sqlite:///{tmp_path / 'usage.db'}")
+    store.migrate()
+    recorder = Recorder(store, str(tmp_path / "spool"), flush_interval=0.005)
+    recorder.start()
+    try:
+        recorder.remember_turns([turn_row(1), turn_row(2)])
+        recorder.record(record(1))
+        (path,) = (tmp_path / "spool").glob("spool-*.jsonl")
+        assert path.stat().st_size == len(encode_turn(turn_row(1))) * 2 + len(encode(record(1))), \
+            "spooled at once, before the store has them"
+        wait_for(lambda: recorder.pending == 0, 10, "the batch settled")
+        assert (recorder.written, recorder.turns_written) == (1, 2)
+        got = store.recall_turns("fp-1", "chat", ["call-1", "call-2"], 0)
+        assert sorted(r.payload for r in got) == ["secret reasoning"] * 2
+    finally:
+        assert recorder.stop(5)
+    store.close()
+
+
+def test_turns_left_by_a_dead_process_are_in_the_store_when_start_returns(tmp_path: Path) -> None:
+    """A kill -9 right after an answer: the next process replays the turn before it serves anything, so
+    the client's next round is restored (expired turns are not brought back)."""
+    store = open_store(f"sqlite:///{tmp_path / 'usage.db'}")
+    store.migrate()
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    tag = Recorder(store, str(spool))._tag
+    (spool / f"spool-{tag}-999999-deadbeef.jsonl").write_bytes(
+        encode(record(1)) + encode_turn(turn_row(1)) + encode_turn(turn_row(2, expires_at=1.0))
+        + encode_turn(turn_row(3))[:30])
+    assert decode(encode_turn(turn_row(1)).strip()) == turn_row(1)
+    recorder = Recorder(store, str(spool), flush_interval=1.0)  # its writer would wait: only start() replays
+    recorder.start()
+    try:
+        assert [r.call_id for r in store.recall_turns("fp-1", "chat", ["call-1", "call-2", "call-3"], 0)] \
+            == ["call-1"]
+        assert stored_ids(store) == ["req-1"]
+    finally:
+        recorder.stop(5)
+    store.close()
+
+
+class TurnRefusingStore(SQLiteStore):
+    def remember_turns(self, rows: Sequence[TurnRow]) -> None:
+        raise ValueError("value too long for the turn table")
+
+
+def test_a_refused_turn_is_dropped_and_its_reasoning_never_logged(tmp_path: Path,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    store = TurnRefusingStore(tmp_path / "usage.db")
+    store.migrate()
+    recorder = Recorder(store, str(tmp_path / "spool"), flush_interval=0.005)
+    recorder.start()
+    try:
+        with caplog.at_level(logging.ERROR, "chatgate.recorder"):
+            recorder.remember_turns([turn_row(1, payload="the private chain of thought")])
+            recorder.record(record(1))
+            wait_for(lambda: recorder.pending == 0, 10, "the batch settled")
+    finally:
+        assert recorder.stop(5)
+    assert "call-1" in caplog.text and "private chain of thought" not in caplog.text
+    assert (recorder.written, recorder.turns_written) == (1, 0), "the usage record is not held up"
     store.close()

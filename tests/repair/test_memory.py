@@ -175,3 +175,14 @@ def test_turns_relayed_together_are_stored_together_and_each_waits_for_its_commi
         assert sum(store.calls) == 16 and len(store.calls) < 16, store.calls
     finally:
         store.close()
+
+
+def test_with_a_spool_a_turn_is_spooled_not_written_and_recalled_from_the_cache(store: SQLiteStore) -> None:
+    """Where this process is the store's only user, the durable write is the spool's (the recorder's)."""
+    spooled: list[list[TurnRow]] = []
+    memory = TurnMemory(store, 60, 1 << 20, spool=spooled.append)
+    run(memory.remember("fp-a", "chat", turn("c1", "c2", payload="why")))
+    assert [[r.call_id for r in rows] for rows in spooled] == [["c1", "c2"]]
+    assert store.recall_turns("fp-a", "chat", ["c1"], 0) == [], "the writer thread stores it later"
+    got = run(memory.recall("fp-a", "chat", ["c1", "c2"]))
+    assert isinstance(got, dict) and got["c1"].payload == "why" and got["c1"].turn == got["c2"].turn
