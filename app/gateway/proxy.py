@@ -221,17 +221,17 @@ class Gateway:
             return {}, {",".join(ids): why for ids, _ in wanted.values()}
         all_ids = [call_id for ids, _ in wanted.values() for call_id in ids]
         rows = await self.memory.recall(ex.identity.key_id, family.turn_kind, all_ids)
-        ttl = _duration(self.settings.repair.reasoning_ttl_seconds)
         recalled: dict[int, str] = {}
         misses: dict[str, str] = {}
         for i, (ids, names) in wanted.items():
             got = [rows.get(call_id) for call_id in ids]
             first = got[0] if got else None
-            if first is not None and all(got) and {r.turn for r in got if r} == {first.turn} \
+            if first is not None and all(r is not None and r.turn == first.turn for r in got) \
                     and first.names == ",".join(names):
                 recalled[i] = first.payload
                 continue
             self.metrics.restore_misses.inc()
+            ttl = _duration(self.settings.repair.reasoning_ttl_seconds)
             misses[",".join(ids)] = (
                 "the tool calls differ from the answer chatgate relayed with these ids" if any(got) else
                 "it has no record of this turn for your key (it restores only what it relayed to the same "
