@@ -21,6 +21,7 @@ import os
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
@@ -168,51 +169,49 @@ class Recorder:
             if self._stopping and not self._queued:
                 return
 
-    def _write(self, batch: list[UsageRecord]) -> None:
+    def _stored(self, write: Callable[[], None]) -> bool:
+        """Run `write` until the store takes it (True), retrying while the store is down; False if the
+        recorder stops meanwhile (what was not written stays spooled). Other errors propagate."""
         while True:
             try:
-                self.store.insert_usage(batch)
-            except StoreError as exc:  # the store is down: keep the records spooled, retry
+                write()
+            except StoreError as exc:
                 self.last_error = f"usage store unavailable: {type(exc).__name__}: {exc}"
                 log.warning("%s; %d record(s) held in the spool", self.last_error, self._pending)
                 if self._stopping:
-                    return
+                    return False
                 time.sleep(self.retry_seconds)
                 continue
-            except Exception:  # a record the store cannot take: never let it block the others
-                if len(batch) > 1:
-                    for record in batch:
-                        self._write([record])
-                    return
-                log.exception("usage record dropped, the store refused it: %s", encode(batch[0]).decode())
-                self.dropped += 1
-                self._settle(1)
-                return
             self.last_error = None
-            self.written += len(batch)
-            self._settle(len(batch))
+            return True
+
+    def _write(self, batch: list[UsageRecord]) -> None:
+        try:
+            if not self._stored(lambda: self.store.insert_usage(batch)):
+                return
+        except Exception:  # a record the store cannot take: never let it block the others
+            if len(batch) > 1:
+                for record in batch:
+                    self._write([record])
+                return
+            log.exception("usage record dropped, the store refused it: %s", encode(batch[0]).decode())
+            self.dropped += 1
+            self._settle(1)
             return
+        self.written += len(batch)
+        self._settle(len(batch))
 
     def _write_turns(self, rows: list[TurnRow]) -> None:
-        while True:
-            try:
-                self.store.remember_turns(rows)
-            except StoreError as exc:  # the store is down: keep the turns spooled, retry
-                self.last_error = f"usage store unavailable: {type(exc).__name__}: {exc}"
-                log.warning("%s; %d record(s) and turn(s) held in the spool", self.last_error, self._pending)
-                if self._stopping:
-                    return
-                time.sleep(self.retry_seconds)
-                continue
-            except Exception as exc:  # never block the others; the reasoning itself is never logged
-                log.error("%d relayed turn(s) dropped, the store refused them (%s: %s); calls %s", len(rows),
-                          type(exc).__name__, exc, ", ".join(r.call_id for r in rows))
-                self._settle(len(rows))
+        try:
+            if not self._stored(lambda: self.store.remember_turns(rows)):
                 return
-            self.last_error = None
-            self.turns_written += len(rows)
+        except Exception as exc:  # never block the others; the reasoning itself is never logged
+            log.error("%d relayed turn(s) dropped, the store refused them (%s: %s); calls %s", len(rows),
+                      type(exc).__name__, exc, ", ".join(r.call_id for r in rows))
             self._settle(len(rows))
             return
+        self.turns_written += len(rows)
+        self._settle(len(rows))
 
     def _settle(self, n: int) -> None:
         with self._lock:

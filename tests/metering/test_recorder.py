@@ -6,10 +6,11 @@ from the written ones (`chatgate_usage_records_dropped` in /metrics) and /readyz
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import httpx2
@@ -54,19 +55,25 @@ def stored_ids(store: Store) -> list[str]:
     return [r[0] for r in rows]
 
 
+@contextlib.contextmanager
+def recording(store: Store, tmp_path: Path) -> Iterator[Recorder]:
+    """A started recorder; on exit, everything fed to it has settled and it has stopped with nothing left."""
+    recorder = Recorder(store, str(tmp_path / "spool"), flush_interval=0.005)
+    recorder.start()
+    try:
+        yield recorder
+        wait_for(lambda: recorder.pending == 0, 10, "the batch settled")
+    finally:
+        assert recorder.stop(5)
+
+
 def test_a_refused_record_is_dropped_counted_apart_and_logged(tmp_path: Path,
                                                               caplog: pytest.LogCaptureFixture) -> None:
     store = RefusingStore(tmp_path / "usage.db")
     store.migrate()
-    recorder = Recorder(store, str(tmp_path / "spool"), flush_interval=0.005)
-    recorder.start()
-    try:
-        with caplog.at_level(logging.ERROR, "chatgate.recorder"):
-            for n in range(5):
-                recorder.record(record(n, team="poison" if n == 2 else "default"))
-            wait_for(lambda: recorder.pending == 0, 10, "the batch settled")
-    finally:
-        assert recorder.stop(5)
+    with caplog.at_level(logging.ERROR, "chatgate.recorder"), recording(store, tmp_path) as recorder:
+        for n in range(5):
+            recorder.record(record(n, team="poison" if n == 2 else "default"))
     assert (recorder.written, recorder.dropped) == (4, 1)
     assert stored_ids(store) == ["req-0", "req-1", "req-3", "req-4"]
     assert '"request_id":"req-2"' in caplog.text, "the dropped record is logged whole"
@@ -179,20 +186,15 @@ def turn_row(n: int, expires_at: float = 4_000_000_000.0, payload: str = "secret
 def test_spooled_turns_reach_the_store_in_a_batch(tmp_path: Path) -> None:
     store = open_store(f"sqlite:///{tmp_path / 'usage.db'}")
     store.migrate()
-    recorder = Recorder(store, str(tmp_path / "spool"), flush_interval=0.005)
-    recorder.start()
-    try:
+    with recording(store, tmp_path) as recorder:
         recorder.remember_turns([turn_row(1), turn_row(2)])
         recorder.record(record(1))
         (path,) = (tmp_path / "spool").glob("spool-*.jsonl")
         assert path.stat().st_size == len(encode_turn(turn_row(1))) * 2 + len(encode(record(1))), \
             "spooled at once, before the store has them"
-        wait_for(lambda: recorder.pending == 0, 10, "the batch settled")
-        assert (recorder.written, recorder.turns_written) == (1, 2)
-        got = store.recall_turns("fp-1", "chat", ["call-1", "call-2"], 0)
-        assert sorted(r.payload for r in got) == ["secret reasoning"] * 2
-    finally:
-        assert recorder.stop(5)
+    assert (recorder.written, recorder.turns_written) == (1, 2)
+    got = store.recall_turns("fp-1", "chat", ["call-1", "call-2"], 0)
+    assert sorted(r.payload for r in got) == ["secret reasoning"] * 2
     store.close()
 
 
@@ -228,15 +230,9 @@ def test_a_refused_turn_is_dropped_and_its_reasoning_never_logged(tmp_path: Path
                                                                     caplog: pytest.LogCaptureFixture) -> None:
     store = TurnRefusingStore(tmp_path / "usage.db")
     store.migrate()
-    recorder = Recorder(store, str(tmp_path / "spool"), flush_interval=0.005)
-    recorder.start()
-    try:
-        with caplog.at_level(logging.ERROR, "chatgate.recorder"):
-            recorder.remember_turns([turn_row(1, payload="the private chain of thought")])
-            recorder.record(record(1))
-            wait_for(lambda: recorder.pending == 0, 10, "the batch settled")
-    finally:
-        assert recorder.stop(5)
+    with caplog.at_level(logging.ERROR, "chatgate.recorder"), recording(store, tmp_path) as recorder:
+        recorder.remember_turns([turn_row(1, payload="the private chain of thought")])
+        recorder.record(record(1))
     assert "call-1" in caplog.text and "private chain of thought" not in caplog.text
     assert (recorder.written, recorder.turns_written) == (1, 0), "the usage record is not held up"
     store.close()
