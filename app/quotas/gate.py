@@ -63,10 +63,8 @@ class Quotas:
         self.backend_errors = 0
         self._plans: dict[tuple[str, str], tuple[LimitRow | None, LimitRow | None, Plan]] = {}
 
-    async def subjects(self, team: str, key_id: str) -> list[Subject]:
-        return (await self.plan(team, key_id)).subjects
-
     async def plan(self, team: str, key_id: str) -> Plan:
+        """The caller's limits, worked out again only when the book hands out other rows."""
         rows = (await self.book.get("team", team), await self.book.get("key", key_id))
         known = self._plans.get((team, key_id))
         if known is not None and known[0] is rows[0] and known[1] is rows[1]:
