@@ -62,7 +62,8 @@ class TurnMemory:
         return len(self._cache)
 
     async def remember(self, caller: str, kind: str, turn: Turn) -> None:
-        """Remember a relayed turn; returns once the shared store has it (or has failed to take it)."""
+        """Remember a relayed turn; returns once it is durable: in the spool, or in the store (or the store
+        has failed to take it: then this process alone remembers it)."""
         if not turn.call_ids or len(set(turn.call_ids)) != len(turn.call_ids):
             return
         expires = self.clock() + self.ttl
@@ -96,7 +97,8 @@ class TurnMemory:
             return True
 
     async def drain(self) -> None:
-        """Wait until every turn remembered so far is in the store (or could not be written)."""
+        """Wait until every turn written here so far is in the store, or could not be written (spooled
+        turns are the recorder's to flush)."""
         while self._writer is not None and not self._writer.done():
             await asyncio.shield(self._writer)
 
