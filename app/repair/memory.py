@@ -40,6 +40,8 @@ class TurnMemory:
                  spool: Callable[[list[TurnRow]], None] | None = None) -> None:
         self.store = store
         self.spool = spool  # the durable write, when this process is the store's only user
+        # a local file may be written from the event loop when its lock is free; a server never is
+        self._inline = store is not None and not store.server
         self.ttl = ttl_seconds
         self.cache_bytes = cache_bytes
         self.clock = clock
@@ -78,7 +80,8 @@ class TurnMemory:
         if self.spool is not None:
             self.spool(rows)
             return
-        if not self._queued and (self._writer is None or self._writer.done()) and self._write_now(rows):
+        if (self._inline and not self._queued and (self._writer is None or self._writer.done())
+                and self._write_now(rows)):
             return
         done = asyncio.get_running_loop().create_future()
         self._queued.append((rows, done))
@@ -110,11 +113,7 @@ class TurnMemory:
             batch, self._queued = self._queued, []
             written = [row for turn_rows, _ in batch for row in turn_rows]
             try:
-                for _ in range(INLINE_TRIES):  # the write lock is mostly busy for a few ms (a usage batch)
-                    if self.store.try_remember_turns(written):
-                        break
-                    await asyncio.sleep(INLINE_RETRY_S)
-                else:
+                if not await self._write_inline(written):
                     await asyncio.to_thread(self.store.remember_turns, written)
             except StoreError as exc:
                 self.store_errors += 1
@@ -123,6 +122,16 @@ class TurnMemory:
             for _, done in batch:
                 if not done.done():
                     done.set_result(None)
+
+    async def _write_inline(self, rows: list[TurnRow]) -> bool:
+        """Write on the event loop if the local write lock frees up within a few ms (it is mostly busy for
+        a usage batch); False: a worker thread must wait for it."""
+        assert self.store is not None
+        for _ in range(INLINE_TRIES if self._inline else 0):
+            if self.store.try_remember_turns(rows):
+                return True
+            await asyncio.sleep(INLINE_RETRY_S)
+        return False
 
     async def recall(self, caller: str, kind: str, call_ids: Sequence[str]) -> dict[str, TurnRow]:
         """The caller's unexpired rows for these ids: the cache first, then the shared store."""
