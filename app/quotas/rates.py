@@ -7,25 +7,83 @@ when the request ends, and the request leaves the in-flight count.
 
 from __future__ import annotations
 
-from collections import deque
-from dataclasses import dataclass, field
+from array import array
 
 from app.quotas.model import WINDOW, Ask, RateInfo, Refusal, Subject
 
+GONE = float("-inf")  # a cancelled request's start time: it no longer counts, and leaves at the next prune
 
-@dataclass(slots=True)
+
 class Window:
-    requests: deque[float] = field(default_factory=deque)
-    entries: deque[list[float]] = field(default_factory=deque)  # [ts, tokens]
-    tokens: float = 0.0
-    in_flight: dict[str, list[float]] = field(default_factory=dict)  # request id -> its token entry
+    """One subject's requests of the last minute, oldest first: their start times and tokens in a ring of
+    doubles (no object per request: a subject at thousands of requests a minute holds 16 bytes for each),
+    the totals, and the requests in flight (request id -> the position of its entry, -1 when none)."""
+
+    __slots__ = ("amounts", "gone", "head", "in_flight", "mask", "tail", "times", "tokens")
+
+    def __init__(self, capacity: int = 64) -> None:
+        self.times = array("d", bytes(8 * capacity))
+        self.amounts = array("d", bytes(8 * capacity))
+        self.mask = capacity - 1  # a power of two
+        self.head = self.tail = 0  # positions only grow; an entry lives at position & mask
+        self.gone = 0  # cancelled entries still in the ring
+        self.tokens = 0.0
+        self.in_flight: dict[str, int] = {}
+
+    @property
+    def requests(self) -> int:
+        return self.tail - self.head - self.gone
+
+    def oldest(self) -> float | None:
+        """The start time of the oldest entry that counts (after a prune the oldest one always does)."""
+        return self.times[self.head & self.mask] if self.tail > self.head else None
 
     def prune(self, now: float) -> None:
-        edge = now - WINDOW
-        while self.requests and self.requests[0] <= edge:
-            self.requests.popleft()
-        while self.entries and self.entries[0][0] <= edge:
-            self.tokens -= self.entries.popleft()[1]
+        edge, times, mask = now - WINDOW, self.times, self.mask
+        while self.head < self.tail and times[self.head & mask] <= edge:
+            if times[self.head & mask] == GONE:
+                self.gone -= 1
+            else:
+                self.tokens -= self.amounts[self.head & mask]
+            self.head += 1
+
+    def add(self, ts: float, tokens: float) -> int:
+        if self.tail - self.head > self.mask:
+            self._grow()
+        at = self.tail & self.mask
+        self.times[at] = ts
+        self.amounts[at] = tokens
+        self.tokens += tokens
+        self.tail += 1
+        return self.tail - 1
+
+    def settle(self, position: int, tokens: float) -> None:
+        """The request at `position` used `tokens` (it counts with those while it is in the window)."""
+        if position >= self.head:
+            at = position & self.mask
+            self.tokens += tokens - self.amounts[at]
+            self.amounts[at] = tokens
+
+    def cancel(self, position: int) -> None:
+        """The request at `position` never went out: neither it nor its tokens count."""
+        if position >= self.head:
+            at = position & self.mask
+            self.tokens -= self.amounts[at]
+            self.times[at], self.amounts[at] = GONE, 0.0
+            self.gone += 1
+
+    def entries(self) -> list[tuple[float, float]]:
+        """(start time, tokens) of each counted entry, oldest first."""
+        return [(self.times[p & self.mask], self.amounts[p & self.mask]) for p in range(self.head, self.tail)
+                if self.times[p & self.mask] != GONE]
+
+    def _grow(self) -> None:
+        size = 2 * (self.mask + 1)
+        times, amounts = array("d", bytes(8 * size)), array("d", bytes(8 * size))
+        for p in range(self.head, self.tail):
+            times[p & (size - 1)] = self.times[p & self.mask]
+            amounts[p & (size - 1)] = self.amounts[p & self.mask]
+        self.times, self.amounts, self.mask = times, amounts, size - 1
 
 
 def check(window: Window, subject: Subject, ask: Ask, now: float, info: RateInfo) -> Refusal | None:
@@ -35,9 +93,12 @@ def check(window: Window, subject: Subject, ask: Ask, now: float, info: RateInfo
         return Refusal("concurrency", subject, limits.max_concurrent, 1.0,
                        f"Too many requests in flight for {subject.label}: {len(window.in_flight)} of "
                        f"{limits.max_concurrent} allowed at once. Retry when one has finished.")
+    if limits.rpm is None and limits.tpm is None:
+        return None
+    oldest = window.oldest()
+    reset = oldest + WINDOW - now if oldest is not None else 0.0
     if limits.rpm is not None:
-        used = len(window.requests)
-        reset = window.requests[0] + WINDOW - now if window.requests else 0.0
+        used = window.requests
         if used >= limits.rpm:
             info.take(limits.rpm, 0, reset, tokens=False)
             return Refusal("rpm", subject, limits.rpm, reset,
@@ -45,7 +106,6 @@ def check(window: Window, subject: Subject, ask: Ask, now: float, info: RateInfo
                            f"Retry in {reset:.1f} s.")
         info.take(limits.rpm, limits.rpm - used - 1, reset, tokens=False)
     if limits.tpm is not None:
-        reset = window.entries[0][0] + WINDOW - now if window.entries else 0.0
         if window.tokens + ask.tokens > limits.tpm:
             info.take(limits.tpm, int(limits.tpm - window.tokens), reset, tokens=True)
             wait = _tokens_free_in(window, limits.tpm - ask.tokens, now)
@@ -62,7 +122,7 @@ def check(window: Window, subject: Subject, ask: Ask, now: float, info: RateInfo
 def _tokens_free_in(window: Window, room: float, now: float) -> float:
     """Seconds until the window holds at most `room` tokens."""
     total = window.tokens
-    for ts, amount in window.entries:
+    for ts, amount in window.entries():
         if total <= room:
             break
         total -= amount
@@ -87,13 +147,8 @@ class LocalRates:
                 return refused, info
             windows.append(window)
         for window, subject in zip(windows, subjects, strict=True):
-            if subject.limits.rpm is not None:
-                window.requests.append(now)
-            entry = [now, float(ask.tokens)]
-            if subject.limits.tpm is not None:
-                window.entries.append(entry)
-                window.tokens += ask.tokens
-            window.in_flight[ask.request_id] = entry
+            counted = subject.limits.rpm is not None or subject.limits.tpm is not None
+            window.in_flight[ask.request_id] = window.add(now, ask.tokens) if counted else -1
         return None, info
 
     async def release(self, subjects: list[Subject], ask: Ask, tokens: int, cancel: bool = False) -> None:
@@ -104,22 +159,13 @@ class LocalRates:
         at all (its request and its tokens leave the window)."""
         for subject in subjects:
             window = self.windows.get((subject.scope, subject.name))
-            entry = window.in_flight.pop(ask.request_id, None) if window is not None else None
-            if window is None or entry is None:
+            position = window.in_flight.pop(ask.request_id, -1) if window is not None else -1
+            if window is None or position < 0:
                 continue
             if cancel:
-                if subject.limits.rpm is not None and entry[0] in window.requests:
-                    window.requests.remove(entry[0])
-                if subject.limits.tpm is not None:
-                    for n, other in enumerate(window.entries):
-                        if other is entry:
-                            del window.entries[n]
-                            window.tokens -= entry[1]
-                            break
-            elif subject.limits.tpm is not None:
-                if window.entries and window.entries[0][0] <= entry[0]:  # not pruned yet: it still counts
-                    window.tokens += tokens - entry[1]
-                entry[1] = float(tokens)
+                window.cancel(position)
+            else:
+                window.settle(position, tokens)
 
     def _window(self, subject: Subject, now: float) -> Window:
         window = self.windows.get((subject.scope, subject.name))

@@ -17,7 +17,7 @@ from app.quotas.budgets import LocalBudgets
 from app.quotas.gate import Quotas, refusal_error
 from app.quotas.model import WINDOW, Admission, Ask, Refusal, Subject, duration
 from app.quotas.periods import period_end, period_start
-from app.quotas.rates import LocalRates
+from app.quotas.rates import LocalRates, Window
 from app.quotas.redis_rates import RedisRates
 from app.settings import Settings
 from tests.quotas.support import RedisServer
@@ -170,6 +170,23 @@ def test_concurrency_counts_requests_in_flight(make_rates: RatesFactory) -> None
     check(make_rates, body)
 
 
+def test_the_local_window_keeps_its_entries_across_growth_settles_and_cancels() -> None:
+    """The in-process window is a ring of doubles that doubles when full: positions handed out before a
+    growth still settle and cancel the right entry, and a cancelled one in the middle stops counting."""
+    window = Window()
+    positions = [window.add(1000.0 + n, 10.0) for n in range(200)]  # grows 64 -> 128 -> 256
+    window.settle(positions[3], 4.0)
+    window.cancel(positions[150])
+    assert window.requests == 199 and window.tokens == 200 * 10 - 6 - 10
+    assert window.entries()[3] == (1003.0, 4.0) and (1150.0, 10.0) not in window.entries()
+    window.prune(1000.0 + 150 + WINDOW)  # 0..150 have left, the cancelled one among them
+    assert window.requests == 49 and window.gone == 0 and window.oldest() == 1151.0
+    assert window.tokens == 49 * 10
+    window.settle(positions[3], 500.0)  # long gone: settling it changes nothing
+    window.cancel(positions[10])
+    assert window.requests == 49 and window.tokens == 49 * 10
+
+
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[SQLiteStore]:
     s = SQLiteStore(tmp_path / "q.db")
@@ -212,7 +229,7 @@ def test_the_gate_refuses_in_order_and_releases_what_it_took(store: SQLiteStore)
     error = refusal_error(third)
     assert (error.status, error.code, error.headers["x-should-retry"]) == (429, "insufficient_quota", "false")
     window = quotas.rates.windows[("team", "search")]  # type: ignore[union-attr]
-    assert len(window.requests) == 2, "the refused request's rate slot was given back"
+    assert window.requests == 2, "the refused request's rate slot was given back"
     assert len(quotas.rates.windows[("key", "fp-1")].in_flight) == 2  # type: ignore[union-attr]
 
 
