@@ -19,19 +19,17 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import sys
 import time
 import uuid
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 from app.metering.store.base import Store, StoreError, TurnRow
 from app.repair.base import Turn
+from app.repair.turncache import TurnCache
 
 log = logging.getLogger("chatgate.repair")
 
 INLINE_TRIES, INLINE_RETRY_S = 8, 0.001  # writing on the event loop: tries, and the pause between them
-DICT_SLOT = 104  # bytes of an OrderedDict entry (hash table slot and linked-list node), besides key and value
 
 
 class TurnMemory:
@@ -45,10 +43,7 @@ class TurnMemory:
         self.ttl = ttl_seconds
         self.cache_bytes = cache_bytes
         self.clock = clock
-        # (caller, kind, call_id) -> (turn, names, payload, expires_at): plain tuples of strings and floats,
-        # which the garbage collector stops tracking, so a full cache costs its collections nothing.
-        self._cache: OrderedDict[tuple[str, str, str], tuple[str, str, str, float]] = OrderedDict()
-        self._bytes = 0
+        self._cache = TurnCache(cache_bytes)  # no Python object per turn: see app/repair/turncache.py
         self.store_errors = 0
         self._queued: list[tuple[list[TurnRow], asyncio.Future[None]]] = []
         self._writer: asyncio.Task[None] | None = None
@@ -57,11 +52,11 @@ class TurnMemory:
 
     @property
     def cached_bytes(self) -> int:
-        return self._bytes
+        return self._cache.held_bytes()
 
     @property
     def cached_entries(self) -> int:
-        return len(self._cache)
+        return self._cache.entries()
 
     async def remember(self, caller: str, kind: str, turn: Turn) -> None:
         """Remember a relayed turn; returns once it is durable: in the spool, or in the store (or the store
@@ -138,9 +133,8 @@ class TurnMemory:
         now = self.clock()
         found: dict[str, TurnRow] = {}
         for call_id in call_ids:
-            cached = self._cache.get((caller, kind, call_id))
-            if cached is not None and cached[3] > now:
-                self._cache.move_to_end((caller, kind, call_id))
+            cached = self._cache.get(_key(caller, kind, call_id), now)
+            if cached is not None:
                 found[call_id] = TurnRow(caller, kind, call_id, *cached)
         missing = [c for c in dict.fromkeys(call_ids) if c not in found]
         if missing and self.store is not None:
@@ -159,8 +153,7 @@ class TurnMemory:
     async def purge(self) -> int:
         """Delete what has expired, here and in the store; how many rows the store deleted."""
         now = self.clock()
-        for key in [k for k, cached in self._cache.items() if cached[3] <= now]:
-            self._drop(key)
+        self._cache.purge(now)
         if self.store is None:
             return 0
         try:
@@ -170,27 +163,9 @@ class TurnMemory:
             return 0
 
     def _put(self, row: TurnRow) -> None:
-        key = (row.caller, row.kind, row.call_id)
-        if key in self._cache:
-            self._drop(key)
-        cached = (row.turn, row.names, row.payload, row.expires_at)
-        size = _size(key, cached)
-        if size > self.cache_bytes:
-            return
-        self._cache[key] = cached
-        self._bytes += size
-        while self._bytes > self.cache_bytes:
-            self._drop(next(iter(self._cache)))
-
-    def _drop(self, key: tuple[str, str, str]) -> None:
-        self._bytes -= _size(key, self._cache.pop(key))
+        self._cache.put(_key(row.caller, row.kind, row.call_id), row.turn, row.names, row.payload,
+                        row.expires_at)
 
 
-_FIXED = sys.getsizeof(("", "", "")) + sys.getsizeof(("", "", "", 0.0)) + sys.getsizeof(0.0) + DICT_SLOT
-
-
-def _size(key: tuple[str, str, str], cached: tuple[str, str, str, float]) -> int:
-    """What a cached entry costs in memory (its strings counted as if none were shared: an upper bound)."""
-    size = sys.getsizeof
-    return (_FIXED + size(key[0]) + size(key[1]) + size(key[2]) + size(cached[0]) + size(cached[1])
-            + size(cached[2]))
+def _key(caller: str, kind: str, call_id: str) -> str:
+    return f"{caller}\x00{kind}\x00{call_id}"  # callers and kinds are chatgate's own names, without NUL

@@ -13,7 +13,7 @@ import pytest
 from app.metering.store.base import StoreError, TurnRow
 from app.metering.store.sqlite import SQLiteStore
 from app.repair.base import Turn
-from app.repair.memory import DICT_SLOT, TurnMemory
+from app.repair.memory import TurnMemory
 
 
 class Clock:
@@ -75,21 +75,22 @@ def test_turns_expire_and_are_purged_from_cache_and_store(store: SQLiteStore) ->
     assert store.recall_turns("fp-a", "chat", ["c1"], 0) == []
 
 
-def test_the_cache_is_bounded_in_bytes_and_drops_the_least_recently_used() -> None:
+def test_the_cache_is_bounded_in_bytes_drops_the_oldest_and_keeps_what_is_used() -> None:
     probe = TurnMemory(None, 60, 1 << 20)
     run(probe.remember("fp-a", "chat", turn("c0", payload="x" * 1000)))
     size = probe.cached_bytes
-    assert size > 1000 + DICT_SLOT
-    memory = TurnMemory(None, 60, 3 * size)
-    for n in range(3):
+    assert size > 1000
+    memory = TurnMemory(None, 60, (4 * size) * 8 // 7 + 8)  # a ring of four such turns (1/8 is the table)
+    for n in range(4):
         run(memory.remember("fp-a", "chat", turn(f"c{n}", payload="x" * 1000)))
-    run(memory.recall("fp-a", "chat", ["c0"]))  # c0 is now the most recently used
-    run(memory.remember("fp-a", "chat", turn("c3", payload="y" * 1000)))
-    assert memory.cached_bytes <= 3 * size and memory.cached_entries == 3
-    got = run(memory.recall("fp-a", "chat", ["c0", "c1", "c2", "c3"]))
-    assert isinstance(got, dict) and sorted(got) == ["c0", "c2", "c3"]
+    run(memory.recall("fp-a", "chat", ["c0"]))  # c0 is used: written again, it is now the newest
+    run(memory.remember("fp-a", "chat", turn("c4", payload="y" * 1000)))
+    assert memory.cached_bytes <= 4 * size and memory.cached_entries == 4
+    got = run(memory.recall("fp-a", "chat", ["c0", "c1", "c2", "c3", "c4"]))
+    assert isinstance(got, dict) and sorted(got) == ["c0", "c2", "c3", "c4"]
     run(memory.remember("fp-a", "chat", turn("huge", payload="z" * 10 * size)))  # larger than the bound
-    assert memory.cached_bytes <= 3 * size
+    assert memory.cached_bytes <= 4 * size
+    assert run(memory.recall("fp-a", "chat", ["huge"])) == {}
 
 
 def test_duplicate_ids_in_one_turn_are_not_remembered() -> None:
@@ -125,24 +126,27 @@ def test_a_failing_store_leaves_this_process_its_memory(tmp_path: Path,
     broken.close()
 
 
-def test_the_bytes_counted_are_at_least_what_the_cache_really_holds() -> None:
-    """repair.reasoning_cache_bytes bounds the real memory: measured with tracemalloc."""
-    async def fill(memory: TurnMemory) -> None:
+def test_the_cache_holds_no_python_object_per_turn() -> None:
+    """repair.reasoning_cache_bytes bounds the real memory: the turns live in the cache's ring (an anonymous
+    map of that size, less the table's share), and the Python heap does not grow with them (tracemalloc)."""
+    async def fill(memory: TurnMemory, prefix: str) -> None:
         for n in range(4000):
-            await memory.remember(f"fp-{n % 7}", "chat", turn(f"call_{n:08d}",
+            await memory.remember(f"fp-{n % 7}", "chat", turn(f"{prefix}_{n:08d}",
                                                              payload=f"reasoning {n} " + "r" * 900))
 
     memory = TurnMemory(None, 60, 64 << 20)
+    run(fill(memory, "first"))
     tracemalloc.start()
     try:
         before = tracemalloc.take_snapshot()
-        run(fill(memory))
+        run(fill(memory, "second"))  # 4,000 more turns, all of them kept
         after = tracemalloc.take_snapshot()
     finally:
         tracemalloc.stop()
-    held = sum(stat.size_diff for stat in after.compare_to(before, "filename"))  # all that is still held
-    assert memory.cached_entries == 4000
-    assert held <= memory.cached_bytes, (held, memory.cached_bytes)
+    blocks = sum(stat.count_diff for stat in after.compare_to(before, "filename"))
+    assert memory.cached_entries == 8000
+    assert 8000 * 900 < memory.cached_bytes <= 64 << 20
+    assert blocks < 100, f"{blocks} more Python memory blocks held for 4,000 more turns"  # the table: 1
 
 
 class CountingStore(SQLiteStore):

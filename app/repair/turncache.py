@@ -1,0 +1,186 @@
+"""The in-process cache of relayed turns: records in a ring of bytes, found through a table of positions.
+
+A full cache holds tens of thousands of turns for hours. Kept as Python objects (a dict entry, a key tuple,
+a few strings and a float each), they slowed every request of the process by about 5%, those that never
+touch the cache too, measured side by side (bench scenario 11): long-lived small objects scattered through
+the allocator's pools cost the short-lived ones of each request their locality. Here a turn is one record
+in an anonymous memory map, and the index is an array of integers: the cache holds no Python object per
+turn.
+
+The ring is written in order; a record is live while the bytes after it written since are fewer than the
+ring's size, so the oldest records are the first to go (a record read back from the older half of the ring
+is written again at its end: what is used stays). The table uses open addressing with linear probing over
+record positions; a slot whose record was overwritten or purged is reused. The table is rebuilt from the
+live records when half of it is taken.
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+from array import array
+
+_HEAD = struct.Struct("<dIIII")  # expires_at, then the lengths of key, turn, names, payload (UTF-8)
+EMPTY, DELETED = -1, -2
+MIN_SLOTS = 1024
+TABLE_SHARE = 8  # the table takes at most 1/8 of the bound, the ring the rest
+
+
+def _utf8(text: str) -> bytes:
+    return text.encode("utf-8", "surrogatepass")  # a client's ids may hold lone surrogates
+
+
+class TurnCache:
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.size = max_bytes - max_bytes // TABLE_SHARE  # the ring
+        self.max_slots = max(MIN_SLOTS, _pow2_at_most(max_bytes // TABLE_SHARE // 8))
+        self._ring = mmap.mmap(-1, self.size) if self.size > 0 else None  # its pages are touched as used
+        self._end = 0  # the ring's write position, counted from its start (it only grows)
+        self._floor = 0  # records before this position are gone, even where not yet overwritten
+        self._slots = array("q", [EMPTY]) * MIN_SLOTS
+        self._mask = MIN_SLOTS - 1
+        self._taken = 0  # slots not EMPTY
+
+    def _live_from(self) -> int:
+        return max(self._end - self.size, self._floor)
+
+    def get(self, key: str, now: float) -> tuple[str, str, str, float] | None:
+        """(turn, names, payload, expires_at) of the unexpired record of `key`."""
+        found = self._find(_utf8(key))
+        if found is None:
+            return None
+        slot, position = found
+        ring = self._ring
+        assert ring is not None
+        at = position % self.size
+        expires, klen, tlen, nlen, plen = _HEAD.unpack_from(ring, at)
+        if expires <= now:
+            return None
+        start = at + _HEAD.size + klen
+        turn = ring[start:start + tlen].decode("utf-8", "surrogatepass")
+        names = ring[start + tlen:start + tlen + nlen].decode("utf-8", "surrogatepass")
+        payload = ring[start + tlen + nlen:start + tlen + nlen + plen].decode("utf-8", "surrogatepass")
+        if position < self._end - self.size // 2:  # in the older half: keep it by writing it again
+            self._slots[slot] = DELETED
+            self.put(key, turn, names, payload, expires)
+        return turn, names, payload, expires
+
+    def put(self, key: str, turn: str, names: str, payload: str, expires_at: float) -> None:
+        kb, tb, nb, pb = _utf8(key), _utf8(turn), _utf8(names), _utf8(payload)
+        length = _HEAD.size + len(kb) + len(tb) + len(nb) + len(pb)
+        ring = self._ring
+        if ring is None or length > self.size:
+            self.delete(key)
+            return
+        at = self._end % self.size
+        if at + length > self.size:  # a record never wraps: the ring's tail is skipped
+            self._end += self.size - at
+            at = 0
+        _HEAD.pack_into(ring, at, expires_at, len(kb), len(tb), len(nb), len(pb))
+        ring[at + _HEAD.size:at + length] = b"".join((kb, tb, nb, pb))
+        position = self._end
+        self._end += length
+        self._index(kb, position)
+
+    def delete(self, key: str) -> None:
+        found = self._find(_utf8(key))
+        if found is not None:
+            self._erase(found[0], found[1])
+
+    def purge(self, now: float) -> int:
+        """Erase the expired records (their bytes too); how many."""
+        if self._ring is None:
+            return 0
+        gone, live = 0, self._live_from()
+        for slot, position in enumerate(self._slots):
+            if position >= live and _HEAD.unpack_from(self._ring, position % self.size)[0] <= now:
+                self._erase(slot, position)
+                gone += 1
+        return gone
+
+    def entries(self) -> int:
+        live = self._live_from()
+        return sum(1 for position in self._slots if position >= live)
+
+    def held_bytes(self) -> int:
+        """The bytes of the live records (the ring itself is at most `size`)."""
+        if self._ring is None:
+            return 0
+        live, total = self._live_from(), 0
+        for position in self._slots:
+            if position >= live:
+                _, klen, tlen, nlen, plen = _HEAD.unpack_from(self._ring, position % self.size)
+                total += _HEAD.size + klen + tlen + nlen + plen
+        return total
+
+    # --- the table ---------------------------------------------------------------------
+
+    def _key_at(self, position: int) -> bytes:
+        assert self._ring is not None
+        at = position % self.size
+        klen = _HEAD.unpack_from(self._ring, at)[1]
+        return self._ring[at + _HEAD.size:at + _HEAD.size + klen]
+
+    def _find(self, kb: bytes) -> tuple[int, int] | None:
+        """(slot, position) of the live record of this key."""
+        slots, mask, live = self._slots, self._mask, self._live_from()
+        i = hash(kb) & mask
+        while True:
+            position = slots[i]
+            if position == EMPTY:
+                return None
+            if position >= live and self._key_at(position) == kb:
+                return i, position
+            i = (i + 1) & mask
+
+    def _index(self, kb: bytes, position: int) -> None:
+        if (self._taken + 1) * 2 > len(self._slots):
+            self._rebuild()
+        slots, mask, live = self._slots, self._mask, self._live_from()
+        i, free = hash(kb) & mask, -1
+        while True:
+            old = slots[i]
+            if old == EMPTY:
+                break
+            if old >= live and self._key_at(old) == kb:  # the key's older record
+                slots[i] = position
+                return
+            if free < 0 and old < live:  # overwritten, purged or replaced: reusable
+                free = i
+            i = (i + 1) & mask
+        if free < 0:
+            free = i
+            self._taken += 1
+        slots[free] = position
+
+    def _erase(self, slot: int, position: int) -> None:
+        assert self._ring is not None
+        at = position % self.size
+        _, klen, tlen, nlen, plen = _HEAD.unpack_from(self._ring, at)
+        length = _HEAD.size + klen + tlen + nlen + plen
+        self._ring[at:at + length] = bytes(length)  # the reasoning is deleted, not only forgotten
+        _HEAD.pack_into(self._ring, at, 0.0, klen, 0, 0, 0)  # its key stays readable for the table
+        self._slots[slot] = DELETED
+
+    def _rebuild(self) -> None:
+        """A new table for the live records, at most a quarter full; if they would fill more than a
+        quarter of the largest table, the oldest go first (records so small that the table, not the ring,
+        is what bounds the memory)."""
+        live = sorted(p for p in self._slots if p >= self._live_from())
+        while len(live) * 4 > self.max_slots:
+            self._floor = live[len(live) // 2]
+            live = live[len(live) // 2:]
+        n = min(self.max_slots, max(MIN_SLOTS, _pow2_at_most(len(live) * 4) * 2))
+        self._slots = array("q", [EMPTY]) * n
+        self._mask, self._taken = n - 1, 0
+        for position in live:
+            i = hash(self._key_at(position)) & self._mask
+            while self._slots[i] != EMPTY:
+                i = (i + 1) & self._mask
+            self._slots[i] = position
+            self._taken += 1
+
+
+def _pow2_at_most(n: int) -> int:
+    return 1 << max(n.bit_length() - 1, 0)

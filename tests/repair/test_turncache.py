@@ -1,0 +1,101 @@
+"""TurnCache without the gateway: a ring of records and a table of positions, bounded in bytes."""
+
+from __future__ import annotations
+
+import random
+
+from app.repair.turncache import MIN_SLOTS, TurnCache
+
+
+def test_a_record_comes_back_as_it_was_put() -> None:
+    cache = TurnCache(1 << 20)
+    cache.put("fp-a\x00chat\x00call_1", "t1", "get_weather,search", "思考 \ud800 reasoning", 100.0)
+    assert cache.get("fp-a\x00chat\x00call_1", 50.0) == ("t1", "get_weather,search", "思考 \ud800 reasoning",
+                                                         100.0)
+    assert cache.get("fp-a\x00chat\x00call_2", 50.0) is None
+    assert cache.get("fp-a\x00chat\x00call_1", 100.0) is None, "expired"
+    assert cache.entries() == 1
+
+
+def test_putting_a_key_again_replaces_its_record() -> None:
+    cache = TurnCache(1 << 20)
+    cache.put("k", "t1", "n", "old", 100.0)
+    cache.put("k", "t2", "n", "new", 100.0)
+    assert cache.get("k", 0.0) == ("t2", "n", "new", 100.0)
+    assert cache.entries() == 1
+
+
+def test_the_oldest_records_go_first_when_the_ring_is_full() -> None:
+    cache = TurnCache(80_000)  # a ring of 70,000 bytes
+    for n in range(100):
+        cache.put(f"k{n}", "t", "n", "x" * 1000, 1e9)
+    kept = [n for n in range(100) if cache.get(f"k{n}", 0.0) is not None]
+    assert kept == list(range(100 - len(kept), 100)) and 60 <= len(kept) <= 69
+    assert cache.held_bytes() <= cache.size
+    cache.put("huge", "t", "n", "x" * 100_000, 1e9)  # larger than the ring: not cached
+    assert cache.get("huge", 0.0) is None
+
+
+def test_a_record_read_from_the_older_half_is_kept() -> None:
+    cache = TurnCache(80_000)
+    for n in range(60):
+        cache.put(f"k{n}", "t", "n", "x" * 1000, 1e9)
+    assert cache.get("k0", 0.0) is not None  # old: written again at the end of the ring
+    for n in range(60, 100):
+        cache.put(f"k{n}", "t", "n", "x" * 1000, 1e9)
+    assert cache.get("k0", 0.0) is not None and cache.get("k1", 0.0) is None
+
+
+def test_purge_erases_the_expired_records_bytes() -> None:
+    cache = TurnCache(1 << 20)
+    cache.put("a", "t", "n", "secret reasoning A", 10.0)
+    cache.put("b", "t", "n", "secret reasoning B", 20.0)
+    assert cache.purge(15.0) == 1
+    assert cache.get("a", 0.0) is None and cache.get("b", 0.0) is not None
+    ring = bytes(cache._ring[: cache._end])  # type: ignore[index]
+    assert b"secret reasoning A" not in ring and b"secret reasoning B" in ring
+    assert cache.entries() == 1
+    cache.delete("b")
+    assert cache.get("b", 0.0) is None and b"secret reasoning B" not in bytes(cache._ring[: cache._end])  # type: ignore[index]
+
+
+def test_many_small_records_keep_the_table_within_its_share_of_the_bound() -> None:
+    cache = TurnCache(1 << 20)  # the table may take 128 KiB: 16,384 slots, a quarter of them after a rebuild
+    for n in range(50_000):
+        cache.put(f"k{n}", "t", "", "r", 1e9)
+    assert len(cache._slots) * 8 <= (1 << 20) // 8
+    assert cache.entries() <= cache.max_slots // 2
+    assert cache.get("k49999", 0.0) is not None and cache.get("k0", 0.0) is None
+
+
+def test_against_a_dict_model() -> None:
+    """Random puts, gets, deletes and purges: whatever the cache returns is what was last put for that key,
+    unexpired; and with a ring large enough for everything, it returns all of it."""
+    rng = random.Random(7)
+    for size in (5_000, 1 << 22):
+        cache, model = TurnCache(size), {}
+        for step in range(20_000):
+            key = f"fp-{rng.randrange(5)}\x00chat\x00call_{rng.randrange(300)}"
+            op = rng.random()
+            if op < 0.5:
+                value = (f"t{step}", "n", "r" * rng.randrange(0, 400), float(rng.randrange(50, 200)))
+                cache.put(key, *value)
+                model[key] = value
+            elif op < 0.95:
+                now = float(rng.randrange(0, 100))
+                want = model.get(key)
+                got = cache.get(key, now)
+                if want is None or want[3] <= now:
+                    assert got is None
+                elif size > 1 << 20:
+                    assert got == want
+                else:
+                    assert got in (None, want)
+            elif op < 0.98:
+                cache.delete(key)
+                model.pop(key, None)
+            else:
+                now = float(rng.randrange(0, 100))
+                cache.purge(now)
+                model = {k: v for k, v in model.items() if v[3] > now}
+        assert len(cache._slots) >= MIN_SLOTS
