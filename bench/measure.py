@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from bench.common import REPO_DIR, group_cpu_seconds
+from bench.common import REPO_DIR, Proc, group_cpu_seconds, group_pids
 from bench.report import ScenarioResult
 from bench.stats import median
 from bench.targets import Target
@@ -137,6 +141,99 @@ def alternating(
             res.samples.setdefault(name, []).extend({**x, "config": prefix} for x in got_samples)
             res.rows.setdefault(name, {}).update({prefix + k: v for k, v in median_dict(got_samples).items()})
     return per_round
+
+
+def side_by_side(
+    ctx: Context,
+    res: ScenarioResult,
+    twins: list[Target],
+    others: list[Proc],
+    measure: Callable[[Target], dict[str, Any]],
+    prefix: str,
+    rounds: int,
+) -> list[dict[str, dict[str, Any]]]:
+    """A/B rounds in which both twins are measured at the same time, each by its own load tool, with every
+    thread of both twins pinned to one and the same CPU and everything else (`others`: the upstream; the load
+    tools; this runner) on the other CPUs. Each twin runs in its own session, so the scheduler's autogroups
+    share that CPU between the two twins, not between their threads: each gets half of it, whatever the
+    noise of the moment, and the per-round ratio is their CPU cost per request (their throughput on a CPU
+    of their own), which alternating rounds on a noisy 2-core host only give within +-15%. Rows get the
+    per-metric medians (keys prefixed); returns each round's {name: sample}, like `alternating`."""
+    per_round: list[dict[str, dict[str, Any]]] = []
+    samples: dict[str, list[dict[str, Any]]] = {t.name: [] for t in twins}
+    with pinned(twins, others) as load_cpus:
+        for r in range(rounds):
+            got: dict[str, dict[str, Any]] = {}
+            failed: dict[str, BaseException] = {}
+            order = twins if r % 2 == 0 else twins[::-1]  # which load tool starts first, rotated
+            threads = [
+                threading.Thread(target=_measure_on, args=(t, measure, load_cpus, got, failed)) for t in order
+            ]
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join()
+            for name, exc in failed.items():
+                res.notes.append(f"{name} {prefix} round {r + 1} failed: {type(exc).__name__}: {exc}"[:400])
+                ctx.log(f"    {prefix}{name}: FAILED {exc}")
+            for name, sample in got.items():
+                samples[name].append(sample)
+            per_round.append(got)
+            ctx.log(f"    {prefix}round {r + 1} (side by side): "
+                    + "; ".join(f"{n} {_brief(x)}" for n, x in got.items()))
+    for name, got_samples in samples.items():
+        if got_samples:
+            res.samples.setdefault(name, []).extend({**x, "config": prefix} for x in got_samples)
+            res.rows.setdefault(name, {}).update({prefix + k: v for k, v in median_dict(got_samples).items()})
+    return per_round
+
+
+def _measure_on(
+    t: Target,
+    measure: Callable[[Target], dict[str, Any]],
+    cpus: set[int],
+    got: dict[str, dict[str, Any]],
+    failed: dict[str, BaseException],
+) -> None:
+    """One twin's measurement in a thread of its own, the load tool it starts pinned to `cpus`."""
+    if cpus:
+        os.sched_setaffinity(0, cpus)  # this thread, hence the processes it starts
+    try:
+        got[t.name] = measure(t)
+    except Exception as exc:  # one failed measurement must not end the run
+        failed[t.name] = exc
+
+
+@contextmanager
+def pinned(twins: list[Target], others: list[Proc]) -> Iterator[set[int]]:
+    """Pin the twins' threads to the last CPU and `others` to the rest; yields the rest (empty, and nothing
+    pinned, on a single CPU). Everything is unpinned afterwards."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        yield set()
+        return
+    twin_cpu, rest = {cpus[-1]}, set(cpus[:-1])
+    groups = [(t.proc.pid, twin_cpu) for t in twins if t.proc is not None]
+    groups += [(p.pid, rest) for p in others if p.popen is not None]
+    try:
+        for pgid, where in groups:
+            _pin_group(pgid, where)
+        yield rest
+    finally:
+        for pgid, _ in groups:
+            _pin_group(pgid, set(cpus))
+
+
+def _pin_group(pgid: int, cpus: set[int]) -> None:
+    """Every thread of every process in the process group (a server, its workers, their threads)."""
+    for pid in group_pids(pgid):
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            with contextlib.suppress(OSError):  # the thread has just ended
+                os.sched_setaffinity(int(tid), cpus)
 
 
 def round_ratios(rounds: list[dict[str, dict[str, Any]]], num: str, den: str, metric: str) -> list[float]:

@@ -7,7 +7,8 @@ max_concurrent 10,000. Only key limits: team `default` limits would also apply t
 the two-replica part.
 
 Single replica: twins on SQLite (rates and concurrency counted in process, budgets "auto" = local):
-chatgate-limits has the limits row for the bench key, chatgate-nolimits has none. wrk at c=16, alternating.
+chatgate-limits has the limits row for the bench key, chatgate-nolimits has none. wrk at c=16 on each, side
+by side (bench/measure.py `side_by_side`: both loaded at once, both pinned to one CPU).
 
 Two replicas on PostgreSQL (a fresh database per run, dropped after) and Redis (db 7, flushed before and
 after), budgets in the store (CHATGATE_LIMITS_BUDGETS=store): the same two processes serve a limited key
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench.common import VENV_BIN, request_once, warm_up
-from bench.measure import Context, alternating, round_ratios, spread, wrk_measure, wrk_sample
+from bench.measure import Context, alternating, round_ratios, side_by_side, spread, wrk_measure, wrk_sample
 from bench.report import Column, ScenarioResult
 from bench.stats import median
 from bench.targets import Cluster, Target, TargetSpec, UpstreamSpec
@@ -155,6 +156,7 @@ def _single(ctx: Context, res: ScenarioResult) -> None:
                 res.skip(name, f"≥ {RATIO:g}", why)
             return
         on, off = targets
+        others = [p for p in cl.procs if p not in (on.proc, off.proc)]  # the upstream
         applied = (limit_header(on.port, small, SECRET), limit_header(off.port, small, SECRET))
         for t in targets:
             warm_up(t.port, [small, stream], 100 if s.quick else 200)
@@ -163,7 +165,7 @@ def _single(ctx: Context, res: ScenarioResult) -> None:
         per_config = {}
         for tag, body in (("c16_", ctx.bodies["small"]), ("c16s_", ctx.bodies["small_stream"])):
             measure = wrk_measure(body, 16, s.wrk_seconds)
-            per_config[tag] = alternating(ctx, res, targets, measure, tag, _rounds(ctx))
+            per_config[tag] = side_by_side(ctx, res, targets, others, measure, tag, _rounds(ctx))
         still = limit_header(on.port, small, SECRET)
     res.check(
         "limits applied, one replica (x-ratelimit-limit-requests with / without)",
@@ -193,7 +195,9 @@ def _single(ctx: Context, res: ScenarioResult) -> None:
     res.check(refused, errors == 0, f"{errors}", "0")
     res.notes.append(
         f"one replica: twins on SQLite, {ON} with the limits row for its caller (rates and concurrency in "
-        f"process, budgets local), {OFF} without; limits written with {how}"
+        f"process, budgets local), {OFF} without, measured side by side (both loaded at once by wrk, both "
+        f"pinned to one CPU, upstream and wrk on the other: bench/measure.py side_by_side); limits written "
+        f"with {how}"
     )
 
 

@@ -9,6 +9,8 @@ the restore-on twin is persisted in its store, as by default):
   reasoning is refused here with R17 (checked once, in a note); this twin's load sends the reasoning back,
   which makes the bytes forwarded upstream the same as the repaired ones. The ratio is then the whole cost
   of the feature: remembering every relayed tool-call turn, recalling it, repairing and checking again.
+The twins are measured side by side (bench/measure.py `side_by_side`): loaded at the same time, each by its
+own load tool, both pinned to one CPU, so each round's ratio is their CPU cost per request.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 import orjson
 
 from bench.common import AUTH_HEADER, request_once, warm_up
-from bench.measure import Context, alternating, round_ratios, run_tool, spread, with_cpu, wrk_sample
+from bench.measure import Context, round_ratios, run_tool, side_by_side, spread, with_cpu, wrk_sample
 from bench.report import Check, Column, ScenarioResult
 from bench.stats import median
 from bench.targets import Cluster, MemorySampler, Target, TargetSpec, UpstreamSpec
@@ -33,7 +35,7 @@ RESTORE_ON = TargetSpec(ON, "chatgate")
 RESTORE_OFF = TargetSpec(OFF, "chatgate", env=(("CHATGATE_REPAIR_RESTORE_REASONING", "false"),))
 PAIR_FACTOR = 3  # rounds per repetition: ratio targets need more pairs than other scenarios on a noisy box
 MB = 1024.0
-ENTRY_OVERHEAD = 200  # app/repair/memory.py: bytes counted per cached call id besides the reasoning
+ENTRY_OVERHEAD = 100  # app/repair/turncache.py: a record's header, key, turn id and names
 LOOP_RATIO = 0.9
 # The 6 KB body needs no repair: restore on/off should be ~1.0 (issue 12: "cost nothing measurable"). On this
 # 2-core box single 5 s rounds of that comparison scatter by about ±10% (0.89-1.28 in a full run), so a median
@@ -110,14 +112,15 @@ def repairs(ctx: Context) -> ScenarioResult:
                     res.skip(name, target, why)
             return res
         on, off = targets
+        others = [p for p in cl.procs if p not in (on.proc, off.proc)]  # the upstream
         _warm(ctx, targets)
         loops_on = 0
         configs = [(False, "loop_")] + ([(True, "sloop_")] if s.extras_streaming else [])
         with MemorySampler(on) as sampler:
             per_config: dict[str, list[dict[str, dict[str, Any]]]] = {}
             for stream, tag in configs:
-                per_config[tag] = alternating(
-                    ctx, res, targets, _loop_measure(ctx, stream), tag, _rounds(ctx)
+                per_config[tag] = side_by_side(
+                    ctx, res, targets, others, _loop_measure(ctx, stream), tag, _rounds(ctx)
                 )
                 loops_on += sum(int(r[ON]["loops"]) for r in per_config[tag] if ON in r)
         mem_on, mem_off = on.memory(), off.memory()
@@ -127,8 +130,8 @@ def repairs(ctx: Context) -> ScenarioResult:
                 f"RSS after the loops: {ON} {mem_on.rss_kb / MB:.1f} MB, {OFF} {mem_off.rss_kb / MB:.1f} MB"
             )
         body = ctx.bodies["small"]
-        per_config["wrk_"] = alternating(
-            ctx, res, targets, _wrk_measure(body, s.wrk_seconds), "wrk_", _rounds(ctx)
+        per_config["wrk_"] = side_by_side(
+            ctx, res, targets, others, _wrk_measure(body, s.wrk_seconds), "wrk_", _rounds(ctx)
         )
         metrics = request_once(on.port, "GET", "/metrics", authorization=None)[2].decode()
         probe = _probe_r17(off)
@@ -198,8 +201,9 @@ def repairs(ctx: Context) -> ScenarioResult:
         f"Without it, {OFF} refuses round 2 itself: {probe}"
     )
     res.notes.append(
-        f"{_rounds(ctx)} round(s) per measurement, the twins alternating (A B, B A, …); a ratio is the "
-        "median of the per-round ratios. Tool loop req/s counts both rounds; CPU µs/req is the twin's "
+        f"{_rounds(ctx)} round(s) per measurement, the twins side by side (both loaded at once, both "
+        "pinned to one CPU, upstream and load tools on the other; bench/measure.py side_by_side); a ratio "
+        "is the median of the per-round ratios. Tool loop req/s counts both rounds; CPU µs/req is the twin's "
         "utime + stime per request. The 6 KB body (scenario 2's, ending in a tool result with its "
         f"reasoning) needs no repair; its {NO_REPAIR_RATIO:g} line is reported (INFO), not judged: single "
         "rounds scatter more than 3%; the wrk rounds run after the loops, when chatgate-restore holds its "
