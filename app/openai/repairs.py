@@ -63,18 +63,15 @@ def repair_chat(data: dict[str, Any], found: Sequence[Problem], options: RepairO
         return []
     applied: list[Applied] = []
     codes = {p.code for p in found}
+    if codes == _RESTORE_ONLY:  # the common case by far (an agent that drops reasoning): nothing else to do
+        return _restore(messages, found, options, recalled)
     on = {name for code in codes for name in FIXED_BY.get(code, ()) if name in options.enabled}.__contains__
 
     def each(code: str) -> list[Problem]:
         return [p for p in found if p.code == code]
 
     if on("restore_reasoning"):
-        for p in each("reasoning_content_missing"):
-            i = message_index(p)
-            msg = _message(messages, i)
-            if i is not None and msg is not None and i in recalled and msg.get("role") == "assistant":
-                msg["reasoning_content"] = recalled[i]
-                applied.append(Applied("restore_reasoning", f"messages[{i}]"))
+        applied += _restore(messages, each("reasoning_content_missing"), options, recalled)
     if on("thinking_conflict") and "reasoning_effort" in data:
         effort = data.pop("reasoning_effort")
         applied.append(Applied("thinking_conflict", "reasoning_effort", f"dropped {effort!r}"))
@@ -118,6 +115,24 @@ def repair_chat(data: dict[str, Any], found: Sequence[Problem], options: RepairO
             data["user_id"] = cleaned
             applied.append(Applied("user_id", "user_id"))
     applied += _restructure(messages, found, options, on)
+    return applied
+
+
+_RESTORE_ONLY = {"reasoning_content_missing"}
+
+
+def _restore(messages: list[Any], found: Sequence[Problem], options: RepairOptions,
+             recalled: Mapping[int, str]) -> list[Applied]:
+    """restore_reasoning: the recalled reasoning_content into each assistant message whose turn it is."""
+    applied: list[Applied] = []
+    if not options.on("restore_reasoning"):
+        return applied
+    for p in found:
+        i = message_index(p)
+        msg = _message(messages, i)
+        if i is not None and msg is not None and i in recalled and msg.get("role") == "assistant":
+            msg["reasoning_content"] = recalled[i]
+            applied.append(Applied("restore_reasoning", f"messages[{i}]"))
     return applied
 
 

@@ -79,7 +79,7 @@ class RepairOptions:
         return name in self.enabled
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: made per repaired request, and frozen costs a call per field
 class Applied:
     """One repair applied at one place; `path` uses the request's own (original) indices."""
 

@@ -50,17 +50,20 @@ class TurnCache:
         found = self._find(_utf8(key))
         if found is None:
             return None
-        slot, position = found
+        slot, position, at = found
         ring = self._ring
         assert ring is not None
-        at = position % self.size
         expires, klen, tlen, nlen, plen = _HEAD.unpack_from(ring, at)
         if expires <= now:
             return None
         start = at + _HEAD.size + klen
-        turn = ring[start:start + tlen].decode("utf-8", "surrogatepass")
-        names = ring[start + tlen:start + tlen + nlen].decode("utf-8", "surrogatepass")
-        payload = ring[start + tlen + nlen:start + tlen + nlen + plen].decode("utf-8", "surrogatepass")
+        text = ring[start:start + tlen + nlen + plen].decode("utf-8", "surrogatepass")
+        if tlen + nlen + plen == len(text):  # ASCII ids (as DeepSeek's are): cut the text, not the bytes
+            turn, names, payload = text[:tlen], text[tlen:tlen + nlen], text[tlen + nlen:]
+        else:
+            turn = ring[start:start + tlen].decode("utf-8", "surrogatepass")
+            names = ring[start + tlen:start + tlen + nlen].decode("utf-8", "surrogatepass")
+            payload = text[len(turn) + len(names):]
         if position < self._end - self.size // 2:  # in the older half: keep it by writing it again
             self._slots[slot] = DELETED
             self.put(key, turn, names, payload, expires)
@@ -122,16 +125,21 @@ class TurnCache:
         klen = _HEAD.unpack_from(self._ring, at)[1]
         return self._ring[at + _HEAD.size:at + _HEAD.size + klen]
 
-    def _find(self, kb: bytes) -> tuple[int, int] | None:
-        """(slot, position) of the live record of this key."""
-        slots, mask, live = self._slots, self._mask, self._live_from()
+    def _find(self, kb: bytes) -> tuple[int, int, int] | None:
+        """(slot, position, offset in the ring) of the live record of this key."""
+        slots, mask, ring, size = self._slots, self._mask, self._ring, self.size
+        live = self._end - size if self._end - size > self._floor else self._floor
+        start, end = _HEAD.size, _HEAD.size + len(kb)
         i = hash(kb) & mask
         while True:
             position = slots[i]
             if position == EMPTY:
                 return None
-            if position >= live and self._key_at(position) == kb:
-                return i, position
+            if position >= live:
+                assert ring is not None
+                at = position % size
+                if ring[at + start:at + end] == kb and _HEAD.unpack_from(ring, at)[1] == len(kb):
+                    return i, position, at
             i = (i + 1) & mask
 
     def _index(self, kb: bytes, position: int) -> None:
