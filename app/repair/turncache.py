@@ -70,15 +70,17 @@ class TurnCache:
         return turn, names, payload, expires
 
     def put(self, key: str, turn: str, names: str, payload: str, expires_at: float) -> None:
-        kb, tb, nb, pb = _utf8(key), _utf8(turn), _utf8(names), _utf8(payload)
+        kb = key.encode("utf-8", "surrogatepass")
+        tb, nb = turn.encode("utf-8", "surrogatepass"), names.encode("utf-8", "surrogatepass")
+        pb = payload.encode("utf-8", "surrogatepass")
         length = _HEAD.size + len(kb) + len(tb) + len(nb) + len(pb)
-        ring = self._ring
-        if ring is None or length > self.size:
+        ring, size = self._ring, self.size
+        if ring is None or length > size:
             self.delete(key)
             return
-        at = self._end % self.size
-        if at + length > self.size:  # a record never wraps: the ring's tail is skipped
-            self._end += self.size - at
+        at = self._end % size
+        if at + length > size:  # a record never wraps: the ring's tail is skipped
+            self._end += size - at
             at = 0
         _HEAD.pack_into(ring, at, expires_at, len(kb), len(tb), len(nb), len(pb))
         ring[at + _HEAD.size:at + length] = b"".join((kb, tb, nb, pb))
@@ -145,16 +147,21 @@ class TurnCache:
     def _index(self, kb: bytes, position: int) -> None:
         if (self._taken + 1) * 2 > len(self._slots):
             self._rebuild()
-        slots, mask, live = self._slots, self._mask, self._live_from()
+        slots, mask, ring, size = self._slots, self._mask, self._ring, self.size
+        live = self._end - size if self._end - size > self._floor else self._floor
+        start, end = _HEAD.size, _HEAD.size + len(kb)
         i, free = hash(kb) & mask, -1
         while True:
             old = slots[i]
             if old == EMPTY:
                 break
-            if old >= live and self._key_at(old) == kb:  # the key's older record
-                slots[i] = position
-                return
-            if free < 0 and old < live:  # overwritten, purged or replaced: reusable
+            if old >= live:
+                assert ring is not None
+                at = old % size
+                if ring[at + start:at + end] == kb and _HEAD.unpack_from(ring, at)[1] == len(kb):
+                    slots[i] = position  # the key's older record
+                    return
+            elif free < 0:  # overwritten, purged or replaced: reusable
                 free = i
             i = (i + 1) & mask
         if free < 0:
