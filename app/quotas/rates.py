@@ -78,11 +78,15 @@ class Window:
                 if self.times[p & self.mask] != GONE]
 
     def _grow(self) -> None:
-        size = 2 * (self.mask + 1)
+        """Twice the room, each entry at the same position (the ring is full: one rotation, two copies)."""
+        size, start = 2 * (self.mask + 1), self.head & self.mask
         times, amounts = array("d", bytes(8 * size)), array("d", bytes(8 * size))
-        for p in range(self.head, self.tail):
-            times[p & (size - 1)] = self.times[p & self.mask]
-            amounts[p & (size - 1)] = self.amounts[p & self.mask]
+        for new, old in ((times, self.times), (amounts, self.amounts)):
+            ordered = old[start:] + old[:start]  # oldest first
+            at = self.head & (size - 1)
+            first = min(len(ordered), size - at)
+            new[at:at + first] = ordered[:first]
+            new[:len(ordered) - first] = ordered[first:]
         self.times, self.amounts, self.mask = times, amounts, size - 1
 
 
@@ -95,10 +99,9 @@ def check(window: Window, subject: Subject, ask: Ask, now: float, info: RateInfo
                        f"{limits.max_concurrent} allowed at once. Retry when one has finished.")
     if limits.rpm is None and limits.tpm is None:
         return None
-    oldest = window.oldest()
-    reset = oldest + WINDOW - now if oldest is not None else 0.0
+    reset = window.times[window.head & window.mask] + WINDOW - now if window.tail > window.head else 0.0
     if limits.rpm is not None:
-        used = window.requests
+        used = window.tail - window.head - window.gone
         if used >= limits.rpm:
             info.take(limits.rpm, 0, reset, tokens=False)
             return Refusal("rpm", subject, limits.rpm, reset,
@@ -171,7 +174,8 @@ class LocalRates:
         window = self.windows.get((subject.scope, subject.name))
         if window is None:
             window = self.windows[(subject.scope, subject.name)] = Window()
-        window.prune(now)
+        if window.tail > window.head and window.times[window.head & window.mask] <= now - WINDOW:
+            window.prune(now)
         return window
 
     async def close(self) -> None:
