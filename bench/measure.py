@@ -136,11 +136,16 @@ def alternating(
             samples[t.name].append(sample)
         per_round.append(got)
         ctx.log(f"    {prefix}round {r + 1}: " + "; ".join(f"{n} {_brief(x)}" for n, x in got.items()))
+    _keep(res, samples, prefix)
+    return per_round
+
+
+def _keep(res: ScenarioResult, samples: dict[str, list[dict[str, Any]]], prefix: str) -> None:
+    """Every sample into the report's samples, each target's per-metric medians into its row (prefixed)."""
     for name, got_samples in samples.items():
         if got_samples:
             res.samples.setdefault(name, []).extend({**x, "config": prefix} for x in got_samples)
             res.rows.setdefault(name, {}).update({prefix + k: v for k, v in median_dict(got_samples).items()})
-    return per_round
 
 
 def side_by_side(
@@ -181,10 +186,7 @@ def side_by_side(
             per_round.append(got)
             ctx.log(f"    {prefix}round {r + 1} (side by side): "
                     + "; ".join(f"{n} {_brief(x)}" for n, x in got.items()))
-    for name, got_samples in samples.items():
-        if got_samples:
-            res.samples.setdefault(name, []).extend({**x, "config": prefix} for x in got_samples)
-            res.rows.setdefault(name, {}).update({prefix + k: v for k, v in median_dict(got_samples).items()})
+    _keep(res, samples, prefix)
     return per_round
 
 
