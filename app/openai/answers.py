@@ -14,7 +14,10 @@ def turn_from_completion(data: Any) -> Turn | None:
     """The tool-call turn of a non-streaming answer, when it has one and reasoning to go with it."""
     try:
         message = data["choices"][0]["message"]
-        reasoning, calls = message["reasoning_content"], message["tool_calls"]
+        calls = message.get("tool_calls")
+        if not calls:  # most answers: no exception raised for them
+            return None
+        reasoning = message["reasoning_content"]
         ids = tuple([call["id"] for call in calls])
         names = tuple([str(call["function"].get("name", "")) for call in calls])
     except (KeyError, IndexError, TypeError, AttributeError):  # not the shape of a tool-call turn

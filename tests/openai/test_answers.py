@@ -1,0 +1,70 @@
+"""What chatgate remembers from chat answers: the tool-call turn of a completion body or of a stream."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+
+from app.openai.answers import StreamedTurn, turn_from_completion
+from app.repair.base import Turn
+
+
+def completion(message: Any) -> dict[str, Any]:
+    return {"choices": [{"index": 0, "message": message, "finish_reason": "tool_calls"}]}
+
+
+def call(call_id: str, name: str) -> dict[str, Any]:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": "{}"}}
+
+
+def test_a_thinking_tool_call_answer_is_a_turn() -> None:
+    message = {"role": "assistant", "content": None, "reasoning_content": "think",
+               "tool_calls": [call("c1", "search"), call("c2", "read")]}
+    assert turn_from_completion(completion(message)) == Turn(("c1", "c2"), ("search", "read"), "think")
+
+
+@pytest.mark.parametrize("message", [
+    {"role": "assistant", "content": "done", "reasoning_content": "think"},  # no tool calls: most answers
+    {"role": "assistant", "content": "done", "reasoning_content": "think", "tool_calls": []},
+    {"role": "assistant", "content": None, "tool_calls": [call("c1", "search")]},  # no reasoning
+    {"role": "assistant", "content": None, "reasoning_content": None, "tool_calls": [call("c1", "search")]},
+    {"role": "assistant", "reasoning_content": "think", "tool_calls": [{"type": "function"}]},  # no id
+    {"role": "assistant", "reasoning_content": "think", "tool_calls": [{"id": 7, "function": {}}]},
+    {"role": "assistant", "reasoning_content": "think", "tool_calls": {"id": "c1"}},
+    "not a message",
+    None,
+])
+def test_other_answers_are_not_turns(message: Any) -> None:
+    assert turn_from_completion(completion(message)) is None
+
+
+@pytest.mark.parametrize("data", [{}, {"choices": []}, {"choices": "x"}, [], None, "text"])
+def test_answers_without_a_message_are_not_turns(data: Any) -> None:
+    assert turn_from_completion(data) is None
+
+
+def event(delta: dict[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps({"choices": [{"index": 0, "delta": delta}]}) + b"\n\n"
+
+
+def test_a_streamed_turn_is_collected_across_chunk_boundaries() -> None:
+    stream = (event({"reasoning_content": "thi"}) + event({"reasoning_content": "nk"})
+              + event({"tool_calls": [{"index": 0, "id": "c1", "type": "function",
+                                       "function": {"name": "search", "arguments": ""}}]})
+              + event({"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]})
+              + b"data: [DONE]\n\n")
+    turns = StreamedTurn()
+    for n in range(0, len(stream), 7):  # split anywhere, lines included
+        turns.feed(stream[n:n + 7])
+    assert turns.turn("think") == Turn(("c1",), ("search",), "think")
+
+
+def test_a_stream_without_reasoning_or_calls_is_no_turn() -> None:
+    no_reasoning = StreamedTurn()
+    no_reasoning.feed(event({"tool_calls": [{"index": 0, "id": "c1", "function": {"name": "f"}}]}))
+    assert no_reasoning.turn("") is None
+    no_calls = StreamedTurn()
+    no_calls.feed(event({"reasoning_content": "think"}) + event({"content": "done"}))
+    assert no_calls.turn("think") is None
