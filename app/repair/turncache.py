@@ -65,7 +65,7 @@ class TurnCache:
             names = ring[start + tlen:start + tlen + nlen].decode("utf-8", "surrogatepass")
             payload = text[len(turn) + len(names):]
         if position < self._end - self.size // 2:  # in the older half: keep it by writing it again
-            self._slots[slot] = DELETED
+            self._erase(slot, position)  # no stale copy of the reasoning is left behind
             self.put(key, turn, names, payload, expires)
         return turn, names, payload, expires
 
@@ -159,7 +159,8 @@ class TurnCache:
                 assert ring is not None
                 at = old % size
                 if ring[at + start:at + end] == kb and _HEAD.unpack_from(ring, at)[1] == len(kb):
-                    slots[i] = position  # the key's older record
+                    self._erase(i, old)  # the key's older record: its bytes go, its slot is this one's
+                    slots[i] = position
                     return
             elif free < 0:  # overwritten, purged or replaced: reusable
                 free = i
@@ -175,7 +176,6 @@ class TurnCache:
         _, klen, tlen, nlen, plen = _HEAD.unpack_from(self._ring, at)
         length = _HEAD.size + klen + tlen + nlen + plen
         self._ring[at:at + length] = bytes(length)  # the reasoning is deleted, not only forgotten
-        _HEAD.pack_into(self._ring, at, 0.0, klen, 0, 0, 0)  # its key stays readable for the table
         self._slots[slot] = DELETED
 
     def _rebuild(self) -> None:

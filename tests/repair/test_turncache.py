@@ -59,6 +59,22 @@ def test_purge_erases_the_expired_records_bytes() -> None:
     assert cache.get("b", 0.0) is None and b"secret reasoning B" not in bytes(cache._ring[: cache._end])  # type: ignore[index]
 
 
+def test_no_stale_copy_of_a_reasoning_stays_in_the_ring() -> None:
+    """A key put again, and a record moved to the ring's end when read, leave no old bytes behind."""
+    cache = TurnCache(80_000)
+    cache.put("a", "t", "n", "first reasoning", 1e9)
+    cache.put("a", "t", "n", "second reasoning", 1e9)
+    for n in range(50):
+        cache.put(f"k{n}", "t", "n", "x" * 1000, 1e9)
+    cache.put("b", "t", "n", "moved reasoning", 1e9)
+    for n in range(50, 60):
+        cache.put(f"k{n}", "t", "n", "x" * 1000, 1e9)
+    assert cache.get("a", 0.0) == ("t", "n", "second reasoning", 1e9)  # old: written again at the end
+    ring = bytes(cache._ring[: cache.size])  # type: ignore[index]
+    assert b"first reasoning" not in ring and ring.count(b"second reasoning") == 1
+    assert cache.get("b", 0.0) is not None and ring.count(b"moved reasoning") == 1
+
+
 def test_many_small_records_keep_the_table_within_its_share_of_the_bound() -> None:
     cache = TurnCache(1 << 20)  # the table may take 128 KiB: 16,384 slots, a quarter of them after a rebuild
     for n in range(50_000):
