@@ -41,6 +41,7 @@ class TurnCache:
         self._slots = array("q", [EMPTY]) * MIN_SLOTS
         self._mask = MIN_SLOTS - 1
         self._taken = 0  # slots not EMPTY
+        self._cleared_at = 0  # the write position when the dead bytes were last cleared
 
     def _live_from(self) -> int:
         return max(self._end - self.size, self._floor)
@@ -79,7 +80,8 @@ class TurnCache:
             self.delete(key)
             return
         at = self._end % size
-        if at + length > size:  # a record never wraps: the ring's tail is skipped
+        if at + length > size:  # a record never wraps: the ring's tail is skipped, and cleared
+            ring[at:size] = bytes(size - at)
             self._end += size - at
             at = 0
         _HEAD.pack_into(ring, at, expires_at, len(kb), len(tb), len(nb), len(pb))
@@ -94,15 +96,40 @@ class TurnCache:
             self._erase(found[0], found[1])
 
     def purge(self, now: float) -> int:
-        """Erase the expired records (their bytes too); how many."""
-        if self._ring is None:
+        """Erase the expired records, and clear what is left of records the ring has partly overwritten:
+        afterwards the map holds live, unexpired reasoning only. How many records expired."""
+        ring = self._ring
+        if ring is None:
             return 0
-        gone, live = 0, self._live_from()
+        gone, live, oldest = 0, self._live_from(), self._end
         for slot, position in enumerate(self._slots):
-            if position >= live and _HEAD.unpack_from(self._ring, position % self.size)[0] <= now:
-                self._erase(slot, position)
-                gone += 1
+            if position >= live:
+                if _HEAD.unpack_from(ring, position % self.size)[0] <= now:
+                    self._erase(slot, position)
+                    gone += 1
+                elif position < oldest:
+                    oldest = position
+        if self._end != self._cleared_at:  # only the ring's advance leaves such remains (erasing clears)
+            self._clear_dead(oldest)
         return gone
+
+    def _clear_dead(self, oldest: int) -> None:
+        """Zero the bytes from the write head to the oldest live record (where the ring has been)."""
+        assert self._ring is not None
+        written = min(self._end, self.size)
+        head, stop = self._end % self.size, oldest % self.size
+        if oldest == self._end:  # nothing live
+            spans = [(0, written)]
+        elif head < stop:
+            spans = [(head, stop)]
+        elif head > stop:
+            spans = [(head, written), (0, stop)]
+        else:
+            spans = []
+        for start, end in spans:
+            if end > start:
+                self._ring[start:end] = bytes(end - start)
+        self._cleared_at = self._end
 
     def entries(self) -> int:
         live = self._live_from()

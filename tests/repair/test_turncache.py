@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from app.repair.turncache import MIN_SLOTS, TurnCache
 
 
@@ -73,6 +75,23 @@ def test_no_stale_copy_of_a_reasoning_stays_in_the_ring() -> None:
     ring = bytes(cache._ring[: cache.size])  # type: ignore[index]
     assert b"first reasoning" not in ring and ring.count(b"second reasoning") == 1
     assert cache.get("b", 0.0) is not None and ring.count(b"moved reasoning") == 1
+
+
+@pytest.mark.parametrize("laps", [0.5, 1, 3.3])
+def test_after_a_purge_the_ring_holds_only_what_the_cache_can_return(laps: float) -> None:
+    """Records of several sizes, so that later ones skip the ring's tail and partly overwrite earlier ones;
+    some expire. After a purge, every reasoning still in memory is a live, unexpired record."""
+    cache, keys = TurnCache(8_000), []  # a ring of 7,000 bytes
+    for _ in range(int(laps * 10)):
+        for size, expires in ((500, 50.0), (1000, 1e9), (200, 1e9)):
+            key = f"k{len(keys)}"
+            cache.put(key, "t", "n", f"secret {key}:" + "x" * size, expires)
+            keys.append(key)
+    cache.purge(100.0)
+    ring = bytes(cache._ring[: cache.size])  # type: ignore[index]
+    present = [key for key in keys if f"secret {key}:".encode() in ring]
+    assert present and all(cache._find(key.encode()) is not None for key in present), present
+    assert all(cache.get(key, 100.0) is not None for key in present)
 
 
 def test_many_small_records_keep_the_table_within_its_share_of_the_bound() -> None:
