@@ -11,7 +11,9 @@ The ring is written in order; a record is live while the bytes after it written 
 ring's size, so the oldest records are the first to go (a record read back from the older half of the ring
 is written again at its end: what is used stays). The table uses open addressing with linear probing over
 record positions; a slot whose record was overwritten or purged is reused. The table is rebuilt from the
-live records when half of it is taken.
+live records when half of it is taken. A replaced or moved record is zeroed at once; each purge zeroes the
+expired ones and what the ring left of records it partly overwrote, so between purges only live turns and
+such remains are in memory, and after one only live, unexpired turns.
 """
 
 from __future__ import annotations
