@@ -21,7 +21,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import orjson
@@ -120,24 +120,19 @@ class Recorder:
     # --- request path -------------------------------------------------------------
 
     def record(self, record: UsageRecord) -> None:
-        line = encode(record)
-        with self._lock:
-            os.write(self._fd, line)
-            self._pending += 1
-            self._queued.append(record)
-            first = len(self._queued) == 1
-        if first:
-            self._wake.set()
+        self._spool(encode(record), (record,))
 
     def remember_turns(self, rows: list[TurnRow]) -> None:
         """Spool relayed turns (TurnMemory's durable write where this process owns the store): they reach
         the store with the next batch."""
-        lines = b"".join([encode_turn(row) for row in rows])
+        self._spool(b"".join([encode_turn(row) for row in rows]), rows)
+
+    def _spool(self, lines: bytes, items: Sequence[UsageRecord | TurnRow]) -> None:
         with self._lock:
             os.write(self._fd, lines)
-            self._pending += len(rows)
+            self._pending += len(items)
             first = not self._queued
-            self._queued.extend(rows)
+            self._queued.extend(items)
         if first:
             self._wake.set()
 

@@ -99,14 +99,6 @@ class ChatFamily:
 def calls_of(message: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(ids, names) of an assistant message's tool calls."""
     calls = message.get("tool_calls") if isinstance(message, dict) else None
-    if isinstance(calls, list):  # the shape of nearly every call: the careful walk below for the others
-        try:
-            quick = tuple([c["id"] for c in calls]), tuple([c["function"]["name"] for c in calls])
-        except (KeyError, TypeError):
-            pass
-        else:
-            if {*map(type, quick[0]), *map(type, quick[1])} <= {str}:
-                return quick
     ids: list[str] = []
     names: list[str] = []
     for call in calls if isinstance(calls, list) else []:

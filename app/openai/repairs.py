@@ -7,7 +7,6 @@ the assistant turns of R17 problems (message index -> reasoning_content), looked
 
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -52,12 +51,7 @@ def reasoning_wanted(found: Sequence[Problem], options: RepairOptions) -> list[i
 
 
 def message_index(problem: Problem) -> int | None:
-    return _index_of(problem.param or "")
-
-
-@functools.lru_cache(maxsize=4096)  # the same few params, asked several times per repaired request
-def _index_of(param: str) -> int | None:
-    match = _MESSAGE.match(param)
+    match = _MESSAGE.match(problem.param or "")
     return int(match.group(1)) if match else None
 
 

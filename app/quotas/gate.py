@@ -126,15 +126,18 @@ class Quotas:
         if admission.settled:
             return
         admission.settled = True
+        self._settle_budgets(admission, cost)
         if admission.rated:
             rated, admission.rated = admission.rated, []
             self.rates.release_now(rated, admission.ask, tokens)
-        if admission.holds:
-            settled = self.budgets.settle_now(admission.holds, cost)
-            if self.alerts.settings.webhook_url is not None:
-                self._alert_on(admission, settled)
 
-    def _alert_on(self, admission: Admission, settled: list[tuple[Hold, int]]) -> None:
+    def _settle_budgets(self, admission: Admission, cost: int) -> None:
+        """Replace the budget holds by what the request cost (no I/O), and alert where a threshold is met."""
+        if not admission.holds:
+            return
+        settled = self.budgets.settle_now(admission.holds, cost)
+        if self.alerts.settings.webhook_url is None:
+            return
         for hold, spent in settled:
             subject = next(s for s in admission.subjects if s.scope == hold.scope)
             self.alerts.check(hold.scope, hold.subject, subject.limits.budget_period or "month",
@@ -144,10 +147,7 @@ class Quotas:
         if admission.settled:
             return
         admission.settled = True
-        if admission.holds:  # first: no I/O, so a Redis error below cannot leave a budget hold behind
-            settled = self.budgets.settle_now(admission.holds, cost)
-            if self.alerts.settings.webhook_url is not None:
-                self._alert_on(admission, settled)
+        self._settle_budgets(admission, cost)  # first: no I/O, so a Redis error cannot leave a hold behind
         try:
             await self._release_rates(admission, tokens)
         except BACKEND_ERRORS as exc:

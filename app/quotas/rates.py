@@ -99,9 +99,10 @@ def check(window: Window, subject: Subject, ask: Ask, now: float, info: RateInfo
                        f"{limits.max_concurrent} allowed at once. Retry when one has finished.")
     if limits.rpm is None and limits.tpm is None:
         return None
-    reset = window.times[window.head & window.mask] + WINDOW - now if window.tail > window.head else 0.0
+    oldest = window.oldest()
+    reset = oldest + WINDOW - now if oldest is not None else 0.0
     if limits.rpm is not None:
-        used = window.tail - window.head - window.gone
+        used = window.requests
         if used >= limits.rpm:
             info.take(limits.rpm, 0, reset, tokens=False)
             return Refusal("rpm", subject, limits.rpm, reset,
@@ -174,8 +175,7 @@ class LocalRates:
         window = self.windows.get((subject.scope, subject.name))
         if window is None:
             window = self.windows[(subject.scope, subject.name)] = Window()
-        if window.tail > window.head and window.times[window.head & window.mask] <= now - WINDOW:
-            window.prune(now)
+        window.prune(now)
         return window
 
     async def close(self) -> None:

@@ -53,9 +53,10 @@ class TurnCache:
         found = self._find(_utf8(key))
         if found is None:
             return None
-        slot, position, at = found
+        slot, position = found
         ring = self._ring
         assert ring is not None
+        at = position % self.size
         expires, klen, tlen, nlen, plen = _HEAD.unpack_from(ring, at)
         if expires <= now:
             return None
@@ -156,48 +157,33 @@ class TurnCache:
         klen = _HEAD.unpack_from(self._ring, at)[1]
         return self._ring[at + _HEAD.size:at + _HEAD.size + klen]
 
-    def _find(self, kb: bytes) -> tuple[int, int, int] | None:
-        """(slot, position, offset in the ring) of the live record of this key."""
-        slots, mask, ring, size = self._slots, self._mask, self._ring, self.size
-        live = self._end - size if self._end - size > self._floor else self._floor
-        start, end = _HEAD.size, _HEAD.size + len(kb)
+    def _find(self, kb: bytes) -> tuple[int, int] | None:
+        """(slot, position) of the live record of this key."""
+        slots, mask, live = self._slots, self._mask, self._live_from()
         i = hash(kb) & mask
         while True:
             position = slots[i]
             if position == EMPTY:
                 return None
-            if position >= live:
-                assert ring is not None
-                at = position % size
-                if ring[at + start:at + end] == kb and _HEAD.unpack_from(ring, at)[1] == len(kb):
-                    return i, position, at
+            if position >= live and self._key_at(position) == kb:
+                return i, position
             i = (i + 1) & mask
 
     def _index(self, kb: bytes, position: int) -> None:
         if (self._taken + 1) * 2 > len(self._slots):
             self._rebuild()
-        slots, mask, ring, size = self._slots, self._mask, self._ring, self.size
-        live = self._end - size if self._end - size > self._floor else self._floor
-        start, end = _HEAD.size, _HEAD.size + len(kb)
-        i, free = hash(kb) & mask, -1
-        while True:
-            old = slots[i]
-            if old == EMPTY:
-                break
-            if old >= live:
-                assert ring is not None
-                at = old % size
-                if ring[at + start:at + end] == kb and _HEAD.unpack_from(ring, at)[1] == len(kb):
-                    self._erase(i, old)  # the key's older record: its bytes go, its slot is this one's
-                    slots[i] = position
-                    return
-            elif free < 0:  # overwritten, purged or replaced: reusable
-                free = i
+        found = self._find(kb)
+        if found is not None:  # the key's older record: its bytes go, its slot is this one's
+            self._erase(*found)
+            self._slots[found[0]] = position
+            return
+        slots, mask, live = self._slots, self._mask, self._live_from()
+        i = hash(kb) & mask
+        while slots[i] >= live:  # another key's live record; empty, erased and overwritten slots are free
             i = (i + 1) & mask
-        if free < 0:
-            free = i
+        if slots[i] == EMPTY:
             self._taken += 1
-        slots[free] = position
+        slots[i] = position
 
     def _erase(self, slot: int, position: int) -> None:
         assert self._ring is not None

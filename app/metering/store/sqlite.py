@@ -168,28 +168,24 @@ class SQLiteStore:
         if not self._writing.acquire(blocking=False):
             return False
         try:
-            conn = self._inline_conn()
-            if conn is None:
-                return False
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-            except sqlite3.OperationalError as e:
-                if e.sqlite_errorcode in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+            with self._errors():
+                conn = self._inline_conn()
+                if conn is None:
                     return False
-                raise
-            try:
-                if len(rows) == 1:
-                    conn.execute(_Q.remember_turn, turn_params(rows[0]))
-                else:
+                try:
+                    conn.execute("BEGIN IMMEDIATE")
+                except sqlite3.OperationalError as e:
+                    if e.sqlite_errorcode in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+                        return False
+                    raise
+                try:
                     conn.executemany(_Q.remember_turn, [turn_params(r) for r in rows])
-                conn.execute("COMMIT")
-            except BaseException:
-                with suppress(sqlite3.Error):
-                    conn.execute("ROLLBACK")
-                raise
+                    conn.execute("COMMIT")
+                except BaseException:
+                    with suppress(sqlite3.Error):
+                        conn.execute("ROLLBACK")
+                    raise
             return True
-        except (sqlite3.Error, OSError) as e:  # what _errors() does, without a generator per call
-            raise StoreError(f"SQLite store {self.path}: {e}") from e
         finally:
             self._writing.release()
 
