@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -105,6 +106,19 @@ def free_port() -> int:
     port: int = sock.getsockname()[1]
     sock.close()
     return port
+
+
+_UNREACHABLE: list[socket.socket] = []  # the socket behind unreachable_url(), held for the whole test session
+
+
+def unreachable_url() -> str:
+    """An upstream that refuses every connection: a port bound but never listened on, and kept bound, so
+    no server started later (chatgate itself included) can take it, as one could a closed free_port()."""
+    if not _UNREACHABLE:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind(("127.0.0.1", 0))  # no listen(): a connection is refused at once
+        _UNREACHABLE.append(sock)
+    return f"http://127.0.0.1:{_UNREACHABLE[0].getsockname()[1]}"
 
 
 @contextmanager

@@ -19,7 +19,7 @@ from app.metering.store.sqlite import SQLiteStore
 from tests.fakes.fim import BALANCE
 from tests.fakes.server import RunningFake
 from tests.gateway.conftest import _read_usage
-from tests.harness import RunningChatgate, free_port, make_settings, run_chatgate
+from tests.harness import RunningChatgate, make_settings, run_chatgate, unreachable_url
 from tests.metering.helpers import wait_for
 
 KEY = "sk-balance-client-0001"
@@ -94,7 +94,7 @@ def test_passthrough_relays_deepseeks_401(gate: RunningChatgate, fake: RunningFa
 
 def test_unreachable_upstream_is_502(start_gate: Callable[..., RunningChatgate], tmp_path: Path,
                                      capfd: pytest.CaptureFixture[str]) -> None:
-    gate = start_gate(upstream_url=f"http://127.0.0.1:{free_port()}", server={"access_log": True})
+    gate = start_gate(upstream_url=unreachable_url(), server={"access_log": True})
     response = get(gate, KEY, **{"x-request-id": "balance-down"})
     assert response.status_code == 502
     error = response.json()["error"]

@@ -21,7 +21,7 @@ from tests.fakes.fim import middle
 from tests.fakes.server import RunningFake, run_fake_deepseek
 from tests.gateway.conftest import _read_usage, usage_rows
 from tests.gateway.test_streaming import CHUNK_DELAY, assert_spread_over_time, data_events
-from tests.harness import RunningChatgate, free_port, make_settings, run_chatgate
+from tests.harness import RunningChatgate, make_settings, run_chatgate, unreachable_url
 from tests.metering.helpers import wait_for
 from tests.openai.test_fim import INVALID, fim_body, raw
 
@@ -213,7 +213,7 @@ def test_a_stream_broken_by_deepseek_ends_with_an_error_event(gate: RunningChatg
 
 
 def test_unreachable_upstream_is_502(start_gate: Callable[..., RunningChatgate], tmp_path: Path) -> None:
-    gate = start_gate(upstream_url=f"http://127.0.0.1:{free_port()}")
+    gate = start_gate(upstream_url=unreachable_url())
     response = post(gate, fim_body())
     assert response.status_code == 502
     assert response.json()["error"]["code"] == "upstream_unreachable"

@@ -15,7 +15,7 @@ import pytest
 from tests.fakes.deepseek import ERROR_FAULTS, PLAIN_422, error_bytes
 from tests.fakes.server import RunningFake
 from tests.gateway.conftest import JSON_HEADERS, chat_body, usage_rows
-from tests.harness import RunningChatgate, free_port
+from tests.harness import RunningChatgate, unreachable_url
 
 
 @pytest.fixture(params=["uvloop", "asyncio"])
@@ -108,7 +108,7 @@ def test_streaming_request_error_before_stream_is_passed_through(sdk: openai.Ope
 @pytest.mark.parametrize("stream", [False, True])
 def test_connection_refused_is_502(start_gate: Callable[..., RunningChatgate], tmp_path: Path,
                                    stream: bool) -> None:
-    gate = start_gate(upstream_url=f"http://127.0.0.1:{free_port()}")
+    gate = start_gate(upstream_url=unreachable_url())
     response = httpx2.post(gate.url + "/v1/chat/completions", content=orjson.dumps(chat_body(stream=stream)),
                            headers=JSON_HEADERS, timeout=10)
     assert response.status_code == 502
@@ -119,7 +119,7 @@ def test_connection_refused_is_502(start_gate: Callable[..., RunningChatgate], t
 
 
 def test_connection_refused_through_the_sdk(start_gate: Callable[..., RunningChatgate]) -> None:
-    gate = start_gate(upstream_url=f"http://127.0.0.1:{free_port()}")
+    gate = start_gate(upstream_url=unreachable_url())
     with openai.OpenAI(base_url=gate.url + "/v1", api_key="sk-x", max_retries=0, timeout=10) as client, \
             pytest.raises(openai.InternalServerError) as caught:
         client.chat.completions.create(model="deepseek-flash", messages=MESSAGES)

@@ -20,7 +20,7 @@ import pytest
 from app.gateway.auth import fingerprint, hash_key
 from app.settings import Settings
 from tests.fakes.server import RunningFake, run_fake_deepseek
-from tests.harness import REPO_ROOT, free_port, make_settings, run_chatgate, spawn_chatgate
+from tests.harness import REPO_ROOT, make_settings, run_chatgate, spawn_chatgate, unreachable_url
 
 UPSTREAM_KEY = "sk-upstream-0f9e8d7c6b5a49382716"
 ADMIN_KEY = "admin-7d1c0b9a8e2f4d6c5b3a"
@@ -210,7 +210,7 @@ def test_passthrough_mode_leaks_no_key_anywhere(tmp_path: Path, fake: RunningFak
     with spawn_chatgate(
         tmp_path,
         "--upstream",
-        f"http://127.0.0.1:{free_port()}",
+        unreachable_url(),
         "--store",
         store_url,
         env=env,
