@@ -1,10 +1,11 @@
 """Usage records (and, where one process owns the store, relayed tool-call turns): spooled to a local
 append-only file at once, written to the store in batches.
 
-The request path calls `record()` (or `remember_turns()`): one `os.write` of a JSON line (survives
-`kill -9`: the bytes are in the OS page cache) and a list append. A writer thread takes the whole list every
-`flush_interval` and writes it to the store in batches (group commit), retrying while the store is down; the
-spool is truncated once everything in it is stored.
+The request path calls `record()`: one `os.write` of a JSON line (survives `kill -9`: the bytes are in the
+OS page cache) and a list append. `remember_turns()` holds its lines for the next write, which is at the
+latest the usage record of the exchange that relayed the turns: one write per exchange, not two. A writer
+thread takes the whole list every `flush_interval` and writes it to the store in batches (group commit),
+retrying while the store is down; the spool is truncated once everything in it is stored.
 On start, before anything is served, spool files left by dead processes are replayed (inserts are
 idempotent: by record_id, by caller and call id). Spool file names carry a fingerprint of the store they
 were meant for, so a spool directory shared by processes (or a `chatgate usage --store OTHER`) never
@@ -76,6 +77,8 @@ class Recorder:
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._queued: list[UsageRecord | TurnRow] = []  # spooled, not yet taken by the writer
+        self._held: list[bytes] = []  # turn lines for the next write to the spool (remember_turns)
+        self._held_rows: list[TurnRow] = []
         self._stopping = False
         self._pending = 0  # spooled (records and turns), not yet in the store
         self._fd = -1
@@ -123,18 +126,35 @@ class Recorder:
         self._spool(encode(record), (record,))
 
     def remember_turns(self, rows: list[TurnRow]) -> None:
-        """Spool relayed turns (TurnMemory's durable write where this process owns the store): they reach
-        the store with the next batch."""
-        self._spool(b"".join([encode_turn(row) for row in rows]), rows)
+        """Spool relayed turns (TurnMemory's durable write where this process owns the store). Their lines
+        go out with the next write: the usage record of the exchange that relayed them, made before the
+        client has the end of the answer (so before it can send the next round), or the writer's next
+        pass, whichever comes first (at the latest the last one, on stop). They reach the store with the
+        batch after that."""
+        lines = b"".join([encode_turn(row) for row in rows])
+        with self._lock:
+            self._held.append(lines)
+            self._held_rows.extend(rows)
+            self._pending += len(rows)
 
     def _spool(self, lines: bytes, items: Sequence[UsageRecord | TurnRow]) -> None:
         with self._lock:
-            os.write(self._fd, lines)
             self._pending += len(items)
             first = not self._queued
+            if self._held:
+                self._write_held(lines)
+            else:
+                os.write(self._fd, lines)
             self._queued.extend(items)
         if first:
             self._wake.set()
+
+    def _write_held(self, lines: bytes = b"") -> None:
+        """Write the held turn lines (and `lines` after them) to the spool; the writer may take them then.
+        Called with the lock held."""
+        os.write(self._fd, b"".join([*self._held, lines]))
+        self._queued.extend(self._held_rows)
+        self._held, self._held_rows = [], []
 
     @property
     def pending(self) -> int:
@@ -152,16 +172,16 @@ class Recorder:
             if not self._stopping:
                 time.sleep(self.flush_interval)  # let a batch gather: one commit for many requests
             with self._lock:
+                if self._held:
+                    self._write_held()
                 taken, self._queued = self._queued, []
                 self._wake.clear()
             usage, turns = _split(taken)
-            for start in range(0, len(usage), self.batch_max):
-                self._write(usage[start:start + self.batch_max])
-            for start in range(0, len(turns), self.batch_max):
-                self._write_turns(turns[start:start + self.batch_max])
+            for start in range(0, max(len(usage), len(turns)), self.batch_max):
+                self._write_batch(usage[start:start + self.batch_max], turns[start:start + self.batch_max])
             if taken and self._orphans_left and self.last_error is None:
                 self._replay_orphans()
-            if self._stopping and not self._queued:
+            if self._stopping and not self._queued and not self._held:
                 return
 
     def _stored(self, write: Callable[[], None]) -> bool:
@@ -179,6 +199,26 @@ class Recorder:
                 continue
             self.last_error = None
             return True
+
+    def _write_batch(self, usage: list[UsageRecord], turns: list[TurnRow]) -> None:
+        """Records and turns in one transaction; if the store refuses something in it, each part apart
+        (where what it refuses is found and dropped, and the rest written)."""
+        if not turns:
+            self._write(usage)
+            return
+        if not usage:
+            self._write_turns(turns)
+            return
+        try:
+            if not self._stored(lambda: self.store.insert_batch(usage, turns)):
+                return
+        except Exception:
+            self._write(usage)
+            self._write_turns(turns)
+            return
+        self.written += len(usage)
+        self.turns_written += len(turns)
+        self._settle(len(usage) + len(turns))
 
     def _write(self, batch: list[UsageRecord]) -> None:
         try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sqlite3
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -42,10 +43,10 @@ class RefusingStore(SQLiteStore):
         super().__init__(path)
         self.refused_team = "poison"
 
-    def insert_usage(self, records: Sequence[UsageRecord]) -> None:
+    def _insert_usage(self, conn: sqlite3.Connection, records: Sequence[UsageRecord]) -> None:
         if any(r.team == self.refused_team for r in records):
             raise ValueError("value out of range for the usage table")
-        super().insert_usage(records)
+        super()._insert_usage(conn, records)
 
 
 def stored_ids(store: Store) -> list[str]:
@@ -198,6 +199,62 @@ def test_spooled_turns_reach_the_store_in_a_batch(tmp_path: Path) -> None:
     store.close()
 
 
+class BatchCountingStore(SQLiteStore):
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.calls: list[str] = []
+
+    def insert_usage(self, records: Sequence[UsageRecord]) -> None:
+        self.calls.append("insert_usage")
+        super().insert_usage(records)
+
+    def remember_turns(self, rows: Sequence[TurnRow]) -> None:
+        self.calls.append("remember_turns")
+        super().remember_turns(rows)
+
+    def insert_batch(self, records: Sequence[UsageRecord], turns: Sequence[TurnRow]) -> None:
+        self.calls.append("insert_batch")
+        super().insert_batch(records, turns)
+
+
+def test_turns_go_out_with_the_next_usage_record_in_one_write(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """An exchange that relays a tool-call turn spools the turn and its usage record in one write (made
+    before the client has the answer); a turn held when no record follows is spooled by the writer's next
+    pass, or its last one, on stop."""
+    store = BatchCountingStore(tmp_path / "usage.db")
+    store.migrate()
+    writes: list[bytes] = []
+    real_write = os.write
+
+    def counting_write(fd: int, data: bytes) -> int:
+        writes.append(bytes(data))
+        return real_write(fd, data)
+
+    recorder = Recorder(store, str(tmp_path / "spool"))
+    recorder.start()
+    try:
+        monkeypatch.setattr(os, "write", counting_write)
+        recorder.remember_turns([turn_row(1)])
+        assert writes == [] and recorder.pending == 1
+        recorder.record(record(1))
+        assert writes == [encode_turn(turn_row(1)) + encode(record(1))]
+    finally:
+        recorder.stop(5)
+    assert (recorder.written, recorder.turns_written) == (1, 1)
+    assert store.calls == ["insert_batch"], "the record and the turn: one transaction"
+
+    writes.clear()
+    recorder = Recorder(store, str(tmp_path / "spool"))
+    recorder.start()
+    recorder.remember_turns([turn_row(2)])  # no record follows
+    assert recorder.stop(5) and recorder.turns_written == 1
+    assert writes == [encode_turn(turn_row(2))]
+    assert [r.call_id for r in store.recall_turns("fp-1", "chat", ["call-1", "call-2"], 0)] \
+        == ["call-1", "call-2"]
+    store.close()
+
+
 def test_turns_left_by_a_dead_process_are_in_the_store_when_start_returns(tmp_path: Path) -> None:
     """A kill -9 right after an answer: the next process replays the turn before it serves anything, so
     the client's next round is restored (expired turns are not brought back)."""
@@ -222,7 +279,7 @@ def test_turns_left_by_a_dead_process_are_in_the_store_when_start_returns(tmp_pa
 
 
 class TurnRefusingStore(SQLiteStore):
-    def remember_turns(self, rows: Sequence[TurnRow]) -> None:
+    def _insert_turns(self, conn: sqlite3.Connection, rows: Sequence[TurnRow]) -> None:
         raise ValueError("value too long for the turn table")
 
 

@@ -6,6 +6,7 @@ differs (`?` for sqlite3, `%s` for psycopg).
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -327,6 +328,11 @@ class Queries:
         return ("INSERT INTO alerts_sent (scope, subject, period_start, level, sent_at) "
                 f"VALUES ({p}, {p}, {p}, {p}, {p}) ON CONFLICT DO NOTHING")
 
+    def remember_turns(self, count: int) -> str:
+        """`remember_turn` for `count` rows in one statement (one step: the writer thread lets go of the
+        GIL once per batch, not once per row)."""
+        return _remember_turns(self.placeholder, count)
+
     def recall_turns(self, count: int) -> str:
         ids = ", ".join([self.placeholder] * count)
         p = self.placeholder
@@ -438,6 +444,18 @@ def settle_in(cur: Cursor, q: Queries, holds: Sequence[Hold], amount: int) -> No
     for hold in holds:
         cur.execute(q.take_hold, (hold.hold_id,))
         cur.execute(q.add_spent, (amount, hold.scope, hold.subject, hold.period_start))
+
+
+@functools.cache
+def _remember_turns(p: str, count: int) -> str:
+    row = f"({p}, {p}, {p}, {p}, {p}, {p}, {p})"
+    return ("INSERT INTO turn_memory (caller, kind, call_id, turn, names, payload, expires_at) "
+            f"VALUES {', '.join([row] * count)} "
+            "ON CONFLICT (caller, kind, call_id) DO UPDATE SET turn = excluded.turn, "
+            "names = excluded.names, payload = excluded.payload, expires_at = excluded.expires_at")
+
+
+TURN_WIDTH = 7  # parameters per row of turn_params
 
 
 def turn_params(row: TurnRow) -> tuple[Any, ...]:

@@ -197,6 +197,10 @@ class Store(Protocol):
     def remember_turns(self, rows: Sequence[TurnRow]) -> None:
         """Insert or replace, keyed by (caller, kind, call_id)."""
 
+    def insert_batch(self, records: Sequence[UsageRecord], turns: Sequence[TurnRow]) -> None:
+        """`insert_usage` and `remember_turns` in one transaction (the usage writer's batch: one commit,
+        not two)."""
+
     def try_remember_turns(self, rows: Sequence[TurnRow]) -> bool:
         """`remember_turns` at once on the calling thread (the event loop's) if that cannot wait on
         anything (a lock, the network, a checkpoint); False, having written nothing, when it would."""

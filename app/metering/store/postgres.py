@@ -238,11 +238,16 @@ class PostgresStore:
             raise StoreError("PostgreSQL store: the server is read-only")
 
     def insert_usage(self, records: Sequence[UsageRecord]) -> None:
-        if not records:
+        self.insert_batch(records, ())
+
+    def insert_batch(self, records: Sequence[UsageRecord], turns: Sequence[TurnRow]) -> None:
+        if not records and not turns:
             return
-        batch = orjson.dumps(list(records)).decode()
         with self._connection(self._insert_timeout) as conn, conn.transaction(), conn.cursor() as cur:
-            cur.execute(INSERT_USAGE_JSON, (batch,))
+            if records:
+                cur.execute(INSERT_USAGE_JSON, (orjson.dumps(list(records)).decode(),))
+            if turns:
+                cur.executemany(_Q.remember_turn, [turn_params(r) for r in turns])
 
     def usage_report(self, query: ReportQuery) -> list[ReportRow]:
         sql, params = _Q.report(query)

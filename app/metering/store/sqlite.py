@@ -15,6 +15,7 @@ from pathlib import Path
 
 from app.metering.store._sql import (
     CURRENT_VERSION,
+    TURN_WIDTH,
     USAGE_COLUMNS,
     Queries,
     apply_migrations,
@@ -115,19 +116,34 @@ class SQLiteStore:
             conn.execute("ROLLBACK")
 
     def insert_usage(self, records: Sequence[UsageRecord]) -> None:
-        if not records:
-            return
+        if records:
+            with self._write() as conn:
+                self._insert_usage(conn, records)
+
+    def insert_batch(self, records: Sequence[UsageRecord], turns: Sequence[TurnRow]) -> None:
+        if records or turns:
+            with self._write() as conn:
+                self._insert_usage(conn, records)
+                self._insert_turns(conn, turns)
+
+    def _insert_usage(self, conn: sqlite3.Connection, records: Sequence[UsageRecord]) -> None:
         params = list(itertools.chain.from_iterable(map(_ROW_VALUES, records)))
         width = len(_FIELDS)
-        with self._write() as conn:
-            start = 0
-            for n in _chunk_sizes(len(records), self._max_rows(conn)):
-                conn.execute(_insert_rows(n), params[start:start + n * width])
-                start += n * width
+        start = 0
+        for n in _chunk_sizes(len(records), self._max_rows(conn, width)):
+            conn.execute(_insert_rows(n), params[start:start + n * width])
+            start += n * width
 
-    def _max_rows(self, conn: sqlite3.Connection) -> int:
+    def _insert_turns(self, conn: sqlite3.Connection, rows: Sequence[TurnRow]) -> None:
+        params = list(itertools.chain.from_iterable(map(turn_params, rows)))
+        start = 0
+        for n in _chunk_sizes(len(rows), self._max_rows(conn, TURN_WIDTH)):
+            conn.execute(_Q.remember_turns(n), params[start:start + n * TURN_WIDTH])
+            start += n * TURN_WIDTH
+
+    def _max_rows(self, conn: sqlite3.Connection, width: int) -> int:
         """The largest power-of-two row count (≤ 256) whose parameters fit this SQLite's variable limit."""
-        limit = conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // len(_FIELDS)
+        limit = conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // width
         rows = _MAX_ROWS
         while rows > max(limit, 1):
             rows //= 2
@@ -179,7 +195,7 @@ class SQLiteStore:
                         return False
                     raise
                 try:
-                    conn.executemany(_Q.remember_turn, [turn_params(r) for r in rows])
+                    self._insert_turns(conn, rows)
                     conn.execute("COMMIT")
                 except BaseException:
                     with suppress(sqlite3.Error):
@@ -207,7 +223,7 @@ class SQLiteStore:
     def remember_turns(self, rows: Sequence[TurnRow]) -> None:
         if rows:
             with self._write() as conn:
-                conn.executemany(_Q.remember_turn, [turn_params(r) for r in rows])
+                self._insert_turns(conn, rows)
 
     def recall_turns(self, caller: str, kind: str, call_ids: Sequence[str], now: float) -> list[TurnRow]:
         if not call_ids:

@@ -661,6 +661,10 @@ def test_a_turn_remembered_again_replaces_the_old_one(store: Store) -> None:
     store.remember_turns([turn("fp-a", "call_1", "second", turn_id="t2", expires_in=120)])
     (row,) = store.recall_turns("fp-a", "chat", ["call_1"], time.time())
     assert (row.payload, row.turn) == ("second", "t2")
+    store.remember_turns([turn("fp-a", "call_1", "third", turn_id="t3"),  # one batch: the last one wins
+                          turn("fp-a", "call_1", "fourth", turn_id="t4")])
+    (row,) = store.recall_turns("fp-a", "chat", ["call_1"], time.time())
+    assert (row.payload, row.turn) == ("fourth", "t4")
 
 
 def test_expired_turns_are_not_recalled_and_are_purged(store: Store) -> None:
@@ -672,6 +676,20 @@ def test_expired_turns_are_not_recalled_and_are_purged(store: Store) -> None:
     assert [len(r.payload) for r in store.recall_turns("fp-a", "chat", ["new"], now)] == [100_000]
     assert store.purge_turns(now + 3600) == 1
     assert store.recall_turns("fp-a", "chat", ["new"], now) == []
+
+
+def test_a_batch_of_records_and_turns_is_stored_in_one_transaction(store: Store) -> None:
+    """The usage writer's batch (insert_batch): both parts or neither; inserts stay idempotent."""
+    records = [record("a"), record("b")]
+    store.insert_batch(records, [turn("fp-a", "call_1", "one"), turn("fp-a", "call_2", "two")])
+    store.insert_batch(records[:1], [turn("fp-a", "call_1", "one again")])
+    store.insert_batch([], [])
+    assert total_requests(store) == 2
+    got = store.recall_turns("fp-a", "chat", ["call_1", "call_2"], time.time())
+    assert sorted(r.payload for r in got) == ["one again", "two"]
+    with pytest.raises(StoreError):  # a row neither backend takes (no expiry; a NUL): nothing is kept
+        store.insert_batch([record("c")], [turn("fp-a", "call_\x00", "x", expires_in=float("nan"))])
+    assert total_requests(store) == 2
 
 
 def test_turns_are_shared_by_stores_on_one_url(make_store: Callable[[], Store]) -> None:
