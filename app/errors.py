@@ -10,7 +10,7 @@ import orjson
 INVALID_REQUEST = "invalid_request_error"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: rules make them per request, and frozen costs a call per field
 class Problem:
     """One thing wrong with a request: a stable rule `code`, the exact `param` path, a message saying how to
     fix it."""

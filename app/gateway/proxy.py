@@ -22,7 +22,7 @@ from starlette.responses import Response
 from app.errors import APIError, Problem, bad_gateway
 from app.gateway.auth import Authenticator
 from app.gateway.bodies import origin_of, read_json_body, request_id_of
-from app.gateway.exchange import Exchange, Route
+from app.gateway.exchange import Exchange, Route, peek
 from app.gateway.family import Family, StreamMeter, StreamTurns
 from app.gateway.ledger import Ledger
 from app.gateway.relay import SSERelay
@@ -31,7 +31,7 @@ from app.gateway.upstream import Upstream, forward_headers, map_transport_error
 from app.metering.metrics import Metrics
 from app.metering.pricing import cost_bound_picousd
 from app.metering.recorder import Recorder
-from app.metering.store.base import UsageRecord
+from app.metering.store.base import TurnRow, UsageRecord
 from app.metering.tokens import context_overflow
 from app.quotas.gate import Quotas, refusal_error
 from app.quotas.model import Refusal
@@ -177,6 +177,9 @@ class Gateway:
     async def _repair(self, ex: Exchange, family: Family, verdict: Verdict, origin: str) -> Verdict:
         """Apply the enabled repairs that fix some of the problems found and check the result again, up to
         REPAIR_PASSES times."""
+        restored = self._restore_cached(ex, family, verdict)
+        if restored is not None:
+            return restored
         applied: list[Applied] = []
         misses: dict[str, str] = {}
         for _ in range(REPAIR_PASSES):
@@ -209,6 +212,34 @@ class Gateway:
             self._describe(ex, verdict)
         return verdict
 
+    def _restore_cached(self, ex: Exchange, family: Family, verdict: Verdict) -> Verdict | None:
+        """The repair nearly every repaired request needs, in one step: each problem is a tool-call turn's
+        missing reasoning (what agent frameworks drop), and this process's cache holds each of those turns
+        for this caller. Only the reasoning is added, so the body is valid but for its warnings, none of
+        which a repair wants. None: the general path decides (and looks in the store)."""
+        problems = verdict.problems
+        if (not problems or family.restore_repair is None or not self.repairs.on(family.restore_repair)
+                or ex.identity.key_id == "anonymous"
+                or any(p.code not in family.restore_codes for p in problems)
+                or (verdict.warnings and family.repairable(verdict.warnings, self.repairs))):
+            return None
+        data = peek(ex.body)  # a fresh copy to change
+        wanted = family.turns_to_restore(data, problems, self.repairs)
+        if len(wanted) != len(problems):
+            return None
+        recalled: dict[int, str] = {}
+        for i, (ids, names) in wanted.items():
+            payload = _payload(self.memory.cached(ex.identity.key_id, family.turn_kind, ids), ids, names)
+            if payload is None:
+                return None
+            recalled[i] = payload
+        applied = family.repair(data, problems, self.repairs, verdict.profile, recalled)
+        if len(applied) != len(problems):
+            return None
+        ex.replace_body(orjson.dumps(data), data)
+        ex.repaired = Repaired(applied)
+        return verdict.without_problems()
+
     async def _recall(self, ex: Exchange, family: Family, data: dict[str, Any], found: list[Problem]
                       ) -> tuple[dict[int, str], dict[str, str]]:
         """A restore repair's look-up: the remembered turn of each message it would fix, if it is this
@@ -224,16 +255,15 @@ class Gateway:
         recalled: dict[int, str] = {}
         misses: dict[str, str] = {}
         for i, (ids, names) in wanted.items():
-            got = [rows.get(call_id) for call_id in ids]
-            first = got[0] if got else None
-            if first is not None and all(r is not None and r.turn == first.turn for r in got) \
-                    and first.names == ",".join(names):
-                recalled[i] = first.payload
+            payload = _payload(rows, ids, names)
+            if payload is not None:
+                recalled[i] = payload
                 continue
             self.metrics.restore_misses.inc()
             ttl = _duration(self.settings.repair.reasoning_ttl_seconds)
             misses[",".join(ids)] = (
-                "the tool calls differ from the answer chatgate relayed with these ids" if any(got) else
+                "the tool calls differ from the answer chatgate relayed with these ids"
+                if any(call_id in rows for call_id in ids) else
                 "it has no record of this turn for your key (it restores only what it relayed to the same "
                 f"key, for {ttl})")
         return recalled, misses
@@ -423,6 +453,17 @@ async def read_all(resp: httpx2.Response) -> bytes:
         return resp.content  # a transport that answers with the body already read (MockTransport)
     except httpx2.ResponseNotRead:
         return b"".join([chunk async for chunk in resp.aiter_raw()])
+
+
+def _payload(rows: dict[str, TurnRow], ids: tuple[str, ...], names: tuple[str, ...]) -> str | None:
+    """The remembered payload of the turn with these calls, if `rows` has every call of one relayed turn,
+    with these tool names."""
+    got = [rows.get(call_id) for call_id in ids]
+    first = got[0] if got else None
+    if first is not None and all(r is not None and r.turn == first.turn for r in got) \
+            and first.names == ",".join(names):
+        return first.payload
+    return None
 
 
 def _only_restored(family: Family, verdict: Verdict, done: list[Applied], recalled: int,

@@ -128,14 +128,22 @@ class TurnMemory:
             await asyncio.sleep(INLINE_RETRY_S)
         return False
 
-    async def recall(self, caller: str, kind: str, call_ids: Sequence[str]) -> dict[str, TurnRow]:
-        """The caller's unexpired rows for these ids: the cache first, then the shared store."""
+    def cached(self, caller: str, kind: str, call_ids: Sequence[str]) -> dict[str, TurnRow]:
+        """The caller's unexpired rows for these ids that this process's cache holds (no store look-up)."""
         now = self.clock()
         found: dict[str, TurnRow] = {}
         for call_id in call_ids:
             cached = self._cache.get(_key(caller, kind, call_id), now)
             if cached is not None:
                 found[call_id] = TurnRow(caller, kind, call_id, *cached)
+        return found
+
+    async def recall(self, caller: str, kind: str, call_ids: Sequence[str]) -> dict[str, TurnRow]:
+        """The caller's unexpired rows for these ids: the cache first, then the shared store."""
+        found = self.cached(caller, kind, call_ids)
+        if len(found) == len(call_ids):
+            return found
+        now = self.clock()
         missing = [c for c in dict.fromkeys(call_ids) if c not in found]
         if missing and self.store is not None:
             try:

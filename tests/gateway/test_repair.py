@@ -13,6 +13,7 @@ import openai
 import orjson
 import pytest
 
+from app.repair.turncache import TurnCache
 from tests.fakes.server import RunningFake
 from tests.gateway.conftest import JSON_HEADERS, chat_body, usage_rows
 from tests.harness import RunningChatgate
@@ -89,6 +90,30 @@ def test_changed_tool_calls_are_not_restored(gate: RunningChatgate) -> None:
     refused = post(gate, body)
     assert refused.status_code == 400
     assert "the tool calls differ from the answer chatgate relayed" in refused.json()["error"]["message"]
+
+
+def test_a_turn_the_cache_no_longer_holds_is_restored_from_the_store(gate: RunningChatgate) -> None:
+    """The cache answers the common case alone; what it lost (evicted, another replica's turn) is looked up
+    in the store, and a turn neither holds is refused while the others of the request are still restored."""
+    agent = clients.DroppingAgent()
+    assert agent.round(gate.url, stream=False).status_code == 200
+    memory = gate.state.gw.memory
+    memory._cache = TurnCache(memory.cache_bytes)  # this process forgets; the store remembers
+    assert agent.round(gate.url, stream=False).headers["x-chatgate-repaired"] == \
+        "restore_reasoning@messages[1]"
+
+    stranger = {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "call_never_relayed", "type": "function",
+         "function": {"name": "search_forecast", "arguments": "{}"}}]}
+    body = agent.body(stream=False)
+    body["messages"] = [*body["messages"], stranger,
+                        {"role": "tool", "tool_call_id": "call_never_relayed", "content": "?"}]
+    refused = post(gate, body)
+    assert refused.status_code == 400
+    error = refused.json()["error"]
+    assert error["param"] == f"messages[{len(body['messages']) - 2}].reasoning_content"
+    assert "could not restore it: it has no record of this turn for your key" in error["message"]
+    assert [r["path"] for r in error["repairs"]] == ["messages[1]", "messages[4]"]
 
 
 def test_validate_shows_the_repairs_and_the_repaired_body(gate: RunningChatgate, fake: RunningFake) -> None:
