@@ -53,8 +53,9 @@ class Ledger:
                             pricing.off_peak_multiplier)
         record = UsageRecord(
             record_id=new_id(), ts=ex.ts, request_id=ex.request_id, key_id=ex.identity.key_id,
-            key_name=ex.identity.key_name, team=ex.identity.team, model=ex.model, route=ex.route.label,
-            stream=ex.stream, outcome=outcome, rule_code=rule_code, upstream_status=upstream_status,
+            key_name=ex.identity.key_name, team=ex.identity.team, model=_storable(ex.model),
+            route=ex.route.label, stream=ex.stream, outcome=outcome, rule_code=rule_code,
+            upstream_status=upstream_status,
             prompt_tokens=tokens.prompt_tokens, completion_tokens=tokens.completion_tokens,
             prompt_cache_hit_tokens=tokens.prompt_cache_hit_tokens,
             prompt_cache_miss_tokens=tokens.prompt_cache_miss_tokens,
@@ -86,3 +87,8 @@ class Ledger:
         if self.access_log is not None:
             self.access_log.write({"event": "request", "ts": ts, "request_id": request_id, "route": route,
                                    "status": status, "outcome": outcome, **fields})
+
+
+def _storable(text: str) -> str:
+    """A client's text (the model it asked for) as every store can hold it: PostgreSQL's text has no NUL."""
+    return text.replace("\x00", "\ufffd") if "\x00" in text else text

@@ -24,10 +24,11 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import orjson
 
-from app.metering.store.base import Store, StoreError, TurnRow, UsageRecord
+from app.metering.store.base import Store, StoreError, StoreRefused, TurnRow, UsageRecord
 
 log = logging.getLogger("chatgate.recorder")
 
@@ -186,10 +187,13 @@ class Recorder:
 
     def _stored(self, write: Callable[[], None]) -> bool:
         """Run `write` until the store takes it (True), retrying while the store is down; False if the
-        recorder stops meanwhile (what was not written stays spooled). Other errors propagate."""
+        recorder stops meanwhile (what was not written stays spooled). Other errors, and data the store
+        refuses (StoreRefused), propagate."""
         while True:
             try:
                 write()
+            except StoreRefused:
+                raise
             except StoreError as exc:
                 self.last_error = f"usage store unavailable: {type(exc).__name__}: {exc}"
                 log.warning("%s; %d record(s) held in the spool", self.last_error, self._pending)
@@ -273,11 +277,11 @@ class Recorder:
             items = [x for x in map(decode, Path(path).read_bytes().splitlines()) if x is not None]
             records, turns = _split(items)
             for start in range(0, len(records), self.batch_max):
-                self.store.insert_usage(records[start:start + self.batch_max])
+                self._replay_batch(self.store.insert_usage, records[start:start + self.batch_max])
             now = time.time()
             turns = [t for t in turns if t.expires_at > now]
             for start in range(0, len(turns), self.batch_max):
-                self.store.remember_turns(turns[start:start + self.batch_max])
+                self._replay_batch(self.store.remember_turns, turns[start:start + self.batch_max])
             path.unlink()
             if items:
                 log.info("replayed %d usage record(s) and %d relayed turn(s) from %s", len(records),
@@ -287,6 +291,27 @@ class Recorder:
             self.last_error = f"usage store unavailable while replaying {path.name}: {exc}"
         finally:
             os.close(fd)
+
+
+    def _replay_batch(self, insert: Callable[[Any], None], items: list[Any]) -> None:
+        """Insert replayed items; what the store refuses (StoreRefused: retrying cannot help) is found by
+        halving the batch, logged and dropped, so one such line does not keep a spool file unreplayed."""
+        try:
+            insert(items)
+        except StoreRefused as exc:
+            if len(items) > 1:
+                half = len(items) // 2
+                self._replay_batch(insert, items[:half])
+                self._replay_batch(insert, items[half:])
+                return
+            (item,) = items
+            if isinstance(item, UsageRecord):
+                log.error("replayed usage record dropped, the store refused it (%s): %s", exc,
+                          encode(item).decode())
+                self.dropped += 1
+            else:  # the reasoning itself is never logged
+                log.error("replayed relayed turn dropped, the store refused it (%s); call %s", exc,
+                          item.call_id)
 
 
 def replay_spools(store: Store, spool_dir: str) -> None:

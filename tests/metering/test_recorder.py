@@ -20,7 +20,7 @@ import pytest
 
 from app.metering.recorder import Recorder, decode, encode, encode_turn, replay_spools
 from app.metering.store import open_store
-from app.metering.store.base import Store, TurnRow, UsageRecord
+from app.metering.store.base import Store, StoreRefused, TurnRow, UsageRecord
 from app.metering.store.sqlite import SQLiteStore
 from tests.fakes.server import run_fake_deepseek
 from tests.harness import make_settings, run_chatgate
@@ -37,15 +37,17 @@ def record(n: int, **changes: object) -> UsageRecord:
 
 
 class RefusingStore(SQLiteStore):
-    """A SQLite store that refuses (with an error that is not a StoreError) the records of one team."""
+    """A SQLite store that refuses the records of one team: with an error that is not a StoreError, or as
+    a store refuses a value it cannot hold (StoreRefused: PostgreSQL and a NUL in a text)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, error: type[Exception] = ValueError) -> None:
         super().__init__(path)
         self.refused_team = "poison"
+        self.error = error
 
     def _insert_usage(self, conn: sqlite3.Connection, records: Sequence[UsageRecord]) -> None:
         if any(r.team == self.refused_team for r in records):
-            raise ValueError("value out of range for the usage table")
+            raise self.error("value out of range for the usage table")
         super()._insert_usage(conn, records)
 
 
@@ -68,9 +70,11 @@ def recording(store: Store, tmp_path: Path) -> Iterator[Recorder]:
         assert recorder.stop(5)
 
 
-def test_a_refused_record_is_dropped_counted_apart_and_logged(tmp_path: Path,
-                                                              caplog: pytest.LogCaptureFixture) -> None:
-    store = RefusingStore(tmp_path / "usage.db")
+@pytest.mark.parametrize("error", [ValueError, StoreRefused])
+def test_a_refused_record_is_dropped_counted_apart_and_logged(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, error: type[Exception]) -> None:
+    """Never retried as if the store were down: the others would wait behind it for ever."""
+    store = RefusingStore(tmp_path / "usage.db", error)
     store.migrate()
     with caplog.at_level(logging.ERROR, "chatgate.recorder"), recording(store, tmp_path) as recorder:
         for n in range(5):
@@ -273,6 +277,23 @@ def test_turns_left_by_a_dead_process_are_in_the_store_when_start_returns(tmp_pa
         assert [r.call_id for r in store.recall_turns("fp-1", "chat", ["call-1", "call-2", "call-3"], 0)] \
             == ["call-1"]
         assert stored_ids(store) == ["req-1"]
+    finally:
+        recorder.stop(5)
+    store.close()
+
+
+def test_a_replayed_line_the_store_refuses_is_dropped_and_the_rest_replayed(tmp_path: Path) -> None:
+    store = RefusingStore(tmp_path / "usage.db", StoreRefused)
+    store.migrate()
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    orphan = spool / f"spool-{Recorder(store, str(spool))._tag}-999999-deadbeef.jsonl"
+    orphan.write_bytes(b"".join(encode(record(n, team="poison" if n == 3 else "default")) for n in range(5)))
+    recorder = Recorder(store, str(spool))
+    recorder.start()
+    try:
+        assert stored_ids(store) == ["req-0", "req-1", "req-2", "req-4"]
+        assert recorder.dropped == 1 and not orphan.exists() and recorder.last_error is None
     finally:
         recorder.stop(5)
     store.close()

@@ -12,6 +12,7 @@ from app.metering.store.base import (
     ReportRow,
     Store,
     StoreError,
+    StoreRefused,
     UsageRecord,
 )
 
@@ -25,6 +26,7 @@ __all__ = [
     "ReportRow",
     "Store",
     "StoreError",
+    "StoreRefused",
     "UsageRecord",
     "open_store",
 ]

@@ -169,6 +169,11 @@ class StoreError(Exception):
     """The store could not be reached or refused the operation."""
 
 
+class StoreRefused(StoreError):
+    """The store refuses this data (a value it cannot hold, a broken constraint): unlike an outage,
+    retrying cannot help."""
+
+
 class Store(Protocol):
     url: str
     server: bool  # a database server that replicas share (PostgreSQL), not a file of this machine (SQLite)

@@ -40,6 +40,7 @@ from app.metering.store.base import (
     ReportQuery,
     ReportRow,
     StoreError,
+    StoreRefused,
     TurnRow,
     UsageRecord,
 )
@@ -380,6 +381,8 @@ class PostgresStore:
                 self._answered[id(conn)] = time.monotonic()
         except PoolTimeout as e:
             raise StoreError(f"PostgreSQL store: {e}{self._why_no_connection()}") from e
+        except (psycopg.DataError, psycopg.IntegrityError) as e:
+            raise StoreRefused(f"PostgreSQL store: {_message(e)}") from e
         except psycopg.Error as e:
             raise StoreError(f"PostgreSQL store: {_message(e)}") from e
 

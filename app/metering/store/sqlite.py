@@ -37,6 +37,7 @@ from app.metering.store.base import (
     ReportQuery,
     ReportRow,
     StoreError,
+    StoreRefused,
     TurnRow,
     UsageRecord,
 )
@@ -315,6 +316,8 @@ class SQLiteStore:
     def _errors(self) -> Iterator[None]:
         try:
             yield
+        except (sqlite3.IntegrityError, sqlite3.DataError) as e:
+            raise StoreRefused(f"SQLite store {self.path}: {e}") from e
         except (sqlite3.Error, OSError) as e:
             raise StoreError(f"SQLite store {self.path}: {e}") from e
 

@@ -26,6 +26,7 @@ from app.metering.store import (
     ReportRow,
     Store,
     StoreError,
+    StoreRefused,
     UsageRecord,
     open_store,
 )
@@ -690,6 +691,20 @@ def test_a_batch_of_records_and_turns_is_stored_in_one_transaction(store: Store)
     with pytest.raises(StoreError):  # a row neither backend takes (no expiry; a NUL): nothing is kept
         store.insert_batch([record("c")], [turn("fp-a", "call_\x00", "x", expires_in=float("nan"))])
     assert total_requests(store) == 2
+
+
+def test_a_value_the_store_cannot_hold_is_refused_not_an_outage(store: Store) -> None:
+    """StoreRefused, not a plain StoreError: the usage writer drops such a row (logged) instead of retrying
+    it for ever as it does through an outage. SQLite: no expiry (NOT NULL); PostgreSQL: a NUL in a text."""
+    bad = (turn("fp-a", "call_1", expires_in=float("nan")) if isinstance(store, SQLiteStore)
+           else turn("fp-a", "call_\x00"))
+    with pytest.raises(StoreRefused):
+        store.remember_turns([bad])
+    if not isinstance(store, SQLiteStore):
+        with pytest.raises(StoreRefused):
+            store.insert_usage([record("a", model="deepseek-chat\x00")])
+    store.insert_usage([record("b")])
+    assert total_requests(store) == 1
 
 
 def test_turns_are_shared_by_stores_on_one_url(make_store: Callable[[], Store]) -> None:
