@@ -42,10 +42,10 @@ class StreamedTurn:
         data = self._tail + chunk if self._tail else chunk
         cut = data.rfind(b"\n") + 1
         self._tail = data[cut:]
-        if b'"tool_calls"' not in data and b'"reasoning_content"' not in data:
-            return
         if not self.saw_reasoning and b'"reasoning_content":"' in data:
             self.saw_reasoning = True
+        if b'"tool_calls"' not in data:  # most chunks (the reasoning, the content): no line to look at
+            return
         for line in data[:cut].split(b"\n"):
             if b'"tool_calls"' in line and line.startswith(b"data:"):
                 self._line(line[5:])
