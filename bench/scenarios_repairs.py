@@ -149,6 +149,12 @@ def repairs(ctx: Context) -> ScenarioResult:
             f"{a.get(tag + 'cpu_us', float('nan')):.0f} vs {b.get(tag + 'cpu_us', float('nan')):.0f} µs"
         )
         res.check(name, r >= (NO_REPAIR_RATIO if tag == "wrk_" else LOOP_RATIO), f"{r:.2f}", target, detail)
+        extra = a.get(tag + "cpu_us", float("nan")) - b.get(tag + "cpu_us", float("nan"))
+        if tag != "wrk_" and extra == extra:  # not NaN
+            res.notes.append(
+                f"{'streamed ' if tag == 'sloop_' else ''}tool loop: restore costs {2 * extra:.0f} µs of CPU "
+                "per loop (its two requests; the median CPU per request of each twin) on this host"
+            )
 
     restored = _metric(metrics, "chatgate_repairs_total", '{code="restore_reasoning"}')
     misses = _metric(metrics, "chatgate_reasoning_restore_misses_total")
