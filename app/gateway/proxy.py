@@ -22,7 +22,7 @@ from starlette.responses import Response
 from app.errors import APIError, Problem, bad_gateway
 from app.gateway.auth import Authenticator
 from app.gateway.bodies import origin_of, read_json_body, request_id_of
-from app.gateway.exchange import Exchange, Route, peek
+from app.gateway.exchange import Exchange, Route
 from app.gateway.family import Family, StreamMeter, StreamTurns
 from app.gateway.ledger import Ledger
 from app.gateway.relay import SSERelay
@@ -177,9 +177,6 @@ class Gateway:
     async def _repair(self, ex: Exchange, family: Family, verdict: Verdict, origin: str) -> Verdict:
         """Apply the enabled repairs that fix some of the problems found and check the result again, up to
         REPAIR_PASSES times."""
-        restored = self._restore_cached(ex, family, verdict)
-        if restored is not None:
-            return restored
         applied: list[Applied] = []
         misses: dict[str, str] = {}
         for _ in range(REPAIR_PASSES):
@@ -211,34 +208,6 @@ class Gateway:
         if applied:
             self._describe(ex, verdict)
         return verdict
-
-    def _restore_cached(self, ex: Exchange, family: Family, verdict: Verdict) -> Verdict | None:
-        """The repair nearly every repaired request needs, in one step: each problem is a tool-call turn's
-        missing reasoning (what agent frameworks drop), and this process's cache holds each of those turns
-        for this caller. Only the reasoning is added, so the body is valid but for its warnings, none of
-        which a repair wants. None: the general path decides (and looks in the store)."""
-        problems = verdict.problems
-        if (not problems or family.restore_repair is None or not self.repairs.on(family.restore_repair)
-                or ex.identity.key_id == "anonymous"
-                or any(p.code not in family.restore_codes for p in problems)
-                or (verdict.warnings and family.repairable(verdict.warnings, self.repairs))):
-            return None
-        data = peek(ex.body)  # a fresh copy to change
-        wanted = family.turns_to_restore(data, problems, self.repairs)
-        if len(wanted) != len(problems):
-            return None
-        recalled: dict[int, str] = {}
-        for i, (ids, names) in wanted.items():
-            payload = _payload(self.memory.cached(ex.identity.key_id, family.turn_kind, ids), ids, names)
-            if payload is None:
-                return None
-            recalled[i] = payload
-        applied = family.repair(data, problems, self.repairs, verdict.profile, recalled)
-        if len(applied) != len(problems):
-            return None
-        ex.replace_body(orjson.dumps(data), data)
-        ex.repaired = Repaired(applied)
-        return verdict.without_problems()
 
     async def _recall(self, ex: Exchange, family: Family, data: dict[str, Any], found: list[Problem]
                       ) -> tuple[dict[int, str], dict[str, str]]:

@@ -228,13 +228,12 @@ class Recorder:
         try:
             if not self._stored(lambda: self.store.insert_usage(batch)):
                 return
-        except Exception:  # a record the store cannot take: never let it block the others
+        except Exception as exc:  # a record the store cannot take: never let it block the others
             if len(batch) > 1:
                 for record in batch:
                     self._write([record])
                 return
-            log.exception("usage record dropped, the store refused it: %s", encode(batch[0]).decode())
-            self.dropped += 1
+            self._drop(batch, exc)
             self._settle(1)
             return
         self.written += len(batch)
@@ -244,13 +243,24 @@ class Recorder:
         try:
             if not self._stored(lambda: self.store.remember_turns(rows)):
                 return
-        except Exception as exc:  # never block the others; the reasoning itself is never logged
-            log.error("%d relayed turn(s) dropped, the store refused them (%s: %s); calls %s", len(rows),
-                      type(exc).__name__, exc, ", ".join(r.call_id for r in rows))
+        except Exception as exc:  # never block the others
+            self._drop(rows, exc)
             self._settle(len(rows))
             return
         self.turns_written += len(rows)
         self._settle(len(rows))
+
+    def _drop(self, items: Sequence[UsageRecord | TurnRow], exc: Exception) -> None:
+        """Log what the store refused: a usage record whole (counted as dropped), a relayed turn by its call
+        id (the reasoning itself is never logged)."""
+        why = f"{type(exc).__name__}: {exc}"
+        usage, turns = _split(list(items))
+        for record in usage:
+            log.error("usage record dropped, the store refused it (%s): %s", why, encode(record).decode())
+        self.dropped += len(usage)
+        if turns:
+            log.error("%d relayed turn(s) dropped, the store refused them (%s); calls %s", len(turns), why,
+                      ", ".join(r.call_id for r in turns))
 
     def _settle(self, n: int) -> None:
         with self._lock:
@@ -292,26 +302,17 @@ class Recorder:
         finally:
             os.close(fd)
 
-
     def _replay_batch(self, insert: Callable[[Any], None], items: list[Any]) -> None:
-        """Insert replayed items; what the store refuses (StoreRefused: retrying cannot help) is found by
-        halving the batch, logged and dropped, so one such line does not keep a spool file unreplayed."""
+        """Insert replayed items; if the store refuses something (StoreRefused: retrying cannot help), each
+        item alone, dropping what it refuses, so one such line does not keep a spool file unreplayed."""
         try:
             insert(items)
         except StoreRefused as exc:
-            if len(items) > 1:
-                half = len(items) // 2
-                self._replay_batch(insert, items[:half])
-                self._replay_batch(insert, items[half:])
+            if len(items) == 1:
+                self._drop(items, exc)
                 return
-            (item,) = items
-            if isinstance(item, UsageRecord):
-                log.error("replayed usage record dropped, the store refused it (%s): %s", exc,
-                          encode(item).decode())
-                self.dropped += 1
-            else:  # the reasoning itself is never logged
-                log.error("replayed relayed turn dropped, the store refused it (%s); call %s", exc,
-                          item.call_id)
+            for item in items:
+                self._replay_batch(insert, [item])
 
 
 def replay_spools(store: Store, spool_dir: str) -> None:
