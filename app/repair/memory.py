@@ -128,7 +128,7 @@ class TurnMemory:
             await asyncio.sleep(INLINE_RETRY_S)
         return False
 
-    def cached(self, caller: str, kind: str, call_ids: Sequence[str]) -> dict[str, TurnRow]:
+    def _cached(self, caller: str, kind: str, call_ids: Sequence[str]) -> dict[str, TurnRow]:
         """The caller's unexpired rows for these ids that this process's cache holds (no store look-up)."""
         now = self.clock()
         found: dict[str, TurnRow] = {}
@@ -140,7 +140,7 @@ class TurnMemory:
 
     async def recall(self, caller: str, kind: str, call_ids: Sequence[str]) -> dict[str, TurnRow]:
         """The caller's unexpired rows for these ids: the cache first, then the shared store."""
-        found = self.cached(caller, kind, call_ids)
+        found = self._cached(caller, kind, call_ids)
         if len(found) == len(call_ids):
             return found
         now = self.clock()
