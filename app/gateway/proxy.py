@@ -105,6 +105,11 @@ class Gateway:
         except APIError as error:
             self.ledger.finish(ex, "upstream_failed", error.status, upstream_status=None)
             return error_response(error, request_id, family)
+        except BaseException as exc:
+            # chatgate's own fault, or the server stopping mid-request: the exchange still gets its one record
+            # (which settles its reservations); app/web/app.py logs and renders the error
+            self.ledger.finish(ex, "aborted", 500 if isinstance(exc, Exception) else 499)
+            raise
 
     async def validate_only(self, request: Request, endpoint: Endpoint) -> Response:
         """The dry run: the same checks and repairs (reasoning is restored for the caller whose key is
@@ -340,6 +345,9 @@ class Gateway:
                 content = await read_all(resp)
         except (TimeoutError, httpx2.TransportError, OSError) as exc:
             raise map_transport_error(exc) from None
+        except httpx2.DecodingError:
+            raise bad_gateway("DeepSeek sent a compressed body that could not be decoded (upstream broke the "
+                              "protocol).", "upstream_bad_response") from None
         finally:
             await resp.aclose()
         headers = ex.response_headers(resp)

@@ -60,10 +60,13 @@ ERROR_FAULTS: dict[str, tuple[int, str, str]] = {
     "http_500": (500, "Internal Server Error", "unknown_error"),
     "http_503": (503, "Server Overloaded: too much traffic, please retry later", "unknown_error"),
 }
+BAD_GZIP = b"\x1f\x8b\x08\x00not gzip at all"
 PLAIN_422 = f"{DESERIALIZE} missing field `messages` at line 4 column 1".encode()
 STREAM_FAULTS = frozenset({"reset_mid_stream", "stall_mid_stream", "error_mid_stream"})
-OTHER_FAULTS = frozenset({"http_401", "http_422", "non_json_200", "no_headers", "slow"})
-FAULTS = frozenset(ERROR_FAULTS) | STREAM_FAULTS | OTHER_FAULTS
+# the whole answer is sent, then the connection is dropped or left open (no end of the chunked body)
+AFTER_END_FAULTS = frozenset({"reset_after_end", "stall_after_end"})
+OTHER_FAULTS = frozenset({"http_401", "http_422", "non_json_200", "bad_gzip_200", "no_headers", "slow"})
+FAULTS = frozenset(ERROR_FAULTS) | STREAM_FAULTS | AFTER_END_FAULTS | OTHER_FAULTS
 CONFIG_FIELDS = (
     "usage_mode", "chunk_delay", "keepalive_count", "nonstream_keepalive_lines", "fault", "fault_count",
     "fault_after_chunks", "slow_delay", "hang_seconds", "error_content_type", "valid_keys", "validate",
@@ -628,6 +631,11 @@ class FakeDeepSeek:
         if fault == "non_json_200":
             rec.outcome = "completed"
             await conn.respond(200, HTML_GARBAGE, "text/html; charset=utf-8")
+        elif fault == "bad_gzip_200":  # says gzip, is not
+            rec.outcome = "completed"
+            await conn.start(200, {"content-type": "application/json", "content-encoding": "gzip",
+                                   "content-length": str(len(BAD_GZIP))})
+            await conn.body(BAD_GZIP, more=False)
         elif rec.stream:
             await self.stream(rec, conn, stream_events(body, plan, rec.usage, self.state.usage_mode), fault)
         else:
@@ -650,8 +658,10 @@ class FakeDeepSeek:
                 rec.outcome = "client_disconnected"
                 return
             await self.send_event(rec, conn, event)
-        await conn.body(b"data: [DONE]\n\n", more=False)
+        await conn.body(b"data: [DONE]\n\n", more=fault in AFTER_END_FAULTS)
         rec.outcome = "completed"
+        if fault == "stall_after_end":
+            await conn.sleep(header_float(rec.headers, "x-fake-delay", self.state.hang_seconds))
 
     async def send_event(self, rec: RecordedRequest, conn: Conn, event: Event) -> None:
         await conn.body(event.data)

@@ -194,6 +194,32 @@ def test_a_client_that_disconnects_gives_its_place_back(
             time.sleep(0.1)
 
 
+class _FailingTransport(httpx2.AsyncBaseTransport):
+    """A fault inside chatgate itself (not DeepSeek's): what a bug below the gateway would raise."""
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        raise RuntimeError("a bug below the gateway")
+
+
+@pytest.mark.parametrize(("cause", "status", "outcome"), [
+    ("bad_gzip_200", 502, "upstream_failed"),  # DeepSeek says gzip, sends garbage: httpx2's DecodingError
+    ("internal", 500, "aborted"),
+])  # fmt: skip
+def test_a_request_that_fails_inside_chatgate_is_recorded_and_gives_its_place_back(
+        tmp_path: Path, fake: RunningFake, cause: str, status: int, outcome: str) -> None:
+    secret = "sk-failing-0007"
+    set_limits(store_url(tmp_path), "key", key_subject(secret), max_concurrent=1)
+    settings = make_settings(tmp_path, fake.url, limits={"cache_seconds": 0})
+    transport = _FailingTransport() if cause == "internal" else None
+    with run_chatgate(settings, transport=transport) as gate:
+        for n in range(3):  # with max_concurrent=1, a place kept by a failed request refuses the next one
+            with pytest.raises(openai.APIStatusError) as caught:
+                ask(gate.url, secret, n, extra_headers={"x-fake-fault": cause})
+            assert caught.value.status_code == status, caught.value.message
+    rows = records(tmp_path, 3)
+    assert [(r["outcome"], r["key_id"]) for r in rows] == [(outcome, key_subject(secret))] * 3
+
+
 # --- budgets -----------------------------------------------------------------------------------------------
 
 

@@ -15,7 +15,8 @@ from typing import Literal, Protocol
 GroupBy = Literal["key", "team", "model", "day", "rule", "repair"]
 GROUP_BYS: tuple[GroupBy, ...] = ("key", "team", "model", "day", "rule", "repair")
 
-OUTCOMES = ("ok", "rejected", "limited", "upstream_error", "client_disconnected", "upstream_failed")
+OUTCOMES = ("ok", "rejected", "limited", "upstream_error", "client_disconnected", "upstream_failed",
+            "aborted")
 LIMIT_SCOPES = ("team", "key")
 BUDGET_PERIODS = ("day", "week", "month", "total")
 
