@@ -13,7 +13,7 @@ from app.metering.usage import TokenCounts
 from app.repair.base import Turn
 from app.sse import JSON_STRING, decode
 
-STOP = b"event: message_stop"
+_STOP_LINE = re.compile(rb"^event:[ \t]*message_stop[ \t]*\r?$", re.M)  # a line of its own, not text
 
 
 def _count(value: Any) -> int:
@@ -80,7 +80,7 @@ class MessagesMeter:
             self._tail = b""
 
     def final_in(self, lines: bytes) -> bool:
-        return STOP in lines
+        return b"message_stop" in lines and _STOP_LINE.search(lines) is not None
 
     @property
     def text(self) -> str:

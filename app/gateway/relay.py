@@ -3,7 +3,9 @@
 A raw ASGI response: it watches for the client's disconnect while relaying, so a client that goes away
 closes the upstream request at once (not at the next chunk). A stream that breaks after it started ends
 with an error event in the family's format (the SDKs raise it), then closes. The family's meter finds the
-usage and the stream's last event; the record is made before that event is sent.
+usage and the stream's last event; the record is made before that event is sent, and once it is relayed
+whole the answer is complete: the relay stops reading (what the connection does after it is not the
+client's concern).
 """
 
 from __future__ import annotations
@@ -54,7 +56,10 @@ class SSERelay(Response):
         # (outcome, status) once the upstream side has ended; a disconnect after that does not change it
         self.end: tuple[str, int] | None = None
         self._partial = b""  # an incomplete last line, held back until its newline arrives
-        self._sent_tail = b"\n\n"  # the last two bytes the client got (an event boundary at the start)
+        self._final = False  # the stream's last event is being relayed: stop at the end of that event
+        # Where the client is in the event stream: between events, or inside one that has a data line yet
+        self._between = True
+        self._open_data = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         task = asyncio.current_task()
@@ -95,8 +100,11 @@ class SSERelay(Response):
         except (TimeoutError, httpx2.TransportError, aiohttp.ClientError, OSError) as exc:
             if self.client_gone:
                 raise ClientGone() from exc
-            await self._broken(send, map_transport_error(exc))
-            return
+            if not self._final:
+                await self._broken(send, map_transport_error(exc))
+                return
+            if self._open_data:  # the last event lacked only its blank line
+                await self._send(send, b"\n")
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _pump(self, send: Send) -> None:
@@ -104,9 +112,13 @@ class SSERelay(Response):
         if reader is not None:  # the hot path: one await per upstream read, no iterator layers between
             while raw := await reader.readany():
                 await self._relay_chunk(send, raw)
+                if self._final and self._between:
+                    return
         else:
             async for raw in self.resp.aiter_raw():
                 await self._relay_chunk(send, raw)
+                if self._final and self._between:
+                    return
         if self._partial:  # the stream ended without a final newline: relay what there is
             await self._send(send, self._partial)
             self._partial = b""
@@ -125,6 +137,7 @@ class SSERelay(Response):
             chunk = self.filter.feed(chunk)
         if self.end is None and self.meter.final_in(chunk):
             self.end = ("ok", 200)
+            self._final = True
             await self._end("ok", 200)
         if chunk:
             await self._send(send, chunk)
@@ -141,7 +154,22 @@ class SSERelay(Response):
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
         except OSError as exc:  # uvicorn: the client disconnected
             raise ClientGone() from exc
-        self._sent_tail = chunk[-2:] if len(chunk) >= 2 else (self._sent_tail + chunk)[-2:]
+        self._track(chunk)
+
+    def _track(self, chunk: bytes) -> None:
+        """Note whether the client is now between events (every relayed chunk but a stream's unterminated
+        last one ends with a newline, so a blank line may also open the chunk)."""
+        lf, crlf = chunk.rfind(b"\n\n"), chunk.rfind(b"\n\r\n")
+        if lf >= 0 or crlf >= 0:
+            rest = chunk[max(lf + 2 if lf >= 0 else 0, crlf + 3 if crlf >= 0 else 0):]
+        elif chunk[:1] == b"\n" or chunk[:2] == b"\r\n":
+            rest = chunk[1:] if chunk[:1] == b"\n" else chunk[2:]
+        else:
+            self._between = self._between and not chunk
+            self._open_data = self._open_data or chunk.startswith(b"data:") or b"\ndata:" in chunk
+            return
+        self._between = not rest
+        self._open_data = rest.startswith(b"data:") or b"\ndata:" in rest
 
     async def _end(self, outcome: str, status: int) -> None:
         self.meter.finish()
@@ -154,8 +182,10 @@ class SSERelay(Response):
         error.code = "upstream_stream_broken"
         self.end = ("upstream_failed", error.status)
         await self._end(*self.end)
-        # End any event the client holds (a data line without its blank line) so ours stands alone.
-        boundary = b"" if self._sent_tail == b"\n\n" else b"\n"
+        # End an event the client holds with data lines so ours stands alone; one with no data line yet
+        # (only `event:`) takes our lines as its own (the last `event:` line names it), or the SDKs would
+        # parse an event without data.
+        boundary = b"\n" if self._open_data else b""
         await self._send(send, boundary + self.error_event(error))
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 

@@ -12,7 +12,7 @@ import re
 import orjson
 
 from app.metering.usage import TokenCounts, tokens_from_usage
-from app.openai.stream import DONE
+from app.openai.stream import ends_stream
 from app.sse import JSON_STRING, SCAN_AT, collect, data_lines_with, decode
 
 _TEXT = re.compile(rb'"text"' + JSON_STRING)
@@ -41,7 +41,7 @@ class FimStreamMeter:
         self._drain(final=True)
 
     def final_in(self, lines: bytes) -> bool:
-        return DONE in lines
+        return ends_stream(lines)
 
     @property
     def model(self) -> str | None:

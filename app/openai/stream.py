@@ -10,7 +10,13 @@ import orjson
 from app.metering.usage import TokenCounts, tokens_from_usage
 from app.sse import JSON_STRING, SCAN_AT, collect, data_lines_with, decode
 
-DONE = b"data: [DONE]"
+# The stream's end: a line of its own (the same bytes inside a streamed text are not one).
+_DONE_LINE = re.compile(rb"^data:[ \t]*\[DONE\][ \t]*\r?$", re.M)
+
+
+def ends_stream(lines: bytes) -> bool:
+    """Whether these complete lines hold the `data: [DONE]` line."""
+    return b"[DONE]" in lines and _DONE_LINE.search(lines) is not None
 
 
 # The streamed text is needed only for an estimate (a stream that ends without `usage`), so it is kept as
@@ -51,7 +57,7 @@ class StreamMeter:
         self._drain(final=True)
 
     def final_in(self, lines: bytes) -> bool:
-        return DONE in lines
+        return ends_stream(lines)
 
     @property
     def model(self) -> str | None:

@@ -93,3 +93,11 @@ def test_input_tokens_exclude_cache_reads() -> None:
     usage = {"input_tokens": 33, "cache_read_input_tokens": 256, "output_tokens": 12}
     assert tokens_from_usage(usage) == TokenCounts(289, 12, 256, 33, 0)
     assert tokens_from_usage(None) is None
+
+
+def test_the_end_of_the_stream_is_a_message_stop_line_of_its_own() -> None:
+    meter = MessagesMeter()
+    delta = {"type": "text_delta", "text": "x\\nevent: message_stop y"}
+    text = event("content_block_delta", {"delta": delta})
+    assert not meter.final_in(text)
+    assert meter.final_in(b"event:message_stop\r\ndata: {}\r\n")

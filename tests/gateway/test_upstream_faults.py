@@ -224,6 +224,51 @@ def test_reset_in_the_middle_of_an_event_still_raises_an_api_error(
     assert row["completion_tokens"] > 0
 
 
+@pytest.mark.parametrize("name", ["reset_after_end", "stall_after_end"])
+def test_a_stream_that_has_ended_is_complete_whatever_the_connection_does_next(
+        gate: RunningChatgate, fake: RunningFake, tmp_path: Path, name: str) -> None:
+    """After `data: [DONE]` the answer is whole: a reset is not an error event, and a connection left open
+    does not hold the client until the upstream timeout (the openai SDK stops at [DONE] by itself; clients
+    of the other families, and raw HTTP, read to the end)."""
+    fake.state.hang_seconds = 30
+    response = httpx2.post(gate.url + "/v1/chat/completions", content=orjson.dumps(chat_body(stream=True)),
+                           headers={**JSON_HEADERS, **fault(name)}, timeout=5)
+    assert response.status_code == 200
+    assert response.content.endswith(b"data: [DONE]\n\n")
+    assert b"upstream_stream_broken" not in response.content
+    row = one_record(tmp_path, "ok", 200)
+    assert row["tokens_exact"] == 1
+    assert fake.state.wait_idle(5.0)  # chatgate closed its upstream request
+
+
+class EventLineThenCut(httpx2.AsyncByteStream):
+    """A Responses stream: one whole event, then the next one's `event:` line and half its data line."""
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        yield (b'event: response.created\ndata: {"type":"response.created","sequence_number":0,'
+               b'"response":{"id":"resp_1","object":"response","status":"in_progress","output":[]}}\n\n')
+        yield b'event: response.output_text.delta\ndata: {"type":"response.output_text.de'
+        raise httpx2.ReadError("connection reset by peer")
+
+
+def test_a_stream_cut_after_an_event_line_raises_an_api_error(
+        start_gate: Callable[..., RunningChatgate], tmp_path: Path) -> None:
+    """The held `event:` line takes chatgate's error as its data: the SDK sees an error, not an event
+    without data (a JSON decode error)."""
+    def handler(request: httpx2.Request) -> httpx2.Response:
+        return httpx2.Response(200, headers={"content-type": "text/event-stream"}, stream=EventLineThenCut())
+
+    gate = start_gate(upstream_url="http://deepseek.invalid", transport=httpx2.MockTransport(handler))
+    with openai.OpenAI(base_url=gate.url, api_key="sk-x", max_retries=0, timeout=10) as client:
+        seen: list[str] = []
+        with pytest.raises(openai.APIError) as caught:
+            for event in client.responses.create(model="deepseek-flash", input="hi", stream=True):
+                seen.append(event.type)
+    assert seen == ["response.created"]
+    assert "incomplete" in caught.value.message
+    one_record(tmp_path, "upstream_failed", 200)
+
+
 def test_stall_mid_stream_past_read_timeout_raises(impatient: openai.OpenAI, fake: RunningFake,
                                                    tmp_path: Path) -> None:
     stream = impatient.chat.completions.create(model="deepseek-flash", messages=MESSAGES, stream=True,

@@ -119,3 +119,15 @@ def test_meter_sees_a_stream_that_ends_with_deepseeks_error_event(piece: int) ->
     meter = StreamMeter()
     feed_split(meter, sse(error) + body + b"data: [DONE]\n\n", piece)
     assert not meter.ended_with_error and meter.done
+
+
+@pytest.mark.parametrize(("lines", "final"), [
+    (b"data: [DONE]\n", True),
+    (b"data:[DONE]\r\n", True),
+    (sse(chunk({"content": "x"})) + b"data: [DONE]\n\n", True),
+    # a streamed text may hold the same bytes (a model writing about SSE): not the end of the stream
+    (sse(chunk({"content": "it ends with data: [DONE] and then"})), False),
+    (sse(chunk({"content": "data: [DONE]"})), False),
+])  # fmt: skip
+def test_the_end_of_the_stream_is_a_done_line_of_its_own(lines: bytes, final: bool) -> None:
+    assert StreamMeter().final_in(lines) is final
