@@ -29,6 +29,7 @@ from app.gateway.upstream import map_transport_error
 OnEnd = Callable[[Exchange, StreamMeter, str, int], Awaitable[None]]
 Spawn = Callable[[Coroutine[Any, Any, None]], None]
 ErrorEvent = Callable[[APIError], bytes]
+DRAIN_S = 1.0  # how long the relay waits for the end of the upstream body once the client has the answer
 
 
 class ClientGone(Exception):
@@ -106,6 +107,24 @@ class SSERelay(Response):
             if self._open_data:  # the last event lacked only its blank line
                 await self._send(send, b"\n")
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+        if self._final:
+            self._relaying = False  # the client has it all: its going away no longer matters
+            await self._drain()
+
+    async def _drain(self) -> None:
+        """Read what follows the last event (the end of the chunked body), briefly: the connection then goes
+        back to the pool instead of being closed. A reset or a stall here changes nothing."""
+        reader = aiohttp_reader(self.resp)
+        try:
+            async with asyncio.timeout(DRAIN_S):
+                if reader is not None:
+                    while await reader.readany():
+                        pass
+                else:
+                    async for _ in self.resp.aiter_raw():
+                        pass
+        except (TimeoutError, httpx2.HTTPError, aiohttp.ClientError, OSError, RuntimeError):
+            pass
 
     async def _pump(self, send: Send) -> None:
         reader = aiohttp_reader(self.resp)

@@ -97,6 +97,7 @@ class RecordedRequest:
     outcome: str = "pending"  # pending|completed|error_response|client_disconnected|reset|stream_error
     refused: str | None = None  # DeepSeek's 400 message if the fake's validation refused the body
     sent: bytearray = field(default_factory=bytearray)  # every response body byte written, in order
+    peer: tuple[str, int] | None = None  # the client's address: one per connection chatgate opened
 
     @property
     def json(self) -> Any:
@@ -532,6 +533,8 @@ class FakeDeepSeek:
         rec = RecordedRequest(
             scope["method"], scope["path"], headers, body, bearer_key(headers), headers.get("x-request-id")
         )
+        client = scope.get("client")
+        rec.peer = (client[0], client[1]) if client else None
         self.state.requests.append(rec)
         conn = Conn(receive, send, rec.sent)
         try:
@@ -658,8 +661,11 @@ class FakeDeepSeek:
                 rec.outcome = "client_disconnected"
                 return
             await self.send_event(rec, conn, event)
-        await conn.body(b"data: [DONE]\n\n", more=fault in AFTER_END_FAULTS)
+        end_delay = header_float(rec.headers, "x-fake-end-delay", 0.0)  # the body's end comes apart
+        await conn.body(b"data: [DONE]\n\n", more=fault in AFTER_END_FAULTS or end_delay > 0)
         rec.outcome = "completed"
+        if end_delay > 0 and fault not in AFTER_END_FAULTS and not await conn.sleep(end_delay):
+            await conn.body(b"", more=False)
         if fault == "stall_after_end":
             await conn.sleep(header_float(rec.headers, "x-fake-delay", self.state.hang_seconds))
 

@@ -278,3 +278,17 @@ def test_the_aiohttp_transport_exposes_its_body_reader(fake: RunningFake) -> Non
 
     assert asyncio.run(probe("aiohttp")) is True
     assert asyncio.run(probe("httpx")) is False
+
+
+def test_streams_that_end_normally_leave_the_upstream_connection_reusable(
+        gate: RunningChatgate, fake: RunningFake) -> None:
+    """The relay stops at the last event, then reads the end of the chunked body: the connection goes back
+    to the pool (closing it would cost a new TCP and TLS handshake with DeepSeek per streamed request)."""
+    late_end = {"x-fake-end-delay": "0.05"}  # the chunked body's end comes in a packet of its own
+    for n in range(3):
+        with open_stream(gate, chat_body(f"question {n}", stream=True), **late_end) as resp:
+            assert resp.read().endswith(b"data: [DONE]\n\n")
+        assert fake.state.wait_idle(5.0)
+        time.sleep(0.1)  # chatgate reads the body's end once the client has the answer
+    peers = {rec.peer for rec in fake.state.requests}
+    assert len(fake.state.requests) == 3 and len(peers) == 1, peers
