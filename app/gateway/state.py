@@ -33,7 +33,7 @@ class State:
         self.metrics = Metrics(settings.profiles())
         self.recorder: Recorder | None = None
         self.gateway: Gateway | None = None
-        self.models_cache: tuple[float, bytes] | None = None
+        self.models_cache: dict[str, tuple[float, bytes]] = {}  # (expiry, list) by upstream key hash
         self.memory: TurnMemory | None = None
         self.quotas: Quotas | None = None
         self.endpoints: dict[str, Endpoint]  # POST routes forwarded to DeepSeek, by path

@@ -14,11 +14,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from app import __version__
-from app.errors import APIError
-from app.gateway.auth import Authenticator, require_admin
+from app.errors import APIError, bad_gateway
+from app.gateway.auth import Authenticator, hash_key, require_admin
 from app.gateway.bodies import origin_of, request_id_of
 from app.gateway.proxy import Endpoint, client_key, read_all
-from app.gateway.responses import RawResponse, error_response, json_response
+from app.gateway.responses import JSON, RawResponse, error_response, json_response
 from app.gateway.state import State
 from app.gateway.upstream import map_transport_error, response_headers
 from app.metering.reports import ReportError, build_report, make_query
@@ -29,6 +29,7 @@ from app.web.count_tokens import add_count_tokens
 from app.web.dashboard import add_dashboard
 
 BALANCE_ROUTE = "/user/balance"
+MODELS_CACHE_SLOTS = 1024
 ANY_METHOD = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 
 
@@ -88,40 +89,73 @@ def _metrics_handler(state: State) -> Any:
 
 
 def _models_handler(state: State) -> Any:
+    """DeepSeek's `GET /models`, asked with the caller's upstream key and relayed as it answers, errors
+    included. The caller is authenticated first (managed: a missing, unknown or revoked key is a 401). A 200
+    is cached per upstream key for upstream.models_cache_seconds; chatgate's configured models answer only
+    when DeepSeek cannot be reached."""
     async def models(request: Request) -> Response:
-        ttl = state.settings.upstream.models_cache_seconds
-        cached = state.models_cache
+        rid = request_id_of(request)
+        try:
+            identity = await state.gw.auth.identify(client_key(request))
+        except APIError as error:
+            return error_response(error, rid)
+        authorization = identity.upstream_authorization
+        slot = hash_key(authorization or "")
+        cached = state.models_cache.get(slot)
         if cached is not None and cached[0] > time.monotonic():
-            return Response(cached[1], 200, media_type="application/json")
-        body = await _fetch_models(state, request)
-        if body is None:
-            listing = [{"id": name, "object": "model", "owned_by": "deepseek"} for name in state.gw.profiles]
-            return json_response(200, {"object": "list", "data": listing, "source": "chatgate"})
-        state.models_cache = (time.monotonic() + ttl, body)
-        return Response(body, 200, media_type="application/json")
+            return Response(cached[1], 200, headers={"x-request-id": rid}, media_type=JSON)
+        try:
+            resp, content = await _get_upstream(state, "/models", rid, authorization)
+        except APIError:
+            return _configured_models(state, rid)
+        if resp.status_code == 200:
+            if not _is_json(content):
+                return error_response(bad_gateway("DeepSeek answered /models with 200 but a body that is not "
+                                                  "JSON (upstream broke the protocol).",
+                                                  "upstream_bad_response"), rid)
+            _cache_models(state, slot, content)
+        return RawResponse(resp.status_code, response_headers(resp.headers, rid), content)
     return models
 
 
-async def _fetch_models(state: State, request: Request) -> bytes | None:
-    gw = state.gw
-    try:
-        identity = await gw.auth.identify(request.headers.get("authorization"))
-    except APIError:
-        return None
-    headers = [("authorization", identity.upstream_authorization)] if identity.upstream_authorization else []
-    try:
-        resp = await gw.upstream.send("GET", "/models", headers, None)
-        content = await resp.aread()
-        await resp.aclose()
-    except (APIError, httpx2.TransportError, OSError):
-        return None
-    if resp.status_code != 200:
-        return None
+def _configured_models(state: State, request_id: str) -> Response:
+    listing = [{"id": name, "object": "model", "owned_by": "deepseek"} for name in state.gw.profiles]
+    return json_response(200, {"object": "list", "data": listing, "source": "chatgate"},
+                         {"x-request-id": request_id})
+
+
+def _cache_models(state: State, slot: str, content: bytes) -> None:
+    ttl = state.settings.upstream.models_cache_seconds
+    if ttl <= 0:
+        return
+    if len(state.models_cache) >= MODELS_CACHE_SLOTS:  # passthrough: one slot per client key
+        state.models_cache.clear()
+    state.models_cache[slot] = (time.monotonic() + ttl, content)
+
+
+def _is_json(content: bytes) -> bool:
     try:
         orjson.loads(content)
     except orjson.JSONDecodeError:
-        return None
-    return content
+        return False
+    return True
+
+
+async def _get_upstream(state: State, path: str, request_id: str, authorization: str | None
+                        ) -> tuple[httpx2.Response, bytes]:
+    """DeepSeek's answer to a GET and its whole body, read within upstream.total_timeout; the APIError
+    (502, 504) when DeepSeek cannot be reached or does not answer in time."""
+    headers = [("x-request-id", request_id), ("accept-encoding", "identity"),
+               *([("authorization", authorization)] if authorization else [])]
+    resp = await state.gw.upstream.send("GET", path, headers, None)
+    try:
+        async with asyncio.timeout(state.settings.upstream.total_timeout):
+            content = await read_all(resp)
+    except (TimeoutError, httpx2.TransportError, OSError) as exc:
+        raise map_transport_error(exc) from None
+    finally:
+        await resp.aclose()
+    return resp, content
 
 
 async def _fim_not_on_beta(request: Request) -> Response:
@@ -139,17 +173,8 @@ def _balance_handler(state: State) -> Any:
         except APIError as error:
             gw.ledger.refused(BALANCE_ROUTE, rid, error.status, error.code, ts)
             return error_response(error, rid)
-        headers = [("x-request-id", rid), ("accept-encoding", "identity"),
-                   *([("authorization", authorization)] if authorization else [])]
         try:
-            resp = await gw.upstream.send("GET", BALANCE_ROUTE, headers, None)
-            try:
-                async with asyncio.timeout(state.settings.upstream.total_timeout):
-                    content = await read_all(resp)
-            except (TimeoutError, httpx2.TransportError, OSError) as exc:
-                raise map_transport_error(exc) from None
-            finally:
-                await resp.aclose()
+            resp, content = await _get_upstream(state, BALANCE_ROUTE, rid, authorization)
         except APIError as error:
             _log_balance(state, rid, ts, t0, error.status, "upstream_failed", error.code, key_id)
             return error_response(error, rid)
