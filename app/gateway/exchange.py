@@ -53,8 +53,7 @@ class Exchange:
     def response_headers(self, resp: httpx2.Response) -> list[tuple[bytes, bytes]]:
         headers = response_headers(resp.headers, self.request_id)
         if self.warnings:
-            warning = " | ".join(self.warnings)
-            headers.append((b"x-chatgate-warning", warning.encode("ascii", "replace")))
+            headers.append((b"x-chatgate-warning", header_text(self.warnings)))
         if self.repaired is not None and self.repaired.applied:
             headers.append((b"x-chatgate-repaired", self.repaired.header().encode("ascii", "replace")))
         if self.admission is not None and self.admission.info is not None:
@@ -67,6 +66,30 @@ class Exchange:
 
     def elapsed_ms(self) -> float:
         return (time.perf_counter() - self.t0) * 1000
+
+
+# A client's text (a model name) may hold control characters, which uvicorn refuses in a header value once
+# the answer is on its way; and Node's fetch refuses response headers over 16 KB in all.
+_PRINTABLE = {c: " " for c in (*range(0x20), 0x7F)}
+HEADER_MAX = 4096
+
+
+def header_text(parts: list[str], limit: int = HEADER_MAX) -> bytes:
+    """`parts` joined with " | " as one printable ASCII header value of at most about `limit` bytes; what
+    does not fit is counted (POST …/validate lists every warning)."""
+    value = " | ".join(parts).translate(_PRINTABLE).encode("ascii", "replace")
+    if len(value) <= limit:
+        return value
+    kept: list[bytes] = []
+    size = 0
+    for part in parts:
+        text = part.translate(_PRINTABLE).encode("ascii", "replace")
+        if size + len(text) + 3 > limit - 64:
+            break
+        kept.append(text)
+        size += len(text) + 3
+    left = len(parts) - len(kept)
+    return b" | ".join([*kept, f"(+{left} more: POST .../validate lists them all)".encode()])
 
 
 def peek(body: bytes) -> dict[str, Any]:

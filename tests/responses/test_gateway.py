@@ -230,6 +230,31 @@ def test_what_deepseek_ignores_is_forwarded_with_a_warning(gate: RunningChatgate
     assert "previous_response_id" in resp.headers["x-chatgate-warning"]
 
 
+def test_a_warning_about_a_clients_text_is_a_valid_header(gate: RunningChatgate, fake: RunningFake) -> None:
+    """A model name with a newline is forwarded with a warning that quotes it: the header value must stay
+    printable, or the server drops the answer DeepSeek has already given (and billed)."""
+    resp = post(gate, request([user()], model="deepseek-flash\r\nx-injected: 1"))
+    assert len(fake.state.requests) == 1
+    warning = resp.headers["x-chatgate-warning"]
+    assert "x-injected" in warning and "\n" not in warning and "\r" not in warning
+    assert "x-injected" not in resp.headers
+
+
+def test_many_warnings_make_one_header_of_bounded_size(gate: RunningChatgate, fake: RunningFake) -> None:
+    """A long Codex history can carry a warning per turn; Node's fetch (openai-node) refuses response
+    headers over 16 KB, so the header is cut and says how many were left out."""
+    items: list[Any] = [user()]
+    for k in range(60):  # reasoning items with only DeepSeek's own blob: a warning each
+        items += [{"type": "reasoning", "id": f"rs_{k}", "summary": [], "encrypted_content": "d8b79690-0-0"},
+                  {"type": "custom_tool_call", "call_id": f"c{k}", "name": "apply_patch", "input": "*"},
+                  {"type": "custom_tool_call_output", "call_id": f"c{k}", "output": "Done"}]
+    resp = post(gate, request(items))
+    assert len(fake.state.requests) == 1  # forwarded (the fake wants the reasoning's text: its 400 relayed)
+    warning = resp.headers["x-chatgate-warning"]
+    assert 1000 < len(warning) <= 4096
+    assert warning.endswith("more: POST .../validate lists them all)")
+
+
 def test_strict_mode_refuses_what_is_uncertain(start_gate: Callable[..., RunningChatgate],
                                                fake: RunningFake) -> None:
     gate = start_gate(validation={"strict": True})
