@@ -55,7 +55,7 @@ class Exchange:
         if self.warnings:
             headers.append((b"x-chatgate-warning", header_text(self.warnings)))
         if self.repaired is not None and self.repaired.applied:
-            headers.append((b"x-chatgate-repaired", self.repaired.header().encode("ascii", "replace")))
+            headers.append((b"x-chatgate-repaired", header_text(self.repaired.labels(), "; ")))
         if self.admission is not None and self.admission.info is not None:
             headers += self.admission.info.headers()
         return headers
@@ -74,22 +74,22 @@ _PRINTABLE = {c: " " for c in (*range(0x20), 0x7F)}
 HEADER_MAX = 4096
 
 
-def header_text(parts: list[str], limit: int = HEADER_MAX) -> bytes:
-    """`parts` joined with " | " as one printable ASCII header value of at most about `limit` bytes; what
-    does not fit is counted (POST …/validate lists every warning)."""
-    value = " | ".join(parts).translate(_PRINTABLE).encode("ascii", "replace")
+def header_text(parts: list[str], sep: str = " | ", limit: int = HEADER_MAX) -> bytes:
+    """`parts` joined with `sep` as one printable ASCII header value of at most about `limit` bytes; what
+    does not fit is counted (POST …/validate lists them all)."""
+    value = sep.join(parts).translate(_PRINTABLE).encode("ascii", "replace")
     if len(value) <= limit:
         return value
     kept: list[bytes] = []
     size = 0
     for part in parts:
         text = part.translate(_PRINTABLE).encode("ascii", "replace")
-        if size + len(text) + 3 > limit - 64:
+        if size + len(text) + len(sep) > limit - 64:
             break
         kept.append(text)
-        size += len(text) + 3
+        size += len(text) + len(sep)
     left = len(parts) - len(kept)
-    return b" | ".join([*kept, f"(+{left} more: POST .../validate lists them all)".encode()])
+    return sep.encode().join([*kept, f"(+{left} more: POST .../validate lists them all)".encode()])
 
 
 def peek(body: bytes) -> dict[str, Any]:

@@ -113,8 +113,8 @@ class Repaired:
     applied: list[Applied] = field(default_factory=list)
     notes: dict[str, str] = field(default_factory=dict)  # problem param -> why it was not repaired
 
-    def header(self) -> str:
-        return "; ".join(a.label() for a in self.applied)
+    def labels(self) -> list[str]:
+        return [a.label() for a in self.applied]
 
     def codes(self) -> list[str]:
         seen: dict[str, None] = {}

@@ -267,6 +267,19 @@ def test_the_openai_sdk_sees_the_repaired_answer(repairing: RunningChatgate) -> 
     assert raw.parse().choices[0].message.content
 
 
+def test_many_repairs_make_one_header_of_bounded_size(repairing: RunningChatgate, fake: RunningFake) -> None:
+    """A long history can need a repair per message (a restore per tool-call turn); Node's fetch refuses
+    response headers over 16 KB, so the header is cut and counts what it leaves out."""
+    messages = [*({"role": "developer", "content": f"rule {k}"} for k in range(400)), {"role": "user"}]
+    messages[-1]["content"] = "hi"
+    resp = httpx2.post(repairing.url + "/v1/chat/completions", headers=JSON_HEADERS, timeout=10,
+                       content=orjson.dumps(chat_body(messages=messages)))
+    assert resp.status_code == 200 and len(fake.state.requests) == 1
+    header = resp.headers["x-chatgate-repaired"]
+    assert header.startswith("developer_role@messages[0]; developer_role@messages[1]; ")
+    assert len(header) <= 4096 and header.endswith("more: POST .../validate lists them all)")
+
+
 def test_a_restored_request_keeps_its_warnings_and_is_what_a_full_check_accepts(gate: RunningChatgate,
                                                                                 fake: RunningFake) -> None:
     """After restores alone chatgate does not check the whole body again: what it forwards must be exactly
