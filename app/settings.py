@@ -131,6 +131,7 @@ class RepairSettings(Section):
 
 
 class PricingSettings(Section):
+    # "HH:MM-HH:MM" UTC, end exclusive; an end before the start crosses midnight ("22:00-02:00").
     peak_hours_utc: list[str] = ["01:00-04:00", "06:00-10:00"]
     off_peak_multiplier: Decimal = Decimal("0.5")
 
@@ -138,8 +139,12 @@ class PricingSettings(Section):
     @classmethod
     def _windows(cls, value: list[str]) -> list[str]:
         for window in value:
-            if not re.match(r"^([01]\d|2[0-3]):[0-5]\d-([01]\d|2[0-4]):[0-5]\d$", window):
+            if not re.match(r"^([01]\d|2[0-3]):[0-5]\d-(([01]\d|2[0-3]):[0-5]\d|24:00)$", window):
                 raise ValueError(f"window {window!r} must look like '06:00-10:00'")
+            start, end = window.split("-")
+            if start == end:
+                raise ValueError(f"window {window!r} is empty: it ends where it starts (all day is "
+                                 "'00:00-24:00')")
         return value
 
 

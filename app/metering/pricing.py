@@ -28,7 +28,9 @@ def is_peak(ts: float, windows: list[str]) -> bool:
 
 @functools.lru_cache(maxsize=4096)
 def _peak_minute(minute_of_day: int, windows: tuple[str, ...]) -> bool:
-    return any(start <= minute_of_day < end for start, end in _spans(windows))
+    """A window whose end is before its start crosses midnight: [start, 24:00) and [00:00, end)."""
+    return any(start <= minute_of_day < end if start < end else not end <= minute_of_day < start
+               for start, end in _spans(windows))
 
 
 def cost_picousd(tokens: TokenCounts, prices: Prices | None, ts: float, windows: list[str],

@@ -80,6 +80,8 @@ BAD_FILES = {
     "bad URL": ("[upstream]\nbase_url = 'api.deepseek.com'\n", "upstream.base_url"),
     "bad store URL": ("[store]\nurl = 'mysql://root@db/x'\n", "store.url"),
     "bad enum": ("[auth]\nmode = 'open'\n", "auth.mode"),
+    "empty peak window": ("[pricing]\npeak_hours_utc = ['01:00-04:00', '10:00-10:00']\n",
+                          "pricing.peak_hours_utc"),
     "not TOML": ("[server\nport = 1\n", "config file"),
 }
 BAD_ENVS = {

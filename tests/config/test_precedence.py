@@ -121,3 +121,23 @@ def test_bad_env_names_the_setting(env: dict[str, str], setting: str) -> None:
     with pytest.raises(ConfigError) as exc:
         load_settings(None, env=env, flags={})
     assert setting in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_a_peak_window_may_cross_midnight(tmp_path: Path) -> None:
+    path = tmp_path / "chatgate.toml"
+    path.write_text('[pricing]\npeak_hours_utc = ["22:00-02:00", "23:30-00:00", "00:00-24:00"]\n')
+    loaded = load_settings(str(path), env={}, flags={})
+    assert loaded.settings.pricing.peak_hours_utc == ["22:00-02:00", "23:30-00:00", "00:00-24:00"]
+
+
+@pytest.mark.parametrize(("window", "says"), [
+    ("10:00-10:00", "window '10:00-10:00' is empty: it ends where it starts (all day is '00:00-24:00')"),
+    ("00:00-00:00", "window '00:00-00:00' is empty"),
+    ("22:00-24:30", "window '22:00-24:30' must look like '06:00-10:00'"),
+    ("24:00-02:00", "window '24:00-02:00' must look like '06:00-10:00'"),
+])
+def test_a_bad_peak_window_is_a_config_error_naming_it(window: str, says: str) -> None:
+    with pytest.raises(ConfigError) as exc:
+        load_settings(None, env={"CHATGATE_PRICING_PEAK_HOURS_UTC": f'["01:00-04:00", "{window}"]'}, flags={})
+    assert str(exc.value).startswith("pricing.peak_hours_utc: ") and says in str(exc.value)
+    assert str(exc.value).endswith("(from env)") and "\n" not in str(exc.value)

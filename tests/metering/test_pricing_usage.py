@@ -6,7 +6,7 @@ import datetime as dt
 from decimal import Decimal
 
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from app.metering.pricing import cost_bound_picousd, cost_picousd, is_peak, picousd_to_usd
@@ -113,6 +113,37 @@ def test_custom_multiplier_and_windows() -> None:
     tokens, windows, quarter = TokenCounts(0, 1000, 0, 0, 0), ["12:00-13:00"], Decimal("0.25")
     assert cost_picousd(tokens, FLASH_PRICES, at("12:30:00"), windows, quarter) == 1_200_000_000
     assert cost_picousd(tokens, FLASH_PRICES, at("13:30:00"), windows, quarter) == 300_000_000
+
+
+@pytest.mark.parametrize(
+    ("clock", "peak"),
+    [("21:59:59", False), ("22:00:00", True), ("23:59:59", True), ("00:00:00", True), ("01:59:59", True),
+     ("02:00:00", False), ("12:00:00", False)],
+)
+def test_a_window_may_cross_midnight(clock: str, peak: bool) -> None:
+    """"22:00-02:00" is 22:00 to midnight and midnight to 02:00."""
+    assert is_peak(at(clock), ["22:00-02:00"]) is peak
+
+
+@given(start=st.integers(0, 24 * 60 - 1), end=st.integers(0, 24 * 60), ts=st.integers(0, 4_100_000_000))
+def test_peak_is_the_minutes_from_start_to_end_around_the_clock(start: int, end: int, ts: int) -> None:
+    """Any window, crossing midnight or not: peak from its start, minute by minute (past 24:00 to 00:00),
+    up to its end."""
+    assume(start != end)  # refused by the settings
+    window = f"{start // 60:02d}:{start % 60:02d}-{end // 60:02d}:{end % 60:02d}"
+    peak_minutes = {m % (24 * 60) for m in range(start, end if end > start else end + 24 * 60)}
+    t = dt.datetime.fromtimestamp(ts, dt.UTC)
+    assert is_peak(ts, [window]) is (t.hour * 60 + t.minute in peak_minutes)
+
+
+def test_a_window_across_midnight_is_billed_and_reserved_at_peak_prices() -> None:
+    """The record's cost and the bound a limit reserves (issue 15) both see the window past midnight."""
+    tokens, windows = TokenCounts(1000, 1000, 0, 1000, 0), ["23:00-01:00"]
+    for clock in ("23:30:00", "00:30:00"):
+        assert cost_picousd(tokens, FLASH_PRICES, at(clock), windows, HALF) == 1_500_000_000
+        assert cost_bound_picousd(1000, 1000, FLASH_PRICES, at(clock), windows, HALF) == 1_500_000_000
+    assert cost_picousd(tokens, FLASH_PRICES, at("01:30:00"), windows, HALF) == 750_000_000
+    assert cost_bound_picousd(1000, 1000, FLASH_PRICES, at("01:30:00"), windows, HALF) == 750_000_000
 
 
 # --- tokens_from_usage -------------------------------------------------------------------------------
