@@ -9,7 +9,8 @@ retrying while the store is down; the spool is truncated once everything in it i
 On start, before anything is served, spool files left by dead processes are replayed (inserts are
 idempotent: by record_id, by caller and call id). Spool file names carry a fingerprint of the store they
 were meant for, so a spool directory shared by processes (or a `chatgate usage --store OTHER`) never
-replays records into the wrong store.
+replays records into the wrong store. A live process holds its spool file's lock; a file gets its spool
+name only once it is locked, so a replay never takes a starting process's file for a dead one's.
 """
 
 from __future__ import annotations
@@ -100,8 +101,11 @@ class Recorder:
         self.spool_dir.mkdir(parents=True, exist_ok=True)
         self._replay_orphans()
         path = self.spool_dir / f"spool-{self._tag}-{os.getpid()}-{uuid.uuid4().hex[:8]}.jsonl"
-        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        # Locked before it has a name a replay takes for an orphan's.
+        creating = path.with_name(f".tmp-{path.name}")
+        self._fd = os.open(creating, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o600)
         fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.rename(creating, path)
         self._path = path
         self._thread = threading.Thread(target=self._run, name="chatgate-usage-writer", daemon=True)
         self._thread.start()
@@ -280,7 +284,11 @@ class Recorder:
         fd = os.open(path, os.O_RDWR)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held by a live process: not an orphan
+            # Between the open and the lock, another replay or the owner's clean stop may have removed it.
+            orphan = os.path.samestat(os.fstat(fd), os.stat(path))
         except OSError:
+            orphan = False
+        if not orphan:
             os.close(fd)
             return
         try:

@@ -7,11 +7,12 @@ from the written ones (`chatgate_usage_records_dropped` in /metrics) and /readyz
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
 import os
 import sqlite3
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import httpx2
@@ -313,4 +314,101 @@ def test_a_refused_turn_is_dropped_and_its_reasoning_never_logged(tmp_path: Path
         recorder.record(record(1))
     assert "call-1" in caplog.text and "private chain of thought" not in caplog.text
     assert (recorder.written, recorder.turns_written) == (1, 0), "the usage record is not held up"
+    store.close()
+
+
+# --- a starting recorder and another process's replay ------------------------------------------------------
+
+
+def run_when_start_locks_its_spool(monkeypatch: pytest.MonkeyPatch, meanwhile: Callable[[int], None]) -> None:
+    """Run `meanwhile(fd)` when the recorder being started locks its new spool file (fd): between the file's
+    creation and its lock, where another process may be replaying orphans."""
+    real_flock = fcntl.flock
+    called = False
+
+    def flock(fd: int, operation: int) -> None:
+        nonlocal called
+        if not called:
+            called = True
+            meanwhile(fd)
+        real_flock(fd, operation)
+    monkeypatch.setattr(fcntl, "flock", flock)
+
+
+def test_a_replay_while_a_recorder_starts_leaves_its_new_spool_alone(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The replay must not take the new spool file for an orphan and remove it: the recorder would append
+    to an unlinked file, and its records would not survive a kill -9."""
+    store = open_store(f"sqlite:///{tmp_path / 'usage.db'}")
+    store.migrate()
+    spool = tmp_path / "spool"
+    run_when_start_locks_its_spool(monkeypatch, lambda fd: replay_spools(store, str(spool)))
+    live = Recorder(store, str(spool), flush_interval=1.0)
+    live.start()
+    try:
+        live.record(record(1))
+        assert [p.name for p in spool.glob("spool-*.jsonl")] == [live._path.name]
+        assert os.stat(live._path).st_ino == os.fstat(live._fd).st_ino
+        assert live._path.read_bytes() == encode(record(1)), "what a kill -9 leaves for the next start"
+    finally:
+        assert live.stop(5)
+    assert stored_ids(store) == ["req-1"]
+    store.close()
+
+
+def test_a_replay_holding_a_lock_while_a_recorder_starts_does_not_fail_the_start(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A replay reading the spool files it could lock when the recorder locks its new one: the recorder's
+    file must not be among them (its lock would be refused: BlockingIOError out of start)."""
+    store = open_store(f"sqlite:///{tmp_path / 'usage.db'}")
+    store.migrate()
+    spool = tmp_path / "spool"
+    real_flock, real_read_bytes = fcntl.flock, Path.read_bytes
+    refused: list[OSError] = []
+
+    def replay_reading(fd: int) -> None:
+        def read_bytes(path: Path) -> bytes:  # the replay holds this file's lock: the recorder locks now
+            try:
+                real_flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                refused.append(exc)
+            return real_read_bytes(path)
+        with monkeypatch.context() as patch:
+            patch.setattr(Path, "read_bytes", read_bytes)
+            replay_spools(store, str(spool))
+
+    run_when_start_locks_its_spool(monkeypatch, replay_reading)
+    live = Recorder(store, str(spool), flush_interval=0.005)
+    live.start()
+    try:
+        assert refused == []
+        live.record(record(1))
+        assert live._path.read_bytes() == encode(record(1))
+    finally:
+        assert live.stop(5)
+    assert stored_ids(store) == ["req-1"]
+    store.close()
+
+
+def test_a_spool_removed_before_the_replay_locks_it_is_skipped(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Between the replay's open and its lock, the file's owner stops cleanly (or another replay finishes
+    it): both remove the file. The replay then holds the lock of a file no longer there: it skips it, and
+    this is no store error."""
+    store = open_store(f"sqlite:///{tmp_path / 'usage.db'}")
+    store.migrate()
+    spool = tmp_path / "spool"
+    owner = Recorder(store, str(spool), flush_interval=0.005)
+    owner.start()
+    owner.record(record(1))
+    real_flock = fcntl.flock
+
+    def flock(fd: int, operation: int) -> None:
+        assert owner.stop(5)  # its file is the only one in the spool directory
+        real_flock(fd, operation)
+    monkeypatch.setattr(fcntl, "flock", flock)
+    replayer = Recorder(store, str(spool))
+    replayer._replay_orphans()
+    assert replayer.last_error is None and not replayer._orphans_left
+    assert stored_ids(store) == ["req-1"] and list(spool.iterdir()) == []
     store.close()
