@@ -5,7 +5,9 @@ The request path calls `record()`: one `os.write` of a JSON line (survives `kill
 OS page cache) and a list append. `remember_turns()` holds its lines for the next write, which is at the
 latest the usage record of the exchange that relayed the turns: one write per exchange, not two. A writer
 thread takes the whole list every `flush_interval` and writes it to the store in batches (group commit),
-retrying while the store is down; the spool is truncated once everything in it is stored.
+retrying while the store is down; the spool is truncated once everything in it is stored. During a long
+outage at most `queue_max` items wait in memory: what comes after them is only in the spool, and the
+writer reads it back from there once the store takes writes again.
 On start, before anything is served, spool files left by dead processes are replayed (inserts are
 idempotent: by record_id, by caller and call id). Spool file names carry a fingerprint of the store they
 were meant for, so a spool directory shared by processes (or a `chatgate usage --store OTHER`) never
@@ -34,6 +36,8 @@ from app.metering.store.base import Store, StoreError, StoreRefused, TurnRow, Us
 log = logging.getLogger("chatgate.recorder")
 
 SPOOL_TRUNCATE_AT = 1 << 20
+QUEUE_MAX = 100_000  # items held in memory for the writer; beyond, the spool alone holds them
+CATCH_UP_READ = 4 << 20  # bytes of spool read at a time when catching up
 
 
 def encode(record: UsageRecord) -> bytes:
@@ -69,13 +73,15 @@ def _split(items: list[UsageRecord | TurnRow]) -> tuple[list[UsageRecord], list[
 
 class Recorder:
     def __init__(self, store: Store, spool_dir: str, batch_max: int = 500, flush_interval: float = 0.02,
-                 retry_seconds: float = 1.0, truncate_at: int = SPOOL_TRUNCATE_AT) -> None:
+                 retry_seconds: float = 1.0, truncate_at: int = SPOOL_TRUNCATE_AT,
+                 queue_max: int = QUEUE_MAX) -> None:
         self.store = store
         self.spool_dir = Path(spool_dir)
         self.batch_max = batch_max
         self.flush_interval = flush_interval
         self.retry_seconds = retry_seconds
         self.truncate_at = truncate_at
+        self.queue_max = queue_max
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._queued: list[UsageRecord | TurnRow] = []  # spooled, not yet taken by the writer
@@ -83,6 +89,7 @@ class Recorder:
         self._held_rows: list[TurnRow] = []
         self._stopping = False
         self._pending = 0  # spooled (records and turns), not yet in the store
+        self._spilled_at: int | None = None  # spool offset from which lines are not queued (queue was full)
         self._fd = -1
         self._thread: threading.Thread | None = None
         self._path = Path()
@@ -103,7 +110,7 @@ class Recorder:
         path = self.spool_dir / f"spool-{self._tag}-{os.getpid()}-{uuid.uuid4().hex[:8]}.jsonl"
         # Locked before it has a name a replay takes for an orphan's.
         creating = path.with_name(f".tmp-{path.name}")
-        self._fd = os.open(creating, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o600)
+        self._fd = os.open(creating, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o600)
         fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         os.rename(creating, path)
         self._path = path
@@ -146,11 +153,14 @@ class Recorder:
         with self._lock:
             self._pending += len(items)
             first = not self._queued
+            if self._spilled_at is None and len(self._queued) >= self.queue_max:
+                self._spilled_at = os.fstat(self._fd).st_size
             if self._held:
                 self._write_held(lines)
             else:
                 os.write(self._fd, lines)
-            self._queued.extend(items)
+            if self._spilled_at is None:
+                self._queued.extend(items)
         if first:
             self._wake.set()
 
@@ -158,7 +168,8 @@ class Recorder:
         """Write the held turn lines (and `lines` after them) to the spool; the writer may take them then.
         Called with the lock held."""
         os.write(self._fd, b"".join([*self._held, lines]))
-        self._queued.extend(self._held_rows)
+        if self._spilled_at is None:
+            self._queued.extend(self._held_rows)
         self._held, self._held_rows = [], []
 
     @property
@@ -181,13 +192,34 @@ class Recorder:
                     self._write_held()
                 taken, self._queued = self._queued, []
                 self._wake.clear()
-            usage, turns = _split(taken)
-            for start in range(0, max(len(usage), len(turns)), self.batch_max):
-                self._write_batch(usage[start:start + self.batch_max], turns[start:start + self.batch_max])
+            self._write_all(taken)
+            if self._spilled_at is not None and self.last_error is None and not self._stopping:
+                self._catch_up()
             if taken and self._orphans_left and self.last_error is None:
                 self._replay_orphans()
             if self._stopping and not self._queued and not self._held:
                 return
+
+    def _write_all(self, items: list[UsageRecord | TurnRow]) -> None:
+        usage, turns = _split(items)
+        for start in range(0, max(len(usage), len(turns)), self.batch_max):
+            self._write_batch(usage[start:start + self.batch_max], turns[start:start + self.batch_max])
+
+    def _catch_up(self) -> None:
+        """Write what the spool alone holds (spooled while the queue was full), reading it back in pieces;
+        new items are queued again meanwhile. If the store fails again, what is left stays spooled (and
+        counted as pending) for the next start's replay."""
+        with self._lock:
+            assert self._spilled_at is not None
+            start, end = self._spilled_at, os.fstat(self._fd).st_size
+            self._spilled_at = None
+        rest = b""
+        while start < end and not self._stopping:
+            data = rest + os.pread(self._fd, min(CATCH_UP_READ, end - start), start)
+            start += len(data) - len(rest)
+            cut = data.rfind(b"\n") + 1
+            rest = data[cut:]
+            self._write_all([x for x in map(decode, data[:cut].splitlines()) if x is not None])
 
     def _stored(self, write: Callable[[], None]) -> bool:
         """Run `write` until the store takes it (True), retrying while the store is down; False if the

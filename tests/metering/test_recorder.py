@@ -21,7 +21,7 @@ import pytest
 
 from app.metering.recorder import Recorder, decode, encode, encode_turn, replay_spools
 from app.metering.store import open_store
-from app.metering.store.base import Store, StoreRefused, TurnRow, UsageRecord
+from app.metering.store.base import Store, StoreError, StoreRefused, TurnRow, UsageRecord
 from app.metering.store.sqlite import SQLiteStore
 from tests.fakes.server import run_fake_deepseek
 from tests.harness import make_settings, run_chatgate
@@ -411,4 +411,58 @@ def test_a_spool_removed_before_the_replay_locks_it_is_skipped(tmp_path: Path,
     replayer._replay_orphans()
     assert replayer.last_error is None and not replayer._orphans_left
     assert stored_ids(store) == ["req-1"] and list(spool.iterdir()) == []
+    store.close()
+
+
+class DownStore(SQLiteStore):
+    """A SQLite store that is unreachable while `down` is set (every write raises a StoreError)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.down = False
+
+    def _check(self) -> None:
+        if self.down:
+            raise StoreError("connection refused")
+
+    def insert_usage(self, records: Sequence[UsageRecord]) -> None:
+        self._check()
+        super().insert_usage(records)
+
+    def insert_batch(self, records: Sequence[UsageRecord], turns: Sequence[TurnRow]) -> None:
+        self._check()
+        super().insert_batch(records, turns)
+
+    def remember_turns(self, rows: Sequence[TurnRow]) -> None:
+        self._check()
+        super().remember_turns(rows)
+
+
+def test_a_long_outage_keeps_a_bounded_queue_and_the_spool_fills_the_gap(tmp_path: Path) -> None:
+    """Memory does not grow with the outage: past `queue_max` items the spool alone holds them, and the
+    writer reads them back from it once the store is back; each is stored once."""
+    store = DownStore(tmp_path / "usage.db")
+    store.migrate()
+    recorder = Recorder(store, str(tmp_path / "spool"), flush_interval=0.005, retry_seconds=0.02,
+                        truncate_at=0, queue_max=5)
+    recorder.start()
+    try:
+        store.down = True
+        for n in range(40):
+            if n % 4 == 0:
+                recorder.remember_turns([turn_row(n)])
+            recorder.record(record(n))
+        wait_for(lambda: not recorder.healthy, 5, "the outage noticed")
+        assert recorder.pending == 50
+        assert len(recorder._queued) <= 5, "the queue is bounded"
+        store.down = False
+        recorder.record(record(40))  # after the outage: queued again
+        wait_for(lambda: recorder.pending == 0, 10, "everything stored")
+        assert stored_ids(store) == sorted(f"req-{n}" for n in range(41))
+        got = store.recall_turns("fp-1", "chat", [f"call-{n}" for n in range(0, 40, 4)], 0)
+        assert len(got) == 10
+        (path,) = (tmp_path / "spool").glob("spool-*.jsonl")
+        assert path.stat().st_size == 0, "truncated once all is stored"
+    finally:
+        assert recorder.stop(5)
     store.close()
