@@ -123,6 +123,8 @@ class Recorder:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout)
+            if self._thread.is_alive():  # still in a store call: its spool stays open (and locked) for it
+                return False
         flushed = self._pending == 0
         if self._fd >= 0:
             if flushed:

@@ -11,6 +11,7 @@ import fcntl
 import logging
 import os
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -465,4 +466,37 @@ def test_a_long_outage_keeps_a_bounded_queue_and_the_spool_fills_the_gap(tmp_pat
         assert path.stat().st_size == 0, "truncated once all is stored"
     finally:
         assert recorder.stop(5)
+    store.close()
+
+
+class SlowStore(SQLiteStore):
+    """A SQLite store whose usage inserts wait until `go` is set (a PostgreSQL insert taking its time)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.go = threading.Event()
+        self.waiting = threading.Event()
+
+    def insert_usage(self, records: Sequence[UsageRecord]) -> None:
+        self.waiting.set()
+        self.go.wait(10)
+        super().insert_usage(records)
+
+
+def test_a_stop_that_times_out_leaves_the_spool_to_the_writer_still_at_work(tmp_path: Path) -> None:
+    """The writer is still in a store call when stop() gives up: the spool stays open for it (closing it
+    would let a later file reuse the descriptor that the writer then truncates)."""
+    store = SlowStore(tmp_path / "usage.db")
+    store.migrate()
+    recorder = Recorder(store, str(tmp_path / "spool"), flush_interval=0.005, truncate_at=0)
+    recorder.start()
+    recorder.record(record(1))
+    assert store.waiting.wait(5)
+    fd = recorder._fd
+    assert not recorder.stop(0.05)
+    os.fstat(fd)  # still open
+    store.go.set()
+    assert recorder._thread is not None
+    recorder._thread.join(5)
+    assert not recorder._thread.is_alive() and recorder.pending == 0 and recorder.written == 1
     store.close()
