@@ -257,12 +257,14 @@ EFFORTS = ("minimal", "low", "medium", "high", "xhigh", "max", "ultra")
 
 
 def rule_thinking_passed_back(req: MessagesRequest, ctx: Context) -> Iterator[Problem]:
+    """A10: a turn with a client `tool_use` keeps its thinking block; a turn whose only calls are
+    `server_tool_use` (web_search, run at DeepSeek) is not in A10's scope."""
     if not ctx.thinking:
         return
     for i, msg in enumerate(req.messages):
-        blocks = _blocks(msg)
-        calls = any(b.get("type") in ("tool_use", "server_tool_use") for b in blocks)
-        if msg["role"] == "assistant" and calls and not any(b.get("type") == "thinking" for b in blocks):
+        if msg["role"] != "assistant" or not _tool_uses(msg):
+            continue
+        if not any(b.get("type") == "thinking" for b in _blocks(msg)):
             yield Problem("thinking_block_missing", f"messages[{i}].content",
                           "The `content[].thinking` in the thinking mode must be passed back to the API. "
                           f"{where(i, msg)} calls a tool without its thinking block: send back the thinking "

@@ -122,6 +122,21 @@ def test_tool_use_turns_need_their_thinking_block_in_thinking_mode_a10() -> None
     assert summary(check(request(empty, tools=TOOLS))) == [], "an empty thinking block is accepted (§2 #1)"
 
 
+@pytest.mark.parametrize("strict", [False, True], ids=["default", "strict"])
+def test_a_turn_with_only_server_tool_use_needs_no_thinking_block_a10(strict: bool) -> None:
+    """A10 is about client `tool_use`: web_search runs at DeepSeek, and its turn is not refused without a
+    thinking block; a turn that also calls a client tool still is."""
+    search = [{"type": "web_search_20250305", "name": "web_search"}]
+    server = {"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search", "input": {"query": "x"}}
+    result = {"type": "web_search_tool_result", "tool_use_id": "srvtoolu_1", "content": []}
+    msgs = [user(), assistant(server, result, text("Found it.")), user("thanks")]
+    verdict = check(request(msgs, tools=search, thinking={"type": "enabled"}), strict=strict)
+    assert summary(verdict) == [] and warned(verdict) == []
+    mixed = [user(), assistant(server, result, tool_use()), user(tool_result())]
+    assert summary(check(request(mixed, tools=[*TOOLS, *search]), strict=strict)) == [
+        ("thinking_block_missing", "messages[1].content", "A10")]
+
+
 def test_thinking_disabled_with_an_effort_warns_and_strict_refuses_a12() -> None:
     req = request([user()], thinking={"type": "disabled"}, output_config={"effort": "max"})
     assert warned(check(req)) == [("thinking_disabled_with_effort", "output_config.effort", "A12")]
