@@ -1,8 +1,9 @@
 """Request rules (deepseek-api.md §11, R1-R38) as pure functions over the parsed request.
 
 `check_body` parses the bytes once with pydantic and returns every problem found; the
-proxy answers 400 when there is any. Rules marked uncertain in §12 only fire with
-`strict` on: a false alarm costs the user more than a miss.
+proxy answers 400 when there is any. Rules marked uncertain in §12 are warnings (the
+request is forwarded) or fire only with `strict` on: a false alarm costs the user more
+than a miss.
 """
 
 from __future__ import annotations
@@ -378,15 +379,21 @@ def _unanswered(messages: list[Message], i: int, ids: list[str], pending: set[st
 
 
 def rule_reasoning_content(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem]:
+    """R17. Without `tools` (a title or compaction call replaying an agent's history) it is a warning,
+    refused in strict mode."""
     if not ctx.thinking or (ctx.profile.legacy_reasoner and ctx.options.legacy_reasoner_rules):
         return
+    # DeepSeek requires it "for requests carrying the `tools` parameter" (§4.1.2, §12.3).
+    doubt = not req.tools and not ctx.strict
     for i, msg in ctx.index.with_calls:
         if msg.get("reasoning_content") is None:
+            fix = ("DeepSeek documents this for requests carrying 'tools' and this one has none, so it may "
+                   "pass; to be sure, send back" if doubt else "Send back")
             yield Problem("reasoning_content_missing", f"messages[{i}].reasoning_content",
                           "The `reasoning_content` in the thinking mode must be passed back to the API "
-                          f"({where(i, msg)} with tool_calls has none). Send back the reasoning_content "
+                          f"({where(i, msg)} with tool_calls has none). {fix} the reasoning_content "
                           "DeepSeek returned with this tool call, or set thinking.type = "
-                          "\"disabled\".", "R17")
+                          "\"disabled\".", "R17", warning=doubt)
 
 
 THINKING_TYPES = ("enabled", "disabled", "adaptive")  # DeepSeek's deserializer lists all three (R36)

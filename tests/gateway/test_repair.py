@@ -80,6 +80,32 @@ def test_another_key_replaying_the_ids_gets_the_400_and_no_reasoning(gate: Runni
     assert post(gate, body).status_code == 200, "the caller it belongs to still gets it restored"
 
 
+def test_a_call_without_tools_replaying_the_history_is_restored_or_forwarded_with_a_warning_r17(
+        gate: RunningChatgate, fake: RunningFake) -> None:
+    """A title or compaction call sends the agent's history without `tools`: R17 is then only a warning
+    (§12.3), and the remembered reasoning is still put back (the warning goes with it)."""
+    first = dropping_loop(gate, rounds=1, stream=False)[0]
+    calls = tool_calls_of(first, stream=False)
+    body = {"model": "deepseek-flash", "messages": [
+        {"role": "user", "content": "Umbrella in Lisbon today?"},
+        {"role": "assistant", "content": "", "tool_calls": calls},
+        {"role": "tool", "tool_call_id": calls[0]["id"], "content": "rain"},
+        {"role": "assistant", "content": "Take one."},
+        {"role": "user", "content": "Give this conversation a short title."}]}
+    resp = post(gate, body)
+    assert resp.status_code == 200, resp.text
+    assert resp.headers["x-chatgate-repaired"] == "restore_reasoning@messages[1]"
+    assert "x-chatgate-warning" not in resp.headers
+    fake.state.wait_idle(5)
+    forwarded = orjson.loads(fake.state.requests[-1].body)
+    assert forwarded["messages"][1]["reasoning_content"] == "The user sent 1 messages; I will answer."
+    stranger = post(gate, body, key="sk-someone-else-0002", path="/v1/chat/completions/validate")
+    answer = stranger.json()
+    assert stranger.status_code == 200 and answer["valid"] is True
+    assert [(w["code"], w["rule"]) for w in answer["warnings"]] == [("reasoning_content_missing", "R17")]
+    assert "The user sent" not in stranger.text, "another caller's reasoning never leaks"
+
+
 def test_changed_tool_calls_are_not_restored(gate: RunningChatgate) -> None:
     first = dropping_loop(gate, rounds=1, stream=False)[0]
     calls = tool_calls_of(first, stream=False)

@@ -56,6 +56,19 @@ def test_restore_reasoning_puts_back_what_was_recalled_r17() -> None:
     assert after.problems == []
 
 
+def test_restore_reasoning_also_restores_a_warned_turn_of_a_request_without_tools_r17() -> None:
+    """Without `tools`, R17 is a warning (§12.3); the gateway hands warnings to the repairs too, so a
+    remembered turn is still put back and the request goes out without the warning."""
+    req = request([user(), calls(call("call_1"), reasoning=None), tool("call_1"), assistant(),
+                   user("Give this chat a title.")])
+    before = check(req)
+    assert before.problems == [] and [w.code for w in before.warnings] == ["reasoning_content_missing"]
+    data, applied, after = repaired(req, recalled={1: REASONING})
+    assert applied == [("restore_reasoning", "messages[1]")]
+    assert data["messages"][1]["reasoning_content"] == REASONING
+    assert after.problems == [] and after.warnings == []
+
+
 def test_restore_reasoning_without_a_memory_changes_nothing_r17() -> None:
     req = request([user(), calls(call("call_1"), reasoning=None), tool("call_1")], tools=TOOLS)
     data, applied, after = repaired(req)

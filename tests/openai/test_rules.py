@@ -352,8 +352,25 @@ def test_tool_call_turn_without_reasoning_content_in_thinking_mode_is_invalid_r1
 
 def test_explicit_null_reasoning_content_counts_as_missing_r17() -> None:
     messages = [user(), calls(call("call_1"), reasoning=None, reasoning_content=None), tool("call_1")]
-    only_problem(check(request(messages, model="deepseek-v4-pro", thinking={"type": "enabled"})),
+    only_problem(check(request(messages, model="deepseek-v4-pro", tools=TOOLS, thinking={"type": "enabled"})),
                  "reasoning_content_missing", "messages[1].reasoning_content", "R17")
+
+
+@pytest.mark.parametrize("no_tools", [{}, {"tools": None}, {"tools": []}], ids=["absent", "null", "empty"])
+def test_tool_call_turn_without_reasoning_in_a_request_without_tools_warns_and_fails_strict_r17(
+        no_tools: dict[str, Any]) -> None:
+    """DeepSeek requires it "for requests carrying the `tools` parameter" (§4.1.2, §12.3): a title or
+    compaction call that replays an agent's history without its tools is forwarded with a warning."""
+    messages = [user(), calls(call("call_1"), reasoning=None), tool("call_1"), assistant(),
+                user("Summarise this conversation in one line.")]
+    req = request(messages, **no_tools)
+    warning = only_warning(check(req), "reasoning_content_missing", "messages[1].reasoning_content", "R17")
+    says(warning, "The `reasoning_content` in the thinking mode must be passed back to the API",
+         "messages[1] (role assistant)", "requests carrying 'tools'", 'thinking.type = "disabled"')
+    problem = only_problem(check(req, strict=True),
+                           "reasoning_content_missing", "messages[1].reasoning_content", "R17")
+    assert not problem.warning and "requests carrying" not in problem.message
+    assert check(request(messages, tools=TOOLS)).problems[0].code == "reasoning_content_missing"
 
 
 def test_unknown_model_is_not_assumed_thinking_r17() -> None:
