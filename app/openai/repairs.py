@@ -145,8 +145,10 @@ def _restructure(messages: list[Any], found: Sequence[Problem], options: RepairO
         for p in found:
             i = message_index(p)
             msg = _message(messages, i)
+            # A warned unknown id has a tool message for each call: dropping it alone would leave too
+            # few, a certain R16 where the request was forwarded; with its call answered, it goes.
             if (p.code in HANDLES["orphan_tool_messages"] and i is not None and msg is not None
-                    and msg.get("role") == "tool"):
+                    and msg.get("role") == "tool" and (not p.warning or on("unanswered_tool_calls"))):
                 drop.add(i)
     inserts: dict[int, list[dict[str, Any]]] = {}  # after this original index
     applied: list[Applied] = [Applied("orphan_tool_messages", f"messages[{i}]") for i in sorted(drop)]

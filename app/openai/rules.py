@@ -346,23 +346,30 @@ def _tool_block(messages: list[Message], i: int, ids: list[str], end: int,
                               "Send one tool message per call.", "R15")
         else:
             unknown.append((t, tool))
-    # An unknown id is certainly an error when a call stays unanswered; alone it is an inference (§12).
+    # An unknown id alone (every call answered) is an inference (§12), refused in strict mode only. When a
+    # call is left unanswered, both are certain only with too few tool messages: R15 is inferred for
+    # DeepSeek (§11, §12.6) and its R16 check counts them ("insufficient tool messages", §5.2).
+    doubt = end - i - 1 >= len(ids) and not ctx.strict
     if unknown and (pending or ctx.strict):
         for t, tool in unknown:
             yield Problem("unknown_tool_call_id", f"messages[{t}].tool_call_id",
                           f"Invalid parameter: 'tool_call_id' of '{tool['tool_call_id']}' not found in "
                           f"'tool_calls' "
                           f"of previous message ({where(t, tool)}; messages[{i}] has tool_calls with ids "
-                          f"{', '.join(repr(x) for x in ids)}). Use the id of the call this result answers.",
-                          "R15")
+                          f"{', '.join(repr(x) for x in ids)}). Use the id of the call this result answers."
+                          + (_COUNTED if doubt else ""), "R15", warning=doubt)
     if pending:
         # After the block's unknown ids: a result answering an id no call has is what the user must fix
         # (and what DeepSeek names); the call it leaves unanswered follows as a further problem.
-        yield _unanswered(messages, i, ids, pending, end, end - 0.5 if unknown else None)
+        yield _unanswered(messages, i, ids, pending, end, end - 0.5 if unknown else None, doubt)
+
+
+_COUNTED = (" (Forwarded: there is a tool message for each call, and DeepSeek is only known to count "
+            "them.)")
 
 
 def _unanswered(messages: list[Message], i: int, ids: list[str], pending: set[str], end: int,
-                order: float | None = None) -> Problem:
+                order: float | None = None, doubt: bool = False) -> Problem:
     missing = ", ".join(x for x in ids if x in pending)
     if end < len(messages):
         after = f"{where(end, messages[end])} comes before they are all answered"
@@ -371,8 +378,8 @@ def _unanswered(messages: list[Message], i: int, ids: list[str], pending: set[st
     return Problem("tool_calls_unanswered", f"messages[{i}].tool_calls",
                    "An assistant message with 'tool_calls' must be followed by tool messages responding to "
                    f"each 'tool_call_id'. Missing: {missing} (messages[{i}], role assistant); {after}. Add a "
-                   "tool message for each id directly after it, or remove the unanswered calls.", "R16",
-                   order=order)
+                   "tool message for each id directly after it, or remove the unanswered calls."
+                   + (_COUNTED if doubt else ""), "R16", warning=doubt, order=order)
 
 
 # --- thinking mode (R17, R34, R36) -----------------------------------------------

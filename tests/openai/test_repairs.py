@@ -188,6 +188,46 @@ def test_an_unknown_id_with_a_call_unanswered_needs_both_structural_repairs_r15_
     assert after.problems == []
 
 
+ORPHAN = RepairOptions(frozenset({"orphan_tool_messages"}))
+UNANSWERED = RepairOptions(frozenset({"unanswered_tool_calls"}))
+BOTH = RepairOptions(ORPHAN.enabled | UNANSWERED.enabled)
+
+
+def test_a_warned_unknown_id_is_dropped_only_when_its_call_is_answered_r15_r16() -> None:
+    """A tool message for each call, one with an id no call has: forwarded with warnings. Dropping that
+    message alone would leave the call unanswered with too few tool messages, a certain R16: so
+    orphan_tool_messages alone leaves it, and drops it when unanswered_tool_calls answers the call."""
+    req = request([user(), calls(call("c1")), tool("c9"), assistant()], tools=TOOLS)
+    before = check(req)
+    assert before.problems == [] and [w.code for w in before.warnings] == [
+        "unknown_tool_call_id", "tool_calls_unanswered"]
+    data, applied, after = repaired(req, ORPHAN)
+    assert applied == [] and data == req and after.problems == []
+    data, applied, after = repaired(req, UNANSWERED)
+    assert applied == [("unanswered_tool_calls", "messages[1].tool_calls")]
+    assert [m.get("tool_call_id") for m in data["messages"]] == [None, None, "c9", "c1", None]
+    assert after.problems == [] and after.warnings == []
+    data, applied, after = repaired(req, BOTH)
+    assert applied == [("orphan_tool_messages", "messages[2]"),
+                       ("unanswered_tool_calls", "messages[1].tool_calls")]
+    assert [m.get("tool_call_id") for m in data["messages"]] == [None, None, "c1", None]
+    assert after.problems == [] and after.warnings == []
+
+
+def test_a_refused_unknown_id_is_dropped_by_orphan_tool_messages_alone_r15() -> None:
+    """With too few tool messages (or in strict mode) the unknown id is an error: dropping it is no loss."""
+    unanswered = [("tool_calls_unanswered", "messages[1].tool_calls")]
+    req = request([user(), calls(call("c1"), call("c2")), tool("c9"), tool("c2"), tool("c8"), assistant()],
+                  tools=TOOLS)
+    _, applied, after = repaired(req, ORPHAN, strict=True)
+    assert applied == [("orphan_tool_messages", "messages[2]"), ("orphan_tool_messages", "messages[4]")]
+    assert [(p.code, p.param) for p in after.problems] == unanswered
+    few = request([user(), calls(call("c1"), call("c2")), tool("c9"), assistant()], tools=TOOLS)
+    _, applied, after = repaired(few, ORPHAN)
+    assert applied == [("orphan_tool_messages", "messages[2]")]
+    assert [(p.code, p.param) for p in after.problems] == unanswered
+
+
 def test_repairs_that_are_off_do_nothing() -> None:
     req = request([{"role": "developer", "content": "x"}, user()], max_tokens=10**6, user_id="a b")
     data, applied, _ = repaired(req, RepairOptions(frozenset()))

@@ -286,23 +286,67 @@ def test_tool_message_after_plain_assistant_is_invalid_r14() -> None:
                  "tool_without_tool_calls", "messages[2].role", "R14")
 
 
-def test_unknown_tool_call_id_with_a_call_left_unanswered_is_invalid_r15_r16() -> None:
+def test_unknown_tool_call_id_with_too_few_tool_messages_is_invalid_r15_r16() -> None:
     """The first problem (and `param`) is the tool message's unknown id, what the user must fix and what
-    DeepSeek names; the call it leaves unanswered follows as a further problem (issue 11)."""
-    checked = check(request([user(), calls(call("call_1")), tool("call_9"), assistant()], tools=TOOLS))
+    DeepSeek names; the calls it leaves unanswered follow as a further problem (issue 11). One tool message
+    for two calls: DeepSeek's own count check refuses it ("insufficient tool messages")."""
+    checked = check(request([user(), calls(call("call_1"), call("call_2")), tool("call_9"), assistant()],
+                            tools=TOOLS))
     assert summary(checked) == [("unknown_tool_call_id", "messages[2].tool_call_id"),
                                 ("tool_calls_unanswered", "messages[1].tool_calls")]
-    says(checked.problems[0], "'call_9' not found", "messages[2] (role tool)", "'call_1'")
+    assert checked.warnings == []
+    says(checked.problems[0], "'call_9' not found", "messages[2] (role tool)", "'call_1', 'call_2'")
+    says(checked.problems[1], "Missing: call_1, call_2")
+    assert "Forwarded" not in checked.problems[0].message + checked.problems[1].message
+
+
+@pytest.mark.parametrize(("ids", "answers"), [
+    (["call_1"], ["call_X"]),
+    (["call_1", "call_2"], ["call_1", "call_9"]),
+    (["call_1", "call_2"], ["call_8", "call_9", "call_2"]),
+], ids=["one-call-wrong-id", "one-of-two-wrong", "more-results-than-calls"])
+def test_unknown_tool_call_id_with_a_tool_message_for_each_call_warns_and_fails_strict_r15_r16(
+        ids: list[str], answers: list[str]) -> None:
+    """R15 is inferred for DeepSeek (§11 "O(OpenAI), I(DeepSeek)", wording unknown §12.6) and its R16
+    message is a count check: with a tool message for each call, a mismatched id is forwarded."""
+    messages = [user(), calls(*(call(x) for x in ids)), *(tool(x) for x in answers), assistant()]
+    unknown = [f"messages[{2 + n}].tool_call_id" for n, x in enumerate(answers) if x not in ids]
+    expected = [*(("unknown_tool_call_id", param) for param in unknown),
+                ("tool_calls_unanswered", "messages[1].tool_calls")]
+    checked = check(request(messages, tools=TOOLS))
+    assert_valid(checked)
+    assert [(w.code, w.param) for w in checked.warnings] == expected
+    assert [w.rule for w in checked.warnings] == [*(["R15"] * len(unknown)), "R16"]
+    says(checked.warnings[0], "not found in 'tool_calls' of previous message", "Forwarded")
+    missing = ", ".join(x for x in ids if x not in answers)
+    says(checked.warnings[-1], f"Missing: {missing} (messages[1]", "Forwarded")
+    strict = check(request(messages, tools=TOOLS), strict=True)
+    assert summary(strict) == expected and strict.warnings == []
+    assert all("Forwarded" not in p.message for p in strict.problems)
+
+
+def test_a_call_answered_twice_instead_of_another_warns_and_fails_strict_r15_r16() -> None:
+    """As many tool messages as calls, one id twice: DeepSeek's count check passes it."""
+    messages = [user(), calls(call("call_1"), call("call_2")), tool("call_1"), tool("call_1"), assistant()]
+    only_warning(check(request(messages, tools=TOOLS)), "tool_calls_unanswered", "messages[1].tool_calls",
+                 "R16")
+    assert summary(check(request(messages, tools=TOOLS), strict=True)) == [
+        ("tool_calls_unanswered", "messages[1].tool_calls"),
+        ("duplicate_tool_result", "messages[3].tool_call_id")]
 
 
 def test_unknown_ids_come_first_in_each_block_and_blocks_stay_in_order_r15_r16() -> None:
+    """The first block has a tool message for each call (warned), the second too few (refused)."""
     messages = [user(), calls(call("a1"), call("a2")), tool("a1"), tool("zz"), user("next"),
-                calls(call("b1")), tool("yy"), assistant()]
+                calls(call("b1"), call("b2")), tool("yy"), assistant()]
+    first = [("unknown_tool_call_id", "messages[3].tool_call_id"),
+             ("tool_calls_unanswered", "messages[1].tool_calls")]
+    second = [("unknown_tool_call_id", "messages[6].tool_call_id"),
+              ("tool_calls_unanswered", "messages[5].tool_calls")]
     checked = check(request(messages, tools=TOOLS))
-    assert summary(checked) == [("unknown_tool_call_id", "messages[3].tool_call_id"),
-                                ("tool_calls_unanswered", "messages[1].tool_calls"),
-                                ("unknown_tool_call_id", "messages[6].tool_call_id"),
-                                ("tool_calls_unanswered", "messages[5].tool_calls")]
+    assert summary(checked) == second
+    assert [(w.code, w.param) for w in checked.warnings] == first
+    assert summary(check(request(messages, tools=TOOLS), strict=True)) == first + second
 
 
 def test_unknown_extra_tool_result_passes_by_default_and_fails_strict_r15() -> None:
