@@ -3,9 +3,10 @@
 Same error shape, codes and `param` paths as the chat rules (rules.py); the numbers are FIM's own:
 
 F1 JSON object · F2 `model` string · F3 known model (validation.unknown_models) · F4 `prompt` string ·
-F5 `suffix` string · F6 `max_tokens` in [1, 4096] ("The max tokens of FIM completion is 4K") · F7 `echo`
-boolean · F8 `logprobs` integer in [0, 20] · F9 `stop` string or ≤ 16 strings · F10 `temperature` in
-[0, 2], `top_p` in [0, 1] · F11 `stream` boolean, `stream_options` only with `stream: true` (R29) ·
+F5 `suffix` string · F6 `max_tokens` at least 1, and above 4096 a warning refused in strict mode ("The max
+tokens of FIM completion is 4K" is the guide's; the reference gives no range) · F7 `echo` boolean ·
+F8 `logprobs` integer in [0, 20] · F9 `stop` string or ≤ 16 strings · F10 `temperature` in [0, 2], `top_p`
+in [0, 1] · F11 `stream` boolean, `stream_options` only with `stream: true` (R29) ·
 F12 FIM is non-thinking only: a request for thinking is a warning (DeepSeek ignores these fields here),
 refused in strict mode · F13 `frequency_penalty` / `presence_penalty` in [-2, 2], strict mode only
 (deprecated, ignored) · F14 unknown fields: never rejected, never dropped.
@@ -110,10 +111,21 @@ def rule_model_known(req: FimRequest, ctx: FimContext) -> Iterator[Problem]:
 
 
 def rule_max_tokens(req: FimRequest, ctx: FimContext) -> Iterator[Problem]:
-    if req.max_tokens is not None and not 1 <= req.max_tokens <= FIM_MAX_TOKENS:
+    """F6: below 1 is refused; above 4096 is a warning, refused in strict mode."""
+    value = req.max_tokens
+    if value is None or 1 <= value <= FIM_MAX_TOKENS:
+        return
+    if value < 1 or ctx.strict:
         yield Problem("max_tokens_out_of_range", "max_tokens",
                       f"Invalid max_tokens value, the valid range of max_tokens is [1, {FIM_MAX_TOKENS}] for "
-                      f"FIM completions (4K, whatever the model); got {req.max_tokens}.", "F6")
+                      f"FIM completions (4K, whatever the model); got {value}.", "F6")
+        return
+    # §9: the 4K is the FIM guide's ("The max tokens of FIM completion is 4K"); the reference gives no range.
+    yield Problem("max_tokens_out_of_range", "max_tokens",
+                  f"max_tokens {value} is above {FIM_MAX_TOKENS}: DeepSeek's FIM guide says \"The max "
+                  "tokens of FIM completion is 4K\" (its reference gives no range), so DeepSeek may refuse "
+                  f"it or stop at 4K. Set max_tokens to at most {FIM_MAX_TOKENS} to be sure.", "F6",
+                  warning=True)
 
 
 def rule_logprobs(req: FimRequest, ctx: FimContext) -> Iterator[Problem]:

@@ -248,9 +248,9 @@ def test_invalid_bodies_are_refused_locally(shared: tuple[RunningChatgate, Runni
 def test_rejections_are_recorded_with_their_rule_code(shared: tuple[RunningChatgate, RunningFake, Path]
                                                       ) -> None:
     gate, _, tmp = shared
-    response = post(gate, fim_body(max_tokens=8192), **{"x-request-id": "fim-too-long"})
+    response = post(gate, fim_body(max_tokens=0), **{"x-request-id": "fim-no-tokens"})
     assert response.status_code == 400
-    row = record_of(tmp, "fim-too-long")
+    row = record_of(tmp, "fim-no-tokens")
     assert (row["route"], row["outcome"], row["rule_code"], row["model"]) == (
         FIM, "rejected", "max_tokens_out_of_range", "deepseek-flash")
 
@@ -264,7 +264,7 @@ def record_of(tmp: Path, request_id: str) -> dict[str, Any]:
 
 def test_the_sdk_raises_bad_request_with_param(sdk: openai.OpenAI, fake: RunningFake) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
-        sdk.completions.create(model="deepseek-flash", prompt=PROMPT, suffix=SUFFIX, max_tokens=8192)
+        sdk.completions.create(model="deepseek-flash", prompt=PROMPT, suffix=SUFFIX, max_tokens=0)
     assert (caught.value.code, caught.value.param) == ("max_tokens_out_of_range", "max_tokens")
     assert "[1, 4096]" in caught.value.message
     assert fake.state.requests == []
@@ -278,8 +278,8 @@ def test_thinking_is_forwarded_with_a_warning(gate: RunningChatgate, fake: Runni
     assert fake.state.wait_idle(5) and fake.state.requests[0].body == body
 
 
-def test_strict_mode_refuses_thinking_and_odd_penalties(start_gate: Callable[..., RunningChatgate],
-                                                        fake: RunningFake) -> None:
+def test_strict_mode_refuses_thinking_odd_penalties_and_a_long_max_tokens(
+        start_gate: Callable[..., RunningChatgate], fake: RunningFake) -> None:
     gate = start_gate(validation={"strict": True})
     thinking = post(gate, fim_body(thinking={"type": "enabled"})).json()["error"]
     assert (thinking["code"], thinking["param"], thinking["problems"][0]["rule"]) == (
@@ -287,6 +287,9 @@ def test_strict_mode_refuses_thinking_and_odd_penalties(start_gate: Callable[...
     penalty = post(gate, fim_body(frequency_penalty=5)).json()["error"]
     assert (penalty["code"], penalty["param"], penalty["problems"][0]["rule"]) == (
         "out_of_range", "frequency_penalty", "F13")
+    long = post(gate, fim_body(max_tokens=8192)).json()["error"]
+    assert (long["code"], long["param"], long["problems"][0]["rule"]) == (
+        "max_tokens_out_of_range", "max_tokens", "F6")
     assert fake.state.requests == []
 
 
@@ -294,6 +297,9 @@ def test_validate_is_a_dry_run(gate: RunningChatgate, fake: RunningFake) -> None
     ok = post(gate, fim_body(reasoning_effort="high"), path="/beta/completions/validate").json()
     assert ok["valid"] is True and ok["model"] == "deepseek-flash"
     assert [(w["code"], w["rule"]) for w in ok["warnings"]] == [("thinking_not_supported", "F12")]
+    long = post(gate, fim_body(max_tokens=8192), path="/beta/completions/validate").json()
+    assert long["valid"] is True
+    assert [(w["code"], w["rule"]) for w in long["warnings"]] == [("max_tokens_out_of_range", "F6")]
     bad = post(gate, fim_body(top_p=3), path="/v1/beta/completions/validate")
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "top_p"
     assert fake.state.requests == []

@@ -404,12 +404,12 @@ def test_fim_and_responses_bodies_are_checked_by_their_own_rules(tmp_path: Path,
                                                                  capsys: pytest.CaptureFixture[str]) -> None:
     orphan = {**CODEX, "input": [{"role": "user", "content": "hi"}, {**OUTPUT, "call_id": "call_9"}]}
     path = jsonl(tmp_path / "mixed.jsonl", FIM, {**FIM, "max_tokens": 5000}, CODEX, orphan,
-                 batch_line("b1", {**FIM, "max_tokens": 9000}, url="/beta/completions"),
+                 batch_line("b1", {**FIM, "max_tokens": 0}, url="/beta/completions"),
                  batch_line("b2", orphan, url="/v1/responses"), GOOD)
     code, out = lint(capsys, path)
     assert code == 1
     assert f"{path}:1:" not in out and f"{path}:3:" not in out and f"{path}:7:" not in out
-    assert f"{path}:2: max_tokens: max_tokens_out_of_range [F6]" in out
+    assert f"{path}:2: warning: max_tokens: max_tokens_out_of_range [F6]: max_tokens 5000 is above" in out
     assert f"{path}:4: input[1].call_id: tool_output_without_call [P9]" in out
     assert f"{path}:5 (custom_id b1): max_tokens: max_tokens_out_of_range [F6]" in out
     assert f"{path}:6 (custom_id b2): input[1].call_id: tool_output_without_call [P9]" in out

@@ -45,8 +45,8 @@ INVALID: list[Any] = [
     pytest.param(fim_body(prompt=DROP), "missing_required_parameter", "prompt", "F4", id="F4-missing"),
     pytest.param(fim_body(prompt=["def a():", "def b():"]), "invalid_type", "prompt", "F4", id="F4-array"),
     pytest.param(fim_body(suffix={"text": "x"}), "invalid_type", "suffix", "F5", id="F5-type"),
-    pytest.param(fim_body(max_tokens=4097), "max_tokens_out_of_range", "max_tokens", "F6", id="F6-above-4K"),
     pytest.param(fim_body(max_tokens=0), "max_tokens_out_of_range", "max_tokens", "F6", id="F6-zero"),
+    pytest.param(fim_body(max_tokens=-1), "max_tokens_out_of_range", "max_tokens", "F6", id="F6-negative"),
     pytest.param(fim_body(max_tokens="128"), "invalid_type", "max_tokens", "F6", id="F6-type"),
     pytest.param(fim_body(echo="yes"), "invalid_type", "echo", "F7", id="F7-type"),
     pytest.param(fim_body(logprobs=21), "out_of_range", "logprobs", "F8", id="F8-above-20"),
@@ -115,9 +115,9 @@ def test_messages_say_how_to_fix() -> None:
     def message(body: dict[str, Any]) -> str:
         return only(check_fim(raw(body), Policy()).problems).message
 
-    assert message(fim_body(max_tokens=8192)) == (
+    assert message(fim_body(max_tokens=0)) == (
         "Invalid max_tokens value, the valid range of max_tokens is [1, 4096] for FIM completions (4K, "
-        "whatever the model); got 8192.")
+        "whatever the model); got 0.")
     assert "one prompt string" in message(fim_body(prompt=["a", "b"]))
     assert message(fim_body(logprobs=21)) == "Invalid 'logprobs': expected a value in [0, 20], got 21."
     assert message(fim_body(stop=list("abcdefghijklmnopq"))) == (
@@ -127,7 +127,7 @@ def test_messages_say_how_to_fix() -> None:
 
 
 def test_every_problem_is_listed() -> None:
-    body = fim_body(max_tokens=5000, temperature=9, top_p=2, logprobs=30)
+    body = fim_body(max_tokens=0, temperature=9, top_p=2, logprobs=30)
     problems = check_fim(raw(body), Policy()).problems
     assert [(p.param, p.rule) for p in problems] == [("max_tokens", "F6"), ("logprobs", "F8"),
                                                      ("temperature", "F10"), ("top_p", "F10")]
@@ -138,6 +138,25 @@ def test_f3_unknown_model_is_refused_when_configured() -> None:
     assert (problem.code, problem.param, problem.rule) == ("model_not_found", "model", "F3")
     assert "deepseek-flash" in problem.message
     assert check_fim(raw(fim_body()), REJECT_UNKNOWN).problems == []
+
+
+@pytest.mark.parametrize("value", [4097, 8192, 10**6])
+def test_f6_max_tokens_above_4k_is_a_warning_by_default_and_refused_in_strict_mode(value: int) -> None:
+    """DeepSeek's FIM reference lists no range; only the guide says "The max tokens of FIM completion is
+    4K" (deepseek-api.md §9): forwarded with a warning. Below 1 and a wrong type stay refused (INVALID)."""
+    body = raw(fim_body(max_tokens=value))
+    default = check_fim(body, Policy())
+    assert default.problems == []
+    warning = only(default.warnings)
+    assert (warning.code, warning.param, warning.rule, warning.warning) == (
+        "max_tokens_out_of_range", "max_tokens", "F6", True)
+    assert f"max_tokens {value} is above 4096" in warning.message and "at most 4096" in warning.message
+    refused = only(check_fim(body, STRICT).problems)
+    assert (refused.code, refused.param, refused.rule, refused.warning) == (
+        "max_tokens_out_of_range", "max_tokens", "F6", False)
+    assert refused.message == ("Invalid max_tokens value, the valid range of max_tokens is [1, 4096] for FIM "
+                               f"completions (4K, whatever the model); got {value}.")
+    assert check_fim(raw(fim_body(max_tokens=4096)), Policy()).warnings == []
 
 
 @pytest.mark.parametrize(("changes", "param"), [
