@@ -286,9 +286,10 @@ def rule_tool_call_shape(req: ChatCompletionRequest, ctx: RuleContext) -> Iterat
         for k, call in enumerate(msg.get("tool_calls") or ()):
             call_id = call["id"]
             if not call_id:
+                # R11: no source shows DeepSeek refusing an empty id (its parser only requires the field).
                 yield Problem("invalid_tool_call", f"messages[{i}].tool_calls[{k}].id",
                               f"{where(i, msg)}: tool_calls[{k}].id is empty. Keep the id DeepSeek returned.",
-                              "R11")
+                              "R11", warning=not ctx.strict)
             elif call_id in seen and ctx.strict:
                 yield Problem("duplicate_tool_call_id", f"messages[{i}].tool_calls[{k}].id",
                               f"{where(i, msg)}: tool_calls[{k}].id '{call_id}' is already used by "

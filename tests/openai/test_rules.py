@@ -255,10 +255,22 @@ def test_assistant_with_empty_tool_calls_and_null_content_is_invalid_r10() -> No
     only_problem(check(request([user(), turn, user("Hello?")])), "assistant_empty", "messages[1]", "R10")
 
 
-def test_empty_tool_call_id_is_invalid_r11() -> None:
-    problem = only_problem(check(request([user(), calls(call("")), tool(""), assistant()], tools=TOOLS)),
-                           "invalid_tool_call", "messages[1].tool_calls[0].id", "R11")
-    says(problem, "messages[1] (role assistant)", "Keep the id")
+def test_empty_tool_call_id_warns_by_default_and_fails_strict_r11() -> None:
+    """No source shows DeepSeek refusing an empty id (its parser only requires the field)."""
+    req = request([user(), calls(call("")), tool(""), assistant()], tools=TOOLS)
+    warning = only_warning(check(req), "invalid_tool_call", "messages[1].tool_calls[0].id", "R11")
+    says(warning, "messages[1] (role assistant)", "is empty", "Keep the id")
+    assert not only_problem(check(req, strict=True), "invalid_tool_call", "messages[1].tool_calls[0].id",
+                            "R11").warning
+
+
+@pytest.mark.parametrize("bad", [None, 7, ["call_1"]], ids=["null", "number", "array"])
+def test_missing_or_non_string_tool_call_id_is_invalid_r11(bad: Any) -> None:
+    missing = call("call_1")
+    del missing["id"]
+    for turn in (missing, {**call("call_1"), "id": bad}):
+        only_problem(check(request([user(), calls(turn), tool("call_1"), assistant()], tools=TOOLS)),
+                     "invalid_tool_call", "messages[1].tool_calls[0].id", "R11")
 
 
 def test_duplicate_tool_call_ids_pass_by_default_and_fail_strict_r12() -> None:
