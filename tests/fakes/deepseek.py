@@ -11,7 +11,8 @@ globally with `FakeState.fault` (optionally limited to the next `fault_count` ch
 
 Chat bodies are checked like DeepSeek checks them (`tests.fakes.rules`, written from the spec, not from the
 product): a body DeepSeek refuses gets its 400. `FakeState.validate = False` turns that off (JSON objects
-only). Every byte the fake writes back is recorded in `RecordedRequest.sent`.
+only). Every byte the fake writes back is recorded in `RecordedRequest.sent`. FIM and the balance are in
+`tests.fakes.fim`, the Files API in `tests.fakes.files`.
 """
 
 from __future__ import annotations
@@ -98,6 +99,7 @@ class RecordedRequest:
     refused: str | None = None  # DeepSeek's 400 message if the fake's validation refused the body
     sent: bytearray = field(default_factory=bytearray)  # every response body byte written, in order
     peer: tuple[str, int] | None = None  # the client's address: one per connection chatgate opened
+    query: str = ""  # the query string, as sent
 
     @property
     def json(self) -> Any:
@@ -126,7 +128,7 @@ class RecordedRequest:
         return {
             **self.issued(), "method": self.method, "headers": self.headers, "received_at": self.received_at,
             "body_b64": base64.b64encode(self.body).decode(), "json": self.json, "refused": self.refused,
-            "sent_b64": base64.b64encode(bytes(self.sent)).decode(),
+            "sent_b64": base64.b64encode(bytes(self.sent)).decode(), "query": self.query,
         }  # fmt: skip
 
 
@@ -156,6 +158,7 @@ class FakeState:
     issued_usage: dict[str, dict[str, int]] = field(default_factory=dict)  # per Authorization key
     active: int = 0  # requests being handled right now
     peak_active: int = 0  # the most handled at once since the last reset
+    files: dict[str, Any] = field(default_factory=dict)  # the Files API's store (tests.fakes.files), by id
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _defaults: dict[str, Any] = field(default_factory=dict, repr=False)
 
@@ -184,6 +187,7 @@ class FakeState:
         with self._lock:
             self.requests.clear()
             self.issued_usage.clear()
+            self.files.clear()
             self.peak_active = self.active
         self.configure(**self._defaults)
 
@@ -535,6 +539,7 @@ class FakeDeepSeek:
         )
         client = scope.get("client")
         rec.peer = (client[0], client[1]) if client else None
+        rec.query = scope.get("query_string", b"").decode("latin-1")
         self.state.requests.append(rec)
         conn = Conn(receive, send, rec.sent)
         try:
@@ -544,7 +549,7 @@ class FakeDeepSeek:
             conn.close()
 
     async def route(self, rec: RecordedRequest, conn: Conn) -> None:
-        from tests.fakes import fim  # FIM completions and the balance (tests.fakes.fim imports this module)
+        from tests.fakes import files, fim  # FIM, the balance, the Files API (each imports this module)
         from tests.fakes.anthropic import PATHS as ANTHROPIC_PATHS  # it imports this module too
         from tests.fakes.anthropic import serve_messages
         from tests.fakes.responses import PATHS as RESPONSES_PATHS  # the Responses API (imports this too)
@@ -552,6 +557,9 @@ class FakeDeepSeek:
 
         if rec.path in fim.PATHS:
             await fim.serve(self, rec, conn)
+            return
+        if files.owns(rec.path):
+            await files.serve(self, rec, conn)
             return
         if rec.path in RESPONSES_PATHS:
             await serve_responses(self, rec, conn)
