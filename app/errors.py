@@ -69,8 +69,9 @@ class APIError(Exception):
 
 def not_found(path: str) -> APIError:
     return APIError(404, f"Unknown route: {path}. chatgate serves DeepSeek's routes: /v1/chat/completions, "
-                    "/beta/completions (FIM), /v1/responses, /anthropic/v1/messages, /v1/models and "
-                    "/user/balance (each also without /v1).", "invalid_request_error", None, "not_found")
+                    "/beta/completions (FIM), /v1/responses, /anthropic/v1/messages, /v1/models, "
+                    "/user/balance and /v1/files (each also without /v1).", "invalid_request_error", None,
+                    "not_found")
 
 
 def unauthorized(message: str) -> APIError:

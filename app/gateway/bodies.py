@@ -1,8 +1,10 @@
-"""Reading a request: its id and its JSON body, within the size limit."""
+"""Reading a request: its id, and its body within a size limit (JSON read whole, an upload as it arrives)."""
 
 from __future__ import annotations
 
-from starlette.requests import Request
+from collections.abc import AsyncIterator
+
+from starlette.requests import ClientDisconnect, Request
 
 from app.errors import APIError
 from app.ids import new_id
@@ -47,6 +49,48 @@ async def read_json_body(request: Request, limit: int) -> bytes:
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)  # one copy at most
 
 
-def too_large(limit: int) -> APIError:
-    return APIError(413, f"Request body is larger than {limit} bytes (limits.max_body_bytes).",
+def too_large(limit: int, setting: str = "limits.max_body_bytes") -> APIError:
+    return APIError(413, f"Request body is larger than {limit} bytes ({setting}).",
                     "invalid_request_error", None, "request_too_large")
+
+
+class BodyStopped(Exception):
+    """An upload was cut off: over its limit, or its client went away."""
+
+
+class Upload:
+    """A request body relayed as it arrives, never held whole: at most `limit` bytes. A declared
+    Content-Length over the limit is refused before anything is read (`check`); past the limit, or when the
+    client goes away mid-body, iterating raises BodyStopped (which aborts the upstream request) and says which
+    (`too_large`, `client_gone`)."""
+
+    def __init__(self, request: Request, limit: int, setting: str) -> None:
+        self.request = request
+        self.limit = limit
+        self.setting = setting
+        self.size = 0
+        self.too_large = False
+        self.client_gone = False
+        self.done = False  # read to its end: nothing but the client's disconnect is left to receive
+
+    def check(self) -> None:
+        declared = self.request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > self.limit:
+            raise self.error()
+
+    def error(self) -> APIError:
+        return too_large(self.limit, self.setting)
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self.request.stream():
+                self.size += len(chunk)
+                if self.size > self.limit:
+                    self.too_large = True
+                    raise BodyStopped()
+                if chunk:
+                    yield chunk
+        except ClientDisconnect:
+            self.client_gone = True
+            raise BodyStopped() from None
+        self.done = True

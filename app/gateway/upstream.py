@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterable
 
 import aiohttp
 import httpx2
@@ -50,12 +51,18 @@ class Upstream:
             url = self._urls[path] = httpx2.URL(self.base_url + path)
         return url
 
-    async def send(self, method: str, path: str,
-                   headers: list[tuple[str, str]] | list[tuple[bytes, bytes]], body: bytes | None
-                   ) -> httpx2.Response:
-        """Send and return once the headers are in; the body is read by the caller (streamed)."""
-        request = httpx2.Request(method, self.url(path), headers=headers, content=body,
-                                 extensions=self._extensions)
+    def url_of(self, path: str, query: str = "") -> httpx2.URL:
+        """The URL of a path that holds an id, or of a query: built each time (`url` caches by path)."""
+        return httpx2.URL(self.base_url + path + ("?" + query if query else ""))
+
+    async def send(self, method: str, target: str | httpx2.URL,
+                   headers: list[tuple[str, str]] | list[tuple[bytes, bytes]],
+                   body: bytes | AsyncIterable[bytes] | None) -> httpx2.Response:
+        """Send and return once the headers are in; the body is read by the caller (streamed). `target` is a
+        route's path, or a URL from `url_of`; an iterable body is streamed (chunked, unless the headers give
+        its Content-Length)."""
+        url = self.url(target) if isinstance(target, str) else target
+        request = httpx2.Request(method, url, headers=headers, content=body, extensions=self._extensions)
         try:
             return await self.transport.handle_async_request(request)
         except (TimeoutError, httpx2.TransportError, aiohttp.ClientError, OSError) as exc:

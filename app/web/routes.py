@@ -1,5 +1,5 @@
-"""Every route but the forwarded POSTs: models, the account balance, health, readiness, metrics, the admin
-usage report, and the 404 that sends FIM clients to /beta."""
+"""Every route but the forwarded POSTs: models, the account balance, the Files API (app/web/files.py), health,
+readiness, metrics, the admin usage report, and the 404 that sends FIM clients to /beta."""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ from app.web.admin import add_admin
 from app.web.compaction import add_compaction
 from app.web.count_tokens import add_count_tokens
 from app.web.dashboard import add_dashboard
+from app.web.files import add_files
 
 BALANCE_ROUTE = "/user/balance"
 MODELS_CACHE_SLOTS = 1024
@@ -58,6 +59,7 @@ def add_routes(app: FastAPI, state: State) -> None:
                          include_in_schema=False)
     for path in (BALANCE_ROUTE, "/v1" + BALANCE_ROUTE):
         app.router.add_route(path, _balance_handler(state), methods=["GET"], include_in_schema=False)
+    add_files(app, state)
     for path in NOT_ON_BETA:  # FIM is on /beta only; the 404 says so, whatever the method
         app.router.add_route(path, _fim_not_on_beta, methods=ANY_METHOD, include_in_schema=False)
     add_compaction(app)  # /responses/compact: not served by DeepSeek, the 404 says how Codex compacts

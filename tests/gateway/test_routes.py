@@ -367,10 +367,10 @@ def test_unknown_route_is_404_in_openai_shape(client: httpx2.Client, upstream: M
     # every route the message names is one chatgate serves, with and without /v1
     listed = other["message"].split("routes:")[1].split("(each")[0]
     named = re.findall(r"/[a-z0-9/_]+", listed)
-    assert len(named) == 6
+    assert len(named) == 7
     for path in named:
         for served in {path, path.removeprefix("/v1")}:
-            method = "GET" if served.endswith(("models", "balance")) else "POST"
+            method = "GET" if served.endswith(("models", "balance", "files")) else "POST"
             assert client.request(method, served, json={}).status_code != 404, served
 
 
