@@ -55,8 +55,14 @@ class FileRef(TypedDict):
 
 @with_config(WIRE)
 class FilePart(TypedDict):
+    """DeepSeek documents the flat form (`file_id` or `file_data` beside `type`); the openai SDK sends them
+    inside `file`. Both are accepted."""
+
     type: Literal["file"]
-    file: FileRef
+    file: NotRequired[FileRef]
+    file_id: NotRequired[str | None]
+    file_data: NotRequired[str | None]
+    filename: NotRequired[str | None]
 
 
 ContentPart = Annotated[TextPart | ImageURLPart | FilePart, Field(discriminator="type")]

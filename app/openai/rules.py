@@ -20,6 +20,7 @@ from app.openai.protocol import (
     AssistantMessage,
     ChatCompletionRequest,
     FilePart,
+    FileRef,
     ImageURLPart,
     Message,
     ToolMessage,
@@ -243,11 +244,13 @@ def _media_part(req: ChatCompletionRequest, ctx: RuleContext, i: int, msg: Messa
         return
     if part["type"] == "image_url":
         yield from _image_url(i, msg, j, part, param)
-    elif (part["file"].get("file_id") is None) == (part["file"].get("file_data") is None):
-        yield Problem("invalid_image", f"{param}.file",
-                      f"{where(i, msg)}: content[{j}].file must have exactly one of 'file_id' or "
-                      f"'file_data'.",
-                      "R9")
+    else:
+        ref: FileRef | FilePart = part.get("file", part)
+        if (ref.get("file_id") is None) == (ref.get("file_data") is None):
+            inner = ".file" if "file" in part else ""
+            yield Problem("invalid_image", f"{param}{inner}",
+                          f"{where(i, msg)}: content[{j}]{inner} must have exactly one of 'file_id' or "
+                          "'file_data'.", "R9")
 
 
 def _image_url(i: int, msg: Message, j: int, part: ImageURLPart, param: str) -> Iterator[Problem]:

@@ -193,6 +193,26 @@ def test_file_part_on_non_vision_model_is_invalid_r8() -> None:
                  "image_not_supported", "messages[0].content[1]", "R8")
 
 
+@pytest.mark.parametrize("part", [
+    {"type": "file", "file_id": "file-abc"},  # DeepSeek's documented form (deepseek-api.md §3)
+    {"type": "file", "file_data": "data:application/pdf;base64,JVBERi0xLjQ=", "filename": "a.pdf"},
+    {"type": "file", "file": {"file_id": "file-abc"}},  # the openai SDK's
+])  # fmt: skip
+def test_file_parts_in_either_form_are_valid_on_a_vision_model_r7(part: dict[str, Any]) -> None:
+    assert_valid(check(request([{"role": "user", "content": [text_part("Summarise it."), part]}],
+                               model="deepseek-flash")))
+
+
+@pytest.mark.parametrize(("part", "param"), [
+    ({"type": "file"}, "messages[0].content[0]"),
+    ({"type": "file", "file_id": "f", "file_data": "data:,x"}, "messages[0].content[0]"),
+    ({"type": "file", "file": {}}, "messages[0].content[0].file"),
+])  # fmt: skip
+def test_a_file_part_needs_exactly_one_of_id_or_data_r9(part: dict[str, Any], param: str) -> None:
+    only_problem(check(request([{"role": "user", "content": [part]}], model="deepseek-flash")),
+                 "invalid_image", param, "R9")
+
+
 def test_tool_content_array_is_valid_on_vision_model_r6() -> None:
     """§12.4: Vercel measured arrays (even images) accepted in tool messages on deepseek-flash."""
     result = [text_part("Screenshot taken."), image_part("data:image/png;base64,iVBORw0KGgo=")]
