@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -16,6 +16,7 @@ from app.metering.store.base import (
     COUNTERS,
     GROUP_BYS,
     ApiKey,
+    FileOwner,
     GroupBy,
     Hold,
     LeaseAsk,
@@ -129,6 +130,15 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             PRIMARY KEY (scope, subject, period_start, level)
         )""",
     ),
+    # 5: the Files API in managed mode: which team (and key) uploaded each file, since DeepSeek sees one key.
+    (
+        """CREATE TABLE file_owners (
+            file_id TEXT PRIMARY KEY,
+            team TEXT NOT NULL,
+            key_id TEXT NOT NULL,
+            created_at DOUBLE PRECISION NOT NULL
+        )""",
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -163,6 +173,8 @@ USAGE_COLUMNS = (
     "tokens_exact",
     "repairs",
 )
+FILE_OWNER_COLUMNS = ("file_id", "team", "key_id", "created_at")
+FILE_IDS_PER_QUERY = 500  # below every SQLite's limit on a statement's parameters (999 before 3.32)
 _KEY_SELECT = "SELECT key_id, name, team, prefix, created_at, revoked_at FROM api_keys"
 LIMIT_COLUMNS = ("scope", "subject", "budget_picousd", "budget_period", "rpm", "tpm", "max_concurrent",
                  "updated_at")
@@ -328,6 +340,26 @@ class Queries:
         return ("INSERT INTO alerts_sent (scope, subject, period_start, level, sent_at) "
                 f"VALUES ({p}, {p}, {p}, {p}, {p}) ON CONFLICT DO NOTHING")
 
+    # --- the owners of uploaded files (the same SQL for both backends) ---
+
+    @property
+    def own_file(self) -> str:
+        p = self.placeholder
+        return (f"INSERT INTO file_owners ({', '.join(FILE_OWNER_COLUMNS)}) VALUES ({p}, {p}, {p}, {p}) "
+                "ON CONFLICT (file_id) DO NOTHING")
+
+    @property
+    def file_owner(self) -> str:
+        return f"SELECT {', '.join(FILE_OWNER_COLUMNS)} FROM file_owners WHERE file_id = {self.placeholder}"
+
+    @property
+    def disown_file(self) -> str:
+        return f"DELETE FROM file_owners WHERE file_id = {self.placeholder}"
+
+    def files_owned(self, count: int) -> str:
+        ids = ", ".join([self.placeholder] * count)
+        return f"SELECT file_id FROM file_owners WHERE team = {self.placeholder} AND file_id IN ({ids})"
+
     def remember_turns(self, count: int) -> str:
         """`remember_turn` for `count` rows in one statement (one step: the writer thread lets go of the
         GIL once per batch, not once per row)."""
@@ -490,6 +522,15 @@ def _split_repairs(combined: list[ReportRow]) -> list[ReportRow]:
             for name, value in row.counters.items():
                 target.counters[name] += value
     return list(out.values())
+
+
+def file_owner_params(owner: FileOwner) -> tuple[Any, ...]:
+    return (owner.file_id, owner.team, owner.key_id, owner.created_at)
+
+
+def file_id_chunks(file_ids: Sequence[str]) -> Iterator[Sequence[str]]:
+    for start in range(0, len(file_ids), FILE_IDS_PER_QUERY):
+        yield file_ids[start:start + FILE_IDS_PER_QUERY]
 
 
 def key_from_row(row: Sequence[Any]) -> ApiKey:

@@ -1,4 +1,5 @@
-"""The store interface: client keys and usage records, shared by every replica.
+"""The store interface: client keys, usage records, limits and the owners of uploaded files, shared by every
+replica.
 
 Implementations are synchronous and are called from worker threads (the usage
 writer thread, `asyncio.to_thread` for key look-ups, the CLI), never on the
@@ -79,6 +80,17 @@ class TurnRow:
     names: str  # the answer's tool names, in order, comma-separated
     payload: str
     expires_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class FileOwner:
+    """Who uploaded a file through the Files API in managed mode: its team owns it (every key of the team
+    sees it), `key_id` is the key that uploaded it."""
+
+    file_id: str
+    team: str
+    key_id: str
+    created_at: float  # unix seconds, when chatgate recorded it
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,6 +228,17 @@ class Store(Protocol):
 
     def purge_turns(self, now: float) -> int:
         """Delete the expired rows; how many."""
+
+    def own_file(self, owner: FileOwner) -> bool:
+        """Record a file's owner; False, changing nothing, when the file already has one."""
+
+    def file_owner(self, file_id: str) -> FileOwner | None: ...
+
+    def files_owned(self, team: str, file_ids: Sequence[str]) -> set[str]:
+        """Those of `file_ids` that `team` owns."""
+
+    def disown_file(self, file_id: str) -> bool:
+        """Forget a file's owner (the file was deleted); True when it had one."""
 
     def get_limits(self, scope: str, subject: str) -> LimitRow | None: ...
 

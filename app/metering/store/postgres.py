@@ -25,6 +25,8 @@ from app.metering.store._sql import (
     USAGE_COLUMNS,
     Queries,
     apply_migrations,
+    file_id_chunks,
+    file_owner_params,
     key_from_row,
     limit_from_row,
     limit_params,
@@ -33,6 +35,7 @@ from app.metering.store._sql import (
 )
 from app.metering.store.base import (
     ApiKey,
+    FileOwner,
     Hold,
     LeaseAsk,
     LeaseGrant,
@@ -293,6 +296,28 @@ class PostgresStore:
     def purge_turns(self, now: float) -> int:
         with self._connection(self._timeout) as conn:
             return conn.execute(_Q.purge_turns, (now,)).rowcount
+
+    # --- the owners of uploaded files ---
+
+    def own_file(self, owner: FileOwner) -> bool:
+        with self._connection(self._timeout) as conn:
+            return conn.execute(_Q.own_file, file_owner_params(owner)).rowcount == 1
+
+    def file_owner(self, file_id: str) -> FileOwner | None:
+        with self._connection(self._timeout) as conn:
+            row = conn.execute(_Q.file_owner, (file_id,)).fetchone()
+        return None if row is None else FileOwner(*row)
+
+    def files_owned(self, team: str, file_ids: Sequence[str]) -> set[str]:
+        owned: set[str] = set()
+        with self._connection(self._timeout) as conn:
+            for chunk in file_id_chunks(file_ids):
+                owned.update(row[0] for row in conn.execute(_Q.files_owned(len(chunk)), (team, *chunk)))
+        return owned
+
+    def disown_file(self, file_id: str) -> bool:
+        with self._connection(self._timeout) as conn:
+            return conn.execute(_Q.disown_file, (file_id,)).rowcount == 1
 
     # --- limits and budgets ---
 

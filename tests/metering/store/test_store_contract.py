@@ -31,7 +31,7 @@ from app.metering.store import (
     open_store,
 )
 from app.metering.store._sql import CREATE_SCHEMA_VERSION, MIGRATIONS, SCHEMA_VERSION, USAGE_COLUMNS
-from app.metering.store.base import Hold, LeaseAsk, LeaseGrant, LimitRow, TurnRow
+from app.metering.store.base import FileOwner, Hold, LeaseAsk, LeaseGrant, LimitRow, TurnRow
 from app.metering.store.postgres import PostgresStore
 from app.metering.store.sqlite import SQLiteStore, _chunk_sizes
 from tests.metering.store.conftest import TcpProxy
@@ -601,7 +601,7 @@ def test_migration_from_version_1_drops_the_unused_indexes(tmp_path: Path) -> No
     conn.close()
     store = SQLiteStore(db)
     store.migrate()
-    assert store.schema_version() == SCHEMA_VERSION == 4
+    assert store.schema_version() == SCHEMA_VERSION == 5
     rows = sqlite3.connect(db).execute("SELECT name FROM sqlite_master WHERE type = 'index'")
     names = {row[0] for row in rows}
     assert "usage_ts" in names and not names & {"usage_team", "usage_key_id", "usage_model", "usage_day"}
@@ -633,6 +633,63 @@ def test_migration_from_version_2_keeps_old_records_and_adds_repairs_and_turns(t
     store.remember_turns([TurnRow("fp-1", "chat", "call_1", "t1", "f", "why", time.time() + 60)])
     assert [r.payload for r in store.recall_turns("fp-1", "chat", ["call_1"], time.time())] == ["why"]
     store.close()
+
+
+# --- the owners of uploaded files (managed mode's Files API) ----------------------------------------
+
+
+def test_a_file_has_one_owner_the_first_recorded(store: Store) -> None:
+    first = FileOwner("file-api-1", "search", "key_a1", T0)
+    assert store.file_owner("file-api-1") is None
+    assert store.own_file(first) is True
+    assert store.own_file(FileOwner("file-api-1", "ads", "key_b1", T0 + 1)) is False, "never taken over"
+    assert store.file_owner("file-api-1") == first
+    assert store.file_owner("file-api-2") is None
+
+
+def test_files_owned_are_those_of_the_team_only(store: Store) -> None:
+    for n, team in enumerate(["search", "ads", "search", "ads"]):
+        store.own_file(FileOwner(f"file-api-{n}", team, f"key_{team}", T0 + n))
+    ids = ["file-api-0", "file-api-1", "file-api-2", "file-api-3", "file-api-unknown", "file-api-0"]
+    assert store.files_owned("search", ids) == {"file-api-0", "file-api-2"}
+    assert store.files_owned("ads", ids) == {"file-api-1", "file-api-3"}
+    assert store.files_owned("nobody", ids) == set()
+    assert store.files_owned("search", []) == set()
+
+
+def test_files_owned_takes_a_page_of_any_size(store: Store) -> None:
+    ids = [f"file-api-{n:04}" for n in range(1500)]  # more than one statement's worth of parameters
+    for file_id in ids[::3]:
+        store.own_file(FileOwner(file_id, "search", "key_a1", T0))
+    assert store.files_owned("search", ids) == set(ids[::3])
+
+
+def test_a_disowned_file_belongs_to_nobody(store: Store) -> None:
+    store.own_file(FileOwner("file-api-1", "search", "key_a1", T0))
+    assert store.disown_file("file-api-1") is True
+    assert store.disown_file("file-api-1") is False
+    assert store.file_owner("file-api-1") is None
+    assert store.files_owned("search", ["file-api-1"]) == set()
+    assert store.own_file(FileOwner("file-api-1", "ads", "key_b1", T0)) is True
+
+
+def test_migration_from_version_4_adds_file_owners(tmp_path: Path) -> None:
+    db = tmp_path / "v4.db"
+    conn = sqlite3.connect(db)
+    conn.execute(CREATE_SCHEMA_VERSION)
+    for version in range(1, 5):
+        for statement in MIGRATIONS[version - 1]:
+            conn.execute(statement)
+        conn.execute("INSERT INTO schema_version VALUES (?, 0)", (version,))
+    conn.commit()
+    conn.close()
+    store = SQLiteStore(db)
+    try:
+        store.migrate()
+        assert store.schema_version() == SCHEMA_VERSION
+        assert store.own_file(FileOwner("file-api-1", "search", "key_a1", T0)) is True
+    finally:
+        store.close()
 
 
 # --- the memory of relayed turns (restore_reasoning) ---------------------------------------------
