@@ -15,6 +15,7 @@ from app.metering.store.base import ApiKey, Store
 from app.settings import AuthSettings
 
 KEY_PREFIX = "cg-"
+ADMIN = "admin"  # the admin key's key id, name and team where a route takes it
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +71,13 @@ class Authenticator:
             raise unauthorized("Invalid chatgate API key: unknown or revoked. Check the key, or create a new "
                                "one with `chatgate keys create`.")
         return Identity(key.key_id, key.name, key.team, self._upstream)
+
+    def admin(self, authorization: str | None) -> Identity | None:
+        """The admin key's identity in managed mode, asking DeepSeek with the upstream key; None for any other
+        key, and in passthrough mode (where every key is the caller's own DeepSeek key)."""
+        if not self.managed or not self.is_admin(authorization):
+            return None
+        return Identity(ADMIN, ADMIN, ADMIN, self._upstream)
 
     def anonymous(self) -> Identity:
         """Whoever sent a request that needs no key (the dry-run /validate)."""

@@ -2,8 +2,9 @@
 arrives (at most limits.max_file_bytes), DeepSeek's answer is relayed as it comes, errors included.
 
 The caller is authenticated as on every route (managed: a missing, unknown or revoked key is a 401, and the
-upstream key goes to DeepSeek; passthrough: the caller's own key goes through). Nothing is validated and
-nothing is metered: there are no tokens, so no usage record and no quotas; each request gets an access-log
+upstream key goes to DeepSeek; passthrough: the caller's own key goes through). In managed mode a client key
+sees its team's files only (app/web/file_owners.py), and the admin key sees every file. Nothing is validated
+and nothing is metered: there are no tokens, so no usage record and no quotas; each request gets an access-log
 line and a count in /metrics under its route template (never a file id).
 """
 
@@ -11,23 +12,41 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import time
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import parse_qsl, quote
 
+import aiohttp
+import httpx2
 from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import Response
 
-from app.errors import APIError, not_found
+from app.errors import APIError, bad_gateway, not_found
 from app.gateway.auth import Identity
 from app.gateway.bodies import BodyStopped, Upload, request_id_of
 from app.gateway.ledger import Ledger
-from app.gateway.passthrough import Passthrough
-from app.gateway.proxy import client_key
-from app.gateway.responses import error_response
+from app.gateway.passthrough import OnEnd, Passthrough
+from app.gateway.proxy import client_key, read_all
+from app.gateway.responses import RawResponse, error_response
 from app.gateway.state import State
-from app.gateway.upstream import forward_headers, map_transport_error
+from app.gateway.upstream import forward_headers, map_transport_error, response_headers
+from app.web.file_owners import (
+    MAX_LIST_PAGES,
+    NOT_OWNED,
+    Owners,
+    after,
+    forget,
+    listing,
+    narrowed,
+    next_query,
+    no_such_file,
+    uploaded_id,
+    wanted,
+)
+
+log = logging.getLogger("chatgate")
 
 FILES = "/files"
 # (route template, the methods DeepSeek serves on it); each is also served under /v1
@@ -51,7 +70,7 @@ def _handler(state: State, route: str) -> Any:
     async def files(request: Request) -> Response:
         gw, ts, t0, rid = state.gw, time.time(), time.perf_counter(), request_id_of(request)
         try:
-            identity = await gw.auth.identify(client_key(request))
+            identity, owners = await _caller(state, client_key(request))
         except APIError as error:
             gw.ledger.refused(route, rid, error.status, error.code, ts)
             return error_response(error, rid)
@@ -60,25 +79,173 @@ def _handler(state: State, route: str) -> Any:
         try:
             path = _upstream_path(route, request)
             upload.check()
+            if owners is not None and not await _owned(owners, request):
+                done("refused", 404, NOT_OWNED)
+                return error_response(no_such_file(request.path_params["file_id"]), rid)
         except APIError as error:
             done("refused", error.status, error.code)
             return error_response(error, rid)
-        body = upload if _has_body(request) else None
-        url = gw.upstream.url_of(path, request.scope["query_string"].decode("latin-1"))
         headers = _headers(request, identity, rid, gw.auth.managed)
-        total = state.settings.upstream.total_timeout
-        try:
-            async with asyncio.timeout(total):
-                resp = await gw.upstream.send(request.method, url, headers, body)
-        except (APIError, BodyStopped, TimeoutError) as exc:
-            if upload.client_gone:
-                done("client_disconnected", 499, None)
-                return Response(status_code=499)  # nobody reads it
-            failure, outcome = _failure(upload, exc)
-            done(outcome, failure.status, failure.code)
-            return error_response(failure, rid)
-        return Passthrough(resp, rid, t0 + total, done, watch=body is None or upload.done)
+        deadline = t0 + state.settings.upstream.total_timeout
+        if owners is not None and route == FILES and request.method == "GET":
+            return await _team_list(state, request, owners, headers, deadline, done)
+        return await _exchange(state, request, path, upload, owners, headers, deadline, done)
     return files
+
+
+async def _caller(state: State, authorization: str | None) -> tuple[Identity, Owners | None]:
+    """Who calls, and the team whose files alone it sees: a client key's in managed mode. The admin key sees
+    every file DeepSeek keeps for the upstream key; in passthrough mode DeepSeek itself keeps each key's."""
+    auth = state.gw.auth
+    admin = auth.admin(authorization)
+    if admin is not None:
+        return admin, None
+    identity = await auth.identify(authorization)
+    if not auth.managed:
+        return identity, None
+    assert auth.store is not None, "a managed client key is only identified with a store"
+    return identity, Owners(auth.store, identity)
+
+
+async def _owned(owners: Owners, request: Request) -> bool:
+    """Whether the file the request names, if any, is the caller's team's."""
+    file_id = request.path_params.get("file_id")
+    return file_id is None or await owners.owns(file_id)
+
+
+async def _exchange(state: State, request: Request, path: str, upload: Upload, owners: Owners | None,
+                    headers: list[tuple[bytes, bytes]], deadline: float, done: OnEnd) -> Response:
+    """The request forwarded, DeepSeek's answer relayed: streamed, but for an upload a team will own (read
+    whole, so that its owner is recorded before the caller has the id)."""
+    gw, rid = state.gw, request_id_of(request)
+    body = upload if _has_body(request) else None
+    url = gw.upstream.url_of(path, request.scope["query_string"].decode("latin-1"))
+    try:
+        async with asyncio.timeout(_left(deadline)):
+            resp = await gw.upstream.send(request.method, url, headers, body)
+    except (APIError, BodyStopped, TimeoutError) as exc:
+        if upload.client_gone:
+            done("client_disconnected", 499, None)
+            return Response(status_code=499)  # nobody reads it
+        failure, outcome = _failure(upload, exc)
+        done(outcome, failure.status, failure.code)
+        return error_response(failure, rid)
+    if request.method == "DELETE" and gw.auth.managed and 200 <= resp.status_code < 300:
+        await forget(gw.auth.store, request.path_params["file_id"])
+    if owners is not None and request.method == "POST":
+        return await _owned_upload(state, owners, resp, rid, deadline, done)
+    return Passthrough(resp, rid, deadline, done, watch=body is None or upload.done)
+
+
+async def _owned_upload(state: State, owners: Owners, resp: httpx2.Response, rid: str, deadline: float,
+                        done: OnEnd) -> Response:
+    """DeepSeek's answer to an upload, relayed unchanged once the file it made is recorded as the team's. If
+    it cannot be recorded, the file is deleted (nobody could have reached it) and the upload fails."""
+    try:
+        content = await _read_whole(resp, deadline)
+    except APIError as failure:
+        done("upstream_failed", failure.status, failure.code)
+        return error_response(failure, rid)
+    file_id = uploaded_id(resp.status_code, content)
+    if file_id is not None:
+        try:
+            await owners.record(file_id)
+        except APIError as error:
+            await _discard(state, file_id, owners.identity, rid)
+            done("aborted", error.status, error.code)
+            return error_response(error, rid)
+    outcome = "ok" if 200 <= resp.status_code < 300 else "upstream_error"
+    return RawResponse(resp.status_code, response_headers(resp.headers, rid), content,
+                       before_send=functools.partial(done, outcome, resp.status_code, None))
+
+
+async def _discard(state: State, file_id: str, identity: Identity, rid: str) -> None:
+    """Delete a file at DeepSeek, within a deadline of its own (the upload may have used up its own)."""
+    path = FILES + "/" + quote(file_id, safe="")
+    headers = forward_headers([], identity.upstream_authorization, rid, True)
+    deadline = time.perf_counter() + state.settings.upstream.total_timeout
+    try:
+        resp, _ = await _upstream_call(state, "DELETE", path, "", headers, deadline)
+    except APIError as failure:
+        log.warning("upload %s: could not delete file %s, whose owner could not be recorded: %s", rid,
+                    file_id, failure.message)
+        return
+    if not 200 <= resp.status_code < 300:
+        log.warning("upload %s: DeepSeek answered %d to deleting file %s, whose owner could not be recorded",
+                    rid, resp.status_code, file_id)
+
+
+async def _team_list(state: State, request: Request, owners: Owners, headers: list[tuple[bytes, bytes]],
+                     deadline: float, done: OnEnd) -> Response:
+    """DeepSeek's list narrowed to the caller's team's files, its next pages asked for while the team's
+    page is not full (app/web/file_owners.py)."""
+    rid = request_id_of(request)
+    query = request.scope["query_string"].decode("latin-1")
+    params = parse_qsl(query, keep_blank_values=True)
+    cursor = after(params)
+    try:
+        if cursor is not None and not await owners.owns(cursor):
+            done("refused", 404, NOT_OWNED)
+            return error_response(no_such_file(cursor, "after"), rid)
+        kept: list[dict[str, Any]] = []
+        limit, asked = wanted(params), 0
+        while True:
+            resp, content = await _upstream_call(state, "GET", FILES, query, headers, deadline)
+            asked += 1
+            found = listing(content) if resp.status_code == 200 else None
+            if found is None:
+                return _relayed(resp, content, rid, done)
+            page: list[dict[str, Any]] = found["data"]
+            owned = await owners.owned([f["id"] for f in page])
+            kept += [f for f in page if f["id"] in owned]
+            more = found.get("has_more") is True
+            if len(kept) >= limit or not more or not page or asked == MAX_LIST_PAGES:
+                done("ok", 200, None)
+                body = narrowed(found, kept[:limit], more or len(kept) > limit)
+                return RawResponse(200, response_headers(resp.headers, rid), body)
+            query = next_query(params, page[-1]["id"])
+    except APIError as error:
+        done("upstream_failed" if error.status in (502, 504) else "aborted", error.status, error.code)
+        return error_response(error, rid)
+
+
+def _relayed(resp: httpx2.Response, content: bytes, rid: str, done: OnEnd) -> Response:
+    """A list answer that is not a list: DeepSeek's error as it sent it; a 200 that is not a list is a 502
+    (relayed, it could show another team's files)."""
+    if resp.status_code == 200:
+        failure = bad_gateway("DeepSeek answered a file list with 200 but not a list of files (upstream "
+                              "broke the protocol).", "upstream_bad_response")
+        done("upstream_failed", failure.status, failure.code)
+        return error_response(failure, rid)
+    done("upstream_error", resp.status_code, None)
+    return RawResponse(resp.status_code, response_headers(resp.headers, rid), content)
+
+
+async def _upstream_call(state: State, method: str, path: str, query: str, headers: list[tuple[bytes, bytes]],
+                        deadline: float) -> tuple[httpx2.Response, bytes]:
+    """DeepSeek's answer and its whole body, by the deadline; the APIError (502, 504) when it cannot be
+    reached or does not answer in time."""
+    upstream = state.gw.upstream
+    try:
+        async with asyncio.timeout(_left(deadline)):
+            resp = await upstream.send(method, upstream.url_of(path, query), headers, None)
+    except TimeoutError as exc:
+        raise map_transport_error(exc) from None
+    return resp, await _read_whole(resp, deadline)
+
+
+async def _read_whole(resp: httpx2.Response, deadline: float) -> bytes:
+    try:
+        async with asyncio.timeout(_left(deadline)):
+            return await read_all(resp)
+    except (TimeoutError, httpx2.HTTPError, aiohttp.ClientError, OSError) as exc:
+        raise map_transport_error(exc) from None
+    finally:
+        await resp.aclose()
+
+
+def _left(deadline: float) -> float:
+    return max(deadline - time.perf_counter(), 0.001)
 
 
 def _failure(upload: Upload, exc: Exception) -> tuple[APIError, str]:

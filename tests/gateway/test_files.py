@@ -12,6 +12,7 @@ import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ import orjson
 import pytest
 
 from app.gateway.auth import fingerprint, new_key
+from app.metering.store.base import FileOwner, StoreError
 from app.metering.store.sqlite import SQLiteStore
 from tests.fakes.server import RunningFake
 from tests.gateway.conftest import _read_usage, usage_rows
@@ -413,3 +415,187 @@ def test_a_chat_with_an_uploaded_file_part_works_as_before(gate: RunningChatgate
     chat = fake.state.requests[-1]
     assert chat.path == "/chat/completions" and chat.body == sent.bodies[-1]
     assert chat.json["messages"][0]["content"][1] == {"type": "file", "file": {"file_id": uploaded.id}}
+
+
+# ------------------------------------------------------------------------------------------- team ownership
+
+ADMIN = "admin-files-secret"
+
+
+class Teams:
+    """chatgate in managed mode with the admin key and client keys: two of team search, one of team ads."""
+
+    def __init__(self, gate: RunningChatgate, store: SQLiteStore) -> None:
+        self.gate, self.store = gate, store
+        self.keys: dict[str, tuple[str, str]] = {}  # name -> (key id, secret)
+        for name, team in (("a1", "search"), ("a2", "search"), ("b1", "ads")):
+            key_id, secret, digest, prefix = new_key()
+            store.create_key(key_id, digest, prefix, team, name)
+            self.keys[name] = (key_id, secret)
+
+    def sdk(self, name: str) -> openai.OpenAI:
+        return sdk(self.gate.url + "/v1", ADMIN if name == "admin" else self.keys[name][1])
+
+    def upload(self, name: str, data: bytes = IMAGE) -> str:
+        with self.sdk(name) as client:
+            return client.files.create(file=(f"{name}.png", data, "image/png"), purpose="user_data").id
+
+
+@contextmanager
+def start_teams(tmp_path: Path, fake: RunningFake, store: SQLiteStore) -> Iterator[Teams]:
+    settings = make_settings(tmp_path, fake.url, server={"access_log": True}, auth={
+        "mode": "managed", "upstream_api_key": UPSTREAM, "admin_key": ADMIN, "key_cache_seconds": 0})
+    with run_chatgate(settings, store=store) as gate:
+        yield Teams(gate, store)
+
+
+@pytest.fixture
+def teams(tmp_path: Path, fake: RunningFake, capfd: pytest.CaptureFixture[str]) -> Iterator[Teams]:
+    with start_teams(tmp_path, fake, SQLiteStore(tmp_path / "usage.db")) as started:
+        yield started
+
+
+def unknown_id_answer(file_id: str) -> dict[str, Any]:
+    """The fake DeepSeek's answer to an id it does not know (tests/fakes/files.py)."""
+    error = {"message": f"No such file: {file_id}", "type": "not_found_error", "param": None,
+             "code": "invalid_request_error"}
+    return {"error": error}
+
+
+def test_another_team_cannot_reach_a_file_and_the_owners_team_can(
+        teams: Teams, fake: RunningFake, capfd: pytest.CaptureFixture[str]) -> None:
+    mine = teams.upload("a1")
+    (a1_id, _), (b1_id, _) = teams.keys["a1"], teams.keys["b1"]
+    assert teams.store.file_owner(mine) is not None
+    assert (teams.store.file_owner(mine).team, teams.store.file_owner(mine).key_id) == ("search", a1_id)
+    before = len(fake.state.requests)
+    with teams.sdk("b1") as b1:
+        calls = (lambda: b1.files.retrieve(mine), lambda: b1.files.content(mine).read(),
+                 lambda: b1.files.delete(mine), lambda: b1.files.retrieve("file-api-never-was"))
+        refusals = []
+        for call in calls:
+            with pytest.raises(openai.NotFoundError) as refused:
+                call()
+            refusals.append(refused.value.response.json())
+        assert [f.id for f in b1.files.list()] == []
+    assert refusals == [unknown_id_answer(mine)] * 3 + [unknown_id_answer("file-api-never-was")]
+    assert [r.method for r in fake.state.requests[before:]] == ["GET"], "only the list reached DeepSeek"
+    assert mine in fake.state.files
+    with teams.sdk("a2") as a2:  # another key of the team
+        assert a2.files.retrieve(mine).id == mine
+        assert a2.files.content(mine).read() == IMAGE
+        assert [f.id for f in a2.files.list()] == [mine]
+    lines = [line for line in access_lines(teams.gate, capfd) if line["key_id"] == b1_id]
+    assert [(line["status"], line["outcome"], line["code"]) for line in lines] == [
+        (404, "refused", "file_not_owned")] * 4 + [(200, "ok", None)]
+
+
+def test_a_delete_by_the_team_removes_the_file_and_its_owner(teams: Teams, fake: RunningFake) -> None:
+    mine = teams.upload("a1")
+    with teams.sdk("a2") as a2:
+        assert a2.files.delete(mine).deleted is True
+        with pytest.raises(openai.NotFoundError):
+            a2.files.retrieve(mine)
+    assert teams.store.file_owner(mine) is None and mine not in fake.state.files
+    assert [r.method for r in fake.state.requests] == ["POST", "DELETE"], "the retrieve is chatgate's 404"
+
+
+def test_a_list_walks_the_teams_files_page_by_page(teams: Teams, fake: RunningFake) -> None:
+    """Files of two teams interleaved: each page is full of the team's files, and the SDK's pagination (after
+    the page's last id) walks them all, in either order, and none of the other team's."""
+    ours, theirs = [], []
+    for _ in range(5):
+        ours.append(teams.upload("a1", b"ours"))
+        theirs += [teams.upload("b1", b"theirs"), teams.upload("b1", b"theirs")]
+    with teams.sdk("a2") as a2, teams.sdk("b1") as b1:
+        first = a2.files.list(limit=2)
+        assert ([f.id for f in first.data], first.has_more) == (ours[:2], True)
+        raw = a2.files.with_raw_response.list(limit=2).http_response.json()
+        assert (raw["object"], raw["first_id"], raw["last_id"]) == ("list", ours[0], ours[1])
+        assert [f.id for f in a2.files.list(limit=2)] == ours, "auto-paginated"
+        assert [f.id for f in a2.files.list(limit=3, order="desc")] == ours[::-1]
+        last = a2.files.list(limit=2, after=ours[3])
+        assert ([f.id for f in last.data], last.has_more) == ([ours[4]], False)
+        assert [f.id for f in b1.files.list(limit=4)] == theirs
+        with pytest.raises(openai.NotFoundError) as foreign:
+            a2.files.list(after=theirs[0])
+    assert foreign.value.response.json()["error"]["param"] == "after"
+
+
+def test_a_page_of_other_teams_files_is_skipped_not_returned_empty(teams: Teams, fake: RunningFake) -> None:
+    theirs = [teams.upload("b1", b"theirs") for _ in range(3)]
+    ours = teams.upload("a1", b"ours")
+    with teams.sdk("a1") as a1:
+        page = a1.files.list(limit=1)
+        assert ([f.id for f in page.data], page.has_more) == ([ours], False)
+        empty = a1.files.list(limit=1, purpose="text_recognition")
+        assert (empty.data, empty.has_more) == ([], False)
+    lists = [r.query for r in fake.state.requests if r.method == "GET"]
+    assert lists[:2] == ["limit=1", f"after={theirs[0]}&limit=1000"]
+    assert len(lists) == 3
+
+
+def test_a_list_error_from_deepseek_passes_through(teams: Teams, fake: RunningFake) -> None:
+    with teams.sdk("a1") as a1, pytest.raises(openai.InternalServerError) as overloaded:
+        a1.files.list(extra_headers={"x-fake-fault": "http_503"})
+    assert overloaded.value.response.content == bytes(fake.state.requests[-1].sent)
+
+
+def test_the_admin_key_sees_every_file_and_older_ones_belong_to_no_team(teams: Teams, fake: RunningFake
+                                                                        ) -> None:
+    """A file uploaded before chatgate recorded owners has none: no team sees it, the admin key does (and may
+    delete it)."""
+    older = httpx2.post(fake.url + "/files", content=multipart()[0], timeout=10, headers={
+        **multipart()[1], "authorization": f"Bearer {UPSTREAM}"}).json()["id"]
+    ours, theirs = teams.upload("a1"), teams.upload("b1")
+    with teams.sdk("a1") as a1:
+        assert [f.id for f in a1.files.list()] == [ours]
+        with pytest.raises(openai.NotFoundError):
+            a1.files.retrieve(older)
+    with teams.sdk("admin") as admin:
+        assert [f.id for f in admin.files.list()] == [older, ours, theirs]
+        assert admin.files.content(theirs).read() == IMAGE
+        assert admin.files.delete(older).deleted and admin.files.delete(theirs).deleted
+    assert teams.store.file_owner(theirs) is None and set(fake.state.files) == {ours}
+    assert {r.auth_key for r in fake.state.requests} == {UPSTREAM}
+    assert ADMIN not in orjson.dumps([r.headers for r in fake.state.requests]).decode()
+
+
+class OwnerlessStore(SQLiteStore):
+    """A store that cannot record a file's owner (an outage)."""
+
+    def own_file(self, owner: FileOwner) -> bool:
+        raise StoreError("the store is down")
+
+
+def test_an_upload_whose_owner_cannot_be_recorded_fails_and_is_deleted(tmp_path: Path, fake: RunningFake,
+                                                                        capfd: pytest.CaptureFixture[str]
+                                                                        ) -> None:
+    with start_teams(tmp_path, fake, OwnerlessStore(tmp_path / "usage.db")) as teams:
+        with teams.sdk("a1") as a1, pytest.raises(openai.InternalServerError) as failed:
+            a1.files.create(file=("cat.png", IMAGE, "image/png"), purpose="user_data")
+        assert failed.value.status_code == 503
+        assert failed.value.response.json()["error"]["code"] == "store_unavailable"
+        assert [r.method for r in fake.state.requests] == ["POST", "DELETE"]
+        assert fake.state.files == {}, "no file is left that nobody owns"
+
+
+def test_passthrough_records_no_owner(gate: RunningChatgate, fake: RunningFake) -> None:
+    with sdk(gate.url) as client, sdk(gate.url, "sk-another-client-0002") as other:
+        uploaded = client.files.create(file=("cat.png", IMAGE, "image/png"), purpose="user_data")
+        with pytest.raises(openai.NotFoundError):
+            other.files.retrieve(uploaded.id)  # DeepSeek's own isolation, per key
+    assert gate.state.store.file_owner(uploaded.id) is None
+    assert [r.method for r in fake.state.requests] == ["POST", "GET"], "forwarded as before"
+
+
+def test_a_list_asks_deepseek_for_a_bounded_number_of_pages(teams: Teams, fake: RunningFake,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("app.web.files.MAX_LIST_PAGES", 1)
+    for _ in range(3):
+        teams.upload("b1", b"theirs")
+    ours = teams.upload("a1", b"ours")
+    with teams.sdk("a1") as a1:
+        page = a1.files.list(limit=1)
+        assert (page.data, page.has_more) == ([], True), "the scan stopped: nothing yet, maybe more"
+        assert [f.id for f in a1.files.list(limit=1, order="desc")] == [ours]
