@@ -8,6 +8,7 @@ from typing import Any
 import orjson
 
 INVALID_REQUEST = "invalid_request_error"
+MAX_PROBLEMS = 100  # listed in an error (a body can hold millions of bad items)
 
 
 @dataclass(slots=True)  # not frozen: rules make them per request, and frozen costs a call per field
@@ -46,9 +47,12 @@ class APIError(Exception):
     def from_problems(cls, problems: list[Problem]) -> APIError:
         first = problems[0]
         message = first.message
-        if len(problems) > 1:
+        if len(problems) > MAX_PROBLEMS:
+            message += (f" ({len(problems) - 1} more problem(s); the first {MAX_PROBLEMS} are listed in "
+                        "error.problems)")
+        elif len(problems) > 1:
             message += f" ({len(problems) - 1} more problem(s) listed in error.problems)"
-        return cls(400, message, INVALID_REQUEST, first.param, first.code, list(problems))
+        return cls(400, message, INVALID_REQUEST, first.param, first.code, problems[:MAX_PROBLEMS])
 
     def body(self) -> dict[str, Any]:
         error: dict[str, Any] = {

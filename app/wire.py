@@ -3,12 +3,13 @@ paths, the wording of a type error, and the loop that keeps one problem per para
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+import orjson
 import pydantic
 
-from app.errors import Problem
+from app.errors import MAX_PROBLEMS, Problem
 
 EXPECTED = {
     "string_type": "a string",
@@ -28,15 +29,48 @@ EXPECTED = {
 def problems_of(exc: pydantic.ValidationError, problem_of: Callable[[Any], Problem],
                 expected: Mapping[str, str] = EXPECTED) -> list[Problem]:
     """One problem per param (a union reports one param once per member: their expectations are merged into
-    one message), the deeper one where a union also reports the whole value."""
+    one message), the deeper one where a union also reports the whole value. At most about MAX_PROBLEMS:
+    a body with a million bad items gets the first ones, in time linear in the body."""
     problems: dict[str, Problem] = {}
     wanted: dict[str, list[str]] = {}
     for error in exc.errors(include_url=False):
         problem = problem_of(error)
         key = problem.param or ""
+        if key not in problems and len(problems) > 2 * MAX_PROBLEMS:
+            break
         wanted.setdefault(key, []).append(expected.get(error["type"], ""))
         problems.setdefault(key, problem)
-    return [merge_union(p, wanted[p.param or ""]) for p in problems.values() if not shadowed(p, problems)]
+    parents = ancestors(problems)
+    kept = [merge_union(p, wanted[p.param or ""]) for p in problems.values() if not shadowed(p, parents)]
+    return kept[:MAX_PROBLEMS]
+
+
+ERRORS_MAX = 10_000  # pydantic errors read one by one; beyond, a cut-down copy of the body is checked
+
+
+def bounded(exc: pydantic.ValidationError, model: type[pydantic.BaseModel], body: bytes
+            ) -> pydantic.ValidationError:
+    """`exc`, or, when it holds more errors than are worth reading (a body with a million bad items: reading
+    them all took seconds and gigabytes), the errors of the same body with every array cut to its first
+    items: the first problems, at a cost bounded by the cut."""
+    if exc.error_count() <= ERRORS_MAX:
+        return exc
+    try:
+        cut = orjson.dumps(_cut(orjson.loads(body), 2 * MAX_PROBLEMS))
+        model.model_validate_json(cut)
+    except pydantic.ValidationError as fewer:
+        return fewer
+    except (orjson.JSONDecodeError, orjson.JSONEncodeError, RecursionError):
+        pass
+    return exc
+
+
+def _cut(value: Any, items: int) -> Any:
+    if isinstance(value, list):
+        return [_cut(v, items) for v in value[:items]]
+    if isinstance(value, dict):
+        return {k: _cut(v, items) for k, v in value.items()}
+    return value
 
 
 def json_type(value: Any) -> str:
@@ -53,13 +87,20 @@ def json_type(value: Any) -> str:
     return "object"
 
 
-def shadowed(problem: Problem, problems: dict[str, Problem]) -> bool:
+def ancestors(params: Iterable[str]) -> set[str]:
+    """Every proper prefix of these params that is itself a param path (`stop` of `stop[0]`)."""
+    out: set[str] = set()
+    for param in params:
+        for at, char in enumerate(param):
+            if char in ".[" and at:
+                out.add(param[:at])
+    return out
+
+
+def shadowed(problem: Problem, parents: set[str]) -> bool:
     """A union (`stop: str | list[str]`) reports the whole value *and* the bad item inside the matching
     member: keep only the deeper, more precise one (`stop[0]`, not `stop`)."""
-    param = problem.param
-    if not param or problem.code != "invalid_type":
-        return False
-    return any(other.startswith((param + ".", param + "[")) for other in problems)
+    return bool(problem.param) and problem.code == "invalid_type" and problem.param in parents
 
 
 def merge_union(problem: Problem, expected: list[str]) -> Problem:

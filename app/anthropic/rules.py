@@ -20,6 +20,7 @@ from app.anthropic.type_errors import problems_from_validation_error
 from app.errors import Problem
 from app.profiles import DEFAULT_PROFILES, ModelProfile, generic_profile
 from app.verdict import Verdict
+from app.wire import bounded
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +57,7 @@ def check_body(body: bytes, profiles: dict[str, ModelProfile], options: Options)
     try:
         request = MessagesRequest.model_validate_json(body)
     except pydantic.ValidationError as exc:
-        return Verdict(problems_from_validation_error(exc))
+        return Verdict(problems_from_validation_error(bounded(exc, MessagesRequest, body)))
     profile, known = model_profile(request.model, profiles)
     thinking = known and not profile.non_thinking_only and not (
         request.thinking is not None and request.thinking.type == "disabled")

@@ -28,6 +28,7 @@ from app.openai.protocol import (
 )
 from app.openai.type_errors import problems_from_validation_error
 from app.profiles import DEFAULT_PROFILES, ModelProfile, generic_profile
+from app.wire import bounded
 
 UnknownModels = Literal["pass", "reject"]
 
@@ -134,7 +135,7 @@ def check_body(body: bytes, policy: Policy, *, beta: bool = False, origin: str |
     try:
         request = ChatCompletionRequest.model_validate_json(body)
     except pydantic.ValidationError as exc:
-        return Checked(None, problems_from_validation_error(exc, body))
+        return Checked(None, problems_from_validation_error(bounded(exc, ChatCompletionRequest, body), body))
     return check_request(request, policy, beta=beta, origin=origin)
 
 

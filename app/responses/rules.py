@@ -26,6 +26,7 @@ from app.profiles import ModelProfile, generic_profile
 from app.responses.protocol import ITEM_TYPES, ROLES, Item, ResponsesRequest
 from app.responses.type_errors import problems_from_validation_error
 from app.verdict import Verdict
+from app.wire import bounded
 
 UnknownModels = Literal["pass", "reject"]
 SUPPORTED_MODELS = ("deepseek-flash", "deepseek-v4-pro")  # as DeepSeek's model error names them (§1 #5)
@@ -134,7 +135,7 @@ def check_body(body: bytes, profiles: Mapping[str, ModelProfile], options: Optio
     try:
         request = ResponsesRequest.model_validate_json(body)
     except pydantic.ValidationError as exc:
-        return Verdict(problems_from_validation_error(exc))
+        return Verdict(problems_from_validation_error(bounded(exc, ResponsesRequest, body)))
     return check_request(request, profiles, options)
 
 
