@@ -15,6 +15,9 @@ from app.settings import UpstreamSettings
 HOP_BY_HOP = frozenset({
     "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer", "trailers",
     "transfer-encoding", "upgrade", "host", "content-length", "accept-encoding", "content-encoding",
+    # uvicorn already answered the client's 100-continue; sent on, aiohttp would hold the body back until
+    # DeepSeek sent one too (curl adds it to large POSTs)
+    "expect", "proxy-connection",
 })
 
 
@@ -101,7 +104,7 @@ def forward_headers(raw: list[tuple[bytes, bytes]], authorization: str | None, r
     as UTF-8: UTF-8 values pass unchanged, obs-text that is not UTF-8 goes as its latin-1 reading.)"""
     drop = _hop_by_hop(raw) | {"authorization", "x-request-id"}
     if managed:  # the client's key is chatgate's, never DeepSeek's: whichever header carries it stays here
-        drop |= {"x-api-key"}
+        drop |= {"x-api-key", "api-key"}  # api-key: Azure-style SDKs
     out = [(k, v) for k, v in raw if k.decode("latin-1").lower() not in drop]
     if authorization:
         out.append((b"authorization", authorization.encode("latin-1", "replace")))

@@ -412,10 +412,13 @@ def test_hop_by_hop_headers_are_not_forwarded(client: httpx2.Client, upstream: M
         "te": "trailers", "keep-alive": "timeout=5", "proxy-authorization": "Basic c2VjcmV0",
         "trailer": "x-checksum", "connection": "keep-alive, x-hop-secret", "x-hop-secret": "drop-me",
         "x-client-trace": "kept", "user-agent": "OpenAI/Python 3.57.0",
+        # uvicorn answers the client's 100-continue itself: sent on, aiohttp would wait for DeepSeek's
+        "expect": "100-continue", "proxy-connection": "keep-alive",
     }
     assert post_chat(client, headers=headers).status_code == 200
     sent = upstream.seen[0].headers
-    for name in ("te", "keep-alive", "proxy-authorization", "trailer", "x-hop-secret"):
+    for name in ("te", "keep-alive", "proxy-authorization", "trailer", "x-hop-secret", "expect",
+                 "proxy-connection"):
         assert name not in sent, name
     assert sent["x-client-trace"] == "kept"
     assert sent["user-agent"] == "OpenAI/Python 3.57.0"
@@ -456,7 +459,8 @@ def test_managed_mode_replaces_client_key_with_the_deepseek_key(managed: tuple[R
                                                                 own_upstream: MockUpstream) -> None:
     gate, secret = managed
     response = httpx2.post(gate.url + "/v1/chat/completions", content=orjson.dumps(chat_body()),
-                           headers={**JSON_HEADERS, "authorization": f"Bearer {secret}"}, timeout=10)
+                           headers={**JSON_HEADERS, "authorization": f"Bearer {secret}", "api-key": secret},
+                           timeout=10)
     assert response.status_code == 200, response.text
     sent = own_upstream.seen[0]
     assert sent.headers.get_list("authorization") == ["Bearer sk-deepseek-house-key"]
