@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 from starlette.requests import ClientDisconnect, Request
@@ -32,7 +33,9 @@ def is_json_content_type(value: str) -> bool:
     return media == JSON or (media.startswith("application/") and media.endswith("+json"))
 
 
-async def read_json_body(request: Request, limit: int) -> bytes:
+async def read_json_body(request: Request, limit: int, timeout: float) -> bytes:
+    """The whole body, at most `limit` bytes, received within `timeout` seconds (a client that trickles it
+    would otherwise hold its connection and handler without end)."""
     if not is_json_content_type(request.headers.get("content-type", "")):
         raise APIError(415, "Request body must be JSON: send 'Content-Type: application/json'.",
                        "invalid_request_error", None, "unsupported_media_type")
@@ -41,11 +44,17 @@ async def read_json_body(request: Request, limit: int) -> bytes:
         raise too_large(limit)
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise too_large(limit)
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(timeout):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise too_large(limit)
+                chunks.append(chunk)
+    except TimeoutError:
+        raise APIError(408, f"The request body did not arrive within {timeout:g} s "
+                       "(limits.body_timeout_seconds).", "invalid_request_error", None,
+                       "request_timeout") from None
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)  # one copy at most
 
 

@@ -77,7 +77,8 @@ class Gateway:
         request_id = request_id_of(request)
         try:
             identity = await self.auth.identify(client_key(request))
-            body = await read_json_body(request, self.settings.limits.max_body_bytes)
+            body = await read_json_body(request, self.settings.limits.max_body_bytes,
+                                         self.settings.limits.body_timeout_seconds)
         except APIError as error:
             self.ledger.refused(route.label, request_id, error.status, error.code, time.time())
             return error_response(error, request_id, family)
@@ -120,7 +121,8 @@ class Gateway:
         except APIError:
             identity = self.auth.anonymous()
         try:
-            body = await read_json_body(request, self.settings.limits.max_body_bytes)
+            body = await read_json_body(request, self.settings.limits.max_body_bytes,
+                                         self.settings.limits.body_timeout_seconds)
         except APIError as error:
             return error_response(error, None, family)
         ex = Exchange(route, request_id_of(request), identity, body=body)

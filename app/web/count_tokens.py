@@ -32,7 +32,8 @@ def add_count_tokens(app: FastAPI, state: State) -> None:
         gw = state.gw
         try:
             await gw.auth.identify(client_key(request))
-            body = await read_json_body(request, state.settings.limits.max_body_bytes)
+            body = await read_json_body(request, state.settings.limits.max_body_bytes,
+                                        state.settings.limits.body_timeout_seconds)
             data = orjson.loads(body)
             if not isinstance(data, dict) or not isinstance(data.get("messages"), list):
                 raise APIError(400, "count_tokens needs a JSON object with 'model' and 'messages', as for "

@@ -4,6 +4,8 @@ on a real chatgate."""
 
 from __future__ import annotations
 
+import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -145,3 +147,19 @@ def test_default_header_limit_is_64_kib(tmp_path: Path) -> None:
         resp = httpx2.get(running.url + "/healthz", headers={"x-big": "b" * 70_000})
         assert_openai_error(resp, 431, "request_headers_too_large", str(64 * 1024))
         assert httpx2.get(running.url + "/healthz").status_code == 200
+
+
+def test_a_body_that_trickles_in_is_refused_when_its_time_is_up(fake: RunningFake, tmp_path: Path) -> None:
+    """Slowloris on the body: a client that sends a few bytes and then nothing gets a 408 at
+    limits.body_timeout_seconds instead of holding its connection and handler without end."""
+    settings = make_settings(tmp_path, fake.url, limits={"body_timeout_seconds": 0.5})
+    before = len(fake.state.requests)
+    with run_chatgate(settings) as gate, socket.create_connection(("127.0.0.1", gate.port), 10) as conn:
+        conn.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Authorization: Bearer sk-slow\r\nContent-Length: 100\r\n\r\n{\"model\":")
+        t0 = time.monotonic()
+        answer = conn.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+        assert b"limits.body_timeout_seconds" in answer
+        assert time.monotonic() - t0 < 5
+    assert len(fake.state.requests) == before
