@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 import pydantic
 
-from app.errors import MAX_PROBLEMS, Problem
+from app.errors import Problem
 
 EXPECTED = {
     "string_type": "a string",
@@ -29,23 +29,23 @@ EXPECTED = {
 def problems_of(exc: pydantic.ValidationError, problem_of: Callable[[Any], Problem],
                 expected: Mapping[str, str] = EXPECTED) -> list[Problem]:
     """One problem per param (a union reports one param once per member: their expectations are merged into
-    one message), the deeper one where a union also reports the whole value. At most about MAX_PROBLEMS:
-    a body with a million bad items gets the first ones, in time linear in the body."""
+    one message), the deeper one where a union also reports the whole value; at most about ERRORS_MAX, in
+    time linear in their number (an error lists the first MAX_PROBLEMS of them; repairs may fix them all)."""
     problems: dict[str, Problem] = {}
     wanted: dict[str, list[str]] = {}
     for error in exc.errors(include_url=False):
         problem = problem_of(error)
         key = problem.param or ""
-        if key not in problems and len(problems) > 2 * MAX_PROBLEMS:
+        if key not in problems and len(problems) >= ERRORS_MAX:
             break
         wanted.setdefault(key, []).append(expected.get(error["type"], ""))
         problems.setdefault(key, problem)
     parents = ancestors(problems)
-    kept = [merge_union(p, wanted[p.param or ""]) for p in problems.values() if not shadowed(p, parents)]
-    return kept[:MAX_PROBLEMS]
+    return [merge_union(p, wanted[p.param or ""]) for p in problems.values() if not shadowed(p, parents)]
 
 
 ERRORS_MAX = 10_000  # pydantic errors read one by one; beyond, a cut-down copy of the body is checked
+CUT_ITEMS = 1_000  # items kept of each array in that copy
 
 
 def bounded(exc: pydantic.ValidationError, model: type[pydantic.BaseModel], body: bytes
@@ -56,7 +56,7 @@ def bounded(exc: pydantic.ValidationError, model: type[pydantic.BaseModel], body
     if exc.error_count() <= ERRORS_MAX:
         return exc
     try:
-        cut = orjson.dumps(_cut(orjson.loads(body), 2 * MAX_PROBLEMS))
+        cut = orjson.dumps(_cut(orjson.loads(body), CUT_ITEMS))
         model.model_validate_json(cut)
     except pydantic.ValidationError as fewer:
         return fewer

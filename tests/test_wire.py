@@ -9,7 +9,7 @@ import pytest
 
 from app.errors import MAX_PROBLEMS, APIError, Problem
 from app.openai.rules import Policy, check_body
-from app.wire import ERRORS_MAX, ancestors
+from app.wire import CUT_ITEMS, ERRORS_MAX, ancestors
 from tests.anthropic.messages import check as check_messages
 
 
@@ -17,18 +17,19 @@ def chat(**extra: object) -> bytes:
     return orjson.dumps({"model": "deepseek-flash", "messages": [{"role": "user", "content": "x"}], **extra})
 
 
-@pytest.mark.parametrize("n", [3 * MAX_PROBLEMS, ERRORS_MAX + 1000])  # below and above the cut-down check
-def test_many_bad_items_give_the_first_problems_only(n: int) -> None:
+@pytest.mark.parametrize(("n", "found"), [(3000, 3000), (ERRORS_MAX + 1000, CUT_ITEMS)])  # the cut: above
+def test_many_bad_items_give_the_first_problems_only(n: int, found: int) -> None:
     checked = check_body(chat(stop=[1] * n), Policy())
-    assert [p.param for p in checked.problems] == [f"stop[{k}]" for k in range(MAX_PROBLEMS)]
+    assert [p.param for p in checked.problems] == [f"stop[{k}]" for k in range(found)]
     assert all(p.code == "invalid_type" for p in checked.problems)
+    assert len(APIError.from_problems(checked.problems).body()["error"]["problems"]) == MAX_PROBLEMS
 
 
 def test_many_bad_messages_on_the_anthropic_route_too() -> None:
     body = orjson.dumps({"model": "deepseek-flash", "max_tokens": 10,
                          "messages": [{"role": "user", "content": 1}] * (ERRORS_MAX + 10)})
     problems = check_messages(body).problems
-    assert len(problems) == MAX_PROBLEMS and problems[0].param == "messages[0].content"
+    assert len(problems) == CUT_ITEMS and problems[0].param == "messages[0].content"
 
 
 def test_a_union_still_reports_the_deeper_item_not_the_whole_value() -> None:
