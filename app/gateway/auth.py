@@ -24,6 +24,9 @@ class Identity:
     key_name: str
     team: str
     upstream_authorization: str | None  # what goes upstream as Authorization
+    # Whose relayed turns these are (the turn memory's key): the managed key's id; for a passthrough key its
+    # whole hash, not the 48-bit fingerprint that reports show (a token matching that is cheap to find).
+    caller: str = ""
 
 
 def hash_key(secret: str) -> str:
@@ -70,7 +73,7 @@ class Authenticator:
         if key is None or not key.active:
             raise unauthorized("Invalid chatgate API key: unknown or revoked. Check the key, or create a new "
                                "one with `chatgate keys create`.")
-        return Identity(key.key_id, key.name, key.team, self._upstream)
+        return Identity(key.key_id, key.name, key.team, self._upstream, key.key_id)
 
     def admin(self, authorization: str | None) -> Identity | None:
         """The admin key's identity in managed mode, asking DeepSeek with the upstream key; None for any other
@@ -87,7 +90,7 @@ class Authenticator:
         if token is None:
             return Identity("anonymous", "anonymous", self.settings.passthrough_team, authorization)
         fp = fingerprint(token)
-        return Identity(fp, fp, self.settings.passthrough_team, authorization)
+        return Identity(fp, fp, self.settings.passthrough_team, authorization, "pt-" + hash_key(token))
 
     async def _lookup(self, token: str) -> ApiKey | None:
         digest = hash_key(token)

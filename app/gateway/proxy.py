@@ -223,11 +223,11 @@ class Gateway:
         wanted = family.turns_to_restore(data, found, self.repairs)
         if not wanted:
             return {}, {}
-        if ex.identity.key_id == "anonymous":
+        if not ex.identity.caller:
             why = "chatgate restores turns only for callers that send a key"
             return {}, {",".join(ids): why for ids, _ in wanted.values()}
         all_ids = [call_id for ids, _ in wanted.values() for call_id in ids]
-        rows = await self.memory.recall(ex.identity.key_id, family.turn_kind, all_ids)
+        rows = await self.memory.recall(ex.identity.caller, family.turn_kind, all_ids)
         recalled: dict[int, str] = {}
         misses: dict[str, str] = {}
         for i, (ids, names) in wanted.items():
@@ -269,7 +269,7 @@ class Gateway:
         """Whether the answer's tool-call turn is worth remembering for the family's restore repair."""
         return (family.restore_repair is not None and self.repairs.on(family.restore_repair)
                 and verdict is not None and verdict.thinking and verdict.tools
-                and ex.identity.key_id != "anonymous")
+                and bool(ex.identity.caller))
 
     # --- quotas ---------------------------------------------------------------------
 
@@ -362,7 +362,7 @@ class Gateway:
             raise bad_gateway("DeepSeek answered 200 with a body that is not JSON (upstream broke the "
                               "protocol).", "upstream_bad_response") from None
         if ex.remember and (turn := family.answer_turn(answer)) is not None:
-            await self.memory.remember(ex.identity.key_id, family.turn_kind, turn)  # before the client has it
+            await self.memory.remember(ex.identity.caller, family.turn_kind, turn)  # before the client has it
         if self.settings.server.log_content:
             ex.completion_text = content.decode("utf-8", "replace")
         tokens = family.usage(answer)
@@ -382,7 +382,7 @@ class Gateway:
         if ex.finished:
             return
         if turns is not None and outcome == "ok" and (turn := turns.turn(meter.reasoning)) is not None:
-            await self.memory.remember(ex.identity.key_id, family.turn_kind, turn)
+            await self.memory.remember(ex.identity.caller, family.turn_kind, turn)
         if self.settings.server.log_content:
             ex.completion_text = meter.text
         if meter.model is not None:

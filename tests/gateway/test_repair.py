@@ -4,6 +4,9 @@ record, /metrics, the access log); each opt-in repair end to end; a valid body s
 
 from __future__ import annotations
 
+import contextlib
+import sqlite3
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -13,6 +16,7 @@ import openai
 import orjson
 import pytest
 
+from app.gateway.auth import fingerprint, hash_key
 from app.repair.turncache import TurnCache
 from tests.fakes.server import RunningFake
 from tests.gateway.conftest import JSON_HEADERS, chat_body, usage_rows
@@ -78,6 +82,21 @@ def test_another_key_replaying_the_ids_gets_the_400_and_no_reasoning(gate: Runni
     assert "The user sent" not in refused.text, "another caller's reasoning never leaks"
     assert len(fake.state.requests) == before
     assert post(gate, body).status_code == 200, "the caller it belongs to still gets it restored"
+
+
+def test_a_passthrough_callers_turns_are_keyed_by_its_whole_key_hash_not_its_fingerprint(
+        gate: RunningChatgate, tmp_path: Path) -> None:
+    """Reports and logs show a passthrough key's 48-bit fingerprint; a token with the same fingerprint is
+    cheap to find, so the memory of turns is keyed by the key's whole hash."""
+    dropping_loop(gate, rounds=1, stream=False)
+    deadline = time.monotonic() + 10
+    callers: set[str] = set()
+    while not callers and time.monotonic() < deadline:  # the writer stores spooled turns within a flush
+        with contextlib.closing(sqlite3.connect(tmp_path / "usage.db")) as conn:
+            callers = {row[0] for row in conn.execute("SELECT caller FROM turn_memory")}
+        time.sleep(0.05)
+    assert callers == {"pt-" + hash_key(KEY)}
+    assert fingerprint(KEY) not in callers
 
 
 def test_a_call_without_tools_replaying_the_history_is_restored_or_forwarded_with_a_warning_r17(
