@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import datetime as dt
 import io
+import math
 from decimal import Decimal
 from typing import Any
 
@@ -22,14 +23,21 @@ class ReportError(ValueError):
     """A bad filter; the message names it."""
 
 
+MAX_SECONDS = 253_402_300_799  # 9999-12-31T23:59:59Z
+
+
 def parse_time(value: str | None, name: str) -> float | None:
     """ISO date or datetime (UTC unless it says otherwise), or unix seconds."""
     if value is None or value == "":
         return None
     try:
-        return float(value)
+        seconds = float(value)
     except ValueError:
         pass
+    else:
+        if not math.isfinite(seconds) or abs(seconds) > MAX_SECONDS:
+            raise ReportError(f"--{name}: {value!r} is not a time (unix seconds within years 1-9999)")
+        return seconds
     try:
         parsed = dt.datetime.fromisoformat(value)
     except ValueError:

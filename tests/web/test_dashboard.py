@@ -93,7 +93,8 @@ def test_timeseries_by_key_and_model_per_hour(traffic: Traffic) -> None:
 
 
 @pytest.mark.parametrize("query", ["by=day", "by=team&bucket=week", "by=team&since=yesterday",
-                                   "by=team&bucket=hour&since=0"])
+                                   "by=team&bucket=hour&since=0", "by=team&since=nan", "by=team&until=inf",
+                                   "by=team&bucket=hour&since=-1e18"])
 def test_timeseries_rejects_bad_parameters_with_400(traffic: Traffic, query: str) -> None:
     resp = traffic.admin(f"/admin/usage/timeseries?{query}")
     assert resp.status_code == 400
