@@ -168,9 +168,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     _absorb_replayed_stop_signals()
     grace = int(s.shutdown_grace_seconds) or None
     config = uvicorn.Config("app.cli:app_from_env", factory=True, host=s.host, port=s.port, workers=s.workers,
-                            loop="uvloop", http="httptools", lifespan="on", access_log=False,
+                            loop="uvloop", lifespan="on", access_log=False,
                             server_header=False, timeout_graceful_shutdown=grace, backlog=4096,
-                            log_config=None, timeout_keep_alive=30, proxy_headers=False)
+                            log_config=None, timeout_keep_alive=30, proxy_headers=False,
+                            **server.protocol_options(loaded.settings.limits))
     if not server.run(config, s.accept_listeners):
         return 3  # uvicorn's STARTUP_FAILURE: the app or the socket did not come up
     return 0

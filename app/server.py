@@ -1,4 +1,5 @@
-"""Running uvicorn: one listening socket, watched by several accept listeners.
+"""Running uvicorn: one listening socket, watched by several accept listeners, and an HTTP protocol that
+bounds what a request's head may cost.
 
 libuv, under uvloop, accepts one connection per listener each time round the event loop (libuv PR
 #3696, "don't accept() connections in a loop"). With thousands of streams in flight a round takes tens of
@@ -10,12 +11,87 @@ per idle listener in a round where fewer arrive.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import socket
+from typing import Any
 
 import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.supervisors import Multiprocess
+
+from app.gateway.http_limits import headers_too_large
+from app.settings import LimitsSettings
+
+HEAD_TIMEOUT_S = 30.0  # from a request's first byte to the end of its headers
+HEAD_ROOM = 16384  # for the request line, beside twice the header limit
+
+
+class BoundedHttpToolsProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol, with a request head that may cost so much and take so long: httptools
+    buffers a head without a bound (an endless header grew a process by 500 MB) and uvicorn waits for it
+    without end (a client sending a header line every few seconds held its connection forever). Past
+    `config.h11_max_incomplete_event_size` bytes (the same bound uvicorn's h11 protocol takes from it) the
+    answer is a 431 and the connection closes; past HEAD_TIMEOUT_S the connection closes. The 431 in the
+    OpenAI shape for a head over limits.max_header_bytes comes from the app (app/gateway/http_limits.py)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._head_limit = self.config.h11_max_incomplete_event_size or 0
+        self._head_bytes = 0
+        self._in_head = True
+        self._messages = 0  # requests read whole on this connection
+        self._head_timer: asyncio.TimerHandle | None = None
+
+    def data_received(self, data: bytes) -> None:
+        in_head, messages = self._in_head, self._messages
+        if in_head and self._head_timer is None:
+            self._head_timer = self.loop.call_later(HEAD_TIMEOUT_S, self._head_too_slow)
+        super().data_received(data)
+        if in_head and self._in_head and self._messages == messages:  # all of it was head (not body)
+            self._head_bytes += len(data)
+            if self._head_limit and self._head_bytes > self._head_limit:
+                self._refuse_head()
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        self._stop_timer()
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._in_head, self._head_bytes = True, 0  # the next request on this connection
+        self._messages += 1
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_timer()
+        super().connection_lost(exc)
+
+    def _stop_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_too_slow(self) -> None:
+        self._head_timer = None
+        if self._in_head:
+            self.transport.close()
+
+    def _refuse_head(self) -> None:
+        self._stop_timer()
+        body = headers_too_large((self._head_limit - HEAD_ROOM) // 2).to_json()
+        head = (b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
+                b"content-length: " + str(len(body)).encode() + b"\r\nconnection: close\r\n\r\n")
+        self.transport.write(head + body)
+        self.transport.close()
+
+
+def protocol_options(limits: LimitsSettings) -> dict[str, Any]:
+    """uvicorn.Config's protocol and the bound on a request's head: the app's header limit (its 431 in the
+    OpenAI shape), plus room for the request line."""
+    return {"http": BoundedHttpToolsProtocol,
+            "h11_max_incomplete_event_size": 2 * limits.max_header_bytes + HEAD_ROOM}
 
 
 def listeners(sock: socket.socket, count: int) -> list[socket.socket]:

@@ -20,6 +20,7 @@ from typing import Any
 import httpx2
 import uvicorn
 
+from app.server import protocol_options
 from app.settings import Settings
 from app.web.app import create_app
 from tests.fakes.server import bind_socket
@@ -64,8 +65,8 @@ def run_chatgate(settings: Settings, transport: Any = None, store: Any = None, l
     sock = bind_socket()
     port = sock.getsockname()[1]
     served = app if wrap is None else wrap(app)
-    config = uvicorn.Config(served, lifespan="on", log_level="warning", access_log=False, http="httptools",
-                            loop=loop, timeout_graceful_shutdown=5)
+    config = uvicorn.Config(served, lifespan="on", log_level="warning", access_log=False, loop=loop,
+                            timeout_graceful_shutdown=5, **protocol_options(settings.limits))
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()

@@ -4,6 +4,7 @@ on a real chatgate."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import time
 from collections.abc import Iterator
@@ -13,6 +14,7 @@ import httpx2
 import orjson
 import pytest
 
+from app import server
 from app.gateway.http_limits import LimitsMiddleware, header_bytes
 from tests.fakes.server import RunningFake, run_fake_deepseek
 from tests.harness import RunningChatgate, make_settings, run_chatgate
@@ -163,3 +165,36 @@ def test_a_body_that_trickles_in_is_refused_when_its_time_is_up(fake: RunningFak
         assert b"limits.body_timeout_seconds" in answer
         assert time.monotonic() - t0 < 5
     assert len(fake.state.requests) == before
+
+
+def test_an_endless_header_is_refused_before_it_is_buffered(gate: RunningChatgate) -> None:
+    """httptools buffers a head without a bound: the server protocol answers 431 and closes once a head
+    passes twice limits.max_header_bytes (plus room for the request line), whatever the app would say."""
+    with socket.create_connection(("127.0.0.1", gate.port), 10) as conn:
+        conn.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Endless: ")
+        answer = b""
+        with contextlib.suppress(OSError):
+            for _ in range(64):  # 1 MiB, far past the bound
+                conn.sendall(b"a" * 16384)
+        with contextlib.suppress(OSError):  # the server closes with our bytes unread: a reset may follow
+            while chunk := conn.recv(65536):
+                answer += chunk
+    assert answer.startswith(b"HTTP/1.1 431"), answer[:200]
+    assert b'"code":"request_headers_too_large"' in answer
+
+
+def test_a_head_that_trickles_in_is_cut_off(fake: RunningFake, tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Slowloris on the head: a header line now and then never ends the head; the connection is closed
+    HEAD_TIMEOUT_S after its first byte."""
+    monkeypatch.setattr(server, "HEAD_TIMEOUT_S", 0.5)
+    with run_chatgate(make_settings(tmp_path, fake.url)) as gate, \
+            socket.create_connection(("127.0.0.1", gate.port), 10) as conn:
+        conn.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+        t0 = time.monotonic()
+        for _ in range(20):
+            time.sleep(0.1)
+            with contextlib.suppress(OSError):
+                conn.sendall(b"X-Slow: 1\r\n")
+        assert conn.recv(1024) == b""  # closed by the server
+        assert time.monotonic() - t0 < 5
