@@ -24,7 +24,7 @@ from uvicorn.supervisors import Multiprocess
 from app.gateway.http_limits import headers_too_large
 from app.settings import LimitsSettings
 
-HEAD_TIMEOUT_S = 30.0  # from a request's first byte to the end of its headers
+HEAD_TIMEOUT_S = 30.0  # for the rest of a request's head, or the next piece of its body
 HEAD_ROOM = 16384  # for the request line, beside twice the header limit
 
 
@@ -33,8 +33,11 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     buffers a head without a bound (an endless header grew a process by 500 MB) and uvicorn waits for it
     without end (a client sending a header line every few seconds held its connection forever). Past
     `config.h11_max_incomplete_event_size` bytes (the same bound uvicorn's h11 protocol takes from it) the
-    answer is a 431 and the connection closes; past HEAD_TIMEOUT_S the connection closes. The 431 in the
-    OpenAI shape for a head over limits.max_header_bytes comes from the app (app/gateway/http_limits.py)."""
+    answer is a 431 and the connection closes; when the rest of a head, or the next piece of a body, does
+    not come within HEAD_TIMEOUT_S, the connection closes (a body sent slowly but steadily is the app's to
+    bound: limits.body_timeout_seconds). No timer runs for a request that arrives in one piece. The 431 in
+    the OpenAI shape for a head over limits.max_header_bytes comes from the app (app/gateway/http_limits.py).
+    """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -46,17 +49,22 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     def data_received(self, data: bytes) -> None:
         in_head, messages = self._in_head, self._messages
-        if in_head and self._head_timer is None:
-            self._head_timer = self.loop.call_later(HEAD_TIMEOUT_S, self._head_too_slow)
         super().data_received(data)
-        if in_head and self._in_head and self._messages == messages:  # all of it was head (not body)
-            self._head_bytes += len(data)
-            if self._head_limit and self._head_bytes > self._head_limit:
-                self._refuse_head()
+        if self._messages != messages:  # a request read whole (most: head and body in one piece)
+            self._stop_timer()
+        elif self._in_head:
+            if in_head:  # all of it was head: the clock starts at a head's first piece that did not end it
+                if self._head_timer is None:
+                    self._head_timer = self.loop.call_later(HEAD_TIMEOUT_S, self._too_slow)
+                self._head_bytes += len(data)
+                if self._head_limit and self._head_bytes > self._head_limit:
+                    self._refuse_head()
+        else:  # in a body that goes on: each piece gives the next one HEAD_TIMEOUT_S to come
+            self._stop_timer()
+            self._head_timer = self.loop.call_later(HEAD_TIMEOUT_S, self._too_slow)
 
     def on_headers_complete(self) -> None:
         self._in_head = False
-        self._stop_timer()
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
@@ -73,10 +81,12 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             self._head_timer.cancel()
             self._head_timer = None
 
-    def _head_too_slow(self) -> None:
+    def _too_slow(self) -> None:
         self._head_timer = None
-        if self._in_head:
-            self.transport.close()
+        if self.flow is not None and self.flow.read_paused:  # chatgate is the slow reader, not the client
+            self._head_timer = self.loop.call_later(HEAD_TIMEOUT_S, self._too_slow)
+            return
+        self.transport.close()
 
     def _refuse_head(self) -> None:
         self._stop_timer()

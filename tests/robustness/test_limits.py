@@ -152,17 +152,38 @@ def test_default_header_limit_is_64_kib(tmp_path: Path) -> None:
 
 
 def test_a_body_that_trickles_in_is_refused_when_its_time_is_up(fake: RunningFake, tmp_path: Path) -> None:
-    """Slowloris on the body: a client that sends a few bytes and then nothing gets a 408 at
-    limits.body_timeout_seconds instead of holding its connection and handler without end."""
+    """Slowloris on the body: a client that sends a byte now and then gets a 408 once
+    limits.body_timeout_seconds have passed, instead of holding its connection and handler without end."""
     settings = make_settings(tmp_path, fake.url, limits={"body_timeout_seconds": 0.5})
     before = len(fake.state.requests)
     with run_chatgate(settings) as gate, socket.create_connection(("127.0.0.1", gate.port), 10) as conn:
         conn.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Authorization: Bearer sk-slow\r\nContent-Length: 100\r\n\r\n{\"model\":")
+                     b"Authorization: Bearer sk-slow\r\nContent-Length: 100\r\n\r\n{")
         t0 = time.monotonic()
-        answer = conn.recv(65536)
+        conn.settimeout(0.2)
+        answer = b""
+        while not answer and time.monotonic() - t0 < 5:
+            with contextlib.suppress(OSError):
+                conn.sendall(b" ")
+            with contextlib.suppress(TimeoutError):
+                answer = conn.recv(65536)
         assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
         assert b"limits.body_timeout_seconds" in answer
+    assert len(fake.state.requests) == before
+
+
+def test_a_body_that_stops_coming_is_cut_off(fake: RunningFake, tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client that sends part of a body and then nothing: the connection is closed HEAD_TIMEOUT_S after
+    the last piece."""
+    monkeypatch.setattr(server, "HEAD_TIMEOUT_S", 0.5)
+    before = len(fake.state.requests)
+    with run_chatgate(make_settings(tmp_path, fake.url)) as gate, \
+            socket.create_connection(("127.0.0.1", gate.port), 10) as conn:
+        conn.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Authorization: Bearer sk-stall\r\nContent-Length: 100\r\n\r\n{\"model\":")
+        t0 = time.monotonic()
+        assert conn.recv(1024) == b""  # closed by the server
         assert time.monotonic() - t0 < 5
     assert len(fake.state.requests) == before
 
