@@ -20,8 +20,8 @@ import httpx2
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from app.gateway.relay import ClientGone
 from app.gateway.upstream import map_transport_error, response_headers
+from app.gateway.watch import ClientGone, ClientWatch
 
 # Called once when the relay is over: (outcome, status, code).
 OnEnd = Callable[[str, int, str | None], None]
@@ -46,38 +46,16 @@ class Passthrough(Response):
         self.deadline = deadline
         self.on_end = on_end
         self.watch = watch
-        self.client_gone = False
-        self._relaying = False
+        self.client = ClientWatch()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._relaying = True
-        watcher = asyncio.create_task(self._watch(receive, task)) if self.watch else None
         end: tuple[str, int, str | None] = ("client_disconnected", 499, None)
         try:
-            end = await self._relay(send)
-        except ClientGone:
-            self.client_gone = True
-        except asyncio.CancelledError:
-            if not self.client_gone:
-                raise
-            task.uncancel()
+            async with self.client.watching(receive, self.watch):
+                end = await self._relay(send)
         finally:
-            self._relaying = False
-            if watcher is not None:
-                watcher.cancel()
             self.on_end(*end)
             await self.resp.aclose()
-
-    async def _watch(self, receive: Receive, task: asyncio.Task[Any]) -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                self.client_gone = True
-                if self._relaying:
-                    task.cancel()
-                return
 
     async def _relay(self, send: Send) -> tuple[str, int, str | None]:
         await self._send(send, {"type": "http.response.start", "status": self.status_code,
@@ -87,10 +65,10 @@ class Passthrough(Response):
                 async for chunk in self.resp.aiter_bytes():
                     await self._send(send, {"type": "http.response.body", "body": chunk, "more_body": True})
         except (TimeoutError, httpx2.HTTPError, aiohttp.ClientError, OSError) as exc:
-            if self.client_gone:
+            if self.client.gone:
                 raise ClientGone() from exc
             return "upstream_failed", map_transport_error(exc).status, BROKEN  # left incomplete: see above
-        self._relaying = False  # the client has it all: its going away no longer matters
+        self.client.relaying = False  # the client has it all: its going away no longer matters
         await self._send(send, {"type": "http.response.body", "body": b"", "more_body": False})
         return ("ok" if 200 <= self.status_code < 300 else "upstream_error"), self.status_code, None
 

@@ -24,16 +24,13 @@ from app.errors import APIError
 from app.gateway.exchange import Exchange
 from app.gateway.family import ChunkFilter, StreamMeter
 from app.gateway.upstream import map_transport_error
+from app.gateway.watch import ClientGone, ClientWatch
 
 # Called once when the upstream side of the stream has ended: (exchange, meter, outcome, status).
 OnEnd = Callable[[Exchange, StreamMeter, str, int], Awaitable[None]]
 Spawn = Callable[[Coroutine[Any, Any, None]], None]
 ErrorEvent = Callable[[APIError], bytes]
 DRAIN_S = 1.0  # how long the relay waits for the end of the upstream body once the client has the answer
-
-
-class ClientGone(Exception):
-    pass
 
 
 class SSERelay(Response):
@@ -52,8 +49,7 @@ class SSERelay(Response):
         self.deadline = deadline
         self.meter = meter
         self.filter = chunk_filter
-        self.client_gone = False
-        self._relaying = False
+        self.client = ClientWatch()
         # (outcome, status) once the upstream side has ended; a disconnect after that does not change it
         self.end: tuple[str, int] | None = None
         self._partial = b""  # an incomplete last line, held back until its newline arrives
@@ -63,34 +59,14 @@ class SSERelay(Response):
         self._open_data = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._relaying = True
-        watcher = asyncio.create_task(self._watch(receive, task))
         try:
-            await self._relay(send)
-        except ClientGone:
-            self.client_gone = True
-        except asyncio.CancelledError:
-            if not self.client_gone:
-                raise
-            task.uncancel()
+            async with self.client.watching(receive):
+                await self._relay(send)
         finally:
-            self._relaying = False
-            watcher.cancel()
             await self.resp.aclose()
             if not self.ex.finished:
                 outcome, status = self.end or ("client_disconnected", 499)
                 self.spawn(self._end(outcome, status))
-
-    async def _watch(self, receive: Receive, task: asyncio.Task[Any]) -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                self.client_gone = True
-                if self._relaying:
-                    task.cancel()
-                return
 
     async def _relay(self, send: Send) -> None:
         headers = self.ex.response_headers(self.resp)
@@ -99,7 +75,7 @@ class SSERelay(Response):
             async with asyncio.timeout(max(self.deadline - time.perf_counter(), 0.001)):
                 await self._pump(send)
         except (TimeoutError, httpx2.TransportError, aiohttp.ClientError, OSError) as exc:
-            if self.client_gone:
+            if self.client.gone:
                 raise ClientGone() from exc
             if not self._final:
                 await self._broken(send, map_transport_error(exc))
@@ -108,7 +84,7 @@ class SSERelay(Response):
                 await self._send(send, b"\n")
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         if self._final:
-            self._relaying = False  # the client has it all: its going away no longer matters
+            self.client.relaying = False  # the client has it all: its going away no longer matters
             await self._drain()
 
     async def _drain(self) -> None:
