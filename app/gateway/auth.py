@@ -47,7 +47,11 @@ def bearer(header: str | None) -> str | None:
 
 
 def fingerprint(secret: str) -> str:
-    return "fp-" + hash_key(secret)[:12]
+    return _fingerprint_of(hash_key(secret))
+
+
+def _fingerprint_of(digest: str) -> str:
+    return "fp-" + digest[:12]
 
 
 class Authenticator:
@@ -89,8 +93,9 @@ class Authenticator:
     def _passthrough(self, token: str | None, authorization: str | None) -> Identity:
         if token is None:
             return Identity("anonymous", "anonymous", self.settings.passthrough_team, authorization)
-        fp = fingerprint(token)
-        return Identity(fp, fp, self.settings.passthrough_team, authorization, "pt-" + hash_key(token))
+        digest = hash_key(token)  # once per request: the fingerprint and the turn memory's key both need it
+        fp = _fingerprint_of(digest)
+        return Identity(fp, fp, self.settings.passthrough_team, authorization, "pt-" + digest)
 
     async def _lookup(self, token: str) -> ApiKey | None:
         digest = hash_key(token)

@@ -46,13 +46,14 @@ async def read_json_body(request: Request, limit: int, timeout: float) -> bytes:
     size = 0
     # Checked as pieces arrive (a timer per request would cost every request); a body that stops coming is
     # cut off by the server protocol (app/server.py).
-    deadline = asyncio.get_running_loop().time() + timeout
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
             raise too_large(limit)
         chunks.append(chunk)
-        if asyncio.get_running_loop().time() > deadline:
+        if loop.time() > deadline:
             raise APIError(408, f"The request body did not arrive within {timeout:g} s "
                            "(limits.body_timeout_seconds).", "invalid_request_error", None, "request_timeout")
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)  # one copy at most

@@ -27,7 +27,7 @@ from app.gateway.family import Family, StreamMeter, StreamTurns
 from app.gateway.ledger import Ledger
 from app.gateway.relay import SSERelay
 from app.gateway.responses import RawResponse, error_response, is_event_stream, json_response
-from app.gateway.upstream import Upstream, forward_headers, map_transport_error
+from app.gateway.upstream import Upstream, forward_headers, read_whole
 from app.metering.metrics import Metrics
 from app.metering.pricing import cost_bound_picousd
 from app.metering.recorder import Recorder
@@ -342,16 +342,7 @@ class Gateway:
 
     async def _buffered(self, ex: Exchange, family: Family, resp: httpx2.Response, deadline: float
                         ) -> Response:
-        try:
-            async with asyncio.timeout(max(deadline - time.perf_counter(), 0.001)):
-                content = await read_all(resp)
-        except (TimeoutError, httpx2.TransportError, OSError) as exc:
-            raise map_transport_error(exc) from None
-        except httpx2.DecodingError:
-            raise bad_gateway("DeepSeek sent a compressed body that could not be decoded (upstream broke the "
-                              "protocol).", "upstream_bad_response") from None
-        finally:
-            await resp.aclose()
+        content = await read_whole(resp, deadline)
         headers = ex.response_headers(resp)
         if resp.status_code != 200:
             return RawResponse(resp.status_code, headers, content, functools.partial(
@@ -422,16 +413,6 @@ def _duration(seconds: float) -> str:
     if seconds >= 60 and seconds % 60 == 0:
         return f"{int(seconds // 60)} min"
     return f"{seconds:g} s"
-
-
-async def read_all(resp: httpx2.Response) -> bytes:
-    """The body as sent; decoded only if DeepSeek compressed it although chatgate asked for identity."""
-    if "content-encoding" in resp.headers:
-        return await resp.aread()
-    try:
-        return resp.content  # a transport that answers with the body already read (MockTransport)
-    except httpx2.ResponseNotRead:
-        return b"".join([chunk async for chunk in resp.aiter_raw()])
 
 
 def _payload(rows: dict[str, TurnRow], ids: tuple[str, ...], names: tuple[str, ...]) -> str | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterable
 
 import aiohttp
@@ -70,6 +71,47 @@ class Upstream:
             return await self.transport.handle_async_request(request)
         except (TimeoutError, httpx2.TransportError, aiohttp.ClientError, OSError) as exc:
             raise map_transport_error(exc) from None
+
+    async def fetch(self, method: str, target: str | httpx2.URL,
+                    headers: list[tuple[str, str]] | list[tuple[bytes, bytes]], deadline: float
+                    ) -> tuple[httpx2.Response, bytes]:
+        """A bodiless request's answer and its whole body, both by `deadline` (time.perf_counter); the
+        APIError (502, 504) when DeepSeek cannot be reached, breaks off or does not answer in time."""
+        try:
+            async with asyncio.timeout(_left(deadline)):
+                resp = await self.send(method, target, headers, None)
+        except TimeoutError as exc:
+            raise map_transport_error(exc) from None
+        return resp, await read_whole(resp, deadline)
+
+
+async def read_all(resp: httpx2.Response) -> bytes:
+    """The body as sent; decoded only if DeepSeek compressed it although chatgate asked for identity."""
+    if "content-encoding" in resp.headers:
+        return await resp.aread()
+    try:
+        return resp.content  # a transport that answers with the body already read (MockTransport)
+    except httpx2.ResponseNotRead:
+        return b"".join([chunk async for chunk in resp.aiter_raw()])
+
+
+async def read_whole(resp: httpx2.Response, deadline: float) -> bytes:
+    """The whole body by `deadline` (time.perf_counter), then the response closed; the APIError (502, 504)
+    when it breaks off, stalls or cannot be decoded."""
+    try:
+        async with asyncio.timeout(_left(deadline)):
+            return await read_all(resp)
+    except httpx2.DecodingError:
+        raise bad_gateway("DeepSeek sent a compressed body that could not be decoded (upstream broke the "
+                          "protocol).", "upstream_bad_response") from None
+    except (TimeoutError, httpx2.TransportError, aiohttp.ClientError, OSError) as exc:
+        raise map_transport_error(exc) from None
+    finally:
+        await resp.aclose()
+
+
+def _left(deadline: float) -> float:
+    return max(deadline - time.perf_counter(), 0.001)
 
 
 def map_transport_error(exc: BaseException) -> APIError:

@@ -17,7 +17,6 @@ import time
 from typing import Any
 from urllib.parse import parse_qsl, quote
 
-import aiohttp
 import httpx2
 from fastapi import FastAPI
 from starlette.requests import Request
@@ -28,10 +27,10 @@ from app.gateway.auth import Identity
 from app.gateway.bodies import BodyStopped, Upload, request_id_of
 from app.gateway.ledger import Ledger
 from app.gateway.passthrough import OnEnd, Passthrough
-from app.gateway.proxy import client_key, read_all
+from app.gateway.proxy import client_key
 from app.gateway.responses import RawResponse, error_response
 from app.gateway.state import State
-from app.gateway.upstream import forward_headers, map_transport_error, response_headers
+from app.gateway.upstream import forward_headers, map_transport_error, read_whole, response_headers
 from app.web.file_owners import (
     MAX_LIST_PAGES,
     NOT_OWNED,
@@ -142,7 +141,7 @@ async def _owned_upload(state: State, owners: Owners, resp: httpx2.Response, rid
     """DeepSeek's answer to an upload, relayed unchanged once the file it made is recorded as the team's. If
     it cannot be recorded, the file is deleted (nobody could have reached it) and the upload fails."""
     try:
-        content = await _read_whole(resp, deadline)
+        content = await read_whole(resp, deadline)
     except APIError as failure:
         done("upstream_failed", failure.status, failure.code)
         return error_response(failure, rid)
@@ -165,7 +164,7 @@ async def _discard(state: State, file_id: str, identity: Identity, rid: str) -> 
     headers = forward_headers([], identity.upstream_authorization, rid, True)
     deadline = time.perf_counter() + state.settings.upstream.total_timeout
     try:
-        resp, _ = await _upstream_call(state, "DELETE", path, "", headers, deadline)
+        resp, _ = await state.gw.upstream.fetch("DELETE", state.gw.upstream.url_of(path), headers, deadline)
     except APIError as failure:
         log.warning("upload %s: could not delete file %s, whose owner could not be recorded: %s", rid,
                     file_id, failure.message)
@@ -179,7 +178,7 @@ async def _team_list(state: State, request: Request, owners: Owners, headers: li
                      deadline: float, done: OnEnd) -> Response:
     """DeepSeek's list narrowed to the caller's team's files, its next pages asked for while the team's
     page is not full (app/web/file_owners.py)."""
-    rid = request_id_of(request)
+    rid, upstream = request_id_of(request), state.gw.upstream
     query = request.scope["query_string"].decode("latin-1")
     params = parse_qsl(query, keep_blank_values=True)
     cursor = after(params)
@@ -190,7 +189,7 @@ async def _team_list(state: State, request: Request, owners: Owners, headers: li
         kept: list[dict[str, Any]] = []
         limit, asked = wanted(params), 0
         while True:
-            resp, content = await _upstream_call(state, "GET", FILES, query, headers, deadline)
+            resp, content = await upstream.fetch("GET", upstream.url_of(FILES, query), headers, deadline)
             asked += 1
             found = listing(content) if resp.status_code == 200 else None
             if found is None:
@@ -219,29 +218,6 @@ def _relayed(resp: httpx2.Response, content: bytes, rid: str, done: OnEnd) -> Re
         return error_response(failure, rid)
     done("upstream_error", resp.status_code, None)
     return RawResponse(resp.status_code, response_headers(resp.headers, rid), content)
-
-
-async def _upstream_call(state: State, method: str, path: str, query: str, headers: list[tuple[bytes, bytes]],
-                        deadline: float) -> tuple[httpx2.Response, bytes]:
-    """DeepSeek's answer and its whole body, by the deadline; the APIError (502, 504) when it cannot be
-    reached or does not answer in time."""
-    upstream = state.gw.upstream
-    try:
-        async with asyncio.timeout(_left(deadline)):
-            resp = await upstream.send(method, upstream.url_of(path, query), headers, None)
-    except TimeoutError as exc:
-        raise map_transport_error(exc) from None
-    return resp, await _read_whole(resp, deadline)
-
-
-async def _read_whole(resp: httpx2.Response, deadline: float) -> bytes:
-    try:
-        async with asyncio.timeout(_left(deadline)):
-            return await read_all(resp)
-    except (TimeoutError, httpx2.HTTPError, aiohttp.ClientError, OSError) as exc:
-        raise map_transport_error(exc) from None
-    finally:
-        await resp.aclose()
 
 
 def _left(deadline: float) -> float:
@@ -275,10 +251,8 @@ def _has_body(request: Request) -> bool:
 def _headers(request: Request, identity: Identity, request_id: str, managed: bool
              ) -> list[tuple[bytes, bytes]]:
     """The client's headers as every route forwards them; an upload keeps its Content-Length (it is relayed
-    with the framing the client gave it). `Expect` is not forwarded: chatgate has already answered it, and
-    an upstream that never sends the 100 it asks for would stall the upload."""
-    headers = [(k, v) for k, v in forward_headers(request.headers.raw, identity.upstream_authorization,
-                                                  request_id, managed) if k.lower() != b"expect"]
+    with the framing the client gave it)."""
+    headers = forward_headers(request.headers.raw, identity.upstream_authorization, request_id, managed)
     length = request.headers.get("content-length")
     if length is not None and _has_body(request):
         headers.append((b"content-length", length.encode("latin-1")))

@@ -17,10 +17,10 @@ from app import __version__
 from app.errors import APIError, bad_gateway
 from app.gateway.auth import Authenticator, hash_key, require_admin
 from app.gateway.bodies import origin_of, request_id_of
-from app.gateway.proxy import Endpoint, client_key, read_all
+from app.gateway.proxy import Endpoint, client_key
 from app.gateway.responses import JSON, RawResponse, error_response, json_response
 from app.gateway.state import State
-from app.gateway.upstream import map_transport_error, response_headers
+from app.gateway.upstream import response_headers
 from app.metering.reports import ReportError, build_report, make_query
 from app.openai.fim import NOT_ON_BETA, not_on_beta
 from app.web.admin import add_admin
@@ -149,15 +149,8 @@ async def _get_upstream(state: State, path: str, request_id: str, authorization:
     (502, 504) when DeepSeek cannot be reached or does not answer in time."""
     headers = [("x-request-id", request_id), ("accept-encoding", "identity"),
                *([("authorization", authorization)] if authorization else [])]
-    resp = await state.gw.upstream.send("GET", path, headers, None)
-    try:
-        async with asyncio.timeout(state.settings.upstream.total_timeout):
-            content = await read_all(resp)
-    except (TimeoutError, httpx2.TransportError, OSError) as exc:
-        raise map_transport_error(exc) from None
-    finally:
-        await resp.aclose()
-    return resp, content
+    deadline = time.perf_counter() + state.settings.upstream.total_timeout
+    return await state.gw.upstream.fetch("GET", path, headers, deadline)
 
 
 async def _fim_not_on_beta(request: Request) -> Response:
