@@ -89,3 +89,17 @@ def bad_gateway(message: str, code: str = "upstream_unreachable") -> APIError:
 
 def gateway_timeout(message: str) -> APIError:
     return APIError(504, message, "upstream_error", None, "upstream_timeout")
+
+
+NOT_OWNED = "file_not_owned"  # the code for a file of another team (or of no team) in managed mode
+
+
+def no_such_file(file_id: str, param: str | None = None) -> APIError:
+    """DeepSeek's answer to an unknown file id, in its shape: a file of another team is indistinguishable
+    from one that does not exist."""
+    return APIError(404, f"No such file: {file_id}", "not_found_error", param, "invalid_request_error")
+
+
+def store_unavailable() -> APIError:
+    return APIError(503, "chatgate cannot reach its store to check who owns the file; retry later.",
+                    "server_error", None, "store_unavailable", headers={"retry-after": "5"})

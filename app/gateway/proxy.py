@@ -19,7 +19,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from app.errors import APIError, Problem, bad_gateway
+from app.errors import NOT_OWNED, APIError, Problem, bad_gateway, no_such_file, store_unavailable
 from app.gateway.auth import Authenticator
 from app.gateway.bodies import origin_of, read_json_body, request_id_of
 from app.gateway.exchange import Exchange, Route
@@ -31,7 +31,7 @@ from app.gateway.upstream import Upstream, forward_headers, read_whole
 from app.metering.metrics import Metrics
 from app.metering.pricing import cost_bound_picousd
 from app.metering.recorder import Recorder
-from app.metering.store.base import TurnRow, UsageRecord
+from app.metering.store.base import StoreError, TurnRow, UsageRecord
 from app.metering.tokens import context_overflow
 from app.quotas.gate import Quotas, refusal_error
 from app.quotas.model import Refusal
@@ -92,6 +92,12 @@ class Gateway:
         if verdict is not None and verdict.warnings:
             ex.warnings.extend(w.message for w in verdict.warnings)
         ex.remember = self._remembers(ex, family, verdict)
+        if self.auth.managed and (b"file_id" in ex.body or b"\\u" in ex.body):  # (a key may be \u-escaped)
+            foreign = await self._foreign_file(ex, family)
+            if foreign is not None:
+                code = NOT_OWNED if foreign.status == 404 else foreign.code
+                self.ledger.finish(ex, "rejected", foreign.status, rule_code=code)
+                return error_response(foreign, request_id, family)
         overflow = await self._context_guard(ex, family, verdict)
         if overflow is not None and self.settings.validation.strict:
             return self._reject(ex, family, APIError.from_problems([overflow]))
@@ -264,6 +270,21 @@ class Gateway:
             return problem
         return dataclasses.replace(problem, message=f"{problem.message} chatgate could not restore it: "
                                                     f"{why}.")
+
+    async def _foreign_file(self, ex: Exchange, family: Family) -> APIError | None:
+        """Managed mode: DeepSeek keeps every team's uploads under the one upstream key, so a request may name
+        only files its key's team uploaded through chatgate (app/web/file_owners.py); another team's is the
+        404 of an unknown file, as on the Files routes."""
+        refs = family.file_refs(ex.json())
+        store = self.auth.store
+        if not refs or store is None:
+            return None
+        try:
+            owned = await asyncio.to_thread(store.files_owned, ex.identity.team,
+                                            list(dict.fromkeys(file_id for _, file_id in refs)))
+        except StoreError:
+            return store_unavailable()
+        return next((no_such_file(file_id, param) for param, file_id in refs if file_id not in owned), None)
 
     def _remembers(self, ex: Exchange, family: Family, verdict: Verdict | None) -> bool:
         """Whether the answer's tool-call turn is worth remembering for the family's restore repair."""

@@ -21,7 +21,7 @@ from urllib.parse import urlencode
 
 import orjson
 
-from app.errors import APIError
+from app.errors import store_unavailable
 from app.gateway.auth import Identity
 from app.metering.store.base import FileOwner, Store, StoreError
 
@@ -29,7 +29,6 @@ log = logging.getLogger("chatgate")
 
 LIST_MAX = 1000  # DeepSeek's largest (and default) `limit` for a list, per its Files API guide
 MAX_LIST_PAGES = 100  # DeepSeek's pages one list may ask for: then it answers with what it has, has_more true
-NOT_OWNED = "file_not_owned"  # the access log's code for a file of another team (or of no team)
 T = TypeVar("T")
 
 
@@ -68,17 +67,6 @@ async def _ask(call: Callable[..., T], *args: Any) -> T:
         return await asyncio.to_thread(call, *args)
     except StoreError as exc:
         raise store_unavailable() from exc
-
-
-def store_unavailable() -> APIError:
-    return APIError(503, "chatgate cannot reach its store to check who owns the file; retry later.",
-                    "server_error", None, "store_unavailable", headers={"retry-after": "5"})
-
-
-def no_such_file(file_id: str, param: str | None = None) -> APIError:
-    """DeepSeek's answer to an unknown file id, in its shape: a file of another team is indistinguishable
-    from one that does not exist."""
-    return APIError(404, f"No such file: {file_id}", "not_found_error", param, "invalid_request_error")
 
 
 def uploaded_id(status: int, content: bytes) -> str | None:

@@ -22,7 +22,7 @@ from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import Response
 
-from app.errors import APIError, bad_gateway, not_found
+from app.errors import NOT_OWNED, APIError, bad_gateway, no_such_file, not_found
 from app.gateway.auth import Identity
 from app.gateway.bodies import BodyStopped, Upload, request_id_of
 from app.gateway.ledger import Ledger
@@ -33,14 +33,12 @@ from app.gateway.state import State
 from app.gateway.upstream import forward_headers, map_transport_error, read_whole, response_headers
 from app.web.file_owners import (
     MAX_LIST_PAGES,
-    NOT_OWNED,
     Owners,
     after,
     forget,
     listing,
     narrowed,
     next_query,
-    no_such_file,
     uploaded_id,
     wanted,
 )

@@ -490,6 +490,89 @@ def test_another_team_cannot_reach_a_file_and_the_owners_team_can(
         (404, "refused", "file_not_owned")] * 4 + [(200, "ok", None)]
 
 
+def chat_naming(file_id: str, flat: bool = False) -> list[dict[str, Any]]:
+    part = {"type": "file", "file_id": file_id} if flat else {"type": "file", "file": {"file_id": file_id}}
+    return [{"role": "user", "content": [{"type": "text", "text": "What is in this image?"}, part]}]
+
+
+def test_a_chat_may_name_its_teams_files_only(teams: Teams, fake: RunningFake, tmp_path: Path) -> None:
+    mine = teams.upload("a1")
+    with teams.sdk("a2") as a2:  # the team's other key: forwarded as sent
+        assert a2.chat.completions.create(model="deepseek-flash", messages=chat_naming(mine)).choices
+    assert fake.state.requests[-1].path == "/chat/completions"
+    before = len(fake.state.requests)
+    refusals = []
+    with teams.sdk("b1") as b1:
+        for file_id, flat in ((mine, False), (mine, True), ("file-api-never-was", False)):
+            with pytest.raises(openai.NotFoundError) as refused:
+                b1.chat.completions.create(model="deepseek-flash", messages=chat_naming(file_id, flat))
+            refusals.append(refused.value.response.json()["error"])
+    assert len(fake.state.requests) == before, "nothing reached DeepSeek"
+    param = "messages[0].content[1].file.file_id"
+    assert refusals == [
+        {**unknown_id_answer(mine)["error"], "param": param},
+        {**unknown_id_answer(mine)["error"], "param": "messages[0].content[1].file_id"},
+        {**unknown_id_answer("file-api-never-was")["error"], "param": param},
+    ], "another team's file is answered as one that does not exist"
+    rows = usage_rows(tmp_path, 4)  # the upload is not metered, the chats are
+    assert [(r["key_name"], r["outcome"], r["upstream_status"], r["rule_code"]) for r in rows] == [
+        ("a2", "ok", 200, None)] + [("b1", "rejected", None, "file_not_owned")] * 3
+
+
+def test_a_file_named_with_an_escaped_key_is_checked_too(teams: Teams, fake: RunningFake) -> None:
+    theirs = teams.upload("b1")
+    part = b'{"type":"file","file\\u005fid":"' + theirs.encode() + b'"}'
+    body = b'{"model":"deepseek-flash","messages":[{"role":"user","content":[' + part + b']}]}'
+    assert orjson.loads(body)["messages"][0]["content"][0] == {"type": "file", "file_id": theirs}
+    before = len(fake.state.requests)
+    resp = httpx2.post(teams.gate.url + "/v1/chat/completions", content=body, headers={
+        "authorization": f"Bearer {teams.keys['a1'][1]}", "content-type": "application/json"})
+    assert resp.status_code == 404 and resp.json()["error"]["message"] == f"No such file: {theirs}"
+    assert len(fake.state.requests) == before
+
+
+@pytest.mark.parametrize(("path", "body", "param"), [
+    ("/anthropic/v1/messages",
+     lambda f: {"model": "deepseek-flash", "max_tokens": 100, "messages": [{"role": "user", "content": [
+         {"type": "text", "text": "and this?"},
+         {"type": "image", "source": {"type": "file", "file_id": f}}]}]},
+     "messages[0].content[1].source.file_id"),
+    ("/v1/responses",
+     lambda f: {"model": "deepseek-flash", "input": [{"role": "user", "content": [
+         {"type": "input_text", "text": "and this?"}, {"type": "input_file", "file_id": f}]}]},
+     "input[0].content[1].file_id"),
+])
+def test_the_anthropic_and_responses_routes_check_file_owners_too(
+        teams: Teams, fake: RunningFake, path: str, body: Callable[[str], dict[str, Any]], param: str
+) -> None:
+    theirs = teams.upload("b1")
+    before = len(fake.state.requests)
+    resp = httpx2.post(teams.gate.url + path, json=body(theirs), headers={
+        "authorization": f"Bearer {teams.keys['a1'][1]}", "anthropic-beta": "files-api-2025-04-14"})
+    assert resp.status_code == 404, resp.text
+    assert f"No such file: {theirs}" in resp.text and param in resp.text
+    assert len(fake.state.requests) == before
+
+
+class OwnersDownStore(SQLiteStore):
+    """A store that cannot say who owns a file (an outage)."""
+
+    def files_owned(self, team: str, file_ids: Any) -> set[str]:
+        raise StoreError("the store is down")
+
+
+def test_a_chat_naming_a_file_is_503_when_owners_cannot_be_checked(tmp_path: Path, fake: RunningFake) -> None:
+    with start_teams(tmp_path, fake, OwnersDownStore(tmp_path / "usage.db")) as teams:
+        with teams.sdk("a1") as a1, pytest.raises(openai.InternalServerError) as failed:
+            a1.chat.completions.create(model="deepseek-flash", messages=chat_naming("file-any"))
+        assert failed.value.status_code == 503
+        assert failed.value.response.json()["error"]["code"] == "store_unavailable"
+        with teams.sdk("a1") as a1:  # a chat naming no file does not ask
+            assert a1.chat.completions.create(model="deepseek-flash", messages=[
+                {"role": "user", "content": "hello"}]).choices
+        assert [r.path for r in fake.state.requests] == ["/chat/completions"]
+
+
 def test_a_delete_by_the_team_removes_the_file_and_its_owner(teams: Teams, fake: RunningFake) -> None:
     mine = teams.upload("a1")
     with teams.sdk("a2") as a2:
