@@ -47,3 +47,77 @@ def test_an_error_lists_at_most_max_problems_and_counts_the_rest() -> None:
     error = APIError.from_problems(problems)
     assert len(error.body()["error"]["problems"]) == MAX_PROBLEMS
     assert f"{MAX_PROBLEMS + 49} more problem(s); the first {MAX_PROBLEMS} are listed" in error.message
+
+
+# --- validate_body: a large body is validated failing fast -------------------------------------------
+
+
+def _history(n: int, bad_at: tuple[int, ...] = (), size: int = 120) -> dict[str, object]:
+    """A long agent history (about `size` + 30 bytes a message), with a bad `content` at the given indices."""
+    messages: list[dict[str, object]] = [{"role": "system", "content": "You are a coding agent."}]
+    for i in range(1, n):
+        role = "user" if i % 2 else "assistant"
+        messages.append({"role": role, "content": 5 if i in bad_at else f"turn {i}: " + "x" * size})
+    return {"model": "deepseek-flash", "messages": messages, "stop": ["END"], "temperature": 0.3,
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]}
+
+
+@pytest.mark.parametrize("model_name", ["chat", "fim", "messages", "responses"])
+def test_a_large_valid_body_gives_the_model_plain_validation_gives(model_name: str) -> None:
+    from app.anthropic.protocol import MessagesRequest
+    from app.openai.fim_protocol import FimRequest
+    from app.openai.protocol import ChatCompletionRequest
+    from app.responses.protocol import ResponsesRequest
+    from app.wire import FULL_CHECK_BYTES, validate_body
+
+    text = "y" * (FULL_CHECK_BYTES + 10)
+    bodies = {
+        "chat": (ChatCompletionRequest, {**_history(3000), "extra": {"ignored": True}}),
+        "fim": (FimRequest, {"model": "deepseek-v4-flash", "prompt": text, "suffix": "}", "max_tokens": 9}),
+        "messages": (MessagesRequest, {"model": "deepseek-flash", "max_tokens": 99, "system": [
+            {"type": "text", "text": text}], "messages": [{"role": "user", "content": "hi"}]}),
+        "responses": (ResponsesRequest, {"model": "deepseek-flash", "input": [
+            {"role": "user", "content": [{"type": "input_text", "text": text}]}], "stream": True}),
+    }
+    model, data = bodies[model_name]
+    body = orjson.dumps(data)
+    assert len(body) > FULL_CHECK_BYTES
+    got, plain = validate_body(model, body), model.model_validate_json(body)
+    assert type(got) is model
+    assert got == plain and got.model_fields_set == plain.model_fields_set
+
+
+def test_a_large_body_of_bad_items_holds_one_error_not_one_per_item() -> None:
+    import pydantic
+
+    from app.openai.protocol import ChatCompletionRequest
+    from app.wire import CUT_BODY_MAX, validate_body
+
+    bad = {"model": "deepseek-flash", "messages": [{"role": "user", "content": 5}] * 400_000}
+    body = orjson.dumps(bad)
+    assert len(body) > CUT_BODY_MAX
+    with pytest.raises(pydantic.ValidationError) as plain:
+        ChatCompletionRequest.model_validate_json(body)
+    assert plain.value.error_count() == 400_000  # what the fail-fast check avoids holding
+    with pytest.raises(pydantic.ValidationError) as fast:
+        validate_body(ChatCompletionRequest, body)
+    assert fast.value.error_count() == 1
+    assert fast.value.errors()[0]["loc"][:2] == ("messages", 0)
+
+
+def test_a_large_invalid_body_lists_the_problems_among_its_first_items_when_the_cut_is_small() -> None:
+    from app.wire import FULL_CHECK_BYTES
+
+    body = orjson.dumps(_history(1800, bad_at=(5, 9, 1500)))  # cut to 1,000 messages: under the bound
+    assert len(body) > FULL_CHECK_BYTES
+    checked = check_body(body, Policy())
+    assert [p.param for p in checked.problems] == ["messages[5].content", "messages[9].content"]
+    assert checked.request is None
+
+
+def test_a_large_invalid_body_whose_cut_is_still_large_reports_its_first_problem() -> None:
+    from app.wire import CUT_ITEMS, FULL_CHECK_BYTES
+
+    body = orjson.dumps(_history(900, bad_at=(700, 800), size=400))  # fewer messages than the cut
+    assert len(body) > FULL_CHECK_BYTES and CUT_ITEMS > 900
+    assert [p.param for p in check_body(body, Policy()).problems] == ["messages[700].content"]

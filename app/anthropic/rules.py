@@ -20,7 +20,7 @@ from app.anthropic.type_errors import problems_from_validation_error
 from app.errors import Problem
 from app.profiles import DEFAULT_PROFILES, ModelProfile, generic_profile
 from app.verdict import Verdict
-from app.wire import bounded
+from app.wire import validate_body
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,9 +55,9 @@ def model_profile(model: str, profiles: dict[str, ModelProfile]) -> tuple[ModelP
 def check_body(body: bytes, profiles: dict[str, ModelProfile], options: Options) -> Verdict:
     """Parse and check a Messages request body; never raises."""
     try:
-        request = MessagesRequest.model_validate_json(body)
+        request = validate_body(MessagesRequest, body)
     except pydantic.ValidationError as exc:
-        return Verdict(problems_from_validation_error(bounded(exc, MessagesRequest, body)))
+        return Verdict(problems_from_validation_error(exc))
     profile, known = model_profile(request.model, profiles)
     thinking = known and not profile.non_thinking_only and not (
         request.thinking is not None and request.thinking.type == "disabled")

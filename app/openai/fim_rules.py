@@ -27,7 +27,7 @@ from app.openai.fim_protocol import FimRequest
 from app.openai.rules import STOP_MAX, Policy, ValidationOptions
 from app.openai.type_errors import problems_from_validation_error
 from app.profiles import ModelProfile
-from app.wire import bounded, json_type
+from app.wire import json_type, validate_body
 
 FIM_MAX_TOKENS = 4096  # DOC-fim: "The max tokens of FIM completion is 4K"
 LOGPROBS_MAX = 20  # DOC-fim: "The maximum value for `logprobs` is 20"
@@ -67,10 +67,9 @@ FimRule = Callable[[FimRequest, FimContext], Iterable[Problem]]
 def check_fim(body: bytes, policy: Policy) -> FimChecked:
     """Parse and check a FIM request body; never raises."""
     try:
-        request = FimRequest.model_validate_json(body)
+        request = validate_body(FimRequest, body)
     except pydantic.ValidationError as exc:
-        errors = bounded(exc, FimRequest, body)
-        return FimChecked(None, [_as_fim(p) for p in problems_from_validation_error(errors, body)])
+        return FimChecked(None, [_as_fim(p) for p in problems_from_validation_error(exc, body)])
     return check_fim_request(request, policy)
 
 

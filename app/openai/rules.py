@@ -28,7 +28,7 @@ from app.openai.protocol import (
 )
 from app.openai.type_errors import problems_from_validation_error
 from app.profiles import DEFAULT_PROFILES, ModelProfile, generic_profile
-from app.wire import bounded
+from app.wire import validate_body
 
 UnknownModels = Literal["pass", "reject"]
 
@@ -133,9 +133,9 @@ def check_body(body: bytes, policy: Policy, *, beta: bool = False, origin: str |
     """Parse and check a request body; never raises. `origin` (e.g. http://127.0.0.1:8787) is where the
     client reached chatgate, named in hints."""
     try:
-        request = ChatCompletionRequest.model_validate_json(body)
+        request = validate_body(ChatCompletionRequest, body)
     except pydantic.ValidationError as exc:
-        return Checked(None, problems_from_validation_error(bounded(exc, ChatCompletionRequest, body), body))
+        return Checked(None, problems_from_validation_error(exc, body))
     return check_request(request, policy, beta=beta, origin=origin)
 
 

@@ -26,7 +26,7 @@ from app.profiles import ModelProfile, generic_profile
 from app.responses.protocol import ITEM_TYPES, ROLES, Item, ResponsesRequest
 from app.responses.type_errors import problems_from_validation_error
 from app.verdict import Verdict
-from app.wire import bounded
+from app.wire import validate_body
 
 UnknownModels = Literal["pass", "reject"]
 SUPPORTED_MODELS = ("deepseek-flash", "deepseek-v4-pro")  # as DeepSeek's model error names them (§1 #5)
@@ -133,9 +133,9 @@ def is_thinking(req: ResponsesRequest, profile: ModelProfile, known: bool) -> bo
 def check_body(body: bytes, profiles: Mapping[str, ModelProfile], options: Options) -> Verdict:
     """Parse and check a Responses request body; never raises."""
     try:
-        request = ResponsesRequest.model_validate_json(body)
+        request = validate_body(ResponsesRequest, body)
     except pydantic.ValidationError as exc:
-        return Verdict(problems_from_validation_error(bounded(exc, ResponsesRequest, body)))
+        return Verdict(problems_from_validation_error(exc))
     return check_request(request, profiles, options)
 
 
