@@ -233,8 +233,10 @@ class Recorder:
             except StoreRefused:
                 raise
             except StoreError as exc:
-                self.last_error = f"usage store unavailable: {type(exc).__name__}: {exc}"
-                log.warning("%s; %d record(s) held in the spool", self.last_error, self._pending)
+                # /readyz shows last_error to anyone: the store's own text (hosts, users) goes to the log only
+                self.last_error = f"usage store unavailable: {type(exc).__name__} (details in the log)"
+                log.warning("usage store unavailable: %s: %s; %d record(s) held in the spool",
+                            type(exc).__name__, exc, self._pending)
                 if self._stopping:
                     return False
                 time.sleep(self.retry_seconds)
@@ -340,7 +342,10 @@ class Recorder:
                          len(turns), path.name)
         except Exception as exc:
             self._orphans_left = True
-            self.last_error = f"usage store unavailable while replaying {path.name}: {exc}"
+            self.last_error = (f"usage store unavailable while replaying {path.name}: {type(exc).__name__} "
+                               "(details in the log)")
+            log.warning("could not replay %s (kept for the next try): %s: %s", path.name, type(exc).__name__,
+                        exc)
         finally:
             os.close(fd)
 

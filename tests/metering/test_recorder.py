@@ -500,3 +500,31 @@ def test_a_stop_that_times_out_leaves_the_spool_to_the_writer_still_at_work(tmp_
     recorder._thread.join(5)
     assert not recorder._thread.is_alive() and recorder.pending == 0 and recorder.written == 1
     store.close()
+
+
+def test_readiness_names_the_stores_failure_but_not_its_text(tmp_path: Path,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    """/readyz answers anyone: the store's own error text (a host, a port, a user name) is in the log only."""
+    secret = 'password authentication failed for user "chatgate" at db.internal:5432'
+
+    class LeakyStore(DownStore):
+        def _check(self) -> None:
+            if self.down:
+                raise StoreError(secret)
+
+    store = LeakyStore(tmp_path / "usage.db")
+    store.migrate()
+    recorder = Recorder(store, str(tmp_path / "spool"), flush_interval=0.005, retry_seconds=0.02)
+    recorder.start()
+    try:
+        store.down = True
+        with caplog.at_level(logging.WARNING, "chatgate.recorder"):
+            recorder.record(record(1))
+            wait_for(lambda: not recorder.healthy, 5, "the outage noticed")
+        assert recorder.last_error == "usage store unavailable: StoreError (details in the log)"
+        assert secret in caplog.text
+    finally:
+        store.down = False
+        wait_for(lambda: recorder.healthy and recorder.pending == 0, 10, "the record stored")
+        assert recorder.stop(5)
+    store.close()
