@@ -315,6 +315,9 @@ class Recorder:
                 continue
             with contextlib.suppress(OSError):
                 self._replay(path)
+        for path in self.spool_dir.glob(f".tmp-spool-{self._tag}-*.jsonl"):
+            with contextlib.suppress(OSError):
+                _remove_unborn(path)
 
     def _replay(self, path: Path) -> None:
         fd = os.open(path, os.O_RDWR)
@@ -360,6 +363,14 @@ class Recorder:
                 return
             for item in items:
                 self._replay_batch(insert, [item])
+
+
+def _remove_unborn(path: Path) -> None:
+    """A spool file whose process was killed (`kill -9`) before it could name it: nothing was ever written to
+    it. One younger than a minute may be a starting process's, between its creation and its lock."""
+    stat = path.stat()
+    if stat.st_size == 0 and stat.st_mtime < time.time() - 60:
+        path.unlink()
 
 
 def replay_spools(store: Store, spool_dir: str) -> None:

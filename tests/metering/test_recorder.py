@@ -186,6 +186,32 @@ def test_a_spool_held_by_a_live_process_is_not_replayed(tmp_path: Path) -> None:
     store.close()
 
 
+def test_an_unnamed_empty_spool_a_kill_left_is_removed_and_a_new_one_is_not(tmp_path: Path) -> None:
+    """`kill -9` between creating a spool file and naming it leaves an empty `.tmp-spool-…`: the next start
+    removes it, unless it is young enough to be another starting process's."""
+    from app.metering.recorder import store_tag
+
+    store = open_store(f"sqlite:///{tmp_path / 'usage.db'}")
+    store.migrate()
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    tag = store_tag(store)
+    old, young = spool / f".tmp-spool-{tag}-41-0badf00d.jsonl", spool / f".tmp-spool-{tag}-42-5ca1ab1e.jsonl"
+    other = spool / ".tmp-spool-0123456789ab-43-deadbeef.jsonl"  # another store's: not this one's to judge
+    for path in (old, young, other):
+        path.touch()
+    an_hour_ago = time.time() - 3600
+    for path in (old, other):
+        os.utime(path, (an_hour_ago, an_hour_ago))
+    recorder = Recorder(store, str(spool))
+    recorder.start()
+    try:
+        assert not old.exists() and young.exists() and other.exists()
+    finally:
+        recorder.stop(5)
+    store.close()
+
+
 def turn_row(n: int, expires_at: float = 4_000_000_000.0, payload: str = "secret reasoning") -> TurnRow:
     return TurnRow("fp-1", "chat", f"call-{n}", f"turn-{n}", "read_file", payload, expires_at)
 
