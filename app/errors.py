@@ -74,8 +74,8 @@ class APIError(Exception):
 def not_found(path: str) -> APIError:
     return APIError(404, f"Unknown route: {path}. chatgate serves DeepSeek's routes: /v1/chat/completions, "
                     "/beta/completions (FIM), /v1/responses, /anthropic/v1/messages, /v1/models, "
-                    "/user/balance and /v1/files (each also without /v1).", "invalid_request_error", None,
-                    "not_found")
+                    "/user/balance, /v1/files (each also without /v1) and /anthropic/v1/files.",
+                    "invalid_request_error", None, "not_found")
 
 
 def unauthorized(message: str) -> APIError:

@@ -5,7 +5,8 @@ The caller is authenticated as on every route (managed: a missing, unknown or re
 upstream key goes to DeepSeek; passthrough: the caller's own key goes through). In managed mode a client key
 sees its team's files only (app/web/file_owners.py), and the admin key sees every file. Nothing is validated
 and nothing is metered: there are no tokens, so no usage record and no quotas; each request gets an access-log
-line and a count in /metrics under its route template (never a file id).
+line and a count in /metrics under its route template (never a file id). The Anthropic-format Files API,
+`/anthropic/v1/files…`, is forwarded the same way (managed mode: the admin key only).
 """
 
 from __future__ import annotations
@@ -22,9 +23,12 @@ from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import Response
 
+from app.anthropic.family import MessagesFamily
 from app.errors import NOT_OWNED, APIError, bad_gateway, no_such_file, not_found
-from app.gateway.auth import Identity
+from app.gateway.auth import ADMIN, Identity
 from app.gateway.bodies import BodyStopped, Upload, request_id_of
+from app.gateway.endpoints import families
+from app.gateway.family import Family
 from app.gateway.ledger import Ledger
 from app.gateway.passthrough import OnEnd, Passthrough
 from app.gateway.proxy import client_key
@@ -52,15 +56,52 @@ ROUTES: tuple[tuple[str, list[str]], ...] = (
     (FILES + "/{file_id}", ["GET", "DELETE"]),
     (FILES + "/{file_id}/content", ["GET"]),
 )
+# DeepSeek's Anthropic-format Files API (`anthropic-beta: files-api-2025-04-14`), same operations, under
+# /anthropic/v1: forwarded in passthrough mode; in managed mode chatgate cannot keep its files per team yet
+# (its lists page with after_id/before_id), so only the admin key is forwarded there.
+ANTHROPIC = "/anthropic/v1"
 NOT_IDS = frozenset({".", ".."})  # segments a URL resolves away: forwarded, they would reach another route
 LIMIT_SETTING = "limits.max_file_bytes"
 
 
 def add_files(app: FastAPI, state: State) -> None:
+    anthropic = next(f for f in families(state.settings) if isinstance(f, MessagesFamily))
     for template, methods in ROUTES:
         handler = _handler(state, template)
         for prefix in ("", "/v1"):
             app.router.add_route(prefix + template, handler, methods=methods, include_in_schema=False)
+        app.router.add_route(ANTHROPIC + template, _anthropic_handler(state, template, anthropic),
+                             methods=methods, include_in_schema=False)
+
+
+def _anthropic_handler(state: State, template: str, family: MessagesFamily) -> Any:
+    """The Anthropic-format Files API, forwarded byte for byte (errors in Anthropic's shape)."""
+    route = ANTHROPIC + template
+
+    async def files(request: Request) -> Response:
+        gw, ts, t0, rid = state.gw, time.time(), time.perf_counter(), request_id_of(request)
+        authorization = client_key(request)
+        try:
+            identity = gw.auth.admin(authorization) or await gw.auth.identify(authorization)
+            if gw.auth.managed and identity.key_id != ADMIN:
+                raise APIError(404, "The Anthropic-format Files API is not served in managed mode yet: "
+                               "chatgate cannot keep each team's files apart on it. Use the Files API at "
+                               "/v1/files (or the admin key).", "not_found_error", None, "not_served")
+        except APIError as error:
+            gw.ledger.refused(route, rid, error.status, error.code, ts)
+            return error_response(error, rid, family)
+        done = functools.partial(_note, gw.ledger, route, rid, ts, t0, identity, request.method)
+        upload = Upload(request, state.settings.limits.max_file_bytes, LIMIT_SETTING)
+        try:
+            path = ANTHROPIC + _upstream_path(template, request)
+            upload.check()
+        except APIError as error:
+            done("refused", error.status, error.code)
+            return error_response(error, rid, family)
+        headers = _headers(request, identity, rid, gw.auth.managed)
+        deadline = t0 + state.settings.upstream.total_timeout
+        return await _exchange(state, request, path, upload, None, headers, deadline, done, family)
+    return files
 
 
 def _handler(state: State, route: str) -> Any:
@@ -111,7 +152,8 @@ async def _owned(owners: Owners, request: Request) -> bool:
 
 
 async def _exchange(state: State, request: Request, path: str, upload: Upload, owners: Owners | None,
-                    headers: list[tuple[bytes, bytes]], deadline: float, done: OnEnd) -> Response:
+                    headers: list[tuple[bytes, bytes]], deadline: float, done: OnEnd,
+                    family: Family | None = None) -> Response:
     """The request forwarded, DeepSeek's answer relayed: streamed, but for an upload a team will own (read
     whole, so that its owner is recorded before the caller has the id)."""
     gw, rid = state.gw, request_id_of(request)
@@ -126,7 +168,7 @@ async def _exchange(state: State, request: Request, path: str, upload: Upload, o
             return Response(status_code=499)  # nobody reads it
         failure, outcome = _failure(upload, exc)
         done(outcome, failure.status, failure.code)
-        return error_response(failure, rid)
+        return error_response(failure, rid, family)
     if request.method == "DELETE" and gw.auth.managed and 200 <= resp.status_code < 300:
         await forget(gw.auth.store, request.path_params["file_id"])
     if owners is not None and request.method == "POST":

@@ -16,6 +16,14 @@ these paths to `serve`.
   says neither the original nor the parse can be downloaded); the fake serves it as OpenAI's shape does,
   so that a download through chatgate can be tested. It is sent in CONTENT_CHUNK pieces.
 
+The Anthropic-format Files API, under `/anthropic/v1/files` (DeepSeek's Anthropic guide: the
+`anthropic-beta: files-api-2025-04-14` header is required there; the shapes are Anthropic's Files API's):
+an upload takes `file` alone; the file object is `{type: "file", id: "file_…", filename, mime_type,
+size_bytes, created_at (RFC 3339), downloadable}`; a list takes `page` (a cursor) and `limit` (1 to 1000,
+default 20) and answers `{data, first_id, last_id, has_more, next_page}`; a delete answers `{id, type:
+"file_deleted"}`; errors are `{type: "error", error: {type, message}}`. Its files are apart from the
+others (neither list shows the other's).
+
 Files belong to the API key that uploaded them: another key gets the 404 of an unknown id. The error texts
 are guesses in DeepSeek's error shape; the guide quotes none. The file's format is not checked. Faults work
 as for chat (`x-fake-fault`: the error faults, `slow`, `no_headers`; `reset_mid_stream` cuts a download),
@@ -43,7 +51,10 @@ from tests.fakes.deepseek import (
     header_float,
 )
 
-PREFIXES = ("/v1/files", "/files")
+ANTHROPIC_PREFIX = "/anthropic/v1/files"
+PREFIXES = ("/v1/files", "/files", ANTHROPIC_PREFIX)
+FILES_BETA = "files-api-2025-04-14"
+ANTHROPIC_LIMIT = (1, 1000, 20)  # least, most, default
 PURPOSES = ("user_data", "text_recognition", "rich_layout_recognition")
 MAX_FILE_BYTES = 64 * 1024 * 1024
 EXPIRY_SECONDS = (3600, 2_592_000)
@@ -63,6 +74,13 @@ class StoredFile:
     created_at: int
     expires_at: int | None = None
     seq: int = field(default_factory=lambda: next(_SEQUENCE))
+    mime_type: str = "application/octet-stream"
+    anthropic: bool = False  # uploaded through the Anthropic-format Files API
+
+    def anthropic_obj(self) -> dict[str, Any]:
+        created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.created_at))
+        return {"type": "file", "id": self.id, "filename": self.filename, "mime_type": self.mime_type,
+                "size_bytes": len(self.content), "created_at": created, "downloadable": False}
 
     def obj(self) -> dict[str, Any]:
         found = {"id": self.id, "object": "file", "bytes": len(self.content), "created_at": self.created_at,
@@ -90,13 +108,28 @@ def owns(path: str) -> bool:
 
 def split(path: str) -> list[str]:
     """The segments after `/files` ([] for the collection)."""
-    rest = path[len("/v1/files"):] if path.startswith("/v1/files") else path[len("/files"):]
-    return [segment for segment in rest.split("/") if segment]
+    prefix = next(p for p in PREFIXES if path == p or path.startswith(p + "/"))
+    return [segment for segment in path[len(prefix):].split("/") if segment]
+
+
+def anthropic_error(message: str, error_type: str) -> bytes:
+    return orjson.dumps({"type": "error", "error": {"type": error_type, "message": message}})
 
 
 async def serve(fake: FakeDeepSeek, rec: RecordedRequest, conn: Conn) -> None:
     """A Files API request that reached the fake (after recording)."""
-    denied = auth_error(rec.headers, fake.state)
+    anthropic = rec.path.startswith(ANTHROPIC_PREFIX)
+    if anthropic:
+        from tests.fakes.anthropic import api_key, key_error  # it imports the fake's core, as this does
+
+        denied = key_error(api_key(rec.headers), fake.state)
+        if denied is None and FILES_BETA not in rec.headers.get("anthropic-beta", ""):
+            denied_beta = anthropic_error(f"The Files API needs the header anthropic-beta: {FILES_BETA}",
+                                          "invalid_request_error")
+            await fake.send_error(rec, conn, 400, denied_beta)
+            return
+    else:
+        denied = auth_error(rec.headers, fake.state)
     segments = split(rec.path)
     methods: tuple[str, ...] = {0: ("GET", "POST"), 1: ("GET", "DELETE")}.get(len(segments), ())
     if len(segments) == 2 and segments[1] == "content":
@@ -113,10 +146,64 @@ async def serve(fake: FakeDeepSeek, rec: RecordedRequest, conn: Conn) -> None:
 
 async def answer(fake: FakeDeepSeek, rec: RecordedRequest, conn: Conn, segments: list[str],
                  fault: str | None) -> None:
+    anthropic = rec.path.startswith(ANTHROPIC_PREFIX)
     try:
-        await operation(fake, rec, conn, segments, fault)
+        if anthropic:
+            await anthropic_operation(fake, rec, conn, segments, fault)
+        else:
+            await operation(fake, rec, conn, segments, fault)
     except Refused as refused:
-        await fake.send_error(rec, conn, refused.status, error_bytes(refused.message, refused.error_type))
+        shape = anthropic_error if anthropic else error_bytes
+        await fake.send_error(rec, conn, refused.status, shape(refused.message, refused.error_type))
+
+
+async def anthropic_operation(fake: FakeDeepSeek, rec: RecordedRequest, conn: Conn, segments: list[str],
+                              fault: str | None) -> None:
+    store: dict[str, StoredFile] = fake.state.files
+    owner = rec.auth_key or ""
+    if not segments and rec.method == "POST":
+        parts = {part.name: part for part in parse_multipart(rec.headers.get("content-type", ""), rec.body)}
+        file = parts.get("file")
+        if file is None or file.filename is None or not file.data:
+            raise Refused(400, "Missing required field: file", "invalid_request_error")
+        stored = StoredFile("file_" + secrets.token_hex(12), owner, file.filename, "", file.data,
+                            int(time.time()), mime_type=file.content_type or "application/octet-stream",
+                            anthropic=True)
+        store[stored.id] = stored
+        await fake.send_json(rec, conn, 200, orjson.dumps(stored.anthropic_obj()))
+        return
+    mine = [f for f in store.values() if f.owner == owner and f.anthropic]
+    if not segments:
+        await fake.send_json(rec, conn, 200, orjson.dumps(anthropic_listing(mine, rec.query)))
+        return
+    found = next((f for f in mine if f.id == segments[0]), None)
+    if found is None:
+        raise Refused(404, f"File not found: {segments[0]}", NOT_FOUND)
+    if len(segments) == 2:
+        await send_content(rec, conn, found.content, fault)
+    elif rec.method == "DELETE":
+        del store[found.id]
+        await fake.send_json(rec, conn, 200, orjson.dumps({"id": found.id, "type": "file_deleted"}))
+    else:
+        await fake.send_json(rec, conn, 200, orjson.dumps(found.anthropic_obj()))
+
+
+def anthropic_listing(files: list[StoredFile], query: str) -> dict[str, Any]:
+    """Newest first, `limit` at a time; `next_page` is the opaque cursor (`page_…`) of the next page (the
+    anthropic SDK's `SyncPageCursor`), `has_more`, `first_id` and `last_id` describe the page."""
+    params = {name: values[-1] for name, values in parse_qs(query).items()}
+    least, most, default = ANTHROPIC_LIMIT
+    limit_text = params.get("limit", str(default))
+    if not limit_text.isdigit() or not least <= int(limit_text) <= most:
+        raise Refused(400, f"limit: must be an integer in [{least}, {most}]", "invalid_request_error")
+    chosen = sorted(files, key=lambda f: (f.created_at, f.seq), reverse=True)
+    cursor = params.get("page", "")
+    start = int(cursor[5:]) if cursor.startswith("page_") and cursor[5:].isdigit() else 0
+    page = chosen[start:start + int(limit_text)]
+    more = start + len(page) < len(chosen)
+    return {"data": [f.anthropic_obj() for f in page], "first_id": page[0].id if page else None,
+            "last_id": page[-1].id if page else None, "has_more": more,
+            "next_page": f"page_{start + len(page)}" if more else None}
 
 
 async def operation(fake: FakeDeepSeek, rec: RecordedRequest, conn: Conn, segments: list[str],
@@ -129,11 +216,11 @@ async def operation(fake: FakeDeepSeek, rec: RecordedRequest, conn: Conn, segmen
         await fake.send_json(rec, conn, 200, orjson.dumps(stored.obj()))
         return
     if not segments:
-        mine = [f for f in store.values() if f.owner == owner]
+        mine = [f for f in store.values() if f.owner == owner and not f.anthropic]
         await fake.send_json(rec, conn, 200, orjson.dumps(listing(mine, rec.query)))
         return
     found = store.get(segments[0])
-    if found is None or found.owner != owner:
+    if found is None or found.owner != owner or found.anthropic:
         raise Refused(404, f"No such file: {segments[0]}", NOT_FOUND)
     if len(segments) == 2:
         await send_content(rec, conn, found.content, fault)

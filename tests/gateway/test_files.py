@@ -70,6 +70,12 @@ def access_lines(gate: RunningChatgate, capfd: pytest.CaptureFixture[str]) -> li
     return [line for line in lines if line["route"].startswith("/files")]
 
 
+def access_lines_any(gate: RunningChatgate, capfd: pytest.CaptureFixture[str]) -> list[dict[str, Any]]:
+    gate.state.gw.ledger.access_log.flush()
+    return [json.loads(line) for line in capfd.readouterr().out.splitlines()
+            if line.startswith('{"event":"request"')]
+
+
 def assert_no_usage_record(gate: RunningChatgate, tmp_path: Path) -> None:
     wait_for(lambda: gate.state.recorder.pending == 0, 10, "the recorder to be idle")
     assert _read_usage(tmp_path / "usage.db") == []
@@ -682,3 +688,81 @@ def test_a_list_asks_deepseek_for_a_bounded_number_of_pages(teams: Teams, fake: 
         page = a1.files.list(limit=1)
         assert (page.data, page.has_more) == ([], True), "the scan stopped: nothing yet, maybe more"
         assert [f.id for f in a1.files.list(limit=1, order="desc")] == [ours]
+
+
+# ------------------------------------------------------------------------------------------- Anthropic format
+
+
+def anthropic_sdk(base_url: str, key: str = KEY, sent: Sent | None = None) -> Any:
+    import anthropic
+
+    hooks = {"request": [sent.hook]} if sent is not None else {}
+    http = httpx2.Client(event_hooks=hooks, timeout=20)
+    beta = {"anthropic-beta": "files-api-2025-04-14"}  # DeepSeek's guide: required for its Files API
+    return anthropic.Anthropic(base_url=base_url, api_key=key, max_retries=0, http_client=http,
+                               default_headers=beta)
+
+
+def test_the_anthropic_sdks_files_calls_go_through_byte_for_byte(
+        start_gate: Callable[..., RunningChatgate], fake: RunningFake, capfd: pytest.CaptureFixture[str]
+) -> None:
+    gate = start_gate(server={"access_log": True})
+    sent = Sent()
+    client = anthropic_sdk(gate.url + "/anthropic", sent=sent)
+    uploaded = client.beta.files.upload(file=("cat.png", IMAGE, "image/png"))
+    assert (uploaded.filename, uploaded.mime_type) == ("cat.png", "image/png")
+    assert uploaded.size_bytes == len(IMAGE)
+    second = client.beta.files.upload(file=("dog.png", b"woof", "image/png"))
+    assert [f.id for f in client.beta.files.list(limit=1)] == [second.id, uploaded.id], "paged"
+    client.beta.files.delete(second.id)
+    assert client.beta.files.retrieve_metadata(uploaded.id) == uploaded
+    assert client.beta.files.download(uploaded.id).read() == IMAGE
+    assert client.beta.files.delete(uploaded.id).id == uploaded.id
+    got = fake.state.requests
+    assert [(r.method, r.path) for r in got] == [
+        ("POST", "/anthropic/v1/files"), ("POST", "/anthropic/v1/files"), ("GET", "/anthropic/v1/files"),
+        ("GET", "/anthropic/v1/files"), ("DELETE", f"/anthropic/v1/files/{second.id}"),
+        ("GET", f"/anthropic/v1/files/{uploaded.id}"), ("GET", f"/anthropic/v1/files/{uploaded.id}/content"),
+        ("DELETE", f"/anthropic/v1/files/{uploaded.id}")]
+    assert got[3].query == "limit=1&page=page_1"
+    assert [r.body for r in got] == sent.bodies, "bodies arrive as the SDK sent them"
+    assert all("files-api-2025-04-14" in r.headers["anthropic-beta"] for r in got), "the SDK's beta header"
+    assert got[0].headers["content-type"] == sent.content_types[0]
+    lines = [line for line in access_lines_any(gate, capfd)
+             if line["route"].startswith("/anthropic/v1/files")]
+    assert [(line["route"], line["status"]) for line in lines] == [
+        ("/anthropic/v1/files", 200)] * 4 + [("/anthropic/v1/files/{file_id}", 200)] * 2 + [
+        ("/anthropic/v1/files/{file_id}/content", 200), ("/anthropic/v1/files/{file_id}", 200)]
+
+
+def test_anthropic_format_file_errors_come_back_as_deepseek_sent_them(gate: RunningChatgate,
+                                                                      fake: RunningFake) -> None:
+    import anthropic
+
+    client = anthropic_sdk(gate.url + "/anthropic")
+    with pytest.raises(anthropic.NotFoundError) as missing:
+        client.beta.files.retrieve_metadata("file_never_was")
+    assert missing.value.response.json() == {
+        "type": "error", "error": {"type": "not_found_error", "message": "File not found: file_never_was"}}
+    no_beta = httpx2.get(gate.url + "/anthropic/v1/files", headers={"x-api-key": KEY})
+    assert no_beta.status_code == 400 and "anthropic-beta" in no_beta.text, "DeepSeek's answer, relayed"
+    assert [r.path for r in fake.state.requests] == [
+        "/anthropic/v1/files/file_never_was", "/anthropic/v1/files"]
+
+
+def test_managed_mode_serves_anthropic_format_files_to_the_admin_key_only(teams: Teams, fake: RunningFake
+                                                                         ) -> None:
+    import anthropic
+
+    with pytest.raises(anthropic.NotFoundError) as refused:
+        anthropic_sdk(teams.gate.url + "/anthropic", teams.keys["a1"][1]).beta.files.list()
+    error = refused.value.response.json()
+    assert error["type"] == "error" and error["error"]["code"] == "not_served"
+    assert "/v1/files" in error["error"]["message"]
+    with pytest.raises(anthropic.AuthenticationError):
+        anthropic_sdk(teams.gate.url + "/anthropic", "cg-not-a-key").beta.files.list()
+    assert fake.state.requests == [], "nothing reached DeepSeek"
+    admin = anthropic_sdk(teams.gate.url + "/anthropic", ADMIN)
+    uploaded = admin.beta.files.upload(file=("cat.png", IMAGE, "image/png"))
+    assert [f.id for f in admin.beta.files.list()] == [uploaded.id]
+    assert {r.auth_key for r in fake.state.requests} == {UPSTREAM}
