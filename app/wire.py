@@ -104,19 +104,10 @@ def _set_fail_fast(node: Any) -> None:
 
 def _listed(first: pydantic.ValidationError, model: type[pydantic.BaseModel], body: bytes
             ) -> pydantic.ValidationError:
+    """A large invalid body's errors: its cut copy's if that copy is small enough to check in full."""
     if len(body) > CUT_BODY_MAX:
         return first
-    try:
-        cut = orjson.dumps(_cut(orjson.loads(body), CUT_ITEMS))
-    except (orjson.JSONDecodeError, orjson.JSONEncodeError, RecursionError):
-        return first
-    if len(cut) > FULL_CHECK_BYTES:
-        return first
-    try:
-        model.model_validate_json(cut)
-    except pydantic.ValidationError as listed:
-        return listed
-    return first  # what is wrong lies beyond the cut
+    return _cut_errors(model, body, FULL_CHECK_BYTES) or first  # else what is wrong lies beyond the cut
 
 
 def bounded(exc: pydantic.ValidationError, model: type[pydantic.BaseModel], body: bytes
@@ -126,14 +117,24 @@ def bounded(exc: pydantic.ValidationError, model: type[pydantic.BaseModel], body
     items: the first problems, at a cost bounded by the cut."""
     if exc.error_count() <= ERRORS_MAX:
         return exc
+    return _cut_errors(model, body) or exc
+
+
+def _cut_errors(model: type[pydantic.BaseModel], body: bytes, size_max: int | None = None
+                ) -> pydantic.ValidationError | None:
+    """The errors of the body with every array cut to its first CUT_ITEMS items; None when that copy is
+    valid, larger than `size_max`, or cannot be made."""
     try:
         cut = orjson.dumps(_cut(orjson.loads(body), CUT_ITEMS))
-        model.model_validate_json(cut)
-    except pydantic.ValidationError as fewer:
-        return fewer
     except (orjson.JSONDecodeError, orjson.JSONEncodeError, RecursionError):
-        pass
-    return exc
+        return None
+    if size_max is not None and len(cut) > size_max:
+        return None
+    try:
+        model.model_validate_json(cut)
+    except pydantic.ValidationError as errors:
+        return errors
+    return None
 
 
 def _cut(value: Any, items: int) -> Any:

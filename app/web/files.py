@@ -23,11 +23,9 @@ from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import Response
 
-from app.anthropic.family import MessagesFamily
 from app.errors import NOT_OWNED, APIError, bad_gateway, no_such_file, not_found
-from app.gateway.auth import ADMIN, Identity
+from app.gateway.auth import Identity
 from app.gateway.bodies import BodyStopped, Upload, request_id_of
-from app.gateway.endpoints import families
 from app.gateway.family import Family
 from app.gateway.ledger import Ledger
 from app.gateway.passthrough import OnEnd, Passthrough
@@ -65,75 +63,50 @@ LIMIT_SETTING = "limits.max_file_bytes"
 
 
 def add_files(app: FastAPI, state: State) -> None:
-    anthropic = next(f for f in families(state.settings) if isinstance(f, MessagesFamily))
+    anthropic = state.endpoints[ANTHROPIC + "/messages"].family  # its error shape
     for template, methods in ROUTES:
         handler = _handler(state, template)
         for prefix in ("", "/v1"):
             app.router.add_route(prefix + template, handler, methods=methods, include_in_schema=False)
-        app.router.add_route(ANTHROPIC + template, _anthropic_handler(state, template, anthropic),
+        app.router.add_route(ANTHROPIC + template, _handler(state, template, ANTHROPIC, anthropic),
                              methods=methods, include_in_schema=False)
 
 
-def _anthropic_handler(state: State, template: str, family: MessagesFamily) -> Any:
-    """The Anthropic-format Files API, forwarded byte for byte (errors in Anthropic's shape)."""
-    route = ANTHROPIC + template
+def _handler(state: State, template: str, prefix: str = "", family: Family | None = None) -> Any:
+    """One Files API route: `prefix` is DeepSeek's (and the route's label's), `family` the error shape."""
+    route = prefix + template
 
     async def files(request: Request) -> Response:
         gw, ts, t0, rid = state.gw, time.time(), time.perf_counter(), request_id_of(request)
-        authorization = client_key(request)
         try:
-            identity = gw.auth.admin(authorization) or await gw.auth.identify(authorization)
-            if gw.auth.managed and identity.key_id != ADMIN:
-                raise APIError(404, "The Anthropic-format Files API is not served in managed mode yet: "
-                               "chatgate cannot keep each team's files apart on it. Use the Files API at "
-                               "/v1/files (or the admin key).", "not_found_error", None, "not_served")
+            identity, owners = await _caller(state, client_key(request), teams=not prefix)
         except APIError as error:
             gw.ledger.refused(route, rid, error.status, error.code, ts)
             return error_response(error, rid, family)
         done = functools.partial(_note, gw.ledger, route, rid, ts, t0, identity, request.method)
         upload = Upload(request, state.settings.limits.max_file_bytes, LIMIT_SETTING)
         try:
-            path = ANTHROPIC + _upstream_path(template, request)
-            upload.check()
-        except APIError as error:
-            done("refused", error.status, error.code)
-            return error_response(error, rid, family)
-        headers = _headers(request, identity, rid, gw.auth.managed)
-        deadline = t0 + state.settings.upstream.total_timeout
-        return await _exchange(state, request, path, upload, None, headers, deadline, done, family)
-    return files
-
-
-def _handler(state: State, route: str) -> Any:
-    async def files(request: Request) -> Response:
-        gw, ts, t0, rid = state.gw, time.time(), time.perf_counter(), request_id_of(request)
-        try:
-            identity, owners = await _caller(state, client_key(request))
-        except APIError as error:
-            gw.ledger.refused(route, rid, error.status, error.code, ts)
-            return error_response(error, rid)
-        done = functools.partial(_note, gw.ledger, route, rid, ts, t0, identity, request.method)
-        upload = Upload(request, state.settings.limits.max_file_bytes, LIMIT_SETTING)
-        try:
-            path = _upstream_path(route, request)
+            path = prefix + _upstream_path(template, request)
             upload.check()
             if owners is not None and not await _owned(owners, request):
                 done("refused", 404, NOT_OWNED)
                 return error_response(no_such_file(request.path_params["file_id"]), rid)
         except APIError as error:
             done("refused", error.status, error.code)
-            return error_response(error, rid)
+            return error_response(error, rid, family)
         headers = _headers(request, identity, rid, gw.auth.managed)
         deadline = t0 + state.settings.upstream.total_timeout
-        if owners is not None and route == FILES and request.method == "GET":
+        if owners is not None and template == FILES and request.method == "GET":
             return await _team_list(state, request, owners, headers, deadline, done)
-        return await _exchange(state, request, path, upload, owners, headers, deadline, done)
+        return await _exchange(state, request, path, upload, owners, headers, deadline, done, family)
     return files
 
 
-async def _caller(state: State, authorization: str | None) -> tuple[Identity, Owners | None]:
+async def _caller(state: State, authorization: str | None, teams: bool = True
+                  ) -> tuple[Identity, Owners | None]:
     """Who calls, and the team whose files alone it sees: a client key's in managed mode. The admin key sees
-    every file DeepSeek keeps for the upstream key; in passthrough mode DeepSeek itself keeps each key's."""
+    every file DeepSeek keeps for the upstream key; in passthrough mode DeepSeek itself keeps each key's.
+    Where chatgate cannot keep files per team (`teams` false), a managed client key is refused."""
     auth = state.gw.auth
     admin = auth.admin(authorization)
     if admin is not None:
@@ -141,6 +114,10 @@ async def _caller(state: State, authorization: str | None) -> tuple[Identity, Ow
     identity = await auth.identify(authorization)
     if not auth.managed:
         return identity, None
+    if not teams:
+        raise APIError(404, "The Anthropic-format Files API is not served in managed mode yet: chatgate "
+                       "cannot keep each team's files apart on it. Use the Files API at /v1/files (or the "
+                       "admin key).", "not_found_error", None, "not_served")
     assert auth.store is not None, "a managed client key is only identified with a store"
     return identity, Owners(auth.store, identity)
 
