@@ -4,13 +4,14 @@ A full cache holds tens of thousands of turns for hours. Kept as Python objects 
 a few strings and a float each), they slowed every request of the process by about 5%, those that never
 touch the cache too, measured side by side (bench scenario 11): long-lived small objects scattered through
 the allocator's pools cost the short-lived ones of each request their locality. Here a turn is one record
-in an anonymous memory map, and the index is an array of integers: the cache holds no Python object per
+in an anonymous memory map, and the index is two arrays of integers: the cache holds no Python object per
 turn.
 
 The ring is written in order; a record is live while the bytes after it written since are fewer than the
 ring's size, so the oldest records are the first to go (a record read back from the older half of the ring
 is written again at its end: what is used stays). The table uses open addressing with linear probing over
-record positions; a slot whose record was overwritten or purged is reused. The table is rebuilt from the
+record positions, each slot with its key's hash beside it (so a probe reads no other record's key); a
+slot whose record was overwritten or purged is reused. The table is rebuilt from the
 live records when half of it is taken. A replaced or moved record is zeroed at once; each purge zeroes the
 expired ones and what the ring left of records it partly overwrote, so between purges only live turns and
 such remains are in memory, and after one only live, unexpired turns.
@@ -28,19 +29,16 @@ MIN_SLOTS = 1024
 TABLE_SHARE = 8  # the table takes at most 1/8 of the bound, the ring the rest
 
 
-def _utf8(text: str) -> bytes:
-    return text.encode("utf-8", "surrogatepass")  # a client's ids may hold lone surrogates
-
-
 class TurnCache:
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
         self.size = max_bytes - max_bytes // TABLE_SHARE  # the ring
-        self.max_slots = max(MIN_SLOTS, _pow2_at_most(max_bytes // TABLE_SHARE // 8))
+        self.max_slots = max(MIN_SLOTS, _pow2_at_most(max_bytes // TABLE_SHARE // 16))  # 8+8 bytes a slot
         self._ring = mmap.mmap(-1, self.size) if self.size > 0 else None  # its pages are touched as used
         self._end = 0  # the ring's write position, counted from its start (it only grows)
         self._floor = 0  # records before this position are gone, even where not yet overwritten
         self._slots = array("q", [EMPTY]) * MIN_SLOTS
+        self._tags = array("q", [0]) * MIN_SLOTS  # each slot's key hash
         self._mask = MIN_SLOTS - 1
         self._taken = 0  # slots not EMPTY
         self._cleared_at = 0  # the write position when the dead bytes were last cleared
@@ -50,7 +48,7 @@ class TurnCache:
 
     def get(self, key: str, now: float) -> tuple[str, str, str, float] | None:
         """(turn, names, payload, expires_at) of the unexpired record of `key`."""
-        found = self._find(_utf8(key))
+        found = self._find(key.encode("utf-8", "surrogatepass"))
         if found is None:
             return None
         slot, position = found
@@ -74,10 +72,14 @@ class TurnCache:
         return turn, names, payload, expires
 
     def put(self, key: str, turn: str, names: str, payload: str, expires_at: float) -> None:
-        kb = key.encode("utf-8", "surrogatepass")
-        tb, nb = turn.encode("utf-8", "surrogatepass"), names.encode("utf-8", "surrogatepass")
-        pb = payload.encode("utf-8", "surrogatepass")
-        length = _HEAD.size + len(kb) + len(tb) + len(nb) + len(pb)
+        text = key + turn + names + payload
+        data = text.encode("utf-8", "surrogatepass")
+        if len(data) == len(text):  # ASCII (DeepSeek's ids, and most tool names): one encoding for all
+            klen, tlen, nlen, plen = len(key), len(turn), len(names), len(payload)
+        else:
+            klen, tlen, nlen, plen = [len(part.encode("utf-8", "surrogatepass"))
+                                      for part in (key, turn, names, payload)]
+        length = _HEAD.size + len(data)
         ring, size = self._ring, self.size
         if ring is None or length > size:
             self.delete(key)
@@ -87,14 +89,14 @@ class TurnCache:
             ring[at:size] = bytes(size - at)
             self._end += size - at
             at = 0
-        _HEAD.pack_into(ring, at, expires_at, len(kb), len(tb), len(nb), len(pb))
-        ring[at + _HEAD.size:at + length] = b"".join((kb, tb, nb, pb))
+        _HEAD.pack_into(ring, at, expires_at, klen, tlen, nlen, plen)
+        ring[at + _HEAD.size:at + length] = data
         position = self._end
         self._end += length
-        self._index(kb, position)
+        self._index(data[:klen], position)
 
     def delete(self, key: str) -> None:
-        found = self._find(_utf8(key))
+        found = self._find(key.encode("utf-8", "surrogatepass"))
         if found is not None:
             self._erase(found[0], found[1])
 
@@ -159,13 +161,18 @@ class TurnCache:
 
     def _find(self, kb: bytes) -> tuple[int, int] | None:
         """(slot, position) of the live record of this key."""
-        slots, mask, live = self._slots, self._mask, self._live_from()
-        i = hash(kb) & mask
+        slots, tags, mask = self._slots, self._tags, self._mask
+        live = self._end - self.size
+        if live < self._floor:
+            live = self._floor
+        tag = hash(kb)
+        i = tag & mask
         while True:
             position = slots[i]
             if position == EMPTY:
                 return None
-            if position >= live and self._key_at(position) == kb:
+            # the tag (the key's hash) spares reading the keys of other records probed on the way
+            if tags[i] == tag and position >= live and self._key_at(position) == kb:
                 return i, position
             i = (i + 1) & mask
 
@@ -177,13 +184,18 @@ class TurnCache:
             self._erase(*found)
             self._slots[found[0]] = position
             return
-        slots, mask, live = self._slots, self._mask, self._live_from()
-        i = hash(kb) & mask
+        slots, mask = self._slots, self._mask
+        live = self._end - self.size
+        if live < self._floor:
+            live = self._floor
+        tag = hash(kb)
+        i = tag & mask
         while slots[i] >= live:  # another key's live record; empty, erased and overwritten slots are free
             i = (i + 1) & mask
         if slots[i] == EMPTY:
             self._taken += 1
         slots[i] = position
+        self._tags[i] = tag
 
     def _erase(self, slot: int, position: int) -> None:
         assert self._ring is not None
@@ -203,12 +215,15 @@ class TurnCache:
             live = live[len(live) // 2:]
         n = min(self.max_slots, max(MIN_SLOTS, _pow2_at_most(len(live) * 4) * 2))
         self._slots = array("q", [EMPTY]) * n
+        self._tags = array("q", [0]) * n
         self._mask, self._taken = n - 1, 0
         for position in live:
-            i = hash(self._key_at(position)) & self._mask
+            tag = hash(self._key_at(position))
+            i = tag & self._mask
             while self._slots[i] != EMPTY:
                 i = (i + 1) & self._mask
             self._slots[i] = position
+            self._tags[i] = tag
             self._taken += 1
 
 
