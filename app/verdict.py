@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from app.errors import Problem
 from app.profiles import ModelProfile
@@ -19,8 +20,9 @@ class Verdict:
     max_tokens: int | None = None
     profile: ModelProfile | None = None
     media: bool = True  # the body may hold images (False: certainly none, so they need not be looked for)
+    request: Any = None  # the family's validated request (its in-place restore reads it), when there is one
 
     def without_problems(self) -> Verdict:
         """The same verdict with no problems left (what `dataclasses.replace` does, for a fraction of it)."""
         return Verdict([], self.warnings, self.model, self.stream, self.thinking, self.tools, self.max_tokens,
-                       self.profile, self.media)
+                       self.profile, self.media, self.request)

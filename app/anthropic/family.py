@@ -15,7 +15,7 @@ from app.anthropic.stream import MessagesMeter, StreamedThinkingTurn, tokens_fro
 from app.errors import APIError, Problem
 from app.metering.usage import TokenCounts
 from app.profiles import ModelProfile
-from app.repair.base import Applied, RepairOptions, Turn
+from app.repair.base import Applied, InPlace, RepairOptions, Turn
 from app.verdict import Verdict
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -49,6 +49,9 @@ class MessagesFamily:
     def turns_to_restore(self, data: dict[str, Any], found: Sequence[Problem], options: RepairOptions
                          ) -> dict[int, tuple[tuple[str, ...], tuple[str, ...]]]:
         return thinking_wanted(data, found, options)
+
+    def restore_in_place(self, body: bytes, verdict: Verdict, options: RepairOptions) -> InPlace | None:
+        return None
 
     def turn_of(self, data: dict[str, Any], problem: Problem) -> tuple[str, ...] | None:
         i = message_index(problem)

@@ -47,7 +47,7 @@ class Exchange:
             self._json = peek(self.body)
         return self._json
 
-    def replace_body(self, body: bytes, data: dict[str, Any]) -> None:
+    def replace_body(self, body: bytes, data: dict[str, Any] | None) -> None:
         self.body, self._json = body, data
 
     def response_headers(self, resp: httpx2.Response) -> list[tuple[bytes, bytes]]:

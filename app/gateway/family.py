@@ -10,7 +10,7 @@ from typing import Any, Protocol
 from app.errors import APIError, Problem
 from app.metering.usage import TokenCounts
 from app.profiles import ModelProfile
-from app.repair.base import Applied, RepairOptions, Turn
+from app.repair.base import Applied, InPlace, RepairOptions, Turn
 from app.verdict import Verdict
 
 
@@ -70,6 +70,10 @@ class Family(Protocol):
     def turns_to_restore(self, data: dict[str, Any], found: Sequence[Problem], options: RepairOptions
                          ) -> dict[int, tuple[tuple[str, ...], tuple[str, ...]]]:
         """For each message a restore repair would fix: (call ids, tool names) of its turn."""
+
+    def restore_in_place(self, body: bytes, verdict: Verdict, options: RepairOptions) -> InPlace | None:
+        """The common case of a restore (every problem is one, nothing else to repair), done on the body's
+        bytes, when the family can say for certain where each piece goes; None: parse, repair and dump."""
 
     def turn_of(self, data: dict[str, Any], problem: Problem) -> tuple[str, ...] | None:
         """The call ids of the turn a restore problem is about (to say why it was not restored)."""

@@ -35,7 +35,7 @@ from app.metering.store.base import StoreError, TurnRow, UsageRecord
 from app.metering.tokens import context_overflow
 from app.quotas.gate import Quotas, refusal_error
 from app.quotas.model import Refusal
-from app.repair.base import Applied, Repaired
+from app.repair.base import Applied, Repaired, TurnCalls
 from app.repair.memory import TurnMemory
 from app.settings import Settings
 from app.verdict import Verdict
@@ -189,7 +189,18 @@ class Gateway:
 
     async def _repair(self, ex: Exchange, family: Family, verdict: Verdict, origin: str) -> Verdict:
         """Apply the enabled repairs that fix some of the problems found and check the result again, up to
-        REPAIR_PASSES times."""
+        REPAIR_PASSES times. The common case, turns whose reasoning a client dropped and chatgate relayed,
+        is done on the body's bytes when the family can (no parse, no dump, no check again)."""
+        in_place = family.restore_in_place(ex.body, verdict, self.repairs)
+        if in_place is not None:
+            recalled, missed = await self._recall(ex, family.turn_kind, in_place.wanted)
+            if not missed and len(recalled) == len(in_place.wanted):
+                # Every problem was a turn's missing reasoning, put back as relayed: nothing else changed,
+                # so checking the body again could only find what it found before, minus those.
+                body, done = in_place.apply(recalled)
+                ex.replace_body(body, None)
+                ex.repaired = Repaired(done, {})
+                return verdict.without_problems()
         applied: list[Applied] = []
         misses: dict[str, str] = {}
         for _ in range(REPAIR_PASSES):
@@ -202,7 +213,8 @@ class Gateway:
                 break
             if not isinstance(data, dict):
                 break
-            recalled, missed = await self._recall(ex, family, data, found)
+            recalled, missed = await self._recall(ex, family.turn_kind,
+                                                  family.turns_to_restore(data, found, self.repairs))
             misses.update(missed)
             done = family.repair(data, found, self.repairs, verdict.profile, recalled)
             if not done:
@@ -216,24 +228,26 @@ class Gateway:
                 verdict = verdict.without_problems()
                 break
             verdict = family.check(body, beta=ex.route.beta, origin=origin)
+        if misses:
+            self.metrics.restore_misses.inc(len(misses))
         if applied or misses:
             ex.repaired = Repaired(applied, misses)
         if applied:
             self._describe(ex, verdict)
         return verdict
 
-    async def _recall(self, ex: Exchange, family: Family, data: dict[str, Any], found: list[Problem]
+    async def _recall(self, ex: Exchange, kind: str, wanted: dict[int, TurnCalls]
                       ) -> tuple[dict[int, str], dict[str, str]]:
-        """A restore repair's look-up: the remembered turn of each message it would fix, if it is this
-        caller's and its tool calls are the ones chatgate relayed; else why not (by call ids)."""
-        wanted = family.turns_to_restore(data, found, self.repairs)
+        """A restore repair's look-up of the turns it wants (message index -> (call ids, tool names)): the
+        remembered turn of each, if it is this caller's and its tool calls are the ones chatgate relayed;
+        else why not (by call ids)."""
         if not wanted:
             return {}, {}
         if not ex.identity.caller:
             why = "chatgate restores turns only for callers that send a key"
             return {}, {",".join(ids): why for ids, _ in wanted.values()}
         all_ids = [call_id for ids, _ in wanted.values() for call_id in ids]
-        rows = await self.memory.recall(ex.identity.caller, family.turn_kind, all_ids)
+        rows = await self.memory.recall(ex.identity.caller, kind, all_ids)
         recalled: dict[int, str] = {}
         misses: dict[str, str] = {}
         for i, (ids, names) in wanted.items():
@@ -241,7 +255,6 @@ class Gateway:
             if payload is not None:
                 recalled[i] = payload
                 continue
-            self.metrics.restore_misses.inc()
             ttl = _duration(self.settings.repair.reasoning_ttl_seconds)
             misses[",".join(ids)] = (
                 "the tool calls differ from the answer chatgate relayed with these ids"

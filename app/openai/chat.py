@@ -10,11 +10,11 @@ import orjson
 from app.errors import APIError, Problem
 from app.metering.usage import TokenCounts, tokens_from_usage
 from app.openai.answers import StreamedTurn, turn_from_completion
-from app.openai.repairs import message_index, reasoning_wanted, repair_chat, wanted
+from app.openai.repairs import message_index, reasoning_splice, reasoning_wanted, repair_chat, wanted
 from app.openai.rules import Policy, check_body
 from app.openai.stream import StreamMeter, UsageStripper
 from app.profiles import ModelProfile
-from app.repair.base import Applied, RepairOptions, Turn
+from app.repair.base import Applied, InPlace, RepairOptions, Turn
 from app.verdict import Verdict
 
 
@@ -43,7 +43,7 @@ class ChatFamily:
         if req is None:
             return Verdict(checked.problems, checked.warnings, profile=checked.profile)
         return Verdict(checked.problems, checked.warnings, req.model, req.stream is True, checked.thinking,
-                       bool(req.tools), req.max_tokens, checked.profile, checked.media)
+                       bool(req.tools), req.max_tokens, checked.profile, checked.media, req)
 
     def repairable(self, found: Sequence[Problem], options: RepairOptions) -> bool:
         return wanted(found, options)
@@ -52,6 +52,21 @@ class ChatFamily:
                          ) -> dict[int, tuple[tuple[str, ...], tuple[str, ...]]]:
         messages = data.get("messages") or []
         return {i: calls_of(messages[i]) for i in reasoning_wanted(found, options) if i < len(messages)}
+
+    def restore_in_place(self, body: bytes, verdict: Verdict, options: RepairOptions) -> InPlace | None:
+        req = verdict.request
+        if (req is None or not verdict.problems or not options.on("restore_reasoning")
+                or any(p.code != "reasoning_content_missing" for p in verdict.problems)
+                or (verdict.warnings and wanted(verdict.warnings, options))):
+            return None
+        indices = reasoning_wanted(verdict.problems, options)
+        messages = req.messages
+        if len(indices) != len(verdict.problems) or any(i >= len(messages) for i in indices):
+            return None
+        splice = reasoning_splice(body, messages, indices)
+        if splice is None:
+            return None
+        return InPlace({i: calls_of(messages[i]) for i in indices}, splice)
 
     def turn_of(self, data: dict[str, Any], problem: Problem) -> tuple[str, ...] | None:
         i = message_index(problem)

@@ -20,7 +20,7 @@ from app.openai.fim_stream import FimStreamMeter
 from app.openai.rules import Policy
 from app.openai.stream import UsageStripper
 from app.profiles import ModelProfile
-from app.repair.base import Applied, RepairOptions, Turn
+from app.repair.base import Applied, InPlace, RepairOptions, Turn
 from app.verdict import Verdict
 
 FIM_ROUTE = "/beta/completions"
@@ -67,6 +67,9 @@ class FimFamily:
     def turns_to_restore(self, data: dict[str, Any], found: Sequence[Problem], options: RepairOptions
                          ) -> dict[int, tuple[tuple[str, ...], tuple[str, ...]]]:
         return {}
+
+    def restore_in_place(self, body: bytes, verdict: Verdict, options: RepairOptions) -> InPlace | None:
+        return None
 
     def turn_of(self, data: dict[str, Any], problem: Problem) -> tuple[str, ...] | None:
         return None

@@ -11,6 +11,8 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import orjson
+
 from app.errors import Problem
 from app.profiles import ModelProfile
 from app.repair.base import Applied, RepairOptions
@@ -134,6 +136,48 @@ def _restore(messages: list[Any], found: Sequence[Problem], options: RepairOptio
             msg["reasoning_content"] = recalled[i]
             applied.append(Applied("restore_reasoning", f"messages[{i}]"))
     return applied
+
+
+_CALLS_KEY = b'"tool_calls"'
+# A key may spell a letter or "_" as a \u escape (\u0074 for "t"): where the body has such an escape, the
+# key's bytes cannot be found by their plain spelling.
+_ESCAPED_NAME_CHAR = re.compile(rb"\\u00(?:5[fF]|[67][0-9a-fA-F])")
+
+
+def reasoning_splice(body: bytes, messages: Sequence[Any], indices: Sequence[int]
+                     ) -> Callable[[Mapping[int, str]], tuple[bytes, list[Applied]]] | None:
+    """restore_reasoning on the body's bytes: each recalled reasoning_content goes in front of its
+    message's `"tool_calls"` key, and every other byte stays as the client sent it. None unless that place
+    is certain: each message that has the key (as validated: `messages`) has it spelled plainly, once, and
+    no other object of the body has it (the counts agree), so the k-th key in the bytes is the k-th of
+    those messages'; and none of the messages to fix has a reasoning_content key already (a null one
+    would be a duplicate key)."""
+    keyed = [i for i, msg in enumerate(messages) if "tool_calls" in msg]
+    if (body.count(_CALLS_KEY) != len(keyed) or body.count(b'"tool_calls":') != len(keyed)
+            or (b"\\u00" in body and _ESCAPED_NAME_CHAR.search(body))):
+        return None
+    if any("reasoning_content" in messages[i] or messages[i].get("role") != "assistant" for i in indices):
+        return None
+    rank = {i: k for k, i in enumerate(keyed)}
+    if any(i not in rank for i in indices):
+        return None
+
+    def apply(recalled: Mapping[int, str]) -> tuple[bytes, list[Applied]]:
+        wanted_ranks = {rank[i]: i for i in recalled}
+        pieces: list[bytes] = []
+        applied: list[Applied] = []
+        last, at = 0, -1
+        for k in range(max(wanted_ranks, default=-1) + 1):
+            at = body.find(_CALLS_KEY, at + 1)
+            i = wanted_ranks.get(k)
+            if i is not None:
+                pieces += (body[last:at], b'"reasoning_content":', orjson.dumps(recalled[i]), b",")
+                applied.append(Applied("restore_reasoning", f"messages[{i}]"))
+                last = at
+        pieces.append(body[last:])
+        return b"".join(pieces), applied
+
+    return apply
 
 
 def _restructure(messages: list[Any], found: Sequence[Problem], options: RepairOptions,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -121,3 +122,15 @@ class Repaired:
         for a in self.applied:
             seen.setdefault(a.code)
         return list(seen)
+
+
+TurnCalls = tuple[tuple[str, ...], tuple[str, ...]]  # (call ids, tool names) of one tool-call turn
+
+
+@dataclass(frozen=True, slots=True)
+class InPlace:
+    """A restore that needs no new parse of the body: the turns it wants (message index -> (call ids, tool
+    names)), and how to put their recalled pieces into the body's bytes (-> the new body, what it did)."""
+
+    wanted: dict[int, TurnCalls]
+    apply: Callable[[dict[int, str]], tuple[bytes, list[Applied]]]

@@ -12,7 +12,7 @@ import orjson
 from app.errors import APIError, Problem
 from app.metering.usage import TokenCounts
 from app.profiles import ModelProfile
-from app.repair.base import Applied, RepairOptions, Turn
+from app.repair.base import Applied, InPlace, RepairOptions, Turn
 from app.responses.repairs import reasoning_wanted, repair_responses, turn_of, wanted
 from app.responses.rules import Options, check_body
 from app.responses.stream import ResponsesMeter, StreamedTurn, tokens_from_usage, turn_from_response
@@ -47,6 +47,9 @@ class ResponsesFamily:
     def turns_to_restore(self, data: dict[str, Any], found: Sequence[Problem], options: RepairOptions
                          ) -> dict[int, tuple[tuple[str, ...], tuple[str, ...]]]:
         return reasoning_wanted(data, found, options)
+
+    def restore_in_place(self, body: bytes, verdict: Verdict, options: RepairOptions) -> InPlace | None:
+        return None
 
     def turn_of(self, data: dict[str, Any], problem: Problem) -> tuple[str, ...] | None:
         return turn_of(data, problem)

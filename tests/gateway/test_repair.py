@@ -5,6 +5,7 @@ record, /metrics, the access log); each opt-in repair end to end; a valid body s
 from __future__ import annotations
 
 import contextlib
+import json
 import sqlite3
 import time
 from collections.abc import Callable, Iterator
@@ -159,6 +160,30 @@ def test_a_turn_the_cache_no_longer_holds_is_restored_from_the_store(gate: Runni
     assert error["param"] == f"messages[{len(body['messages']) - 2}].reasoning_content"
     assert "could not restore it: it has no record of this turn for your key" in error["message"]
     assert [r["path"] for r in error["repairs"]] == ["messages[1]", "messages[4]"]
+    metrics = httpx2.get(gate.url + "/metrics").text
+    assert "chatgate_reasoning_restore_misses_total 1.0" in metrics, "one turn missed, counted once"
+
+
+def test_a_restored_body_is_the_clients_bytes_with_only_the_reasoning_inserted_r17(
+        gate: RunningChatgate, fake: RunningFake) -> None:
+    """The common restore is done on the bytes: DeepSeek gets the client's own spacing, key order and
+    escapes, with `"reasoning_content":…,` in front of the turn's tool_calls."""
+    first = dropping_loop(gate, rounds=1, stream=False)[0]
+    calls = tool_calls_of(first, stream=False)
+    call_id = json.dumps(calls[0]["id"])
+    text = ("{\n  \"messages\": [{\"content\": \"Regenschirm in M\\u00fcnchen? 日本\", \"role\": \"user\"},\n"
+            "    {\"tool_calls\": " + json.dumps(calls) + ", \"role\": \"assistant\", \"content\": null},\n"
+            "    {\"role\": \"tool\", \"tool_call_id\": " + call_id + ", \"content\": \"rain\"}],\n"
+            "  \"model\": \"deepseek-flash\", \"tools\": [" + json.dumps(SEARCH) + "]\n}")
+    body = text.encode()
+    resp = httpx2.post(gate.url + "/v1/chat/completions", content=body, timeout=10,
+                       headers={**JSON_HEADERS, "authorization": f"Bearer {KEY}"})
+    assert resp.status_code == 200, resp.text
+    assert resp.headers["x-chatgate-repaired"] == "restore_reasoning@messages[1]"
+    fake.state.wait_idle(5)
+    inserted = b'"reasoning_content":"The user sent 1 messages; I will answer.",'
+    expected = body.replace(b'{"tool_calls": ', b'{' + inserted + b'"tool_calls": ')
+    assert fake.state.requests[-1].body == expected
 
 
 def test_validate_shows_the_repairs_and_the_repaired_body(gate: RunningChatgate, fake: RunningFake) -> None:

@@ -12,8 +12,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from app.gateway.proxy import REPAIR_PASSES
+from app.openai.chat import ChatFamily
 from app.openai.repairs import HANDLES, repair_chat
-from app.openai.rules import Checked
+from app.openai.rules import Checked, Policy
 from app.profiles import DEFAULT_PROFILES
 from app.repair.base import CATALOG, NAMES, RepairOptions
 from tests.openai.conversations import TOOLS, assistant, call, calls, check, request, tool, user
@@ -312,3 +313,140 @@ def test_a_valid_request_is_never_changed(req: dict[str, Any], options: RepairOp
 def test_each_repair_names_its_rules(name: str) -> None:
     spec = next(s for s in CATALOG if s.name == name)
     assert spec.rules and all(rule[0] in "RAP" and rule[1:].isdigit() for rule in spec.rules) and spec.what
+
+
+# --- restore_reasoning on the body's bytes (ChatFamily.restore_in_place) ----------------------------------
+
+CHAT = ChatFamily(Policy())
+DEFAULTS = RepairOptions()
+
+
+def in_place(body: bytes, recalled: dict[int, str]) -> bytes | None:
+    """The in-place restore of `body` with these turns recalled; None where the family declines."""
+    plan = CHAT.restore_in_place(body, CHAT.check(body, beta=False, origin=None), DEFAULTS)
+    if plan is None:
+        return None
+    assert set(plan.wanted) == set(recalled)
+    spliced, applied = plan.apply(recalled)
+    assert [a.label() for a in applied] == [f"restore_reasoning@messages[{i}]" for i in sorted(recalled)]
+    return spliced
+
+
+def dropped(rounds: int, keep: set[int] = frozenset(), **extra: Any) -> tuple[dict[str, Any], dict[int, str]]:
+    """An agent loop whose client dropped the reasoning of every turn but those in `keep`."""
+    msgs: list[dict[str, Any]] = [user("Plan a trip: Paris, then Oslo. 日本語も")]
+    recalled: dict[int, str] = {}
+    for r in range(rounds):
+        turn = calls(call(f"call_{r}"), reasoning=f"turn {r}: I should look it up." if r in keep else None)
+        if r not in keep:
+            recalled[len(msgs)] = f"turn {r}: \"quoted\", ünïcode and a \\ backslash"
+        msgs += [turn, tool(f"call_{r}")]
+    return request(msgs, tools=TOOLS, **extra), recalled
+
+
+def test_in_place_restore_inserts_each_reasoning_and_keeps_every_other_byte_r17() -> None:
+    req, recalled = dropped(3, keep={1})
+    body = json.dumps(req, ensure_ascii=False).encode()  # ", " and ": " separators, as Python's json writes
+    spliced = in_place(body, recalled)
+    assert spliced is not None
+    expected = copy.deepcopy(req)
+    for i, text in recalled.items():
+        expected["messages"][i]["reasoning_content"] = text
+    assert json.loads(spliced) == expected
+    assert CHAT.check(spliced, beta=False, origin=None).problems == []
+    inserted = [f'"reasoning_content":{json.dumps(text, ensure_ascii=False)},'.encode()
+                for text in recalled.values()]
+    rest = spliced
+    for piece in inserted:
+        rest = rest.replace(piece, b"", 1)
+    assert rest == body  # nothing else moved
+
+
+def test_in_place_restore_of_some_turns_only_r17() -> None:
+    req, recalled = dropped(3)
+    body = json.dumps(req, separators=(",", ":")).encode()
+    plan = CHAT.restore_in_place(body, CHAT.check(body, beta=False, origin=None), DEFAULTS)
+    assert plan is not None and set(plan.wanted) == set(recalled)
+    first = min(recalled)
+    spliced, applied = plan.apply({first: "only this one"})
+    assert [a.path for a in applied] == [f"messages[{first}]"]
+    after = json.loads(spliced)
+    assert after["messages"][first]["reasoning_content"] == "only this one"
+    assert [p.param for p in CHAT.check(spliced, beta=False, origin=None).problems] == [
+        f"messages[{i}].reasoning_content" for i in sorted(recalled) if i != first]
+
+
+@pytest.mark.parametrize(("why", "change"), [
+    ("another object has a tool_calls key (a tool's schema)",
+     lambda b: b.replace(b'"properties":{', b'"properties":{"tool_calls":{"type":"string"},', 1)),
+    ("the key is spelled with an escape", lambda b: b.replace(b'"tool_calls"', b'"tool\\u005fcalls"', 1)),
+    ("the key has a space before its colon", lambda b: b.replace(b'"tool_calls":', b'"tool_calls" :', 1)),
+    ("a turn has a null reasoning_content (inserting would make a duplicate key)",
+     lambda b: b.replace(b'"tool_calls":', b'"reasoning_content":null,"tool_calls":', 1)),
+    ("a message has the key twice",
+     lambda b: b.replace(b'"tool_calls":', b'"tool_calls":[],"tool_calls":', 1)),
+])
+def test_in_place_restore_declines_where_the_place_is_not_certain_r17(why: str, change: Any) -> None:
+    req, _ = dropped(2)
+    body = change(json.dumps(req, separators=(",", ":")).encode())
+    assert body != json.dumps(req, separators=(",", ":")).encode(), why
+    verdict = CHAT.check(body, beta=False, origin=None)
+    assert CHAT.restore_in_place(body, verdict, DEFAULTS) is None, why
+
+
+def test_in_place_restore_is_not_used_when_another_problem_needs_a_repair() -> None:
+    req, _ = dropped(1)
+    req["messages"].insert(0, {"role": "developer", "content": "Be terse."})
+    body = json.dumps(req).encode()
+    options = RepairOptions(frozenset({"restore_reasoning", "developer_role"}))
+    assert CHAT.restore_in_place(body, CHAT.check(body, beta=False, origin=None), options) is None
+
+
+@st.composite
+def dropped_turns(draw: st.DrawFn) -> tuple[dict[str, Any], dict[int, str], bool]:
+    """An agent loop whose client dropped some turns' reasoning (nothing else wrong), with the reasoning
+    chatgate would recall, written as clients write JSON; and whether it has nothing that makes the
+    in-place restore decline (so it must be used)."""
+    texts = st.sampled_from(["ok", "tool_calls", '{"tool_calls": []}', "naïve 日本", "a\\u0074b", ""])
+    msgs: list[dict[str, Any]] = [user(draw(texts))]
+    recalled: dict[int, str] = {}
+    for r in range(draw(st.integers(1, 4))):
+        ids = [f"call_{r}_{k}" for k in range(draw(st.integers(1, 3)))]
+        drop = draw(st.booleans()) or (r == 0)
+        turn = calls(*(call(i) for i in ids), content=draw(st.none() | texts),
+                     reasoning=None if drop else "kept")
+        if draw(st.booleans()):  # key order as another client writes it
+            turn = dict(reversed(list(turn.items())))
+        if drop:
+            recalled[len(msgs)] = draw(st.sampled_from(["plain", 'with "quotes" and \\ and ünï', "x" * 300]))
+        msgs.append(turn)
+        msgs += [tool(i, draw(texts)) for i in ids]
+    tools = copy.deepcopy(TOOLS)
+    schema_key = draw(st.booleans()) and draw(st.booleans())
+    if schema_key:
+        tools[0]["function"]["parameters"]["properties"]["tool_calls"] = {"type": "string"}
+    req = request(msgs, tools=tools)
+    plain = not schema_key and not any(m.get("content") == "tool_calls" for m in msgs)
+    return req, recalled, plain
+
+
+@examples(150)
+@given(case=dropped_turns(), compact=st.booleans(), ascii_only=st.booleans())
+def test_in_place_restore_equals_the_parsed_repair_whenever_it_is_used(
+        case: tuple[dict[str, Any], dict[int, str], bool], compact: bool, ascii_only: bool) -> None:
+    """Wherever the family restores in place, the body means what restoring the parsed request gives;
+    and a body with nothing doubtful is restored in place."""
+    req, recalled, plain = case
+    body = json.dumps(req, ensure_ascii=ascii_only, separators=(",", ":") if compact else None).encode()
+    verdict = CHAT.check(body, beta=False, origin=None)
+    assert {p.code for p in verdict.problems} == {"reasoning_content_missing"}
+    plan = CHAT.restore_in_place(body, verdict, DEFAULTS)
+    if plan is None:
+        assert not plain or b"\\u00" in body, body
+        return
+    assert set(plan.wanted) == set(recalled)
+    spliced, _ = plan.apply(recalled)
+    data = json.loads(body)
+    repair_chat(data, verdict.problems, DEFAULTS, DEFAULT_PROFILES.get(req["model"]), recalled)
+    assert json.loads(spliced) == data
+    assert CHAT.check(spliced, beta=False, origin=None).problems == []
