@@ -177,25 +177,33 @@ class TurnCache:
             i = (i + 1) & mask
 
     def _index(self, kb: bytes, position: int) -> None:
+        """Point the key's slot at its new record: the slot of its older record (whose bytes go), else the
+        first free one on its probe path (empty, erased, or overwritten by the ring)."""
         if (self._taken + 1) * 2 > len(self._slots):
             self._rebuild()
-        found = self._find(kb)
-        if found is not None:  # the key's older record: its bytes go, its slot is this one's
-            self._erase(*found)
-            self._slots[found[0]] = position
-            return
-        slots, mask = self._slots, self._mask
+        slots, tags, mask = self._slots, self._tags, self._mask
         live = self._end - self.size
         if live < self._floor:
             live = self._floor
         tag = hash(kb)
-        i = tag & mask
-        while slots[i] >= live:  # another key's live record; empty, erased and overwritten slots are free
+        i, free = tag & mask, -1
+        while True:
+            found = slots[i]
+            if found == EMPTY:
+                break
+            if found < live:  # DELETED is below any position
+                if free < 0:
+                    free = i
+            elif tags[i] == tag and self._key_at(found) == kb:
+                self._erase(i, found)
+                free = i
+                break
             i = (i + 1) & mask
-        if slots[i] == EMPTY:
+        if free < 0:
+            free = i
             self._taken += 1
-        slots[i] = position
-        self._tags[i] = tag
+        slots[free] = position
+        tags[free] = tag
 
     def _erase(self, slot: int, position: int) -> None:
         assert self._ring is not None
