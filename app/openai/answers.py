@@ -8,6 +8,7 @@ from typing import Any
 import orjson
 
 from app.repair.base import Turn
+from app.sse import SCAN_AT
 
 
 def turn_from_completion(data: Any) -> Turn | None:
@@ -28,25 +29,34 @@ def turn_from_completion(data: Any) -> Turn | None:
 
 
 class StreamedTurn:
-    """Collects the tool calls of a relayed stream: only the data lines that carry `tool_calls` are parsed
-    (a few per call); the reasoning comes from the stream meter at the end."""
+    """Collects the tool calls of a relayed stream: the bytes are scanned in batches (as the meter does, not
+    chunk by chunk), and only the data lines that carry `tool_calls` are parsed (a few per call); the
+    reasoning comes from the stream meter at the end."""
 
-    __slots__ = ("_calls", "_tail", "saw_reasoning")
+    __slots__ = ("_buf", "_calls", "saw_reasoning")
 
     def __init__(self) -> None:
-        self._tail = b""
+        self._buf = bytearray()
         self._calls: dict[int, list[str]] = {}  # index -> [id, name]
         self.saw_reasoning = False
 
     def feed(self, chunk: bytes) -> None:
-        data = self._tail + chunk if self._tail else chunk
-        cut = data.rfind(b"\n") + 1
-        self._tail = data[cut:]
-        if not self.saw_reasoning and b'"reasoning_content":"' in data:
-            self.saw_reasoning = True
-        if b'"tool_calls"' not in data:  # most chunks (the reasoning, the content): no line to look at
+        self._buf += chunk
+        if len(self._buf) > SCAN_AT:
+            self._scan(final=False)
+
+    def _scan(self, final: bool) -> None:
+        data = bytes(self._buf)
+        cut = len(data) if final else data.rfind(b"\n") + 1
+        if not cut:
             return
-        for line in data[:cut].split(b"\n"):
+        self._buf = bytearray(data[cut:])
+        batch = data[:cut]
+        if not self.saw_reasoning and b'"reasoning_content":"' in batch:
+            self.saw_reasoning = True
+        if b'"tool_calls"' not in batch:  # most batches (the reasoning, the content): no line to look at
+            return
+        for line in batch.split(b"\n"):
             if b'"tool_calls"' in line and line.startswith(b"data:"):
                 self._line(line[5:])
 
@@ -71,6 +81,7 @@ class StreamedTurn:
                     entry[1] = function["name"]
 
     def turn(self, reasoning: str) -> Turn | None:
+        self._scan(final=True)
         if not self._calls or not self.saw_reasoning:
             return None
         calls = [self._calls[i] for i in sorted(self._calls)]

@@ -9,6 +9,7 @@ import pytest
 
 from app.openai.answers import StreamedTurn, turn_from_completion
 from app.repair.base import Turn
+from app.sse import SCAN_AT
 
 
 def completion(message: Any) -> dict[str, Any]:
@@ -68,3 +69,20 @@ def test_a_stream_without_reasoning_or_calls_is_no_turn() -> None:
     no_calls = StreamedTurn()
     no_calls.feed(event({"reasoning_content": "think"}) + event({"content": "done"}))
     assert no_calls.turn("think") is None
+
+
+@pytest.mark.parametrize("step", [1, 7, 4096, 20_000, 10**6])
+def test_a_long_streamed_turn_is_collected_whatever_the_chunks(step: int) -> None:
+    """Streams are scanned in batches of SCAN_AT bytes: calls in several batches, with lines cut at batch
+    and chunk ends, are all found."""
+    thinking = b"".join(event({"reasoning_content": f"step {k} of a long plan. "}) for k in range(900))
+    calls = b"".join(event({"tool_calls": [{"index": k, "id": f"call_{k}", "type": "function",
+                                           "function": {"name": f"tool_{k}", "arguments": ""}}]})
+                     + thinking[:thinking.index(b"\n\n", SCAN_AT // 3) + 2] for k in range(4))
+    stream = thinking + calls + b"data: [DONE]"  # no final newline
+    assert len(stream) > 3 * SCAN_AT
+    turns = StreamedTurn()
+    for n in range(0, len(stream), step):
+        turns.feed(stream[n:n + step])
+    assert turns.turn("plan") == Turn(("call_0", "call_1", "call_2", "call_3"),
+                                      ("tool_0", "tool_1", "tool_2", "tool_3"), "plan")
