@@ -10,7 +10,14 @@ import orjson
 from app.errors import APIError, Problem
 from app.metering.usage import TokenCounts, tokens_from_usage
 from app.openai.answers import StreamedTurn, turn_from_completion
-from app.openai.repairs import message_index, reasoning_splice, reasoning_wanted, repair_chat, wanted
+from app.openai.repairs import (
+    calls_of,
+    message_index,
+    reasoning_in_place,
+    reasoning_wanted,
+    repair_chat,
+    wanted,
+)
 from app.openai.rules import Policy, check_body
 from app.openai.stream import StreamMeter, UsageStripper
 from app.profiles import ModelProfile
@@ -55,18 +62,10 @@ class ChatFamily:
 
     def restore_in_place(self, body: bytes, verdict: Verdict, options: RepairOptions) -> InPlace | None:
         req = verdict.request
-        if (req is None or not verdict.problems or not options.on("restore_reasoning")
-                or any(p.code != "reasoning_content_missing" for p in verdict.problems)
+        if (req is None or not verdict.problems or "restore_reasoning" not in options.enabled
                 or (verdict.warnings and wanted(verdict.warnings, options))):
             return None
-        indices = reasoning_wanted(verdict.problems, options)
-        messages = req.messages
-        if len(indices) != len(verdict.problems) or any(i >= len(messages) for i in indices):
-            return None
-        splice = reasoning_splice(body, messages, indices)
-        if splice is None:
-            return None
-        return InPlace({i: calls_of(messages[i]) for i in indices}, splice)
+        return reasoning_in_place(body, req.messages, verdict.problems)
 
     def turn_of(self, data: dict[str, Any], problem: Problem) -> tuple[str, ...] | None:
         i = message_index(problem)
@@ -112,18 +111,6 @@ class ChatFamily:
 
     def usage_filter(self) -> UsageStripper:
         return UsageStripper()
-
-
-def calls_of(message: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(ids, names) of an assistant message's tool calls."""
-    calls = message.get("tool_calls") if isinstance(message, dict) else None
-    ids: list[str] = []
-    names: list[str] = []
-    for call in calls if isinstance(calls, list) else []:
-        function = call.get("function") if isinstance(call, dict) else None
-        ids.append(str(call.get("id", "")) if isinstance(call, dict) else "")
-        names.append(str(function.get("name", "")) if isinstance(function, dict) else "")
-    return tuple(ids), tuple(names)
 
 
 def file_refs(body: dict[str, Any]) -> list[tuple[str, str]]:

@@ -15,7 +15,7 @@ import orjson
 
 from app.errors import Problem
 from app.profiles import ModelProfile
-from app.repair.base import Applied, RepairOptions
+from app.repair.base import Applied, InPlace, RepairOptions, TurnCalls
 
 _MESSAGE = re.compile(r"^messages\[(\d+)\]")
 _PART = re.compile(r"^messages\[(\d+)\]\.content\[(\d+)\]$")
@@ -144,40 +144,55 @@ _CALLS_KEY = b'"tool_calls"'
 _ESCAPED_NAME_CHAR = re.compile(rb"\\u00(?:5[fF]|[67][0-9a-fA-F])")
 
 
-def reasoning_splice(body: bytes, messages: Sequence[Any], indices: Sequence[int]
-                     ) -> Callable[[Mapping[int, str]], tuple[bytes, list[Applied]]] | None:
-    """restore_reasoning on the body's bytes: each recalled reasoning_content goes in front of its
-    message's `"tool_calls"` key, and every other byte stays as the client sent it. None unless that place
-    is certain: each message that has the key (as validated: `messages`) has it spelled plainly, once, and
-    no other object of the body has it (the counts agree), so the k-th key in the bytes is the k-th of
-    those messages'; and none of the messages to fix has a reasoning_content key already (a null one
-    would be a duplicate key)."""
+def reasoning_in_place(body: bytes, messages: Sequence[Any], problems: Sequence[Problem]) -> InPlace | None:
+    """restore_reasoning on the body's bytes, when every problem is a dropped reasoning_content: each
+    recalled one goes in front of its message's `"tool_calls"` key, and every other byte stays as the
+    client sent it. None unless that place is certain: each message that has the key (as validated:
+    `messages`) has it spelled plainly, once, and no other object of the body has it (the counts agree), so
+    the k-th key in the bytes is the k-th of those messages'; and no message to fix has a
+    reasoning_content key already (a null one would be a duplicate key)."""
     keyed = [i for i, msg in enumerate(messages) if "tool_calls" in msg]
     if (body.count(_CALLS_KEY) != len(keyed) or body.count(b'"tool_calls":') != len(keyed)
             or (b"\\u00" in body and _ESCAPED_NAME_CHAR.search(body))):
         return None
-    if any("reasoning_content" in messages[i] or messages[i].get("role") != "assistant" for i in indices):
-        return None
-    rank = {i: k for k, i in enumerate(keyed)}
-    if any(i not in rank for i in indices):
-        return None
+    wanted: dict[int, TurnCalls] = {}
+    for p in problems:
+        i = message_index(p) if p.code == "reasoning_content_missing" else None
+        if i is None or i >= len(messages):
+            return None
+        msg = messages[i]
+        if "reasoning_content" in msg or msg.get("role") != "assistant" or "tool_calls" not in msg:
+            return None
+        wanted[i] = calls_of(msg)
 
     def apply(recalled: Mapping[int, str]) -> tuple[bytes, list[Applied]]:
-        wanted_ranks = {rank[i]: i for i in recalled}
         pieces: list[bytes] = []
         applied: list[Applied] = []
-        last, at = 0, -1
-        for k in range(max(wanted_ranks, default=-1) + 1):
+        last, at, left = 0, -1, len(recalled)
+        for i in keyed:
+            if not left:
+                break
             at = body.find(_CALLS_KEY, at + 1)
-            i = wanted_ranks.get(k)
-            if i is not None:
+            if i in recalled:
                 pieces += (body[last:at], b'"reasoning_content":', orjson.dumps(recalled[i]), b",")
                 applied.append(Applied("restore_reasoning", f"messages[{i}]"))
-                last = at
+                last, left = at, left - 1
         pieces.append(body[last:])
         return b"".join(pieces), applied
 
-    return apply
+    return InPlace(wanted, apply)
+
+
+def calls_of(message: Any) -> TurnCalls:
+    """(ids, names) of an assistant message's tool calls."""
+    calls = message.get("tool_calls") if isinstance(message, dict) else None
+    ids: list[str] = []
+    names: list[str] = []
+    for call in calls if isinstance(calls, list) else []:
+        function = call.get("function") if isinstance(call, dict) else None
+        ids.append(str(call.get("id", "")) if isinstance(call, dict) else "")
+        names.append(str(function.get("name", "")) if isinstance(function, dict) else "")
+    return tuple(ids), tuple(names)
 
 
 def _restructure(messages: list[Any], found: Sequence[Problem], options: RepairOptions,
