@@ -70,6 +70,7 @@ class StoreSettings(Section):
     spool_dir: str = "data/spool"
     batch_max: int = Field(default=1000, ge=1)
     flush_interval_ms: float = Field(default=100.0, ge=0)
+    turn_flush_interval_ms: float = Field(default=1000.0, ge=0)
     retry_seconds: float = Field(default=1.0, gt=0)
 
     @field_validator("url")

@@ -53,15 +53,17 @@ class State:
         if self.store is not None:
             await asyncio.to_thread(self.store.migrate)
             self.recorder = Recorder(self.store, s.store.spool_dir, s.store.batch_max,
-                                     s.store.flush_interval_ms / 1000, s.store.retry_seconds)
+                                     s.store.flush_interval_ms / 1000, s.store.retry_seconds,
+                                     turn_flush_interval=s.store.turn_flush_interval_ms / 1000)
             await asyncio.to_thread(self.recorder.start)  # replays what a dead process left, first
             self.metrics.watch_recorder(self.recorder)
         upstream = Upstream(s.upstream, self.transport)
         # Relayed turns go through the spool where no other process reads the store before they reach it.
         alone = self.store is not None and not self.store.server and s.server.workers == 1
-        spool = self.recorder.remember_turns if alone and self.recorder is not None else None
+        spool = self.recorder if alone else None
         self.memory = TurnMemory(self.store, s.repair.reasoning_ttl_seconds, s.repair.reasoning_cache_bytes,
-                                 spool=spool)
+                                 spool=spool.remember_turns if spool is not None else None,
+                                 unstored=spool.unstored if spool is not None else None)
         self.quotas = Quotas(s, self.store)
         self.gateway = Gateway(s, upstream, self.recorder, Authenticator(s.auth, self.store), self.metrics,
                                self.memory, self.quotas)

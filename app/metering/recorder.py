@@ -74,11 +74,12 @@ def _split(items: list[UsageRecord | TurnRow]) -> tuple[list[UsageRecord], list[
 class Recorder:
     def __init__(self, store: Store, spool_dir: str, batch_max: int = 500, flush_interval: float = 0.02,
                  retry_seconds: float = 1.0, truncate_at: int = SPOOL_TRUNCATE_AT,
-                 queue_max: int = QUEUE_MAX) -> None:
+                 queue_max: int = QUEUE_MAX, turn_flush_interval: float = 1.0) -> None:
         self.store = store
         self.spool_dir = Path(spool_dir)
         self.batch_max = batch_max
         self.flush_interval = flush_interval
+        self.turn_flush_interval = turn_flush_interval
         self.retry_seconds = retry_seconds
         self.truncate_at = truncate_at
         self.queue_max = queue_max
@@ -87,6 +88,10 @@ class Recorder:
         self._queued: list[UsageRecord | TurnRow] = []  # spooled, not yet taken by the writer
         self._held: list[bytes] = []  # turn lines for the next write to the spool (remember_turns)
         self._held_rows: list[TurnRow] = []
+        # Turns taken from the queue, gathered for a larger batch (the store's key index makes each
+        # transaction write about one page per turn, however few turns it has); `unstored` finds them.
+        self._waiting: list[TurnRow] = []
+        self._waiting_since = 0.0
         self._stopping = False
         self._pending = 0  # spooled (records and turns), not yet in the store
         self._spilled_at: int | None = None  # spool offset from which lines are not queued (queue was full)
@@ -184,23 +189,51 @@ class Recorder:
 
     # --- writer thread --------------------------------------------------------------
 
+    def unstored(self, caller: str, kind: str, call_ids: Sequence[str]) -> list[TurnRow]:
+        """The spooled turns with these ids that may not be in the store yet (a look-up the in-process cache
+        could not answer: it was cleared, or is too small)."""
+        wanted = set(call_ids)
+        with self._lock:
+            rows = [*self._held_rows, *self._queued, *self._waiting]
+        return [r for r in rows if isinstance(r, TurnRow) and r.call_id in wanted and r.caller == caller
+                and r.kind == kind]
+
     def _run(self) -> None:
         while True:
-            self._wake.wait()
-            if not self._stopping:
+            woken = self._wake.wait(self._turns_due_in())
+            if woken and not self._stopping:
                 time.sleep(self.flush_interval)  # let a batch gather: one commit for many requests
             with self._lock:
                 if self._held:
                     self._write_held()
                 taken, self._queued = self._queued, []
                 self._wake.clear()
-            self._write_all(taken)
+                if not self._waiting:
+                    self._waiting_since = time.monotonic()
+                self._waiting += [x for x in taken if isinstance(x, TurnRow)]
+                turns = list(self._waiting) if self._turns_due() else []
+            usage = [x for x in taken if isinstance(x, UsageRecord)]
+            self._write_all([*usage, *turns])
+            if turns:
+                with self._lock:  # written (or refused, or left spooled on stop): the store answers for them
+                    del self._waiting[:len(turns)]
             if self._spilled_at is not None and self.last_error is None and not self._stopping:
                 self._catch_up()
             if taken and self._orphans_left and self.last_error is None:
                 self._replay_orphans()
-            if self._stopping and not self._queued and not self._held:
+            if self._stopping and not self._queued and not self._held and not self._waiting:
                 return
+
+    def _turns_due(self) -> bool:
+        return bool(self._waiting) and (
+            self._stopping or len(self._waiting) >= self.batch_max
+            or time.monotonic() - self._waiting_since >= self.turn_flush_interval)
+
+    def _turns_due_in(self) -> float | None:
+        """How long the writer may sleep when nothing new comes: until the waiting turns are due."""
+        if not self._waiting:
+            return None
+        return max(0.0, self._waiting_since + self.turn_flush_interval - time.monotonic())
 
     def _write_all(self, items: list[UsageRecord | TurnRow]) -> None:
         usage, turns = _split(items)

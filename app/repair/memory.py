@@ -11,7 +11,8 @@ at once, or this one after a restart (kill -9 included). Where another process m
 time are written together, one transaction for all that arrived while the previous one was written. Where
 this process is the store's only user (SQLite, one worker), it is in the spool instead, as usage records
 are (app/metering/recorder.py): an append to a local file, which a restart replays before serving, and from
-which the writer thread batches it into the store within a flush interval.
+which the writer thread batches it into the store within `store.turn_flush_interval_ms` (a look-up the
+cache cannot answer meanwhile finds it among the recorder's unstored turns).
 """
 
 from __future__ import annotations
@@ -35,9 +36,11 @@ INLINE_TRIES, INLINE_RETRY_S = 8, 0.001  # writing on the event loop: tries, and
 class TurnMemory:
     def __init__(self, store: Store | None, ttl_seconds: float, cache_bytes: int,
                  clock: Callable[[], float] = time.time,
-                 spool: Callable[[list[TurnRow]], None] | None = None) -> None:
+                 spool: Callable[[list[TurnRow]], None] | None = None,
+                 unstored: Callable[[str, str, Sequence[str]], list[TurnRow]] | None = None) -> None:
         self.store = store
         self.spool = spool  # the durable write, when this process is the store's only user
+        self.unstored = unstored  # the spooled turns the store may not have yet
         # a local file may be written from the event loop when its lock is free; a server never is
         self._inline = store is not None and not store.server
         self.ttl = ttl_seconds
@@ -145,6 +148,12 @@ class TurnMemory:
             return found
         now = self.clock()
         missing = [c for c in dict.fromkeys(call_ids) if c not in found]
+        if missing and self.unstored is not None:
+            for row in self.unstored(caller, kind, missing):
+                if row.expires_at > now:
+                    found[row.call_id] = row
+                    self._put(row)
+            missing = [c for c in missing if c not in found]
         if missing and self.store is not None:
             try:
                 rows = await asyncio.to_thread(self.store.recall_turns, caller, kind, missing, now)

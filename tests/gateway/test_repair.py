@@ -140,13 +140,22 @@ def test_changed_tool_calls_are_not_restored(gate: RunningChatgate) -> None:
 
 def test_a_turn_the_cache_no_longer_holds_is_restored_from_the_store(gate: RunningChatgate) -> None:
     """The cache answers the common case alone; what it lost (evicted, another replica's turn) is looked up
-    in the store, and a turn neither holds is refused while the others of the request are still restored."""
+    among the spooled turns the store does not have yet, then in the store, and a turn none holds is refused
+    while the others of the request are still restored."""
     agent = clients.DroppingAgent()
     assert agent.round(gate.url, stream=False).status_code == 200
-    memory = gate.state.gw.memory
-    memory._cache = TurnCache(memory.cache_bytes)  # this process forgets; the store remembers
+    memory, recorder = gate.state.gw.memory, gate.state.recorder
+    assert recorder is not None and recorder.turns_written == 0, "turns reach the store in batches"
+    memory._cache = TurnCache(memory.cache_bytes)  # this process forgets; the spool remembers
     assert agent.round(gate.url, stream=False).headers["x-chatgate-repaired"] == \
         "restore_reasoning@messages[1]"
+    deadline = time.monotonic() + 10
+    while recorder.turns_written < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert recorder.turns_written == 2
+    memory._cache = TurnCache(memory.cache_bytes)  # the store remembers
+    assert agent.round(gate.url, stream=False).headers["x-chatgate-repaired"] == \
+        "restore_reasoning@messages[1]; restore_reasoning@messages[4]"
 
     stranger = {"role": "assistant", "content": "", "tool_calls": [
         {"id": "call_never_relayed", "type": "function",
@@ -159,7 +168,7 @@ def test_a_turn_the_cache_no_longer_holds_is_restored_from_the_store(gate: Runni
     error = refused.json()["error"]
     assert error["param"] == f"messages[{len(body['messages']) - 2}].reasoning_content"
     assert "could not restore it: it has no record of this turn for your key" in error["message"]
-    assert [r["path"] for r in error["repairs"]] == ["messages[1]", "messages[4]"]
+    assert [r["path"] for r in error["repairs"]] == ["messages[1]", "messages[4]", "messages[7]"]
     metrics = httpx2.get(gate.url + "/metrics").text
     assert "chatgate_reasoning_restore_misses_total 1.0" in metrics, "one turn missed, counted once"
 

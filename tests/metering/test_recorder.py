@@ -263,7 +263,7 @@ def test_turns_go_out_with_the_next_usage_record_in_one_write(tmp_path: Path,
         writes.append(bytes(data))
         return real_write(fd, data)
 
-    recorder = Recorder(store, str(tmp_path / "spool"))
+    recorder = Recorder(store, str(tmp_path / "spool"), turn_flush_interval=0)
     recorder.start()
     try:
         monkeypatch.setattr(os, "write", counting_write)
@@ -284,6 +284,39 @@ def test_turns_go_out_with_the_next_usage_record_in_one_write(tmp_path: Path,
     assert writes == [encode_turn(turn_row(2))]
     assert [r.call_id for r in store.recall_turns("fp-1", "chat", ["call-1", "call-2"], 0)] \
         == ["call-1", "call-2"]
+    store.close()
+
+
+def test_turns_wait_for_a_larger_batch_and_are_found_meanwhile(tmp_path: Path) -> None:
+    """Each transaction writes about one page of the turns' key index per turn, however few it holds: turns
+    reach the store in batches of `turn_flush_interval`, records keep theirs; until then `unstored` finds
+    them (the in-process cache may not: cleared, or too small)."""
+    store = BatchCountingStore(tmp_path / "usage.db")
+    store.migrate()
+    recorder = Recorder(store, str(tmp_path / "spool"), flush_interval=0.005, turn_flush_interval=1.5)
+    recorder.start()
+    try:
+        recorder.remember_turns([turn_row(1)])
+        recorder.record(record(1))
+        wait_for(lambda: recorder.written == 1, 5, "the record is stored")
+        assert recorder.turns_written == 0 and store.recall_turns("fp-1", "chat", ["call-1"], 0) == []
+        assert recorder.unstored("fp-1", "chat", ["call-1", "call-9"]) == [turn_row(1)]
+        assert recorder.unstored("fp-2", "chat", ["call-1"]) == [], "another caller's turn is not found"
+        recorder.remember_turns([turn_row(2)])
+        recorder.record(record(2))
+        wait_for(lambda: recorder.turns_written == 2, 5, "the turns are stored")
+        assert store.calls.count("insert_usage") == 2, "records do not wait"
+        assert store.calls.count("remember_turns") + store.calls.count("insert_batch") == 1, "one batch"
+        assert recorder.unstored("fp-1", "chat", ["call-1", "call-2"]) == []
+        assert len(store.recall_turns("fp-1", "chat", ["call-1", "call-2"], 0)) == 2
+
+        recorder.turn_flush_interval = 3600
+        recorder.remember_turns([turn_row(3)])
+        recorder.record(record(3))
+        wait_for(lambda: recorder.written == 3, 5, "the record is stored")
+    finally:
+        assert recorder.stop(5)
+    assert recorder.turns_written == 3, "a stop writes the turns still waiting"
     store.close()
 
 

@@ -190,3 +190,24 @@ def test_with_a_spool_a_turn_is_spooled_not_written_and_recalled_from_the_cache(
     assert store.recall_turns("fp-a", "chat", ["c1"], 0) == [], "the writer thread stores it later"
     got = run(memory.recall("fp-a", "chat", ["c1", "c2"]))
     assert isinstance(got, dict) and got["c1"].payload == "why" and got["c1"].turn == got["c2"].turn
+
+
+def test_with_a_spool_a_turn_the_cache_cannot_hold_is_recalled_from_the_unstored_turns(
+        store: SQLiteStore) -> None:
+    """The writer stores spooled turns in batches; until then a recall the cache cannot answer (a cache too
+    small for the turn, or cleared) finds them among the spool's unstored turns, unexpired, of this caller
+    only."""
+    clock = Clock()
+    spooled: list[TurnRow] = []
+
+    def unstored(caller: str, kind: str, ids: Sequence[str]) -> list[TurnRow]:
+        return [r for r in spooled if r.caller == caller and r.kind == kind and r.call_id in ids]
+
+    memory = TurnMemory(store, 60, 0, clock=clock, spool=spooled.extend, unstored=unstored)  # no cache
+    run(memory.remember("fp-a", "chat", turn("c1", payload="why")))
+    assert memory.cached_entries == 0 and store.recall_turns("fp-a", "chat", ["c1"], 0) == []
+    got = run(memory.recall("fp-a", "chat", ["c1"]))
+    assert isinstance(got, dict) and got["c1"].payload == "why"
+    assert run(memory.recall("fp-b", "chat", ["c1"])) == {}
+    clock.now += 61
+    assert run(memory.recall("fp-a", "chat", ["c1"])) == {}, "expired"
