@@ -22,6 +22,14 @@ def collect(parts: list[bytes], found: list[bytes]) -> None:
             parts[:] = [b"".join(parts)]
 
 
+def take_lines(buf: bytearray, final: bool) -> bytes:
+    """Take the complete lines gathered in `buf` out of it (all of it at the stream's end); b"" if none."""
+    cut = len(buf) if final else buf.rfind(b"\n") + 1
+    lines = bytes(buf[:cut])
+    del buf[:cut]
+    return lines
+
+
 def data_lines_with(batch: bytes, needle: bytes) -> list[bytes]:
     """The payloads of the `data:` lines that contain `needle` (rare: callers test for it first)."""
     out = []

@@ -6,7 +6,7 @@ import re
 
 import orjson
 
-from app.sse import JSON_STRING, collect, data_lines_with, decode
+from app.sse import JSON_STRING, collect, data_lines_with, decode, take_lines
 
 CONTENT = re.compile(rb'"content"' + JSON_STRING)
 
@@ -31,3 +31,11 @@ def test_data_lines_with_returns_only_data_payloads_that_contain_the_needle() ->
              b'data: {"usage": 3}')
     assert data_lines_with(batch, b'"usage"') == [b' {"usage": 1}', b' {"usage": 3}']
     assert data_lines_with(batch, b"[DONE]") == []
+
+
+def test_take_lines_takes_the_complete_lines_and_leaves_the_rest() -> None:
+    buf = bytearray(b"data: 1\n\ndata: 2\ndata: 3 (cut")
+    assert take_lines(buf, final=False) == b"data: 1\n\ndata: 2\n"
+    assert buf == bytearray(b"data: 3 (cut")
+    assert take_lines(buf, final=False) == b"" and buf == bytearray(b"data: 3 (cut")
+    assert take_lines(buf, final=True) == b"data: 3 (cut" and buf == bytearray()

@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 
 from app.repair.base import Turn
-from app.sse import SCAN_AT
+from app.sse import SCAN_AT, take_lines
 
 
 def turn_from_completion(data: Any) -> Turn | None:
@@ -46,12 +46,9 @@ class StreamedTurn:
             self._scan(final=False)
 
     def _scan(self, final: bool) -> None:
-        data = bytes(self._buf)
-        cut = len(data) if final else data.rfind(b"\n") + 1
-        if not cut:
+        batch = take_lines(self._buf, final)
+        if not batch:
             return
-        self._buf = bytearray(data[cut:])
-        batch = data[:cut]
         if not self.saw_reasoning and b'"reasoning_content":"' in batch:
             self.saw_reasoning = True
         if b'"tool_calls"' not in batch:  # most batches (the reasoning, the content): no line to look at

@@ -13,7 +13,7 @@ import orjson
 
 from app.metering.usage import TokenCounts, tokens_from_usage
 from app.openai.stream import ends_stream
-from app.sse import JSON_STRING, SCAN_AT, collect, data_lines_with, decode
+from app.sse import JSON_STRING, SCAN_AT, collect, data_lines_with, decode, take_lines
 
 _TEXT = re.compile(rb'"text"' + JSON_STRING)
 _LAST_DATA = re.compile(rb"^data:[ \t]*(\{.*)$", re.MULTILINE)
@@ -64,12 +64,9 @@ class FimStreamMeter:
         return isinstance(event, dict) and "error" in event
 
     def _drain(self, final: bool) -> None:
-        data = bytes(self._buf)
-        cut = len(data) if final else data.rfind(b"\n") + 1
-        if not cut:
+        batch = take_lines(self._buf, final)
+        if not batch:
             return
-        self._buf = bytearray(data[cut:])
-        batch = data[:cut]
         collect(self._text_raw, _TEXT.findall(batch))
         if b'"usage":{' in batch or b'"usage": {' in batch:
             for payload in data_lines_with(batch, b'"usage"'):

@@ -8,7 +8,7 @@ import re
 import orjson
 
 from app.metering.usage import TokenCounts, tokens_from_usage
-from app.sse import JSON_STRING, SCAN_AT, collect, data_lines_with, decode
+from app.sse import JSON_STRING, SCAN_AT, collect, data_lines_with, decode, take_lines
 
 # The stream's end: a line of its own (the same bytes inside a streamed text are not one).
 _DONE_LINE = re.compile(rb"^data:[ \t]*\[DONE\][ \t]*\r?$", re.M)
@@ -82,12 +82,9 @@ class StreamMeter:
         return isinstance(event, dict) and "error" in event
 
     def _drain(self, final: bool) -> None:
-        data = bytes(self._buf)
-        cut = len(data) if final else data.rfind(b"\n") + 1
-        if not cut:
+        batch = take_lines(self._buf, final)
+        if not batch:
             return
-        self._buf = bytearray(data[cut:])
-        batch = data[:cut]
         collect(self._text_raw, _CONTENT.findall(batch))
         if b'"reasoning_content"' in batch:
             collect(self._reasoning_raw, _REASONING.findall(batch))

@@ -17,7 +17,7 @@ import orjson
 
 from app.metering.usage import TokenCounts
 from app.repair.base import Turn
-from app.sse import JSON_STRING, SCAN_AT, decode
+from app.sse import JSON_STRING, SCAN_AT, decode, take_lines
 
 CALL_TYPES = ("function_call", "custom_tool_call")
 
@@ -119,12 +119,10 @@ class ResponsesMeter:
         return self._last_type in (b"response.failed", b"error")
 
     def _drain(self, final: bool) -> None:
-        data = bytes(self._buf)
-        cut = len(data) if final else data.rfind(b"\n") + 1
-        if not cut:
+        batch = take_lines(self._buf, final)
+        if not batch:
             return
-        self._buf = bytearray(data[cut:])
-        for line in data[:cut].split(b"\n"):
+        for line in batch.split(b"\n"):
             if line.startswith(b"event:"):
                 self._last_type = line[6:].strip()
             elif line.startswith(b"data:"):
