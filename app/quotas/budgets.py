@@ -191,23 +191,34 @@ class StoreBudgets:
                 lease.holds.pop(hold.hold_id, None)
 
     async def _reserve_renewing(self, leases: list[Lease], holds: Sequence[Hold], now: float) -> Hold | None:
+        """Renew the leases too small for this request, under their locks. `leases` is updated in place
+        to the ones the request holds (reserve's cancel path gives those back)."""
         order = sorted(range(len(holds)), key=lambda i: (holds[i].scope, holds[i].subject))
-        async with contextlib.AsyncExitStack() as stack:
-            for i in order:  # one lock order for every request of this replica
-                await stack.enter_async_context(leases[i].lock)
-            short = [i for i, (lease, h) in enumerate(zip(leases, holds, strict=True))
-                     if not lease.fits(h, now, self.hold_seconds)]
-            if short:  # not renewed by another request while this one waited for the locks
+        while True:
+            async with contextlib.AsyncExitStack() as stack:
+                for i in order:  # one lock order for every request of this replica
+                    await stack.enter_async_context(leases[i].lock)
+                live = [self._lease(h) for h in holds]
+                if all(a is b for a, b in zip(live, leases, strict=True)):
+                    return await self._renew_locked(leases, holds, now)
+            # A lease was given back (idle) while this request waited for its lock: a hold taken in it would
+            # never be flushed, so the request's cost would be lost. Start over with the live leases.
+            leases[:] = live
+
+    async def _renew_locked(self, leases: list[Lease], holds: Sequence[Hold], now: float) -> Hold | None:
+        short = [i for i, (lease, h) in enumerate(zip(leases, holds, strict=True))
+                 if not lease.fits(h, now, self.hold_seconds)]
+        if short:  # not renewed by another request while this one waited for the locks
+            for i in short:
+                leases[i].shrinking = True
+            try:
+                refused = await self._renew([(leases[i], holds[i]) for i in short], now)
+            finally:
                 for i in short:
-                    leases[i].shrinking = True
-                try:
-                    refused = await self._renew([(leases[i], holds[i]) for i in short], now)
-                finally:
-                    for i in short:
-                        leases[i].shrinking = False
-                if refused is not None:
-                    return refused
-            self._take(leases, holds, now)
+                    leases[i].shrinking = False
+            if refused is not None:
+                return refused
+        self._take(leases, holds, now)
         return None
 
     async def _renew(self, pairs: list[tuple[Lease, Hold]], now: float) -> Hold | None:

@@ -209,3 +209,32 @@ def test_a_request_cancelled_during_a_renewal_takes_nothing_and_spend_is_flushed
         assert store.budget_state("team", "red", T0, time.time()) == (10, 0)
     finally:
         store.close()
+
+
+def test_a_request_waiting_while_its_lease_is_given_back_still_has_its_cost_flushed(db: Path) -> None:
+    """The idle flush gives a lease back while a request that does not fit in it waits for its lock: the
+    request must take a live lease, or its settled cost would never reach the ledger (the spend undercounted,
+    and the budget overspent by the next requests: the two-replica flake of earlier stops)."""
+    store = SlowFlushStore(db)
+
+    async def go() -> None:
+        budgets = StoreBudgets(store, 60.0)
+        assert await budgets.reserve([hold(1)], time.time()) is None
+        budgets.settle_now([hold(1)], 10)
+        flush = asyncio.ensure_future(budgets.flush(idle_after=0.0))  # gives the idle lease back (0.5 s)
+        await asyncio.sleep(0.1)
+        (lease,) = budgets.leases.values()
+        assert lease.lock.locked() and lease.shrinking
+        request = asyncio.ensure_future(budgets.reserve([hold(2, 300)], time.time()))  # waits for the lock
+        await flush
+        assert await request is None
+        (live,) = budgets.leases.values()
+        assert hold(2, 300).hold_id in live.holds, "the hold is in the lease the flushes see"
+        assert budgets.settle_now([hold(2, 300)], 40) != []
+        await budgets.close()
+
+    try:
+        asyncio.run(go())
+        assert store.budget_state("team", "red", T0, time.time()) == (50, 0), "both costs in the ledger"
+    finally:
+        store.close()
