@@ -151,12 +151,8 @@ def reasoning_in_place(body: bytes, messages: Sequence[Any], problems: Sequence[
     `messages`) has it spelled plainly, once, and no other object of the body has it (the counts agree), so
     the k-th key in the bytes is the k-th of those messages'; and no message to fix has a
     reasoning_content key already (a null one would be a duplicate key)."""
-    keyed = [i for i, msg in enumerate(messages) if "tool_calls" in msg]
-    if (body.count(_CALLS_KEY) != len(keyed) or body.count(b'"tool_calls":') != len(keyed)
-            or (b"\\u00" in body and _ESCAPED_NAME_CHAR.search(body))):
-        return None
     wanted: dict[int, TurnCalls] = {}
-    for p in problems:
+    for p in problems:  # first: a request with another problem costs no scan of its body
         i = message_index(p) if p.code == "reasoning_content_missing" else None
         if i is None or i >= len(messages):
             return None
@@ -164,6 +160,10 @@ def reasoning_in_place(body: bytes, messages: Sequence[Any], problems: Sequence[
         if "reasoning_content" in msg or msg.get("role") != "assistant" or "tool_calls" not in msg:
             return None
         wanted[i] = calls_of(msg)
+    keyed = [i for i, msg in enumerate(messages) if "tool_calls" in msg]
+    if (body.count(_CALLS_KEY) != len(keyed) or body.count(b'"tool_calls":') != len(keyed)
+            or (b"\\u00" in body and _ESCAPED_NAME_CHAR.search(body))):
+        return None
 
     def apply(recalled: Mapping[int, str]) -> tuple[bytes, list[Applied]]:
         pieces: list[bytes] = []

@@ -73,7 +73,7 @@ class TurnCache:
 
     def put(self, key: str, turn: str, names: str, payload: str, expires_at: float) -> None:
         text = key + turn + names + payload
-        data = text.encode("utf-8", "surrogatepass")
+        data = text.encode("utf-8", "surrogatepass")  # a client's ids may hold lone surrogates
         if len(data) == len(text):  # ASCII (DeepSeek's ids, and most tool names): one encoding for all
             klen, tlen, nlen, plen = len(key), len(turn), len(names), len(payload)
         else:
