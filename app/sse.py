@@ -7,11 +7,20 @@ the end (`decode`), and parses only the rare `data:` lines that carry what it ne
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import orjson
 
 # `"key"` + JSON_STRING matches `"key": "value"` and captures the value, escapes and all.
 JSON_STRING = rb'[ \t]*:[ \t]*"([^"\\]*(?:\\.[^"\\]*)*)"'
 SCAN_AT = 16 * 1024  # bytes a meter buffers before scanning them (2,000 long streams hold at most ~32 MB)
+
+
+class LineWatcher(Protocol):
+    """Sees the complete lines a meter takes, batch by batch (what a meter's caller also wants to find in
+    the stream, e.g. the tool calls of a turn to remember), so the stream is buffered and split once."""
+
+    def lines(self, batch: bytes) -> None: ...
 
 
 def collect(parts: list[bytes], found: list[bytes]) -> None:

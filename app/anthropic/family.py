@@ -16,6 +16,7 @@ from app.errors import APIError, Problem
 from app.metering.usage import TokenCounts
 from app.profiles import ModelProfile
 from app.repair.base import Applied, InPlace, RepairOptions, Turn
+from app.sse import LineWatcher
 from app.verdict import Verdict
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -91,8 +92,8 @@ class MessagesFamily:
     def answer_turn(self, answer: Any) -> Turn | None:
         return turn_from_message(answer)
 
-    def meter(self) -> MessagesMeter:
-        return MessagesMeter()
+    def meter(self, watcher: LineWatcher | None = None) -> MessagesMeter:
+        return MessagesMeter(watcher)
 
     def stream_turns(self) -> StreamedThinkingTurn:
         return StreamedThinkingTurn()

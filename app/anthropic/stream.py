@@ -5,13 +5,14 @@ text for estimates, and the tool-use turns chatgate remembers for restore_thinki
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 import orjson
 
 from app.metering.usage import TokenCounts
 from app.repair.base import Turn
-from app.sse import JSON_STRING, decode
+from app.sse import JSON_STRING, LineWatcher, decode
 
 _STOP_LINE = re.compile(rb"^event:[ \t]*message_stop[ \t]*\r?$", re.M)  # a line of its own, not text
 
@@ -55,8 +56,9 @@ class MessagesMeter:
     """Watches a relayed Messages stream. Usage sits in `message_start` and `message_delta` (the latter
     supersedes the former, field by field); those two lines are parsed, the rest scanned with regexes."""
 
-    def __init__(self) -> None:
+    def __init__(self, watcher: LineWatcher | None = None) -> None:
         self._tail = b""
+        self._watcher = watcher
         self._text: list[bytes] = []
         self._thinking: list[bytes] = []
         self._usage: dict[str, Any] = {}
@@ -95,6 +97,8 @@ class MessagesMeter:
         return self._last_event == b"error"
 
     def _scan(self, lines: bytes) -> None:
+        if self._watcher is not None:
+            self._watcher.lines(lines)
         self._text.extend(_TEXT.findall(lines))
         if b'"thinking"' in lines:
             self._thinking.extend(_THINKING.findall(lines))
@@ -121,21 +125,18 @@ class MessagesMeter:
 
 class StreamedThinkingTurn:
     """Collects a relayed stream's tool_use blocks and the thinking signature (from `content_block_start`
-    and `signature_delta` lines only); the thinking text comes from the meter."""
+    and `signature_delta` lines only, in the lines its meter takes); the thinking text comes from the
+    meter."""
 
     def __init__(self) -> None:
-        self._tail = b""
         self._calls: list[tuple[str, str]] = []
         self._thinking = False
         self._signature = ""
 
-    def feed(self, chunk: bytes) -> None:
-        data = self._tail + chunk if self._tail else chunk
-        cut = data.rfind(b"\n") + 1
-        self._tail = data[cut:]
-        if b"content_block_start" not in data and b"signature_delta" not in data:
+    def lines(self, batch: bytes) -> None:
+        if batch.find(b"content_block_start") < 0 and batch.find(b"signature_delta") < 0:
             return
-        for line in data[:cut].split(b"\n"):
+        for line in batch.split(b"\n"):  # in order: a signature is the sum of its deltas
             if line.startswith(b"data:") and (b"content_block_start" in line or b"signature_delta" in line):
                 self._line(line[5:])
 
@@ -157,10 +158,10 @@ class StreamedThinkingTurn:
         elif isinstance(delta, dict) and delta.get("type") == "signature_delta":
             self._signature += str(delta.get("signature", ""))
 
-    def turn(self, reasoning: str) -> Turn | None:
+    def turn(self, reasoning: Callable[[], str]) -> Turn | None:
         if not self._calls or not self._thinking or not all(call_id for call_id, _ in self._calls):
             return None
-        block: dict[str, Any] = {"type": "thinking", "thinking": reasoning}
+        block: dict[str, Any] = {"type": "thinking", "thinking": reasoning()}
         if self._signature:
             block["signature"] = self._signature
         return Turn(tuple(c[0] for c in self._calls), tuple(c[1] for c in self._calls),

@@ -4,13 +4,14 @@ of this shape; the gateway does the rest (auth, limits, forwarding, relaying, me
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from app.errors import APIError, Problem
 from app.metering.usage import TokenCounts
 from app.profiles import ModelProfile
 from app.repair.base import Applied, InPlace, RepairOptions, Turn
+from app.sse import LineWatcher
 from app.verdict import Verdict
 
 
@@ -43,11 +44,13 @@ class StreamMeter(Protocol):
 
 
 class StreamTurns(Protocol):
-    """Collects the tool calls of a relayed stream, for the memory of turns (restore repairs)."""
+    """Collects the tool calls of a relayed stream, for the memory of turns (restore repairs), from the lines
+    the stream's meter takes (it watches them: `family.meter(turns)`)."""
 
-    def feed(self, chunk: bytes) -> None: ...
+    def lines(self, batch: bytes) -> None: ...
 
-    def turn(self, reasoning: str) -> Turn | None: ...
+    def turn(self, reasoning: Callable[[], str]) -> Turn | None:
+        """The turn, if the stream ended in one; `reasoning` (the meter's) is asked for only then."""
 
 
 class ChunkFilter(Protocol):
@@ -95,7 +98,8 @@ class Family(Protocol):
 
     def answer_turn(self, answer: Any) -> Turn | None: ...
 
-    def meter(self) -> StreamMeter: ...
+    def meter(self, watcher: LineWatcher | None = None) -> StreamMeter:
+        """The stream's meter; `watcher` also sees the lines it takes (the turn collector)."""
 
     def stream_turns(self) -> StreamTurns: ...
 

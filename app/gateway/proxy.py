@@ -370,8 +370,8 @@ class Gateway:
                                   "(upstream broke the protocol).", "upstream_bad_response")
             turns = family.stream_turns() if ex.remember else None
             on_end = functools.partial(self._stream_ended, family, turns)
-            return SSERelay(ex, resp, deadline, family.meter(), on_end, self.spawn, family.stream_error,
-                            usage_filter, turns.feed if turns is not None else None)
+            return SSERelay(ex, resp, deadline, family.meter(turns), on_end, self.spawn, family.stream_error,
+                            usage_filter)
         return await self._buffered(ex, family, resp, deadline)
 
     async def _buffered(self, ex: Exchange, family: Family, resp: httpx2.Response, deadline: float
@@ -406,7 +406,8 @@ class Gateway:
         relayed): remember its tool-call turn, meter it."""
         if ex.finished:
             return
-        if turns is not None and outcome == "ok" and (turn := turns.turn(meter.reasoning)) is not None:
+        turn = turns.turn(lambda: meter.reasoning) if turns is not None and outcome == "ok" else None
+        if turn is not None:
             await self.memory.remember(ex.identity.caller, family.turn_kind, turn)
         if self.settings.server.log_content:
             ex.completion_text = meter.text

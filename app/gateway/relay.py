@@ -38,12 +38,11 @@ class SSERelay(Response):
 
     def __init__(self, ex: Exchange, resp: httpx2.Response, deadline: float, meter: StreamMeter,
                  on_end: OnEnd, spawn: Spawn, error_event: ErrorEvent,
-                 chunk_filter: ChunkFilter | None = None, tap: Callable[[bytes], None] | None = None) -> None:
+                 chunk_filter: ChunkFilter | None = None) -> None:
         super().__init__(status_code=200, media_type="text/event-stream")
         self.on_end = on_end
         self.spawn = spawn
         self.error_event = error_event
-        self.tap = tap  # sees every upstream byte too (the turn chatgate remembers for repairs)
         self.ex = ex
         self.resp = resp
         self.deadline = deadline
@@ -125,8 +124,6 @@ class SSERelay(Response):
 
     async def _relay_chunk(self, send: Send, raw: bytes) -> None:
         self.meter.feed(raw)
-        if self.tap is not None:
-            self.tap(raw)
         chunk = self._complete_lines(raw)
         if self.filter is not None:
             chunk = self.filter.feed(chunk)

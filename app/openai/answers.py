@@ -3,12 +3,13 @@ call ids, tool names and reasoning_content), from a completion body or from a re
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import orjson
 
 from app.repair.base import Turn
-from app.sse import SCAN_AT, take_lines
+from app.sse import data_lines_with
 
 
 def turn_from_completion(data: Any) -> Turn | None:
@@ -29,33 +30,21 @@ def turn_from_completion(data: Any) -> Turn | None:
 
 
 class StreamedTurn:
-    """Collects the tool calls of a relayed stream: the bytes are scanned in batches (as the meter does, not
-    chunk by chunk), and only the data lines that carry `tool_calls` are parsed (a few per call); the
-    reasoning comes from the stream meter at the end."""
+    """Collects the tool calls of a relayed stream from the batches of lines its meter takes (no copy of the
+    stream of its own): only the data lines that carry `tool_calls` are parsed (a few per call); the
+    reasoning comes from the meter at the end."""
 
-    __slots__ = ("_buf", "_calls", "saw_reasoning")
+    __slots__ = ("_calls", "saw_reasoning")
 
     def __init__(self) -> None:
-        self._buf = bytearray()
         self._calls: dict[int, list[str]] = {}  # index -> [id, name]
         self.saw_reasoning = False
 
-    def feed(self, chunk: bytes) -> None:
-        self._buf += chunk
-        if len(self._buf) > SCAN_AT:
-            self._scan(final=False)
-
-    def _scan(self, final: bool) -> None:
-        batch = take_lines(self._buf, final)
-        if not batch:
-            return
-        if not self.saw_reasoning and b'"reasoning_content":"' in batch:
+    def lines(self, batch: bytes) -> None:
+        if not self.saw_reasoning and batch.find(b'"reasoning_content":"') >= 0:
             self.saw_reasoning = True
-        if b'"tool_calls"' not in batch:  # most batches (the reasoning, the content): no line to look at
-            return
-        for line in batch.split(b"\n"):
-            if b'"tool_calls"' in line and line.startswith(b"data:"):
-                self._line(line[5:])
+        for payload in data_lines_with(batch, b'"tool_calls"'):  # none in most batches (reasoning, content)
+            self._line(payload)
 
     def _line(self, payload: bytes) -> None:
         try:
@@ -77,11 +66,10 @@ class StreamedTurn:
                 if isinstance(function, dict) and isinstance(function.get("name"), str) and function["name"]:
                     entry[1] = function["name"]
 
-    def turn(self, reasoning: str) -> Turn | None:
-        self._scan(final=True)
+    def turn(self, reasoning: Callable[[], str]) -> Turn | None:
         if not self._calls or not self.saw_reasoning:
             return None
         calls = [self._calls[i] for i in sorted(self._calls)]
         if not all(call_id for call_id, _ in calls):
             return None
-        return Turn(tuple(c[0] for c in calls), tuple(c[1] for c in calls), reasoning)
+        return Turn(tuple(c[0] for c in calls), tuple(c[1] for c in calls), reasoning())

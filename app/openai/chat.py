@@ -22,6 +22,7 @@ from app.openai.rules import Policy, check_body
 from app.openai.stream import StreamMeter, UsageStripper
 from app.profiles import ModelProfile
 from app.repair.base import Applied, InPlace, RepairOptions, Turn
+from app.sse import LineWatcher
 from app.verdict import Verdict
 
 
@@ -91,8 +92,8 @@ class ChatFamily:
     def answer_turn(self, answer: Any) -> Turn | None:
         return turn_from_completion(answer)
 
-    def meter(self) -> StreamMeter:
-        return StreamMeter()
+    def meter(self, watcher: LineWatcher | None = None) -> StreamMeter:
+        return StreamMeter(watcher)
 
     def stream_turns(self) -> StreamedTurn:
         return StreamedTurn()

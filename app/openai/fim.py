@@ -8,7 +8,7 @@ are not DeepSeek routes: `not_on_beta` is their 404, saying where FIM is.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import orjson
@@ -21,6 +21,7 @@ from app.openai.rules import Policy
 from app.openai.stream import UsageStripper
 from app.profiles import ModelProfile
 from app.repair.base import Applied, InPlace, RepairOptions, Turn
+from app.sse import LineWatcher
 from app.verdict import Verdict
 
 FIM_ROUTE = "/beta/completions"
@@ -30,10 +31,10 @@ NOT_ON_BETA = ("/v1/completions", "/completions")  # what clients try when base_
 class NoTurns:
     """FIM answers are text, never tool calls: nothing to remember."""
 
-    def feed(self, chunk: bytes) -> None:
+    def lines(self, batch: bytes) -> None:
         return None
 
-    def turn(self, reasoning: str) -> Turn | None:
+    def turn(self, reasoning: Callable[[], str]) -> Turn | None:
         return None
 
 
@@ -93,8 +94,8 @@ class FimFamily:
     def answer_turn(self, answer: Any) -> Turn | None:
         return None
 
-    def meter(self) -> FimStreamMeter:
-        return FimStreamMeter()
+    def meter(self, watcher: LineWatcher | None = None) -> FimStreamMeter:
+        return FimStreamMeter()  # FIM answers have no turns to remember: no one else watches its lines
 
     def stream_turns(self) -> NoTurns:
         return NoTurns()

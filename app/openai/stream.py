@@ -8,7 +8,7 @@ import re
 import orjson
 
 from app.metering.usage import TokenCounts, tokens_from_usage
-from app.sse import JSON_STRING, SCAN_AT, collect, data_lines_with, decode, take_lines
+from app.sse import JSON_STRING, SCAN_AT, LineWatcher, collect, data_lines_with, decode, take_lines
 
 # The stream's end: a line of its own (the same bytes inside a streamed text are not one).
 _DONE_LINE = re.compile(rb"^data:[ \t]*\[DONE\][ \t]*\r?$", re.M)
@@ -37,10 +37,12 @@ class StreamMeter:
     few regex scans per batch: no event is parsed as JSON unless it carries `usage` or ends the stream.
     """
 
-    __slots__ = ("_buf", "_last_event", "_reasoning_raw", "_text_raw", "_tool_raw", "done", "usage")
+    __slots__ = ("_buf", "_last_event", "_reasoning_raw", "_text_raw", "_tool_raw", "_watcher", "done",
+                 "usage")
 
-    def __init__(self) -> None:
+    def __init__(self, watcher: LineWatcher | None = None) -> None:
         self._buf = bytearray()
+        self._watcher = watcher
         self._text_raw: list[bytes] = []
         self._reasoning_raw: list[bytes] = []
         self._tool_raw: list[bytes] = []
@@ -85,6 +87,8 @@ class StreamMeter:
         batch = take_lines(self._buf, final)
         if not batch:
             return
+        if self._watcher is not None:
+            self._watcher.lines(batch)
         collect(self._text_raw, _CONTENT.findall(batch))
         if b'"reasoning_content"' in batch:
             collect(self._reasoning_raw, _REASONING.findall(batch))

@@ -16,6 +16,7 @@ from app.repair.base import Applied, InPlace, RepairOptions, Turn
 from app.responses.repairs import reasoning_wanted, repair_responses, turn_of, wanted
 from app.responses.rules import Options, check_body
 from app.responses.stream import ResponsesMeter, StreamedTurn, tokens_from_usage, turn_from_response
+from app.sse import LineWatcher
 from app.verdict import Verdict
 
 ROUTE = "/responses"
@@ -77,8 +78,8 @@ class ResponsesFamily:
     def answer_turn(self, answer: Any) -> Turn | None:
         return turn_from_response(answer)
 
-    def meter(self) -> ResponsesMeter:
-        return ResponsesMeter()
+    def meter(self, watcher: LineWatcher | None = None) -> ResponsesMeter:
+        return ResponsesMeter(watcher)
 
     def stream_turns(self) -> StreamedTurn:
         return StreamedTurn()

@@ -11,13 +11,14 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 import orjson
 
 from app.metering.usage import TokenCounts
 from app.repair.base import Turn
-from app.sse import JSON_STRING, SCAN_AT, decode, take_lines
+from app.sse import JSON_STRING, SCAN_AT, LineWatcher, data_lines_with, decode, take_lines
 
 CALL_TYPES = ("function_call", "custom_tool_call")
 
@@ -84,8 +85,9 @@ class ResponsesMeter:
     """Watches a relayed Responses stream. Work happens in batches (16 KB, and at the end); only the data
     line of a terminal event is parsed as JSON (for its usage), the deltas are found with regex scans."""
 
-    def __init__(self) -> None:
+    def __init__(self, watcher: LineWatcher | None = None) -> None:
         self._buf = bytearray()
+        self._watcher = watcher
         self._text: list[bytes] = []
         self._reasoning: list[bytes] = []
         self._last_type = b""
@@ -122,6 +124,8 @@ class ResponsesMeter:
         batch = take_lines(self._buf, final)
         if not batch:
             return
+        if self._watcher is not None:
+            self._watcher.lines(batch)
         for line in batch.split(b"\n"):
             if line.startswith(b"event:"):
                 self._last_type = line[6:].strip()
@@ -154,21 +158,15 @@ class ResponsesMeter:
 
 class StreamedTurn:
     """Collects the calls and reasoning items of a relayed stream from its `response.output_item.done` lines
-    (each carries a whole item); the reasoning text of the meter stands in where no reasoning item came."""
+    (each carries a whole item), in the lines its meter takes; the reasoning text of the meter stands in
+    where no reasoning item came."""
 
     def __init__(self) -> None:
-        self._tail = b""
         self._items: dict[int, dict[str, Any]] = {}
 
-    def feed(self, chunk: bytes) -> None:
-        data = self._tail + chunk if self._tail else chunk
-        cut = data.rfind(b"\n") + 1
-        self._tail = data[cut:]
-        if b"output_item.done" not in data:
-            return
-        for line in data[:cut].split(b"\n"):
-            if line.startswith(b"data:") and b"output_item.done" in line:
-                self._line(line[5:])
+    def lines(self, batch: bytes) -> None:
+        for payload in data_lines_with(batch, b"output_item.done"):
+            self._line(payload)
 
     def _line(self, payload: bytes) -> None:
         try:
@@ -182,9 +180,9 @@ class StreamedTurn:
         if isinstance(item, dict):
             self._items[index if isinstance(index, int) else len(self._items)] = item
 
-    def turn(self, reasoning: str) -> Turn | None:
+    def turn(self, reasoning: Callable[[], str]) -> Turn | None:
         items = [self._items[k] for k in sorted(self._items)]
-        if reasoning and not any(i.get("type") == "reasoning" for i in items):
+        if items and not any(i.get("type") == "reasoning" for i in items) and (text := reasoning()):
             items.insert(0, {"type": "reasoning", "summary": [],
-                             "content": [{"type": "reasoning_text", "text": reasoning}]})
+                             "content": [{"type": "reasoning_text", "text": text}]})
         return turn_of_items(items)

@@ -70,9 +70,11 @@ def test_a_stream_ending_with_an_error_event() -> None:
 
 def test_the_streamed_tool_use_turn_with_its_thinking_signature() -> None:
     turns = StreamedThinkingTurn()
+    meter = MessagesMeter(turns)
     for at in range(0, len(STREAM), 11):
-        turns.feed(STREAM[at:at + 11])
-    turn = turns.turn('Read the test "x".')
+        meter.feed(STREAM[at:at + 11])
+    meter.finish()
+    turn = turns.turn(lambda: meter.reasoning)
     assert turn is not None and turn.call_ids == ("call_7",) and turn.names == ("Read",)
     assert json.loads(turn.payload) == [{"type": "thinking", "thinking": 'Read the test "x".',
                                          "signature": "8c1f"}]

@@ -8,6 +8,7 @@ import orjson
 import pytest
 
 from app.openai.answers import StreamedTurn, turn_from_completion
+from app.openai.stream import StreamMeter
 from app.repair.base import Turn
 from app.sse import SCAN_AT
 
@@ -50,25 +51,40 @@ def event(delta: dict[str, Any]) -> bytes:
     return b"data: " + orjson.dumps({"choices": [{"index": 0, "delta": delta}]}) + b"\n\n"
 
 
+def watched(stream: bytes, step: int) -> tuple[StreamedTurn, StreamMeter]:
+    """The stream relayed in chunks of `step` bytes through a meter that the turn collector watches, as the
+    proxy does."""
+    turns = StreamedTurn()
+    meter = StreamMeter(turns)
+    for n in range(0, len(stream), step):
+        meter.feed(stream[n:n + step])
+    meter.finish()
+    return turns, meter
+
+
+def never() -> str:
+    raise AssertionError("the reasoning is asked for only when there is a turn")
+
+
 def test_a_streamed_turn_is_collected_across_chunk_boundaries() -> None:
     stream = (event({"reasoning_content": "thi"}) + event({"reasoning_content": "nk"})
               + event({"tool_calls": [{"index": 0, "id": "c1", "type": "function",
                                        "function": {"name": "search", "arguments": ""}}]})
               + event({"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]})
               + b"data: [DONE]\n\n")
-    turns = StreamedTurn()
-    for n in range(0, len(stream), 7):  # split anywhere, lines included
-        turns.feed(stream[n:n + 7])
-    assert turns.turn("think") == Turn(("c1",), ("search",), "think")
+    turns, meter = watched(stream, 7)  # split anywhere, lines included
+    assert turns.turn(lambda: meter.reasoning) == Turn(("c1",), ("search",), "think")
 
 
 def test_a_stream_without_reasoning_or_calls_is_no_turn() -> None:
-    no_reasoning = StreamedTurn()
-    no_reasoning.feed(event({"tool_calls": [{"index": 0, "id": "c1", "function": {"name": "f"}}]}))
-    assert no_reasoning.turn("") is None
-    no_calls = StreamedTurn()
-    no_calls.feed(event({"reasoning_content": "think"}) + event({"content": "done"}))
-    assert no_calls.turn("think") is None
+    calls = event({"tool_calls": [{"index": 0, "id": "c1", "function": {"name": "f"}}]})
+    no_reasoning, _ = watched(calls, 99)
+    assert no_reasoning.turn(never) is None
+    no_calls, _ = watched(event({"reasoning_content": "think"}) + event({"content": "done"}), 99)
+    assert no_calls.turn(never) is None
+    finish = b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}\n\n'
+    finish_only, _ = watched(event({"reasoning_content": "think"}) + finish, 99)
+    assert finish_only.turn(never) is None, "a finish reason named tool_calls is no call"
 
 
 @pytest.mark.parametrize("step", [1, 7, 4096, 20_000, 10**6])
@@ -81,8 +97,6 @@ def test_a_long_streamed_turn_is_collected_whatever_the_chunks(step: int) -> Non
                      + thinking[:thinking.index(b"\n\n", SCAN_AT // 3) + 2] for k in range(4))
     stream = thinking + calls + b"data: [DONE]"  # no final newline
     assert len(stream) > 3 * SCAN_AT
-    turns = StreamedTurn()
-    for n in range(0, len(stream), step):
-        turns.feed(stream[n:n + step])
-    assert turns.turn("plan") == Turn(("call_0", "call_1", "call_2", "call_3"),
+    turns, _ = watched(stream, step)
+    assert turns.turn(lambda: "plan") == Turn(("call_0", "call_1", "call_2", "call_3"),
                                       ("tool_0", "tool_1", "tool_2", "tool_3"), "plan")

@@ -202,7 +202,7 @@ def test_family_verdict_and_no_repairs() -> None:
     assert family.turns_to_restore({}, bad.problems, RepairOptions()) == {}
     assert family.repair({}, bad.problems, RepairOptions(), None, {}) == []
     assert family.answer_turn({"choices": [{"text": "x"}]}) is None
-    assert family.stream_turns().turn("") is None
+    assert family.stream_turns().turn(lambda: "") is None
     assert family.usage({"usage": DEEPSEEK_USAGE}) == TokenCounts(120, 45, 64, 56, 30)
     assert family.usage("not a dict") is None
 

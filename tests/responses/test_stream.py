@@ -105,9 +105,11 @@ def test_text_that_looks_like_a_terminal_event_does_not_end_the_stream() -> None
 def test_a_streamed_tool_call_turn_is_remembered_with_its_reasoning_item() -> None:
     raw, _, plan = stream_of(BODY)
     turns = StreamedTurn()
+    meter = ResponsesMeter(turns)
     for at in range(0, len(raw), 13):
-        turns.feed(raw[at:at + 13])
-    turn = turns.turn("ignored: the reasoning item came")
+        meter.feed(raw[at:at + 13])
+    meter.finish()
+    turn = turns.turn(lambda: "ignored: the reasoning item came")
     call = plan.items[1]
     assert turn is not None and turn.call_ids == (call.call_id,) and turn.names == ("shell",)
     remembered = orjson.loads(turn.payload)
@@ -119,10 +121,12 @@ def test_a_stream_without_reasoning_items_uses_the_meters_text() -> None:
     done = {"type": "response.output_item.done", "output_index": 0,
             "item": {"type": "function_call", "call_id": "call_1", "name": "shell", "arguments": "{}"}}
     turns = StreamedTurn()
-    turns.feed(b"data: " + orjson.dumps(done) + b"\n\n")
-    turn = turns.turn("thinking hard")
+    meter = ResponsesMeter(turns)
+    meter.feed(b"event: response.output_item.done\ndata: " + orjson.dumps(done) + b"\n\n")
+    meter.finish()
+    turn = turns.turn(lambda: "thinking hard")
     assert turn is not None and orjson.loads(turn.payload)[0]["content"][0]["text"] == "thinking hard"
-    assert StreamedTurn().turn("x") is None, "no calls: nothing to remember"
+    assert StreamedTurn().turn(lambda: "x") is None, "no calls: nothing to remember"
 
 
 def test_the_turn_of_a_body_needs_calls_and_reasoning_text() -> None:
