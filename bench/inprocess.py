@@ -39,6 +39,7 @@ import uvloop
 from bench import upstream as fake
 from bench.toolloop import parse_answer, round1, round2
 
+CHUNKS = 10  # the fake upstream's default (scenario 11 runs it so)
 App = Callable[[dict[str, Any], Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]],
                Awaitable[None]]
 
@@ -48,12 +49,19 @@ class Upstream:
 
     def __init__(self) -> None:
         self.tool, self.content, self.ids = fake.tool_call_json(), fake.completion_json(), itertools.count()
+        self.tool_stream = b"".join(fake.tool_stream_events(CHUNKS))
+        self.content_stream = b"".join(fake.stream_events(CHUNKS))
 
     def __call__(self, request: httpx2.Request) -> httpx2.Response:
-        raw = self.content if b'"role":"tool"' in request.content else self.tool.replace(
-            fake.CALL_PLACEHOLDER, b"call_%016x" % next(self.ids))
+        stream = b'"stream":true' in request.content
+        if b'"role":"tool"' in request.content:
+            raw = self.content_stream if stream else self.content
+        else:
+            raw = (self.tool_stream if stream else self.tool).replace(
+                fake.CALL_PLACEHOLDER, b"call_%016x" % next(self.ids))
         raw = raw.replace(fake.ID_PLACEHOLDER, b"chatcmpl-%016x" % next(self.ids))
-        return httpx2.Response(200, content=raw, headers={"content-type": "application/json"})
+        kind = "text/event-stream" if stream else "application/json"
+        return httpx2.Response(200, stream=httpx2.ByteStream(raw), headers={"content-type": kind})
 
 
 def make_app(restore: bool, workdir: str) -> Any:
@@ -111,14 +119,14 @@ async def measure(args: argparse.Namespace) -> None:
     apps = {name: make_app(name == "on", tempfile.mkdtemp(prefix=f"chatgate-inprocess-{name}-"))
             for name in ("on", "off")}
     alive = [await start(app) for app in apps.values()]
-    first = round1(False)
+    first = round1(args.stream)
     first_raw = orjson.dumps(first)
 
     async def conversation(name: str, slot: int, loops: int) -> None:
         key = b"Bearer sk-bench-%d" % slot
         back = name == "off" or args.send_reasoning
         for _ in range(loops):
-            call, reasoning, _ = parse_answer(await post(apps[name], first_raw, key), False)
+            call, reasoning, _ = parse_answer(await post(apps[name], first_raw, key), args.stream)
             assert call is not None
             await post(apps[name], orjson.dumps(round2(first, call, reasoning if back else None)), key)
 
@@ -155,6 +163,7 @@ def main() -> None:
     parser.add_argument("--warm", type=int, default=400, help="loops per app before measuring")
     parser.add_argument("--send-reasoning", action="store_true",
                         help="round 2 carries the reasoning to the restore-on app too (remembering alone)")
+    parser.add_argument("--stream", action="store_true", help="the streamed tool loop")
     parser.add_argument("--profile", choices=["on", "off"], help="cProfile this app's loops instead")
     uvloop.run(measure(parser.parse_args()))
 
