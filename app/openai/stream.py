@@ -120,13 +120,12 @@ class UsageStripper:
         self._tail = b""
 
     def feed(self, chunk: bytes) -> bytes:
-        data = self._tail + chunk
+        data = self._tail + chunk if self._tail else chunk
         cut = data.rfind(b"\n") + 1
         self._tail = data[cut:]
-        out = []
-        for line in data[:cut].splitlines(keepends=True):
-            out.append(self._line(line))
-        return b"".join(out)
+        if data.find(b'"usage"', 0, cut) < 0:  # most chunks: relayed as they came, with no line looked at
+            return data if cut == len(data) else data[:cut]
+        return b"".join([self._line(line) for line in data[:cut].splitlines(keepends=True)])
 
     def _line(self, line: bytes) -> bytes:
         if not line.startswith(b"data: {") or b'"usage"' not in line:

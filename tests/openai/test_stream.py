@@ -1,5 +1,5 @@
 """The chat family's stream meter: usage from whichever chunk carries it, the streamed text for estimates,
-the stream's end, whatever the chunking."""
+the stream's end, whatever the chunking; and the stripper of the usage the client did not ask for."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from app.metering.usage import TokenCounts
-from app.openai.stream import StreamMeter
+from app.openai.stream import StreamMeter, UsageStripper
 from tests.metering.test_pricing_usage import DEEPSEEK_USAGE
 
 # --- StreamMeter ----------------------------------------------------------------------------------
@@ -131,3 +131,44 @@ def test_meter_sees_a_stream_that_ends_with_deepseeks_error_event(piece: int) ->
 ])  # fmt: skip
 def test_the_end_of_the_stream_is_a_done_line_of_its_own(lines: bytes, final: bool) -> None:
     assert StreamMeter().final_in(lines) is final
+
+
+# --- UsageStripper --------------------------------------------------------------------------------
+
+
+def stripped(stream: bytes, size: int) -> tuple[bytes, list[bytes]]:
+    """The stream through a stripper in pieces of `size` bytes; and what it returned for each piece."""
+    stripper = UsageStripper()
+    outs = [stripper.feed(stream[start:start + size]) for start in range(0, len(stream), size)]
+    return b"".join(outs), outs
+
+
+@pytest.mark.parametrize("piece", [1, 7, 64, 4096])
+def test_the_stripper_removes_the_usage_chatgate_asked_for_and_nothing_else(piece: int) -> None:
+    text = [sse(chunk({"role": "assistant", "content": ""}))] + [
+        sse(chunk({"content": f"word {k} "})) for k in range(40)]
+    stream = (b": keep-alive\n\n" + b"".join(text) + sse(chunk({"content": ""}, "stop", usage=None))
+              + sse({"id": "c1", "object": "chat.completion.chunk", "choices": [], "usage": DEEPSEEK_USAGE})
+              + b"data: [DONE]\n\n")
+    out, _ = stripped(stream, piece)
+    events = [json.loads(line[6:]) for line in out.split(b"\n") if line.startswith(b"data: {")]
+    # the usage-only chunk is gone, and the `"usage": null` that include_usage adds to the others
+    assert len(events) == 42 and all("usage" not in e for e in events)
+    assert out.replace(b"\n\n\n", b"\n\n").endswith(b"data: [DONE]\n\n")
+    assert out.startswith(b": keep-alive\n\n" + b"".join(text)), "the lines before it pass unchanged"
+
+
+def test_the_stripper_removes_usage_from_deepseeks_last_content_chunk() -> None:
+    last = sse(chunk({"content": ""}, "stop", usage=DEEPSEEK_USAGE))
+    out, _ = stripped(sse(chunk({"content": "Hi"})) + last + b"data: [DONE]\n\n", 10_000)
+    events = [json.loads(line[6:]) for line in out.split(b"\n") if line.startswith(b"data: {")]
+    assert [e["choices"][0]["finish_reason"] for e in events] == [None, "stop"]
+    assert "usage" not in events[1]
+
+
+def test_the_stripper_passes_chunks_without_usage_as_they_came() -> None:
+    lines = sse(chunk({"content": 'a "usage" word'})) + sse(chunk({"content": "more"}))
+    out, outs = stripped(lines, len(lines))
+    assert outs == [lines] and outs[0] is lines, "whole lines without usage: the same bytes, not a copy"
+    out, outs = stripped(lines[:-5] + b"\n", len(lines))  # (a line the stream cut is held back whole)
+    assert out == lines[:-5] + b"\n"
