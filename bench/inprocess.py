@@ -15,6 +15,7 @@ where the extra time goes:
     python -m bench.inprocess --send-reasoning      # the restore-on app also gets the reasoning back:
                                                     # what remembering the turns alone costs
     python -m bench.inprocess --profile on          # cProfile of one app's loops, by own time
+    python -m bench.inprocess --stream              # the streamed tool loop (SSE answers), with any of these
 
 The host's noise moves a ratio by a few percent from run to run: compare runs of the same kind.
 """
