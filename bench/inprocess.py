@@ -7,9 +7,12 @@ is answered with a tool call; round 2 comes back without the reasoning to the re
 to the other (the bytes DeepSeek gets are then the same). Blocks of loops alternate between the apps;
 each block's CPU time (process_time) per loop is kept, and the medians give the ratio.
 
-It reproduces the server's ratio (0.85 on the host of 2026-12-01, against 0.86 from `bench.run --only
-11`) in about 20 s, with no uvicorn, sockets or load generator in the numbers, so `--profile` can say
-where the extra time goes:
+It comes close to the server's ratio (0.85 on the host of 2026-12-01, against 0.86 from `bench.run --only
+11`; on a later, faster host 0.82-0.85 against 0.87-0.89, with no server costs in the base) in about 20 s,
+with no uvicorn, sockets or load generator in the numbers, so `--profile` can say where the extra time goes.
+Both apps share one process and Python's default garbage-collector settings: with `chatgate serve`'s
+(`app.cli.tune_gc`) a collection's cost lands on whichever app's block triggers it, and the ratio moved
+to 0.78-0.80 in two runs, so they are not applied.
 
     python -m bench.inprocess                       # the ratio (median of 10 blocks of 400 loops each)
     python -m bench.inprocess --send-reasoning      # the restore-on app also gets the reasoning back:
