@@ -12,7 +12,7 @@ import orjson
 
 from app.metering.usage import TokenCounts
 from app.repair.base import Turn
-from app.sse import JSON_STRING, LineWatcher, decode
+from app.sse import JSON_STRING, LineWatcher, data_lines_with, decode
 
 _STOP_LINE = re.compile(rb"^event:[ \t]*message_stop[ \t]*\r?$", re.M)  # a line of its own, not text
 
@@ -100,13 +100,15 @@ class MessagesMeter:
         if self._watcher is not None:
             self._watcher.lines(lines)
         self._text.extend(_TEXT.findall(lines))
-        if b'"thinking"' in lines:
+        if lines.find(b'"thinking"') >= 0:
             self._thinking.extend(_THINKING.findall(lines))
-        for line in lines.split(b"\n"):
-            if line.startswith(b"event:"):
-                self._last_event = line[6:].strip()
-            elif line.startswith(b"data:") and b'"usage"' in line:
-                self._usage_line(line[5:])
+        for payload in data_lines_with(lines, b'"usage"'):  # message_start and message_delta only
+            self._usage_line(payload)
+        # The last event line (a JSON string escapes its newlines, so "\nevent:" always starts a line).
+        at = lines.rfind(b"\nevent:") + 1
+        if at or lines.startswith(b"event:"):
+            end = lines.find(b"\n", at)
+            self._last_event = lines[at + 6:end if end >= 0 else len(lines)].strip()
 
     def _usage_line(self, payload: bytes) -> None:
         try:
