@@ -214,25 +214,25 @@ class TurnCache:
         self._slots[slot] = DELETED
 
     def _rebuild(self) -> None:
-        """A new table for the live records, at most a quarter full; if they would fill more than a
+        """A new table for the live records, at most an eighth full (the next rebuild, an O(table) pass on
+        the event loop, is then as many puts away as there are slots); if they would fill more than a
         quarter of the largest table, the oldest go first (records so small that the table, not the ring,
         is what bounds the memory)."""
-        live = sorted(p for p in self._slots if p >= self._live_from())
+        floor = self._live_from()
+        live = sorted(p for p in self._slots if p >= floor)
         while len(live) * 4 > self.max_slots:
             self._floor = live[len(live) // 2]
             live = live[len(live) // 2:]
-        n = min(self.max_slots, max(MIN_SLOTS, _pow2_at_most(len(live) * 4) * 2))
-        self._slots = array("q", [EMPTY]) * n
-        self._tags = array("q", [0]) * n
-        self._mask, self._taken = n - 1, 0
+        n = min(self.max_slots, max(MIN_SLOTS, _pow2_at_most(len(live) * 4) * 4))
+        slots, tags, mask = array("q", [EMPTY]) * n, array("q", [0]) * n, n - 1
         for position in live:
             tag = hash(self._key_at(position))
-            i = tag & self._mask
-            while self._slots[i] != EMPTY:
-                i = (i + 1) & self._mask
-            self._slots[i] = position
-            self._tags[i] = tag
-            self._taken += 1
+            i = tag & mask
+            while slots[i] != EMPTY:
+                i = (i + 1) & mask
+            slots[i] = position
+            tags[i] = tag
+        self._slots, self._tags, self._mask, self._taken = slots, tags, mask, len(live)
 
 
 def _pow2_at_most(n: int) -> int:
