@@ -161,23 +161,30 @@ def reasoning_in_place(body: bytes, messages: Sequence[Any], problems: Sequence[
             return None
         wanted[i] = calls_of(msg)
     keyed = [i for i, msg in enumerate(messages) if "tool_calls" in msg]
-    if (body.count(_CALLS_KEY) != len(keyed) or body.count(b'"tool_calls":') != len(keyed)
-            or (b"\\u00" in body and _ESCAPED_NAME_CHAR.search(body))):
+    if (not wanted or body.count(_CALLS_KEY) != len(keyed)
+            or (body.find(b"\\u00") >= 0 and _ESCAPED_NAME_CHAR.search(body))):
         return None
+    places: dict[int, int] = {}  # message index -> where its key starts, for the messages to fix
+    at, last = -1, max(wanted)
+    for i in keyed:
+        at = body.find(_CALLS_KEY, at + 1)
+        if body[at + len(_CALLS_KEY):at + len(_CALLS_KEY) + 1] != b":":  # a value, or a space before ':'
+            return None
+        if i in wanted:
+            places[i] = at
+        if i == last:
+            break
 
     def apply(recalled: Mapping[int, str]) -> tuple[bytes, list[Applied]]:
         pieces: list[bytes] = []
         applied: list[Applied] = []
-        last, at, left = 0, -1, len(recalled)
-        for i in keyed:
-            if not left:
-                break
-            at = body.find(_CALLS_KEY, at + 1)
+        done = 0
+        for i, at in places.items():
             if i in recalled:
-                pieces += (body[last:at], b'"reasoning_content":', orjson.dumps(recalled[i]), b",")
+                pieces += (body[done:at], b'"reasoning_content":', orjson.dumps(recalled[i]), b",")
                 applied.append(Applied("restore_reasoning", f"messages[{i}]"))
-                last, left = at, left - 1
-        pieces.append(body[last:])
+                done = at
+        pieces.append(body[done:])
         return b"".join(pieces), applied
 
     return InPlace(wanted, apply)
