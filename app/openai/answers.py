@@ -44,7 +44,8 @@ class StreamedTurn:
         if not self.saw_reasoning and batch.find(b'"reasoning_content":"') >= 0:
             self.saw_reasoning = True
         for payload in data_lines_with(batch, b'"tool_calls"'):  # none in most batches (reasoning, content)
-            self._line(payload)
+            if payload.count(b'"tool_calls"') > payload.count(b'"finish_reason":"tool_calls"'):  # not the end
+                self._line(payload)
 
     def _line(self, payload: bytes) -> None:
         try:

@@ -87,6 +87,13 @@ def test_a_stream_without_reasoning_or_calls_is_no_turn() -> None:
     assert finish_only.turn(never) is None, "a finish reason named tool_calls is no call"
 
 
+def test_a_call_on_the_chunk_that_ends_the_turn_is_collected() -> None:
+    last = {"choices": [{"index": 0, "finish_reason": "tool_calls", "delta": {"tool_calls": [
+        {"index": 0, "id": "c9", "type": "function", "function": {"name": "grep", "arguments": "{}"}}]}}]}
+    turns, _ = watched(event({"reasoning_content": "think"}) + b"data: " + orjson.dumps(last) + b"\n\n", 99)
+    assert turns.turn(lambda: "think") == Turn(("c9",), ("grep",), "think")
+
+
 @pytest.mark.parametrize("step", [1, 7, 4096, 20_000, 10**6])
 def test_a_long_streamed_turn_is_collected_whatever_the_chunks(step: int) -> None:
     """Streams are scanned in batches of SCAN_AT bytes: calls in several batches, with lines cut at batch
