@@ -43,11 +43,9 @@ class StreamMeter(Protocol):
         """The model DeepSeek says it served, when the family meters by it (else None)."""
 
 
-class StreamTurns(Protocol):
+class StreamTurns(LineWatcher, Protocol):
     """Collects the tool calls of a relayed stream, for the memory of turns (restore repairs), from the lines
     the stream's meter takes (it watches them: `family.meter(turns)`)."""
-
-    def lines(self, batch: bytes) -> None: ...
 
     def turn(self, reasoning: Callable[[], str]) -> Turn | None:
         """The turn, if the stream ended in one; `reasoning` (the meter's) is asked for only then."""
