@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import time
 import uuid
@@ -109,6 +110,7 @@ class Lease:
     expires_at: float = 0.0
     ledger_spent: int = 0  # the store's ledger at the last renewal, which included this lease's spend
     spent: int = 0
+    flushed: int = 0  # what was settled under it and is in the ledger, as the store's answers say
     holds: dict[str, int] = field(default_factory=dict)
     used_at: float = 0.0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one store call per lease at a time
@@ -144,6 +146,7 @@ class StoreBudgets:
         self.clock = clock
         self.leases: dict[tuple[str, str, float], Lease] = {}
         self.prefix = f"lease:{uuid.uuid4().hex[:16]}:"
+        self._count = itertools.count()
         self.flush_errors = 0
         self._keeper: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
@@ -154,13 +157,14 @@ class StoreBudgets:
         what was settled here): its leases forget their spend and go once idle."""
         for lease in self.leases.values():
             if (lease.scope, lease.subject) == (scope, subject):
-                lease.spent, lease.budget = 0, -1
+                lease.flushed, lease.spent, lease.budget = lease.flushed + lease.spent, 0, -1
 
     def _lease(self, hold: Hold) -> Lease:
         key = (hold.scope, hold.subject, hold.period_start)
         lease = self.leases.get(key)
         if lease is None:
-            hold_id = f"{self.prefix}{hold.scope}:{hold.subject}:{hold.period_start:.0f}"
+            # a lease given back leaves its hold behind until it expires: the next one is another
+            hold_id = f"{self.prefix}{next(self._count)}:{hold.scope}:{hold.subject}:{hold.period_start:.0f}"
             lease = self.leases[key] = Lease(hold_id, hold.scope, hold.subject, hold.period_start)
         return lease
 
@@ -226,8 +230,9 @@ class StoreBudgets:
         for lease, hold in pairs:
             keep = lease.keep
             asks.append(LeaseAsk(lease.hold_id, lease.scope, lease.subject, lease.period_start,
-                                 hold.budget_picousd, lease.spent, keep, keep + hold.amount_picousd,
-                                 LEASE_ASKS * hold.amount_picousd, now + 2 * self.hold_seconds))
+                                 hold.budget_picousd, lease.spent, lease.flushed, keep,
+                                 keep + hold.amount_picousd, LEASE_ASKS * hold.amount_picousd,
+                                 now + 2 * self.hold_seconds))
         refused, grants = await asyncio.to_thread(self.store.renew_leases, asks, now)
         for (lease, hold), ask, grant in zip(pairs, asks, grants, strict=True):
             self._granted(lease, ask, grant, hold.budget_picousd)
@@ -238,6 +243,7 @@ class StoreBudgets:
     def _granted(lease: Lease, ask: LeaseAsk, grant: LeaseGrant, budget: int) -> None:
         # requests may have settled while the store answered: only what was sent left `spent`
         lease.spent -= ask.spent_picousd
+        lease.flushed += ask.spent_picousd
         lease.granted, lease.ledger_spent = grant.amount_picousd, grant.ledger_spent_picousd
         lease.budget, lease.expires_at = budget, ask.expires_at
 
@@ -278,7 +284,7 @@ class StoreBudgets:
             async with lease.lock:
                 keep = lease.keep if idle else max(lease.granted - lease.spent, 0)
                 ask = LeaseAsk(lease.hold_id, lease.scope, lease.subject, lease.period_start, lease.budget,
-                               lease.spent, keep, keep, 0, now + 2 * self.hold_seconds)
+                               lease.spent, lease.flushed, keep, keep, 0, now + 2 * self.hold_seconds)
                 lease.shrinking = idle
                 try:
                     _, (grant,) = await asyncio.to_thread(self.store.renew_leases, [ask], now)

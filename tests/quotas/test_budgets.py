@@ -10,13 +10,16 @@ import random
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from app.metering.store.base import Hold, LeaseAsk, LeaseGrant
+from app.metering.store.base import Hold, LeaseAsk, LeaseGrant, StoreError
+from app.metering.store.postgres import PostgresStore
 from app.metering.store.sqlite import SQLiteStore
 from app.quotas import budgets as budgets_module
 from app.quotas.budgets import LEASE_ASKS, StoreBudgets
+from tests.pgutil import fresh_database
 
 BUDGET = 1000
 T0 = 0.0
@@ -238,3 +241,59 @@ def test_a_request_waiting_while_its_lease_is_given_back_still_has_its_cost_flus
         assert store.budget_state("team", "red", T0, time.time()) == (50, 0), "both costs in the ledger"
     finally:
         store.close()
+
+
+class LostAnswerStore:
+    """Wraps a store: the first flush it is asked for is applied (committed) and then fails as if the
+    connection had been cut before its answer arrived, the case of a watchdog cut or a network drop just
+    after the COMMIT."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.lost = 0
+
+    def renew_leases(self, asks: Sequence[LeaseAsk], now: float) -> tuple[int, list[LeaseGrant]]:
+        answer = self.inner.renew_leases(asks, now)
+        if not self.lost and all(a.need_picousd == a.keep_picousd for a in asks):
+            self.lost += 1
+            raise StoreError("connection cut after the commit (simulated)")
+        return answer
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
+    if request.param == "sqlite":
+        store: Any = SQLiteStore(tmp_path / "b.db")
+        store.migrate()
+        yield store
+        store.close()
+        return
+    with fresh_database() as url:
+        store = PostgresStore(url)
+        store.migrate()
+        yield store
+        store.close()
+
+
+def test_a_flush_whose_answer_was_lost_is_not_counted_twice(any_store: Any) -> None:
+    """The store applied a flush but its answer never came: the replica tries again with what it has
+    settled since, and the ledger counts each cost once (the spend is not double counted, nor lost)."""
+    store = LostAnswerStore(any_store)
+
+    async def go() -> None:
+        budgets = StoreBudgets(store, 60.0)
+        assert await budgets.reserve([hold(1, 100)], time.time()) is None
+        budgets.settle_now([hold(1, 100)], 30)
+        await budgets.flush()  # applied, answer lost: the replica must assume nothing
+        assert store.lost == 1 and budgets.flush_errors == 1
+        assert await budgets.reserve([hold(2, 100)], time.time()) is None
+        budgets.settle_now([hold(2, 100)], 12)
+        await budgets.flush()
+        assert any_store.budget_state("team", "red", T0, time.time())[0] == 42
+        await budgets.close()
+
+    asyncio.run(go())
+    assert any_store.budget_state("team", "red", T0, time.time()) == (42, 0), "each cost once, no hold left"

@@ -139,6 +139,9 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             created_at DOUBLE PRECISION NOT NULL
         )""",
     ),
+    # 6: a lease's hold keeps the spend settled under it that the ledger has, so that a renewal applied
+    # whose answer was lost, tried again, adds only what is new (no spend counted twice).
+    ("ALTER TABLE budget_holds ADD COLUMN flushed_picousd BIGINT NOT NULL DEFAULT 0",),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -313,12 +316,19 @@ class Queries:
                 f"expires_at) VALUES ({p}, {p}, {p}, {p}, {p}, {p})")
 
     @property
-    def upsert_hold(self) -> str:
-        """A lease's hold replaced in place: an update of columns no index covers, which PostgreSQL does
-        without a new index entry (HOT) and cleans up without VACUUM, so leases renewed every few
-        milliseconds leave no dead rows behind."""
-        return (self.insert_hold + " ON CONFLICT (hold_id) DO UPDATE SET amount_picousd = "
-                "excluded.amount_picousd, expires_at = excluded.expires_at")
+    def upsert_lease(self) -> str:
+        """A lease's hold replaced in place, with the spend settled under it that the ledger now has: an
+        update of columns no index covers, which PostgreSQL does without a new index entry (HOT) and cleans
+        up without VACUUM, so leases renewed every few milliseconds leave no dead rows behind."""
+        p = self.placeholder
+        return ("INSERT INTO budget_holds (hold_id, scope, subject, period_start, amount_picousd, "
+                f"expires_at, flushed_picousd) VALUES ({p}, {p}, {p}, {p}, {p}, {p}, {p}) "
+                "ON CONFLICT (hold_id) DO UPDATE SET amount_picousd = excluded.amount_picousd, "
+                "expires_at = excluded.expires_at, flushed_picousd = excluded.flushed_picousd")
+
+    @property
+    def lease_flushed(self) -> str:
+        return f"SELECT flushed_picousd FROM budget_holds WHERE hold_id = {self.placeholder}"
 
     @property
     def take_hold(self) -> str:
@@ -434,10 +444,12 @@ def reserve_in(cur: Cursor, q: Queries, holds: Sequence[Hold], now: float) -> Ho
 
 def renew_in(cur: Cursor, q: Queries, asks: Sequence[LeaseAsk], now: float) -> tuple[int, list[LeaseGrant]]:
     """SQLite's `Store.renew_leases`, inside the caller's transaction (which holds the write lock). PostgreSQL
-    runs the same steps, with row locks, as the function chatgate_lease_1 (postgres.py)."""
+    runs the same steps, with row locks, as the function chatgate_lease_2 (postgres.py)."""
     ordered = sorted(range(len(asks)), key=lambda i: (asks[i].scope, asks[i].subject))
     spent: dict[int, int] = {}
     free: dict[int, int] = {}
+    added: dict[int, int] = {}  # what each ask adds to its ledger
+    total: dict[int, int] = {}  # the spend settled under each lease that its ledger has after this
     refused = 0
     for i in ordered:
         a = asks[i]
@@ -449,7 +461,12 @@ def renew_in(cur: Cursor, q: Queries, asks: Sequence[LeaseAsk], now: float) -> t
                         (a.scope, a.subject, a.period_start, a.subject, a.period_start))
             cur.execute(q.ledger_spent, key)
             row = cur.fetchone()
-        spent[i] = (int(row[0]) if row is not None else 0) + a.spent_picousd
+        cur.execute(q.lease_flushed, (a.hold_id,))
+        prior = cur.fetchone()
+        applied = int(prior[0]) if prior is not None else 0  # with a renewal whose answer was lost
+        total[i] = max(a.flushed_picousd + a.spent_picousd, applied)
+        added[i] = total[i] - applied
+        spent[i] = (int(row[0]) if row is not None else 0) + added[i]
         free[i] = 0
         if a.need_picousd > a.keep_picousd or a.extra_picousd > 0:  # else nothing depends on it
             cur.execute(q.held_by_others, (*key, now, a.hold_id))
@@ -460,10 +477,11 @@ def renew_in(cur: Cursor, q: Queries, asks: Sequence[LeaseAsk], now: float) -> t
     for i, a in enumerate(asks):
         amount = a.keep_picousd if refused else a.need_picousd + max(min(a.extra_picousd,
                                                                          (free[i] - a.need_picousd) // 4), 0)
-        if a.spent_picousd:
-            cur.execute(q.add_spent, (a.spent_picousd, a.scope, a.subject, a.period_start))
-        if amount > 0:
-            cur.execute(q.upsert_hold, (a.hold_id, a.scope, a.subject, a.period_start, amount, a.expires_at))
+        if added[i]:
+            cur.execute(q.add_spent, (added[i], a.scope, a.subject, a.period_start))
+        if amount > 0 or total[i] > 0:  # given back, it stays at 0 until it expires (LeaseAsk)
+            cur.execute(q.upsert_lease, (a.hold_id, a.scope, a.subject, a.period_start, amount, a.expires_at,
+                                         total[i]))
         else:
             cur.execute(q.take_hold, (a.hold_id,))
         grants.append(LeaseGrant(amount, spent[i]))

@@ -139,6 +139,10 @@ class LeaseAsk:
     period_start: float
     budget_picousd: int
     spent_picousd: int  # settled under the lease since its last renewal: added to the ledger now
+    # settled under the lease and added to the ledger by the renewals answered so far: the store adds only
+    # flushed + spent - what its hold says the ledger has, so a renewal applied whose answer was lost, tried
+    # again, counts nothing twice (a lease given back keeps its hold, at 0, until it expires, for this)
+    flushed_picousd: int
     keep_picousd: int  # reserved by requests in flight: held again whatever the budget says
     need_picousd: int  # keep + what the request asking for room reserves (keep alone: a flush)
     extra_picousd: int  # asked on top, for the requests to come: granted up to a quarter of what is free

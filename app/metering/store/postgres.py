@@ -123,15 +123,18 @@ BUDGET_FUNCTIONS = (
                 WHERE scope = scopes[i] AND subject = subjects[i] AND period_start = starts[i];
         END LOOP;
     END $$""",
-    """CREATE OR REPLACE FUNCTION chatgate_lease_1(
+    """CREATE OR REPLACE FUNCTION chatgate_lease_2(
         hold_ids text[], scopes text[], subjects text[], starts float8[], budgets int8[], spents int8[],
-        keeps int8[], needs int8[], extras int8[], expires float8[], now_ts float8)
+        flusheds int8[], keeps int8[], needs int8[], extras int8[], expires float8[], now_ts float8)
         RETURNS int8[] LANGUAGE plpgsql AS $$
     DECLARE
         n integer := coalesce(array_length(hold_ids, 1), 0);
         ledger int8;
+        prior int8;
         spent int8[] := array_fill(0::int8, ARRAY[n]);
         free int8[] := array_fill(0::int8, ARRAY[n]);
+        added int8[] := array_fill(0::int8, ARRAY[n]);
+        total int8[] := array_fill(0::int8, ARRAY[n]);
         held int8;
         refused integer := 0;
         amount int8;
@@ -140,7 +143,11 @@ BUDGET_FUNCTIONS = (
         -- the asks come sorted by (scope, subject), as the holds of chatgate_reserve_1
         FOR i IN 1 .. n LOOP
             ledger := chatgate_ledger_1(scopes[i], subjects[i], starts[i], needs[i] > keeps[i]);
-            spent[i] := coalesce(ledger, 0) + spents[i];
+            -- what the ledger has of this lease's spend: a renewal whose answer was lost was applied
+            SELECT flushed_picousd INTO prior FROM budget_holds WHERE hold_id = hold_ids[i] FOR UPDATE;
+            total[i] := greatest(flusheds[i] + spents[i], coalesce(prior, 0));
+            added[i] := total[i] - coalesce(prior, 0);
+            spent[i] := coalesce(ledger, 0) + added[i];
             IF needs[i] > keeps[i] OR extras[i] > 0 THEN  -- else nothing depends on it
                 SELECT coalesce(sum(amount_picousd), 0) INTO held FROM budget_holds
                     WHERE scope = scopes[i] AND subject = subjects[i] AND period_start = starts[i]
@@ -158,15 +165,17 @@ BUDGET_FUNCTIONS = (
             ELSE
                 amount := needs[i] + greatest(least(extras[i], (free[i] - needs[i]) / 4), 0);
             END IF;
-            IF spents[i] <> 0 THEN
-                UPDATE budget_ledger SET spent_picousd = spent_picousd + spents[i]
+            IF added[i] <> 0 THEN
+                UPDATE budget_ledger SET spent_picousd = spent_picousd + added[i]
                     WHERE scope = scopes[i] AND subject = subjects[i] AND period_start = starts[i];
             END IF;
-            IF amount > 0 THEN  -- in place (see Queries.upsert_hold)
-                INSERT INTO budget_holds (hold_id, scope, subject, period_start, amount_picousd, expires_at)
-                    VALUES (hold_ids[i], scopes[i], subjects[i], starts[i], amount, expires[i])
+            IF amount > 0 OR total[i] > 0 THEN  -- in place (see Queries.upsert_lease); given back: at 0
+                INSERT INTO budget_holds (hold_id, scope, subject, period_start, amount_picousd, expires_at,
+                                          flushed_picousd)
+                    VALUES (hold_ids[i], scopes[i], subjects[i], starts[i], amount, expires[i], total[i])
                     ON CONFLICT (hold_id) DO UPDATE
-                    SET amount_picousd = excluded.amount_picousd, expires_at = excluded.expires_at;
+                    SET amount_picousd = excluded.amount_picousd, expires_at = excluded.expires_at,
+                        flushed_picousd = excluded.flushed_picousd;
             ELSE
                 DELETE FROM budget_holds WHERE hold_id = hold_ids[i];
             END IF;
@@ -178,8 +187,8 @@ BUDGET_FUNCTIONS = (
 RESERVE = ("SELECT chatgate_reserve_1(%s::text[], %s::text[], %s::text[], %s::float8[], %s::int8[], "
            "%s::int8[], %s::float8[], %s::float8)")
 SETTLE = "SELECT chatgate_settle_1(%s::text[], %s::text[], %s::text[], %s::float8[], %s::int8)"
-LEASE = ("SELECT chatgate_lease_1(%s::text[], %s::text[], %s::text[], %s::float8[], %s::int8[], %s::int8[], "
-         "%s::int8[], %s::int8[], %s::int8[], %s::float8[], %s::float8)")
+LEASE = ("SELECT chatgate_lease_2(%s::text[], %s::text[], %s::text[], %s::float8[], %s::int8[], %s::int8[], "
+         "%s::int8[], %s::int8[], %s::int8[], %s::int8[], %s::float8[], %s::float8)")
 
 _Connection = psycopg.Connection[TupleRow]
 CHECK_AFTER = 1.0  # seconds since a connection last answered before the pool checks it again
@@ -361,12 +370,12 @@ class PostgresStore:
             conn.execute(SETTLE, (*_hold_columns(ordered), amount_picousd))
 
     def renew_leases(self, asks: Sequence[LeaseAsk], now: float) -> tuple[int, list[LeaseGrant]]:
-        """One statement (chatgate_lease_1), the ledger rows locked in the order of chatgate_reserve_1."""
+        """One statement (chatgate_lease_2), the ledger rows locked in the order of chatgate_reserve_1."""
         order = sorted(range(len(asks)), key=lambda i: (asks[i].scope, asks[i].subject))
         o = [asks[i] for i in order]
         params = (*_hold_columns(o), [a.budget_picousd for a in o], [a.spent_picousd for a in o],
-                  [a.keep_picousd for a in o], [a.need_picousd for a in o], [a.extra_picousd for a in o],
-                  [a.expires_at for a in o], now)
+                  [a.flushed_picousd for a in o], [a.keep_picousd for a in o], [a.need_picousd for a in o],
+                  [a.extra_picousd for a in o], [a.expires_at for a in o], now)
         with self._connection(self._timeout) as conn:
             row = conn.execute(LEASE, params).fetchone()
         assert row is not None

@@ -601,7 +601,7 @@ def test_migration_from_version_1_drops_the_unused_indexes(tmp_path: Path) -> No
     conn.close()
     store = SQLiteStore(db)
     store.migrate()
-    assert store.schema_version() == SCHEMA_VERSION == 5
+    assert store.schema_version() == SCHEMA_VERSION == 6
     rows = sqlite3.connect(db).execute("SELECT name FROM sqlite_master WHERE type = 'index'")
     names = {row[0] for row in rows}
     assert "usage_ts" in names and not names & {"usage_team", "usage_key_id", "usage_model", "usage_day"}
@@ -902,9 +902,9 @@ def test_reservations_and_settlements_of_team_and_key_race_without_deadlock(make
 
 
 def lease(subject: str, spent: int = 0, keep: int = 0, need: int = 0, extra: int = 0, budget: int = 1000,
-          scope: str = "team", replica: str = "a") -> LeaseAsk:
-    return LeaseAsk(f"lease:{replica}:{scope}:{subject}", scope, subject, T0, budget, spent, keep, need,
-                    extra, time.time() + 60)
+          scope: str = "team", replica: str = "a", flushed: int = 0) -> LeaseAsk:
+    return LeaseAsk(f"lease:{replica}:{scope}:{subject}", scope, subject, T0, budget, spent, flushed, keep,
+                    need, extra, time.time() + 60)
 
 
 def test_a_lease_is_granted_need_plus_at_most_a_quarter_of_what_is_free(store: Store) -> None:
@@ -948,6 +948,21 @@ def test_a_flush_adds_spend_but_never_recreates_a_dropped_ledger(store: Store) -
     assert store.budget_state("team", "red", T0, now) == (40, 0), "from the usage table, as if new"
 
 
+def test_a_renewal_applied_again_adds_its_spend_once(store: Store) -> None:
+    """The answer to a renewal was lost (the connection cut after the commit): the replica sends it again,
+    with what was settled since, and the ledger gets each cost once."""
+    now = time.time()
+    assert store.renew_leases([lease("red", need=100)], now)[0] == 0
+    assert store.renew_leases([lease("red", spent=30, keep=0, need=0, extra=0)], now) == (
+        0, [LeaseGrant(0, 30)])
+    # the replica did not hear back: it still has the 30 to flush, and 12 more
+    assert store.renew_leases([lease("red", spent=42, keep=0, need=0, extra=0)], now) == (
+        0, [LeaseGrant(0, 42)])
+    assert store.renew_leases([lease("red", spent=5, flushed=42)], now) == (0, [LeaseGrant(0, 47)])
+    assert store.budget_state("team", "red", T0, now) == (47, 0)
+    assert store.purge_holds(now + 61) == 1, "the lease given back held 0 until it expired"
+
+
 def test_leases_of_two_replicas_never_grant_more_than_the_budget(make_store: Callable[[], Store]) -> None:
     """Two replicas, 8 threads renewing leases of 10 with extra room while spending all they hold."""
     stores = [make_store(), make_store()]
@@ -957,13 +972,15 @@ def test_leases_of_two_replicas_never_grant_more_than_the_budget(make_store: Cal
     def work(n: int) -> None:
         for _ in range(20):
             refused, (grant,) = stores[n % 2].renew_leases(
-                [lease("red", spent=last[n], need=10, extra=30, replica=str(n))], time.time())
+                [lease("red", spent=last[n], need=10, extra=30, replica=str(n), flushed=spent[n] - last[n])],
+                time.time())
             last[n] = 0 if refused else grant.amount_picousd  # spent whole before the next renewal
             spent[n] += last[n]
 
     run_all(*[lambda n=n: work(n) for n in range(8)])
     for n in range(8):  # the last slices' spend goes to the ledger, the leases go
-        stores[0].renew_leases([lease("red", spent=last[n], replica=str(n))], time.time())
+        stores[0].renew_leases([lease("red", spent=last[n], replica=str(n), flushed=spent[n] - last[n])],
+                               time.time())
     total, held = stores[1].budget_state("team", "red", T0, time.time())
     assert held == 0 and total == sum(spent) and 1000 - 10 < total <= 1000
 
