@@ -76,6 +76,7 @@ def repairs(ctx: Context) -> ScenarioResult:
             Column("loop_cpu_us", "CPU µs/req", "{:.0f}"),
             Column("sloop_rps", "stream loop req/s", "{:.0f}"),
             Column("sloop_ratio", "x off", "{:.2f}"),
+            Column("careful_ratio", "careful x off", "{:.2f}"),
             Column("wrk_rps", "6 KB body req/s", "{:.0f}"),
             Column("wrk_ratio", "x off", "{:.2f}"),
             Column("wrk_cpu_us", "CPU µs/req", "{:.0f}"),
@@ -114,12 +115,12 @@ def repairs(ctx: Context) -> ScenarioResult:
         _warm(ctx, targets)
         loops_on = 0
         configs = [(False, "loop_")] + ([(True, "sloop_")] if s.extras_streaming else [])
+        configs.append((False, "careful_"))  # both clients send the reasoning back: remembering alone
         with MemorySampler(on) as sampler:
             per_config: dict[str, list[dict[str, dict[str, Any]]]] = {}
             for stream, tag in configs:
-                per_config[tag] = side_by_side(
-                    ctx, res, targets, others, _loop_measure(ctx, stream), tag, _rounds(ctx)
-                )
+                measure = _loop_measure(ctx, stream, careful=tag == "careful_")
+                per_config[tag] = side_by_side(ctx, res, targets, others, measure, tag, _rounds(ctx))
                 loops_on += sum(int(r[ON]["loops"]) for r in per_config[tag] if ON in r)
         mem_on, mem_off = on.memory(), off.memory()
         res.rows.setdefault(ON, {})["peak_rss_mb"] = sampler.peak_kb / MB
@@ -136,6 +137,15 @@ def repairs(ctx: Context) -> ScenarioResult:
 
     for tag, rounds in per_config.items():
         ratios = round_ratios(rounds, ON, OFF, "rps")
+        if tag == "careful_":  # reported, not a target: what restore costs a client that needs no repair
+            if ratios:
+                res.rows[ON][tag + "ratio"], res.rows[OFF][tag + "ratio"] = median(ratios), 1.0
+                res.notes.append(
+                    f"careful tool loop (both twins' clients send the reasoning back: {ON} only remembers "
+                    f"the turns, nothing needs repair): on / off {median(ratios):.2f} ({spread(ratios)}); "
+                    "reported, not a target"
+                )
+            continue
         name, target = names[tag]
         if not ratios:
             res.skip(name, target, "no measurement")
@@ -224,13 +234,14 @@ def _warm(ctx: Context, targets: list[Target]) -> None:
         wrk_sample(t, ctx.bodies["small"], 16, 1)
 
 
-def _loop_measure(ctx: Context, stream: bool) -> Callable[[Target], dict[str, Any]]:
-    """One toolloop run at c=16; the restore-off twin's round 2 carries the reasoning (see the docstring)."""
+def _loop_measure(ctx: Context, stream: bool, careful: bool = False) -> Callable[[Target], dict[str, Any]]:
+    """One toolloop run at c=16; the restore-off twin's round 2 carries the reasoning (see the docstring),
+    and with `careful` both twins' do."""
 
     def measure(t: Target) -> dict[str, Any]:
         args = ["--port", str(t.port), "--duration", str(ctx.settings.wrk_seconds), "--concurrency", "16"]
         args += ["--stream"] if stream else []
-        args += ["--send-reasoning"] if t.name == OFF else []
+        args += ["--send-reasoning"] if t.name == OFF or careful else []
         return run_tool("bench.toolloop", args, ctx.settings.wrk_seconds + 60)
 
     return with_cpu(measure)
