@@ -311,7 +311,7 @@ class Gateway:
         """Reserve the request's upper bounds against its caller's limits (issue 15)."""
         assert self.quotas is not None
 
-        def bounds(now: float) -> tuple[int, int]:  # only asked when the caller has limits
+        def bounds(at: float) -> tuple[int, int]:  # only asked when the caller has limits
             profile = verdict.profile if verdict is not None else self.profiles.get(ex.model)
             media = verdict is None or verdict.media
             images = sum(ex.body.count(m) for m in IMAGE_MARKERS) if media and b"image" in ex.body else 0
@@ -320,11 +320,13 @@ class Gateway:
             wanted = verdict.max_tokens if verdict is not None and verdict.max_tokens is not None else None
             completion = min(wanted if wanted is not None else self.settings.limits.default_max_tokens, top)
             pricing, prices = self.settings.pricing, profile.prices if profile is not None else None
-            cost = cost_bound_picousd(prompt, completion, prices, now, pricing.peak_hours_utc,
+            cost = cost_bound_picousd(prompt, completion, prices, at, pricing.peak_hours_utc,
                                       pricing.off_peak_multiplier)
             return prompt + completion, cost
 
-        admitted = await self.quotas.admit(ex.identity.team, ex.identity.key_id, bounds)
+        # priced at the request's start, as its usage record will be: a wait for admission that crosses
+        # into the peak hours must not reserve at the off-peak price
+        admitted = await self.quotas.admit(ex.identity.team, ex.identity.key_id, bounds, priced_at=ex.ts)
         if isinstance(admitted, Refusal):
             return admitted
         ex.admission = admitted

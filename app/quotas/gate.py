@@ -81,10 +81,11 @@ class Quotas:
         self._plans[(team, key_id)] = (rows[0], rows[1], plan)
         return plan
 
-    async def admit(self, team: str, key_id: str, bounds: Callable[[float], tuple[int, int]]
-                    ) -> Admission | Refusal | None:
-        """None: no limit applies. `bounds(now)` (asked only when a limit applies) is the request's upper
-        bound of tokens and the cost of those tokens at that time (peak or off-peak), in picoUSD."""
+    async def admit(self, team: str, key_id: str, bounds: Callable[[float], tuple[int, int]],
+                    priced_at: float | None = None) -> Admission | Refusal | None:
+        """None: no limit applies. `bounds(t)` (asked only when a limit applies) is the request's upper bound
+        of tokens and the cost of those tokens at time t (peak or off-peak), in picoUSD; t is `priced_at`
+        (when the request started: its usage record is priced at that time), else now."""
         try:
             plan = await self.plan(team, key_id)
         except BACKEND_ERRORS as exc:
@@ -92,7 +93,7 @@ class Quotas:
         if not plan.subjects:
             return None
         now = self.clock()
-        tokens, cost = bounds(now)
+        tokens, cost = bounds(now if priced_at is None else priced_at)
         ask = Ask(f"{self._ids_prefix}{next(self._ids)}", now, tokens, cost, now + self.hold_seconds)
         admission = Admission(ask, plan.subjects, [], [])
         if plan.rated and self.per_process_rates:

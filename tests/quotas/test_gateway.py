@@ -406,3 +406,25 @@ def test_limits_apply_on_the_anthropic_and_responses_routes_in_their_shapes(
     assert [(r["route"], r["outcome"], r["rule_code"]) for r in rows] == [
         ("/anthropic/v1/messages", "limited", "budget:key"), ("/responses", "limited", "budget:key")]
     assert chat_requests(fake) == 0 and fake.state.requests == []
+
+
+def test_a_reservation_is_priced_at_the_time_the_usage_record_carries(
+        tmp_path: Path, start: Callable[..., RunningChatgate], fake: RunningFake) -> None:
+    """The reservation is an upper bound of the record's cost only if both are priced by the same clock
+    reading (peak or off-peak): the request's start, which the usage record carries as its time."""
+    gate = start()
+    secret = "sk-priced-at-0011"
+    set_limits(store_url(tmp_path), "key", key_subject(secret), budget_picousd=usd("1"), budget_period="day")
+    quotas = gate.state.quotas
+    assert quotas is not None
+    admit = quotas.admit
+    priced: list[float | None] = []
+
+    async def recording(*args: Any, **kwargs: Any) -> Any:
+        priced.append(kwargs.get("priced_at"))
+        return await admit(*args, **kwargs)
+
+    quotas.admit = recording  # type: ignore[method-assign]
+    assert ask(gate.url, secret, 1, max_tokens=32).http_response.status_code == 200
+    (record,) = records(tmp_path, 1)
+    assert priced == [record["ts"]]

@@ -233,6 +233,23 @@ def test_the_gate_refuses_in_order_and_releases_what_it_took(store: SQLiteStore)
     assert len(quotas.rates.windows[("key", "fp-1")].in_flight) == 2  # type: ignore[union-attr]
 
 
+def test_a_reservation_is_priced_at_the_request_start(store: SQLiteStore) -> None:
+    """The request started in the last millisecond of the off-peak hours and was admitted in the peak
+    hours: its reservation is priced as its usage record will be, at its start."""
+    store.set_limits(LimitRow("team", "search", budget_picousd=USD, budget_period="day"))
+    quotas = Quotas(Settings(), store, clock=lambda: ts("2026-11-30T01:00:00") + 0.002)
+    started = ts("2026-11-30T01:00:00") - 0.001
+    asked: list[float] = []
+
+    def bounds(at: float) -> tuple[int, int]:
+        asked.append(at)
+        return 100, USD // 4
+
+    assert isinstance(run(quotas.admit("search", "fp-1", bounds, priced_at=started)), Admission)
+    assert isinstance(run(quotas.admit("search", "fp-1", bounds)), Admission)
+    assert asked == [started, ts("2026-11-30T01:00:00") + 0.002], "without a start: priced now"
+
+
 def test_a_rate_refusal_is_a_429_with_retry_after() -> None:
     refusal = Refusal("rpm", subject(rpm=1), 1, 12.2, "slow down")
     error = refusal_error(refusal)
