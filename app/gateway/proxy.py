@@ -11,6 +11,7 @@ import asyncio
 import dataclasses
 import functools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,6 +68,7 @@ class Gateway:
                                            settings.repair.reasoning_cache_bytes)
         self.background: set[asyncio.Task[None]] = set()
         self.quotas = quotas
+        self.clock: Callable[[], float] = time.time  # a request's start: its usage record's time
         if quotas is not None:
             self.ledger.on_record = self._settle
 
@@ -80,9 +82,9 @@ class Gateway:
             body = await read_json_body(request, self.settings.limits.max_body_bytes,
                                          self.settings.limits.body_timeout_seconds)
         except APIError as error:
-            self.ledger.refused(route.label, request_id, error.status, error.code, time.time())
+            self.ledger.refused(route.label, request_id, error.status, error.code, self.clock())
             return error_response(error, request_id, family)
-        ex = Exchange(route, request_id, identity, body=body)
+        ex = Exchange(route, request_id, identity, body=body, ts=self.clock())
         origin = origin_of(request)
         verdict = self._check(ex, family, origin)
         if verdict is not None and (verdict.problems or verdict.warnings) and self.repairs.enabled:
@@ -324,9 +326,9 @@ class Gateway:
                                       pricing.off_peak_multiplier)
             return prompt + completion, cost
 
-        # priced at the request's start, as its usage record will be: a wait for admission that crosses
-        # into the peak hours must not reserve at the off-peak price
-        admitted = await self.quotas.admit(ex.identity.team, ex.identity.key_id, bounds, priced_at=ex.ts)
+        # at the request's start, as its usage record will be priced and counted: a wait for admission that
+        # crosses into the peak hours, or into the next budget period, must not reserve by the later time
+        admitted = await self.quotas.admit(ex.identity.team, ex.identity.key_id, bounds, started_at=ex.ts)
         if isinstance(admitted, Refusal):
             return admitted
         ex.admission = admitted

@@ -82,10 +82,11 @@ class Quotas:
         return plan
 
     async def admit(self, team: str, key_id: str, bounds: Callable[[float], tuple[int, int]],
-                    priced_at: float | None = None) -> Admission | Refusal | None:
+                    started_at: float | None = None) -> Admission | Refusal | None:
         """None: no limit applies. `bounds(t)` (asked only when a limit applies) is the request's upper bound
-        of tokens and the cost of those tokens at time t (peak or off-peak), in picoUSD; t is `priced_at`
-        (when the request started: its usage record is priced at that time), else now."""
+        of tokens and the cost of those tokens at time t (peak or off-peak), in picoUSD. t is `started_at`
+        (when the request started: its usage record is priced at that time and counted in the budget
+        period that time falls in, so its reservation is too), else now."""
         try:
             plan = await self.plan(team, key_id)
         except BACKEND_ERRORS as exc:
@@ -93,8 +94,9 @@ class Quotas:
         if not plan.subjects:
             return None
         now = self.clock()
-        tokens, cost = bounds(now if priced_at is None else priced_at)
-        ask = Ask(f"{self._ids_prefix}{next(self._ids)}", now, tokens, cost, now + self.hold_seconds)
+        at = now if started_at is None else started_at
+        tokens, cost = bounds(at)
+        ask = Ask(f"{self._ids_prefix}{next(self._ids)}", at, tokens, cost, now + self.hold_seconds)
         admission = Admission(ask, plan.subjects, [], [])
         if plan.rated and self.per_process_rates:
             self.per_process_rates = False

@@ -28,7 +28,7 @@ class Ask:
     """What one request reserves: an upper bound of its tokens and of its cost, settled when it ends."""
 
     request_id: str
-    ts: float
+    ts: float  # when the request started (its usage record's time): its budget period and price
     tokens: int
     cost_picousd: int
     expires_at: float  # a reservation left by a replica that died is dropped then

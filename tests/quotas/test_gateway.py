@@ -268,11 +268,11 @@ def test_a_day_budget_starts_over_the_next_day(
         while sent < 100:
             ask(gate.url, secret, sent, max_tokens=32)
             sent += 1
-    quotas = gate.state.quotas
+    quotas, gateway = gate.state.quotas, gate.state.gw
     real = quotas.clock
-    quotas.clock = lambda: real() + 86400
+    quotas.clock = gateway.clock = lambda: real() + 86400  # a request starts tomorrow, and is admitted then
     assert ask(gate.url, secret, 99, max_tokens=32).http_response.status_code == 200
-    quotas.clock = real
+    quotas.clock = gateway.clock = real
     with pytest.raises(openai.RateLimitError):  # back on today: still spent
         ask(gate.url, secret, 100, max_tokens=32)
 
@@ -408,10 +408,11 @@ def test_limits_apply_on_the_anthropic_and_responses_routes_in_their_shapes(
     assert chat_requests(fake) == 0 and fake.state.requests == []
 
 
-def test_a_reservation_is_priced_at_the_time_the_usage_record_carries(
+def test_a_reservation_is_priced_and_counted_at_the_time_the_usage_record_carries(
         tmp_path: Path, start: Callable[..., RunningChatgate], fake: RunningFake) -> None:
     """The reservation is an upper bound of the record's cost only if both are priced by the same clock
-    reading (peak or off-peak): the request's start, which the usage record carries as its time."""
+    reading (peak or off-peak), and in the same budget period: the request's start, which the usage record
+    carries as its time."""
     gate = start()
     secret = "sk-priced-at-0011"
     set_limits(store_url(tmp_path), "key", key_subject(secret), budget_picousd=usd("1"), budget_period="day")
@@ -421,7 +422,7 @@ def test_a_reservation_is_priced_at_the_time_the_usage_record_carries(
     priced: list[float | None] = []
 
     async def recording(*args: Any, **kwargs: Any) -> Any:
-        priced.append(kwargs.get("priced_at"))
+        priced.append(kwargs.get("started_at"))
         return await admit(*args, **kwargs)
 
     quotas.admit = recording  # type: ignore[method-assign]

@@ -245,9 +245,29 @@ def test_a_reservation_is_priced_at_the_request_start(store: SQLiteStore) -> Non
         asked.append(at)
         return 100, USD // 4
 
-    assert isinstance(run(quotas.admit("search", "fp-1", bounds, priced_at=started)), Admission)
+    assert isinstance(run(quotas.admit("search", "fp-1", bounds, started_at=started)), Admission)
     assert isinstance(run(quotas.admit("search", "fp-1", bounds)), Admission)
     assert asked == [started, ts("2026-11-30T01:00:00") + 0.002], "without a start: priced now"
+
+
+def test_a_reservation_counts_in_the_budget_period_of_the_request_start(store: SQLiteStore) -> None:
+    """The request started in the last millisecond of a day whose budget is spent and was admitted in the
+    next: its usage record (its time is the start) counts in the spent day, so the reservation does too and
+    it is refused; one that started after midnight is admitted against the new day."""
+    from tests.metering.store.test_store_contract import record
+
+    midnight = ts("2026-11-30T00:00:00")
+    store.set_limits(LimitRow("team", "search", budget_picousd=USD, budget_period="day"))
+    store.insert_usage([record("spent", team="search", cost_picousd=USD, ts=midnight - 3600)])
+    quotas = Quotas(Settings(), store, clock=lambda: midnight + 0.002)
+
+    late = run(quotas.admit("search", "fp-1", lambda _: (100, USD // 4), started_at=midnight - 0.001))
+    assert isinstance(late, Refusal) and late.code == "budget:team"
+    fresh = run(quotas.admit("search", "fp-1", lambda _: (100, USD // 4), started_at=midnight + 0.001))
+    assert isinstance(fresh, Admission)
+    assert [h.period_start for h in fresh.holds] == [midnight]
+    now = run(quotas.admit("search", "fp-1", lambda _: (100, USD // 4)))
+    assert isinstance(now, Admission) and [h.period_start for h in now.holds] == [midnight]
 
 
 def test_a_rate_refusal_is_a_429_with_retry_after() -> None:
