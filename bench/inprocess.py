@@ -10,6 +10,8 @@ each block's CPU time (process_time) per loop is kept, and the medians give the 
 It comes close to the server's ratio (0.85 on the host of 2026-12-01, against 0.86 from `bench.run --only
 11`; on a later, faster host 0.82-0.85 against 0.87-0.89, with no server costs in the base) in about 20 s,
 with no uvicorn, sockets or load generator in the numbers, so `--profile` can say where the extra time goes.
+On a busy host it scatters far more than the server's side-by-side rounds (0.74-0.92 in four runs on the
+host of 2026-12-02): to tell whether a change is measurable, use `python -m bench.pair`.
 Both apps share one process and Python's default garbage-collector settings: with `chatgate serve`'s
 (`app.cli.tune_gc`) a collection's cost lands on whichever app's block triggers it, and the ratio moved
 to 0.78-0.80 in two runs, so they are not applied.
@@ -20,7 +22,8 @@ to 0.78-0.80 in two runs, so they are not applied.
     python -m bench.inprocess --profile on          # cProfile of one app's loops, by own time
     python -m bench.inprocess --stream              # the streamed tool loop (SSE answers), with any of these
 
-The host's noise moves a ratio by a few percent from run to run: compare runs of the same kind.
+The host's noise moves a ratio by a few percent from run to run on a quiet host, by tens on a busy one:
+compare runs of the same kind.
 """
 
 from __future__ import annotations
