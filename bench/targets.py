@@ -112,6 +112,8 @@ def _argv(spec: TargetSpec, port: int, upstream_url: str, workdir: Path) -> tupl
             argv += ["--store", spec.store_url]
         else:
             argv += ["--store", f"sqlite:///{workdir / (spec.name + '.db')}"]
+        if spec.metering:  # its spool and turn ring with its store, not in the tree it runs from
+            env["CHATGATE_STORE_SPOOL_DIR"] = str(workdir / f"spool-{spec.name}")
         env.update(spec.env)
         return argv, env
     raise ValueError(spec.kind)

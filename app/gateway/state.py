@@ -13,7 +13,7 @@ from app.gateway.endpoints import build_endpoints
 from app.gateway.proxy import Endpoint, Gateway
 from app.gateway.upstream import Upstream
 from app.metering.metrics import Metrics
-from app.metering.recorder import Recorder
+from app.metering.recorder import Recorder, store_tag
 from app.metering.store import Store, open_store
 from app.quotas.gate import Quotas
 from app.repair.memory import TurnMemory
@@ -53,17 +53,17 @@ class State:
         if self.store is not None:
             await asyncio.to_thread(self.store.migrate)
             self.recorder = Recorder(self.store, s.store.spool_dir, s.store.batch_max,
-                                     s.store.flush_interval_ms / 1000, s.store.retry_seconds,
-                                     turn_flush_interval=s.store.turn_flush_interval_ms / 1000)
+                                     s.store.flush_interval_ms / 1000, s.store.retry_seconds)
             await asyncio.to_thread(self.recorder.start)  # replays what a dead process left, first
             self.metrics.watch_recorder(self.recorder)
         upstream = Upstream(s.upstream, self.transport)
-        # Relayed turns go through the spool where no other process reads the store before they reach it.
-        alone = self.store is not None and not self.store.server and s.server.workers == 1
-        spool = self.recorder if alone else None
-        self.memory = TurnMemory(self.store, s.repair.reasoning_ttl_seconds, s.repair.reasoning_cache_bytes,
-                                 spool=spool.remember_turns if spool is not None else None,
-                                 unstored=spool.unstored if spool is not None else None)
+        # Where no other process reads the store before the next round could, the turn cache's ring is a
+        # file in the spool directory, the turns' durable copy (app/repair/memory.py); read back on start.
+        ring = None
+        if self.recorder is not None and not self.recorder.store.server and s.server.workers == 1:
+            ring = str(self.recorder.spool_dir / f"turns-{store_tag(self.recorder.store)}.ring")
+        self.memory = await asyncio.to_thread(TurnMemory, self.store, s.repair.reasoning_ttl_seconds,
+                                              s.repair.reasoning_cache_bytes, ring_path=ring)
         self.quotas = Quotas(s, self.store)
         self.gateway = Gateway(s, upstream, self.recorder, Authenticator(s.auth, self.store), self.metrics,
                                self.memory, self.quotas)
@@ -89,6 +89,7 @@ class State:
             await self.gateway.upstream.aclose()
         if self.memory is not None:
             await self.memory.drain()
+            self.memory.close()
         if self.quotas is not None:
             await self.quotas.close()
         if self.recorder is not None:

@@ -1,18 +1,18 @@
 """The memory of relayed tool-call turns: what a client may drop and chatgate may put back.
 
 For every answer it relays that ends in tool calls in thinking mode, chatgate remembers the reasoning under
-the caller's identity and the answer's tool-call ids, in a bounded in-process cache and in the store (so
-another replica, or this one after a restart, finds it). A caller only ever recalls its own turns. Entries
-expire after `ttl` seconds and are then deleted.
+the caller's identity and the answer's tool-call ids, in a bounded in-process cache and, where another
+process may serve the next round, in the store. A caller only ever recalls its own turns. Entries expire
+after `ttl` seconds and are then deleted.
 
 A turn is durable before the client gets the end of the answer: the next round may reach another replica
 at once, or this one after a restart (kill -9 included). Where another process may serve the next round
 (PostgreSQL, or several worker processes on SQLite) it is in the store by then; turns relayed at the same
 time are written together, one transaction for all that arrived while the previous one was written. Where
-this process is the store's only user (SQLite, one worker), it is in the spool instead, as usage records
-are (app/metering/recorder.py): an append to a local file, which a restart replays before serving, and from
-which the writer thread batches it into the store within `store.turn_flush_interval_ms` (a look-up the
-cache cannot answer meanwhile finds it among the recorder's unstored turns).
+this process is the store's only user (SQLite, one worker), the cache itself is durable: its ring is a file
+this process alone maps (`ring_path`, app/repair/turncache.py), which the next process on it reads back.
+Nothing else is written for a turn then; a turn the cache cannot answer is still looked for in the store
+(turns another process wrote there).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 
 from app.metering.store.base import Store, StoreError, TurnRow
 from app.repair.base import Turn
-from app.repair.turncache import TurnCache
+from app.repair.turncache import RingInUse, TurnCache
 
 log = logging.getLogger("chatgate.repair")
 
@@ -35,23 +35,36 @@ INLINE_TRIES, INLINE_RETRY_S = 8, 0.001  # writing on the event loop: tries, and
 
 class TurnMemory:
     def __init__(self, store: Store | None, ttl_seconds: float, cache_bytes: int,
-                 clock: Callable[[], float] = time.time,
-                 spool: Callable[[list[TurnRow]], None] | None = None,
-                 unstored: Callable[[str, str, Sequence[str]], list[TurnRow]] | None = None) -> None:
+                 clock: Callable[[], float] = time.time, ring_path: str | None = None) -> None:
         self.store = store
-        self.spool = spool  # the durable write, when this process is the store's only user
-        self.unstored = unstored  # the spooled turns the store may not have yet
         # a local file may be written from the event loop when its lock is free; a server never is
         self._inline = store is not None and not store.server
         self.ttl = ttl_seconds
         self.cache_bytes = cache_bytes
         self.clock = clock
-        self._cache = TurnCache(cache_bytes)  # no Python object per turn: see app/repair/turncache.py
+        self._cache = self._open_cache(cache_bytes, ring_path)  # no Python object per turn
         self.store_errors = 0
         self._queued: list[tuple[list[TurnRow], asyncio.Future[None]]] = []
         self._writer: asyncio.Task[None] | None = None
         self._ids_prefix = uuid.uuid4().hex[:16] + "-"  # turn ids: unique across replicas, cheap
         self._ids = itertools.count()
+
+    def _open_cache(self, cache_bytes: int, ring_path: str | None) -> TurnCache:
+        if ring_path is not None and cache_bytes > 0:
+            try:
+                return TurnCache(cache_bytes, ring_path, now=self.clock())
+            except RingInUse:  # another process on this spool directory: share the store with it instead
+                log.warning("%s is in use by another chatgate process; relayed turns go to the store",
+                            ring_path)
+        return TurnCache(cache_bytes)
+
+    @property
+    def durable(self) -> bool:
+        """Whether the cache alone keeps a turn across a restart (its ring is this process's file)."""
+        return self._cache.durable
+
+    def close(self) -> None:
+        self._cache.close()
 
     @property
     def cached_bytes(self) -> int:
@@ -62,8 +75,8 @@ class TurnMemory:
         return self._cache.entries()
 
     async def remember(self, caller: str, kind: str, turn: Turn) -> None:
-        """Remember a relayed turn; returns once it is durable: in the spool, or in the store (or the store
-        has failed to take it: then this process alone remembers it)."""
+        """Remember a relayed turn; returns once it is durable: in the cache's file, or in the store (or the
+        store has failed to take it: then this process alone remembers it)."""
         if not turn.call_ids or len(set(turn.call_ids)) != len(turn.call_ids):
             return
         expires = self.clock() + self.ttl
@@ -73,10 +86,7 @@ class TurnMemory:
                 for call_id in turn.call_ids]
         for row in rows:
             self._put(row)
-        if self.store is None:
-            return
-        if self.spool is not None:
-            self.spool(rows)
+        if self.store is None or self._cache.durable:
             return
         if (self._inline and not self._queued and (self._writer is None or self._writer.done())
                 and self._write_now(rows)):
@@ -98,8 +108,7 @@ class TurnMemory:
             return True
 
     async def drain(self) -> None:
-        """Wait until every turn written here so far is in the store, or could not be written (spooled
-        turns are the recorder's to flush)."""
+        """Wait until every turn written here so far is in the store, or could not be written."""
         while self._writer is not None and not self._writer.done():
             await asyncio.shield(self._writer)
 
@@ -148,12 +157,6 @@ class TurnMemory:
             return found
         now = self.clock()
         missing = [c for c in dict.fromkeys(call_ids) if c not in found]
-        if missing and self.unstored is not None:
-            for row in self.unstored(caller, kind, missing):
-                if row.expires_at > now:
-                    found[row.call_id] = row
-                    self._put(row)
-            missing = [c for c in missing if c not in found]
         if missing and self.store is not None:
             try:
                 rows = await asyncio.to_thread(self.store.recall_turns, caller, kind, missing, now)

@@ -1,11 +1,16 @@
-"""The in-process cache of relayed turns: records in a ring of bytes, found through a table of positions.
+"""The cache of relayed turns: records in a ring of bytes, found through a table of positions.
 
 A full cache holds tens of thousands of turns for hours. Kept as Python objects (a dict entry, a key tuple,
 a few strings and a float each), they slowed every request of the process by about 5%, those that never
 touch the cache too, measured side by side (bench scenario 11): long-lived small objects scattered through
 the allocator's pools cost the short-lived ones of each request their locality. Here a turn is one record
-in an anonymous memory map, and the index is two arrays of integers: the cache holds no Python object per
-turn.
+in a memory map, and the index is two arrays of integers: the cache holds no Python object per turn.
+
+The map is anonymous, or a file this process alone maps (`path`; locked while it is open). A file is the
+turn memory of a process that is the store's only user: a record is in the OS page cache once `put`
+returns, so it survives `kill -9`, and the next process on that file finds it. Each record carries its
+position in the ring and a CRC of its bytes, which is all a process needs to find the live records again
+(`_recover`): a record torn by a crash, or one the ring has partly overwritten, fails its check.
 
 The ring is written in order; a record is live while the bytes after it written since are fewer than the
 ring's size, so the oldest records are the first to go (a record read back from the older half of the ring
@@ -19,22 +24,34 @@ such remains are in memory, and after one only live, unexpired turns.
 
 from __future__ import annotations
 
+import fcntl
 import mmap
+import os
 import struct
+import zlib
 from array import array
+from collections.abc import Iterator
 
-_HEAD = struct.Struct("<dIIII")  # expires_at, then the lengths of key, turn, names, payload (UTF-8)
+# magic, CRC-32 of the record's text (0 in an anonymous map), its position in the ring, expires_at, then
+# the lengths of key, turn, names, payload (UTF-8)
+_HEAD = struct.Struct("<4sIqdIIII")
+MAGIC = b"CGt\x01"
 EMPTY, DELETED = -1, -2
 MIN_SLOTS = 1024
 TABLE_SHARE = 8  # the table takes at most 1/8 of the bound, the ring the rest
 
 
+class RingInUse(OSError):
+    """Another live process maps this ring file."""
+
+
 class TurnCache:
-    def __init__(self, max_bytes: int) -> None:
+    def __init__(self, max_bytes: int, path: str | os.PathLike[str] | None = None, now: float = 0.0) -> None:
         self.max_bytes = max_bytes
         self.size = max_bytes - max_bytes // TABLE_SHARE  # the ring
         self.max_slots = max(MIN_SLOTS, _pow2_at_most(max_bytes // TABLE_SHARE // 16))  # 8+8 bytes a slot
-        self._ring = mmap.mmap(-1, self.size) if self.size > 0 else None  # its pages are touched as used
+        self.path = None if path is None else os.fspath(path)
+        self._fd = -1
         self._end = 0  # the ring's write position, counted from its start (it only grows)
         self._floor = 0  # records before this position are gone, even where not yet overwritten
         self._slots = array("q", [EMPTY]) * MIN_SLOTS
@@ -42,6 +59,30 @@ class TurnCache:
         self._mask = MIN_SLOTS - 1
         self._taken = 0  # slots not EMPTY
         self._cleared_at = 0  # the write position when the dead bytes were last cleared
+        self._ring: mmap.mmap | None = None
+        if self.size <= 0:
+            return
+        if self.path is None:
+            self._ring = mmap.mmap(-1, self.size)  # its pages are touched as used
+            return
+        kept = self._open(self.path, now)
+        for key, turn, names, payload, expires in kept:  # from a file of another size, oldest first
+            self.put(key, turn, names, payload, expires)
+
+    @property
+    def durable(self) -> bool:
+        return self._fd >= 0
+
+    def close(self) -> None:
+        """Write a file's pages out and let it go (its lock with it)."""
+        if self._ring is not None:
+            if self._fd >= 0:
+                self._ring.flush()
+            self._ring.close()
+            self._ring = None
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
     def _live_from(self) -> int:
         return max(self._end - self.size, self._floor)
@@ -54,18 +95,9 @@ class TurnCache:
         slot, position = found
         ring = self._ring
         assert ring is not None
-        at = position % self.size
-        expires, klen, tlen, nlen, plen = _HEAD.unpack_from(ring, at)
+        _, turn, names, payload, expires = _read(ring, position % self.size)
         if expires <= now:
             return None
-        start = at + _HEAD.size + klen
-        text = ring[start:start + tlen + nlen + plen].decode("utf-8", "surrogatepass")
-        if tlen + nlen + plen == len(text):  # ASCII ids (as DeepSeek's are): cut the text, not the bytes
-            turn, names, payload = text[:tlen], text[tlen:tlen + nlen], text[tlen + nlen:]
-        else:
-            turn = ring[start:start + tlen].decode("utf-8", "surrogatepass")
-            names = ring[start + tlen:start + tlen + nlen].decode("utf-8", "surrogatepass")
-            payload = text[len(turn) + len(names):]
         if position < self._end - self.size // 2:  # in the older half: keep it by writing it again
             self._erase(slot, position)  # no stale copy of the reasoning is left behind
             self.put(key, turn, names, payload, expires)
@@ -89,9 +121,11 @@ class TurnCache:
             ring[at:size] = bytes(size - at)
             self._end += size - at
             at = 0
-        _HEAD.pack_into(ring, at, expires_at, klen, tlen, nlen, plen)
-        ring[at + _HEAD.size:at + length] = data
         position = self._end
+        # the head goes first: a crash between the two writes leaves a record whose CRC fails
+        _HEAD.pack_into(ring, at, MAGIC, zlib.crc32(data) if self._fd >= 0 else 0, position, expires_at,
+                        klen, tlen, nlen, plen)
+        ring[at + _HEAD.size:at + length] = data
         self._end += length
         self._index(data[:klen], position)
 
@@ -109,7 +143,7 @@ class TurnCache:
         gone, live, oldest = 0, self._live_from(), self._end
         for slot, position in enumerate(self._slots):
             if position >= live:
-                if _HEAD.unpack_from(ring, position % self.size)[0] <= now:
+                if _HEAD.unpack_from(ring, position % self.size)[3] <= now:
                     self._erase(slot, position)
                     gone += 1
                 elif position < oldest:
@@ -147,17 +181,58 @@ class TurnCache:
         live, total = self._live_from(), 0
         for position in self._slots:
             if position >= live:
-                _, klen, tlen, nlen, plen = _HEAD.unpack_from(self._ring, position % self.size)
-                total += _HEAD.size + klen + tlen + nlen + plen
+                total += _length(self._ring, position % self.size)
         return total
+
+    # --- the file ----------------------------------------------------------------------
+
+    def _open(self, path: str, now: float) -> list[tuple[str, str, str, str, float]]:
+        """Map the ring file, locked, and index the live records its last process left (what a file of
+        another size held is returned instead, to be put again)."""
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise RingInUse(f"{path} is in use by another process") from None
+        try:
+            have = os.fstat(fd).st_size
+            kept = []
+            if have not in (0, self.size):
+                with mmap.mmap(fd, have) as old:
+                    kept = [_read(old, at) for _, at in _live_records(old, have)]
+                os.ftruncate(fd, 0)
+            os.ftruncate(fd, self.size)  # a sparse file: its pages are allocated as the ring reaches them
+            self._ring = mmap.mmap(fd, self.size)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+        if have == self.size:
+            self._recover(now)
+        return [record for record in kept if record[4] > now]
+
+    def _recover(self, now: float) -> None:
+        """Index the live records of the ring as its last process left it; the expired ones are erased, and
+        the next purge clears what is left of the others (`_cleared_at`)."""
+        ring = self._ring
+        assert ring is not None
+        live = _live_records(ring, self.size)
+        if live:
+            position, at = live[-1]
+            self._end = position + _length(ring, at)
+        for position, at in live:
+            if _HEAD.unpack_from(ring, at)[3] <= now:
+                ring[at:at + _length(ring, at)] = bytes(_length(ring, at))
+            else:
+                self._index(_key_bytes(ring, at), position)
+        self._cleared_at = -1
 
     # --- the table ---------------------------------------------------------------------
 
     def _key_at(self, position: int) -> bytes:
         assert self._ring is not None
-        at = position % self.size
-        klen = _HEAD.unpack_from(self._ring, at)[1]
-        return self._ring[at + _HEAD.size:at + _HEAD.size + klen]
+        return _key_bytes(self._ring, position % self.size)
 
     def _find(self, kb: bytes) -> tuple[int, int] | None:
         """(slot, position) of the live record of this key."""
@@ -208,8 +283,7 @@ class TurnCache:
     def _erase(self, slot: int, position: int) -> None:
         assert self._ring is not None
         at = position % self.size
-        _, klen, tlen, nlen, plen = _HEAD.unpack_from(self._ring, at)
-        length = _HEAD.size + klen + tlen + nlen + plen
+        length = _length(self._ring, at)
         self._ring[at:at + length] = bytes(length)  # the reasoning is deleted, not only forgotten
         self._slots[slot] = DELETED
 
@@ -233,6 +307,58 @@ class TurnCache:
             slots[i] = position
             tags[i] = tag
         self._slots, self._tags, self._mask, self._taken = slots, tags, mask, len(live)
+
+
+def _length(ring: mmap.mmap, at: int) -> int:
+    _, _, _, _, klen, tlen, nlen, plen = _HEAD.unpack_from(ring, at)
+    return int(_HEAD.size + klen + tlen + nlen + plen)
+
+
+def _key_bytes(ring: mmap.mmap, at: int) -> bytes:
+    klen = _HEAD.unpack_from(ring, at)[4]
+    return ring[at + _HEAD.size:at + _HEAD.size + klen]
+
+
+def _read(ring: mmap.mmap, at: int) -> tuple[str, str, str, str, float]:
+    """(key, turn, names, payload, expires_at) of the record at `at`."""
+    _, _, _, expires, klen, tlen, nlen, plen = _HEAD.unpack_from(ring, at)
+    start = at + _HEAD.size
+    raw = ring[start:start + klen + tlen + nlen + plen]
+    text = raw.decode("utf-8", "surrogatepass")
+    if len(raw) == len(text):  # ASCII ids (as DeepSeek's are): cut the text, not the bytes
+        cuts = (klen, klen + tlen, klen + tlen + nlen)
+        return text[:cuts[0]], text[cuts[0]:cuts[1]], text[cuts[1]:cuts[2]], text[cuts[2]:], expires
+    parts: list[str] = []
+    offset = 0
+    for n in (klen, tlen, nlen):
+        parts.append(raw[offset:offset + n].decode("utf-8", "surrogatepass"))
+        offset += n
+    return parts[0], parts[1], parts[2], raw[offset:].decode("utf-8", "surrogatepass"), expires
+
+
+def _records(ring: mmap.mmap, size: int) -> Iterator[int]:
+    """Where the intact records of a ring file are: at a record's head, its position agrees with its place
+    and its CRC with its bytes (a torn record, or one partly overwritten, fails)."""
+    at = ring.find(MAGIC)
+    while at >= 0 and at + _HEAD.size <= size:
+        _, crc, position, _, klen, tlen, nlen, plen = _HEAD.unpack_from(ring, at)
+        end = at + _HEAD.size + klen + tlen + nlen + plen
+        if position >= 0 and position % size == at and end <= size \
+                and zlib.crc32(ring[at + _HEAD.size:end]) == crc:
+            yield at
+            at = ring.find(MAGIC, end)
+        else:
+            at = ring.find(MAGIC, at + 1)
+
+
+def _live_records(ring: mmap.mmap, size: int) -> list[tuple[int, int]]:
+    """(position, place) of the live records of a ring file, oldest first: the newest tells where the ring
+    was written to, and those within its size back from there are live."""
+    found = sorted((_HEAD.unpack_from(ring, at)[2], at) for at in _records(ring, size))
+    if not found:
+        return []
+    end = found[-1][0] + _length(ring, found[-1][1])
+    return [(position, at) for position, at in found if position >= end - size]
 
 
 def _pow2_at_most(n: int) -> int:

@@ -4,10 +4,7 @@ record, /metrics, the access log); each opt-in repair end to end; a valid body s
 
 from __future__ import annotations
 
-import contextlib
 import json
-import sqlite3
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +15,8 @@ import orjson
 import pytest
 
 from app.gateway.auth import fingerprint, hash_key
-from app.repair.turncache import TurnCache
+from app.metering.store.base import TurnRow
+from app.repair.turncache import TurnCache, _read, _records
 from tests.fakes.server import RunningFake
 from tests.gateway.conftest import JSON_HEADERS, chat_body, usage_rows
 from tests.harness import RunningChatgate
@@ -86,18 +84,25 @@ def test_another_key_replaying_the_ids_gets_the_400_and_no_reasoning(gate: Runni
 
 
 def test_a_passthrough_callers_turns_are_keyed_by_its_whole_key_hash_not_its_fingerprint(
-        gate: RunningChatgate, tmp_path: Path) -> None:
+        gate: RunningChatgate) -> None:
     """Reports and logs show a passthrough key's 48-bit fingerprint; a token with the same fingerprint is
     cheap to find, so the memory of turns is keyed by the key's whole hash."""
     dropping_loop(gate, rounds=1, stream=False)
-    deadline = time.monotonic() + 10
-    callers: set[str] = set()
-    while not callers and time.monotonic() < deadline:  # the writer stores spooled turns within a flush
-        with contextlib.closing(sqlite3.connect(tmp_path / "usage.db")) as conn:
-            callers = {row[0] for row in conn.execute("SELECT caller FROM turn_memory")}
-        time.sleep(0.05)
+    callers = {row.caller for row in remembered(gate)}
     assert callers == {"pt-" + hash_key(KEY)}
     assert fingerprint(KEY) not in callers
+
+
+def remembered(gate: RunningChatgate) -> list[TurnRow]:
+    """The turns in the gate's cache, read out of its ring."""
+    cache = gate.state.gw.memory._cache
+    assert cache._ring is not None
+    rows = []
+    for at in _records(cache._ring, cache.size):
+        key, turn_id, names, payload, expires = _read(cache._ring, at)
+        caller, kind, call_id = key.split("\x00")
+        rows.append(TurnRow(caller, kind, call_id, turn_id, names, payload, expires))
+    return rows
 
 
 def test_a_call_without_tools_replaying_the_history_is_restored_or_forwarded_with_a_warning_r17(
@@ -138,22 +143,21 @@ def test_changed_tool_calls_are_not_restored(gate: RunningChatgate) -> None:
     assert "the tool calls differ from the answer chatgate relayed" in refused.json()["error"]["message"]
 
 
-def test_a_turn_the_cache_no_longer_holds_is_restored_from_the_store(gate: RunningChatgate) -> None:
-    """The cache answers the common case alone; what it lost (evicted, another replica's turn) is looked up
-    among the spooled turns the store does not have yet, then in the store, and a turn none holds is refused
-    while the others of the request are still restored."""
+def test_a_turn_the_cache_does_not_hold_is_restored_from_the_store(gate: RunningChatgate) -> None:
+    """The cache answers the common case alone; a turn it does not hold (another process wrote it to the
+    store) is looked up in the store, and a turn none holds is refused while the others of the request are
+    still restored."""
     agent = clients.DroppingAgent()
     assert agent.round(gate.url, stream=False).status_code == 200
-    memory, recorder = gate.state.gw.memory, gate.state.recorder
-    assert recorder is not None and recorder.turns_written == 0, "turns reach the store in batches"
-    memory._cache = TurnCache(memory.cache_bytes)  # this process forgets; the spool remembers
+    memory, store = gate.state.gw.memory, gate.state.store
+    assert memory.durable and store is not None
+    rows = remembered(gate)
+    assert len(rows) == 1 and store.recall_turns(rows[0].caller, "chat", [rows[0].call_id], 0) == []
+    store.remember_turns(rows)
+    memory.close()
+    memory._cache = TurnCache(memory.cache_bytes)  # this process forgets; the store remembers
     assert agent.round(gate.url, stream=False).headers["x-chatgate-repaired"] == \
         "restore_reasoning@messages[1]"
-    deadline = time.monotonic() + 10
-    while recorder.turns_written < 2 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert recorder.turns_written == 2
-    memory._cache = TurnCache(memory.cache_bytes)  # the store remembers
     assert agent.round(gate.url, stream=False).headers["x-chatgate-repaired"] == \
         "restore_reasoning@messages[1]; restore_reasoning@messages[4]"
 

@@ -181,33 +181,43 @@ def test_turns_relayed_together_are_stored_together_and_each_waits_for_its_commi
         store.close()
 
 
-def test_with_a_spool_a_turn_is_spooled_not_written_and_recalled_from_the_cache(store: SQLiteStore) -> None:
-    """Where this process is the store's only user, the durable write is the spool's (the recorder's)."""
-    spooled: list[list[TurnRow]] = []
-    memory = TurnMemory(store, 60, 1 << 20, spool=spooled.append)
-    run(memory.remember("fp-a", "chat", turn("c1", "c2", payload="why")))
-    assert [[r.call_id for r in rows] for rows in spooled] == [["c1", "c2"]]
-    assert store.recall_turns("fp-a", "chat", ["c1"], 0) == [], "the writer thread stores it later"
-    got = run(memory.recall("fp-a", "chat", ["c1", "c2"]))
-    assert isinstance(got, dict) and got["c1"].payload == "why" and got["c1"].turn == got["c2"].turn
-
-
-def test_with_a_spool_a_turn_the_cache_cannot_hold_is_recalled_from_the_unstored_turns(
-        store: SQLiteStore) -> None:
-    """The writer stores spooled turns in batches; until then a recall the cache cannot answer (a cache too
-    small for the turn, or cleared) finds them among the spool's unstored turns, unexpired, of this caller
-    only."""
+def test_with_a_ring_file_a_turn_is_written_nowhere_else_and_recalled_after_a_restart(
+        store: SQLiteStore, tmp_path: Path) -> None:
+    """Where this process is the store's only user, the cache's ring file is the turn's durable copy: the
+    store gets nothing, and the next process on the file recalls the turn."""
     clock = Clock()
-    spooled: list[TurnRow] = []
-
-    def unstored(caller: str, kind: str, ids: Sequence[str]) -> list[TurnRow]:
-        return [r for r in spooled if r.caller == caller and r.kind == kind and r.call_id in ids]
-
-    memory = TurnMemory(store, 60, 0, clock=clock, spool=spooled.extend, unstored=unstored)  # no cache
-    run(memory.remember("fp-a", "chat", turn("c1", payload="why")))
-    assert memory.cached_entries == 0 and store.recall_turns("fp-a", "chat", ["c1"], 0) == []
-    got = run(memory.recall("fp-a", "chat", ["c1"]))
-    assert isinstance(got, dict) and got["c1"].payload == "why"
-    assert run(memory.recall("fp-b", "chat", ["c1"])) == {}
+    ring = str(tmp_path / "turns.ring")
+    memory = TurnMemory(store, 60, 1 << 20, clock=clock, ring_path=ring)
+    assert memory.durable
+    run(memory.remember("fp-a", "chat", turn("c1", "c2", payload="why")))
+    assert store.recall_turns("fp-a", "chat", ["c1", "c2"], 0) == []
+    memory.close()
+    again = TurnMemory(store, 60, 1 << 20, clock=clock, ring_path=ring)
+    got = run(again.recall("fp-a", "chat", ["c1", "c2"]))
+    assert isinstance(got, dict) and got["c1"].payload == "why" and got["c1"].turn == got["c2"].turn
+    assert run(again.recall("fp-b", "chat", ["c1"])) == {}, "another caller's"
     clock.now += 61
-    assert run(memory.recall("fp-a", "chat", ["c1"])) == {}, "expired"
+    assert run(again.recall("fp-a", "chat", ["c1"])) == {}, "expired"
+    again.close()
+
+
+def test_a_ring_file_another_process_holds_sends_the_turns_to_the_store(store: SQLiteStore,
+                                                                       tmp_path: Path) -> None:
+    ring = str(tmp_path / "turns.ring")
+    holder = TurnMemory(store, 60, 1 << 20, ring_path=ring)
+    other = TurnMemory(store, 60, 1 << 20, ring_path=ring)
+    assert holder.durable and not other.durable
+    run(other.remember("fp-a", "chat", turn("c1", payload="why")))
+    assert [r.payload for r in store.recall_turns("fp-a", "chat", ["c1"], 0)] == ["why"]
+    got = run(holder.recall("fp-a", "chat", ["c1"]))  # not in its cache: found in the store
+    assert isinstance(got, dict) and got["c1"].payload == "why"
+    holder.close()
+    other.close()
+
+
+def test_without_a_cache_a_ring_file_is_not_used_and_turns_go_to_the_store(store: SQLiteStore,
+                                                                          tmp_path: Path) -> None:
+    memory = TurnMemory(store, 60, 0, ring_path=str(tmp_path / "turns.ring"))
+    assert not memory.durable
+    run(memory.remember("fp-a", "chat", turn("c1", payload="why")))
+    assert [r.payload for r in store.recall_turns("fp-a", "chat", ["c1"], 0)] == ["why"]

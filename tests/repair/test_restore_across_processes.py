@@ -45,8 +45,8 @@ def test_a_restart_between_rounds_keeps_the_turns_sqlite(tmp_path: Path) -> None
     with run_fake_deepseek() as fake:
         with spawn_chatgate(tmp_path, "--upstream", fake.url, "--store", store, name="first") as first:
             assert agent.round(first.url, stream=True).status_code == 200
-            first.kill9()  # no graceful stop: the turn was spooled before the client had the answer's end,
-            # and the next process replays the spool before it serves
+            first.kill9()  # no graceful stop: the turn was in the ring file before the client had the
+            # answer's end, and the next process reads the file back before it serves
         with spawn_chatgate(tmp_path, "--upstream", fake.url, "--store", store, name="second") as second:
             resp = agent.round(second.url, stream=False)
             assert resp.status_code == 200, resp.text
@@ -55,12 +55,15 @@ def test_a_restart_between_rounds_keeps_the_turns_sqlite(tmp_path: Path) -> None
 
 
 @pytest.mark.postgres
-def test_turns_are_spooled_only_where_no_other_process_reads_the_store_first(tmp_path: Path) -> None:
-    """SQLite with one worker: the spool (like usage records). Several workers on SQLite, or PostgreSQL
-    (replicas): the store itself, before the answer's end, since the next round may land elsewhere."""
+def test_the_cache_is_the_durable_copy_only_where_no_other_process_reads_the_store_first(tmp_path: Path
+                                                                                      ) -> None:
+    """SQLite with one worker: the turn cache's ring file in the spool directory. Several workers on
+    SQLite, or PostgreSQL (replicas): the store itself, before the answer's end, since the next round may
+    land elsewhere."""
     with run_chatgate(make_settings(tmp_path / "one")) as gate:
-        assert gate.state.memory is not None and gate.state.memory.spool is not None
+        assert gate.state.memory is not None and gate.state.memory.durable
+        assert list((tmp_path / "one" / "spool").glob("turns-*.ring"))
     with run_chatgate(make_settings(tmp_path / "two", server={"workers": 2})) as gate:
-        assert gate.state.memory is not None and gate.state.memory.spool is None
+        assert gate.state.memory is not None and not gate.state.memory.durable
     with fresh_database() as url, run_chatgate(make_settings(tmp_path / "pg", store={"url": url})) as gate:
-        assert gate.state.memory is not None and gate.state.memory.spool is None
+        assert gate.state.memory is not None and not gate.state.memory.durable

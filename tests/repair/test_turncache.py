@@ -1,12 +1,17 @@
-"""TurnCache without the gateway: a ring of records and a table of positions, bounded in bytes."""
+"""TurnCache without the gateway: a ring of records and a table of positions, bounded in bytes; in an
+anonymous map, or in a file that the next process on it reads back."""
 
 from __future__ import annotations
 
 import random
+import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
-from app.repair.turncache import MIN_SLOTS, TurnCache
+from app.repair.turncache import MIN_SLOTS, RingInUse, TurnCache, _read
 
 
 def test_a_record_comes_back_as_it_was_put() -> None:
@@ -134,3 +139,141 @@ def test_against_a_dict_model() -> None:
                 cache.purge(now)
                 model = {k: v for k, v in model.items() if v[3] > now}
         assert len(cache._slots) >= MIN_SLOTS
+
+
+# --- a ring file: the durable turn memory of a process that is its store's only user -----------------
+
+
+def test_a_ring_file_gives_its_records_to_the_next_cache_on_it(tmp_path: Path) -> None:
+    path = tmp_path / "turns.ring"
+    cache = TurnCache(1 << 20, path)
+    assert cache.durable
+    cache.put("fp-a\x00chat\x00call_1", "t1", "get_weather", "思考 \ud800 reasoning", 100.0)
+    cache.put("fp-a\x00chat\x00call_2", "t2", "search", "second", 100.0)
+    cache.put("fp-a\x00chat\x00call_1", "t3", "get_weather", "replaced", 100.0)
+    cache.close()
+    again = TurnCache(1 << 20, path, now=50.0)
+    assert again.get("fp-a\x00chat\x00call_1", 50.0) == ("t3", "get_weather", "replaced", 100.0)
+    assert again.get("fp-a\x00chat\x00call_2", 50.0) == ("t2", "search", "second", 100.0)
+    assert again.entries() == 2
+    again.put("fp-a\x00chat\x00call_3", "t4", "n", "after the restart", 100.0)  # written after the others
+    again.close()
+    third = TurnCache(1 << 20, path, now=50.0)
+    assert [third.get(f"fp-a\x00chat\x00call_{n}", 50.0) is not None for n in (1, 2, 3)] == [True] * 3
+    third.close()
+
+
+def test_a_turn_put_survives_kill_9(tmp_path: Path) -> None:
+    """No close, no flush: the process dies right after `put` returns, and the next one finds the turn."""
+    path = tmp_path / "turns.ring"
+    code = ("import os, signal, sys\n"
+            "from app.repair.turncache import TurnCache\n"
+            "cache = TurnCache(1 << 20, sys.argv[1])\n"
+            "for n in range(200):\n"
+            "    cache.put(f'k{n}', 't', 'n', f'reasoning {n} ' * 20, 1e12)\n"
+            "os.kill(os.getpid(), signal.SIGKILL)\n")
+    done = subprocess.run([sys.executable, "-c", code, str(path)], check=False)
+    assert done.returncode == -signal.SIGKILL
+    cache = TurnCache(1 << 20, path)
+    assert all(cache.get(f"k{n}", 0.0) == ("t", "n", f"reasoning {n} " * 20, 1e12) for n in range(200))
+    cache.close()
+
+
+def test_one_process_at_a_time_maps_a_ring_file(tmp_path: Path) -> None:
+    path = tmp_path / "turns.ring"
+    first = TurnCache(1 << 20, path)
+    with pytest.raises(RingInUse):
+        TurnCache(1 << 20, path)
+    first.close()
+    TurnCache(1 << 20, path).close()  # free again once its holder let it go
+
+
+def test_a_torn_record_is_skipped_and_the_others_are_kept(tmp_path: Path) -> None:
+    path = tmp_path / "turns.ring"
+    cache = TurnCache(1 << 20, path)
+    for n in range(3):
+        cache.put(f"k{n}", "t", "n", f"reasoning {n}", 1e9)
+    cache.close()
+    data = bytearray(path.read_bytes())
+    at = data.index(b"reasoning 1")
+    data[at:at + 11] = b"REASONING 1"  # the bytes of a record half written when the power went
+    path.write_bytes(bytes(data))
+    again = TurnCache(1 << 20, path)
+    assert again.get("k1", 0.0) is None
+    assert again.get("k0", 0.0) is not None and again.get("k2", 0.0) is not None
+    again.close()
+
+
+def test_expired_records_are_erased_from_the_file_when_it_is_opened(tmp_path: Path) -> None:
+    path = tmp_path / "turns.ring"
+    cache = TurnCache(1 << 20, path)
+    cache.put("a", "t", "n", "secret reasoning A", 10.0)
+    cache.put("b", "t", "n", "secret reasoning B", 20.0)
+    cache.close()
+    again = TurnCache(1 << 20, path, now=15.0)
+    assert again.get("a", 15.0) is None and again.get("b", 15.0) is not None
+    again.close()
+    data = path.read_bytes()
+    assert b"secret reasoning A" not in data and b"secret reasoning B" in data
+
+
+def test_purged_and_deleted_reasoning_leaves_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "turns.ring"
+    cache = TurnCache(1 << 20, path)
+    cache.put("a", "t", "n", "secret reasoning A", 10.0)
+    cache.put("b", "t", "n", "secret reasoning B", 1e9)
+    cache.purge(15.0)
+    cache.delete("b")
+    cache.close()
+    data = path.read_bytes()
+    assert b"secret reasoning" not in data
+
+
+def test_a_ring_file_of_another_size_keeps_the_newest_records_that_fit(tmp_path: Path) -> None:
+    path = tmp_path / "turns.ring"
+    cache = TurnCache(1 << 20, path)
+    for n in range(100):
+        cache.put(f"k{n}", "t", "n", "x" * 1000, 1e9)
+    cache.put("gone", "t", "n", "expired", 5.0)
+    cache.close()
+    smaller = TurnCache(40_000, path, now=10.0)  # a ring of 35,000 bytes: about 33 of them
+    kept = [n for n in range(100) if smaller.get(f"k{n}", 10.0) is not None]
+    assert kept == list(range(100 - len(kept), 100)) and 25 <= len(kept) <= 34
+    assert smaller.get("gone", 0.0) is None
+    smaller.close()
+    assert path.stat().st_size == smaller.size
+
+
+@pytest.mark.parametrize("laps", [0.3, 1, 2.7])
+def test_after_laps_of_the_ring_a_reopened_file_returns_what_the_cache_returned(tmp_path: Path,
+                                                                              laps: float) -> None:
+    """Records of several sizes wrap the ring (skipping its tail, partly overwriting older ones), some are
+    read back from the older half (moved), some deleted, some expire: the next cache on the file answers
+    every key as the last one did."""
+    rng = random.Random(11)
+    path = tmp_path / "turns.ring"
+    cache, keys = TurnCache(8_000, path), []
+    for step in range(int(laps * 40)):
+        key = f"fp-{step % 3}\x00chat\x00call_{step}"
+        cache.put(key, f"t{step}", "n", f"reasoning {step}:" + "x" * rng.randrange(0, 600),
+                  rng.choice((30.0, 1e9)))
+        keys.append(key)
+        if rng.random() < 0.3:
+            cache.get(rng.choice(keys), 0.0)
+        if rng.random() < 0.05:
+            cache.delete(rng.choice(keys))
+    before = {key: _peek(cache, key, 40.0) for key in keys}
+    cache.close()
+    again = TurnCache(8_000, path, now=40.0)
+    assert {key: _peek(again, key, 40.0) for key in keys} == before
+    assert any(v is not None for v in before.values())
+    again.close()
+
+
+def _peek(cache: TurnCache, key: str, now: float) -> tuple[str, str, str, float] | None:
+    """What `get` returns, without moving a record read from the older half."""
+    found = cache._find(key.encode("utf-8", "surrogatepass"))
+    if found is None or cache._ring is None:
+        return None
+    _, turn, names, payload, expires = _read(cache._ring, found[1] % cache.size)
+    return (turn, names, payload, expires) if expires > now else None
