@@ -70,7 +70,7 @@ class StoreSettings(Section):
     spool_dir: str = "data/spool"
     batch_max: int = Field(default=1000, ge=1)
     flush_interval_ms: float = Field(default=100.0, ge=0)
-    turn_flush_interval_ms: float = Field(default=1000.0, ge=0)
+    turn_flush_interval_ms: float = Field(default=1000.0, ge=0)  # unused: older config files still load
     retry_seconds: float = Field(default=1.0, gt=0)
 
     @field_validator("url")
@@ -121,7 +121,8 @@ class RepairSettings(Section):
     unanswered_tool_text: str = Field(default="no result: the call was interrupted", min_length=1)
     image_placeholder: str = Field(default="[image removed: this model does not accept images]", min_length=1)
     # How long a relayed tool-call turn's reasoning is kept for restoring (then deleted), and how much of it
-    # each process caches in memory (the shared store holds it all).
+    # each process caches in memory (a shared store holds it all; with SQLite and one worker the cache's ring
+    # file is all there is).
     reasoning_ttl_seconds: float = Field(default=86_400.0, gt=0)
     reasoning_cache_bytes: int = Field(default=32 * 1024 * 1024, ge=0)
     purge_interval_seconds: float = Field(default=60.0, gt=0)

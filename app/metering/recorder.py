@@ -1,18 +1,16 @@
-"""Usage records (and, where one process owns the store, relayed tool-call turns): spooled to a local
-append-only file at once, written to the store in batches.
+"""Usage records: spooled to a local append-only file at once, written to the store in batches.
 
 The request path calls `record()`: one `os.write` of a JSON line (survives `kill -9`: the bytes are in the
-OS page cache) and a list append. `remember_turns()` holds its lines for the next write, which is at the
-latest the usage record of the exchange that relayed the turns: one write per exchange, not two. A writer
-thread takes the whole list every `flush_interval` and writes it to the store in batches (group commit),
-retrying while the store is down; the spool is truncated once everything in it is stored. During a long
-outage at most `queue_max` items wait in memory: what comes after them is only in the spool, and the
-writer reads it back from there once the store takes writes again.
+OS page cache) and a list append. A writer thread takes the whole list every `flush_interval` and writes it
+to the store in batches (group commit), retrying while the store is down; the spool is truncated once
+everything in it is stored. During a long outage at most `queue_max` items wait in memory: what comes after
+them is only in the spool, and the writer reads it back from there once the store takes writes again.
 On start, before anything is served, spool files left by dead processes are replayed (inserts are
-idempotent: by record_id, by caller and call id). Spool file names carry a fingerprint of the store they
-were meant for, so a spool directory shared by processes (or a `chatgate usage --store OTHER`) never
-replays records into the wrong store. A live process holds its spool file's lock; a file gets its spool
-name only once it is locked, so a replay never takes a starting process's file for a dead one's.
+idempotent: by record_id; the relayed tool-call turns that earlier versions spooled, by caller and call
+id). Spool file names carry a fingerprint of the store they were meant for, so a spool directory shared by
+processes (or a `chatgate usage --store OTHER`) never replays records into the wrong store. A live process
+holds its spool file's lock; a file gets its spool name only once it is locked, so a replay never takes a
+starting process's file for a dead one's.
 """
 
 from __future__ import annotations
@@ -51,11 +49,6 @@ def store_tag(store: Store) -> str:
     return hashlib.sha256(where.encode("utf-8", "surrogateescape")).hexdigest()[:12]
 
 
-def encode_turn(row: TurnRow) -> bytes:
-    return orjson.dumps({"turn": [row.caller, row.kind, row.call_id, row.turn, row.names, row.payload,
-                                  row.expires_at]}, option=orjson.OPT_APPEND_NEWLINE)
-
-
 def decode(line: bytes) -> UsageRecord | TurnRow | None:
     try:
         data = orjson.loads(line)
@@ -74,26 +67,19 @@ def _split(items: list[UsageRecord | TurnRow]) -> tuple[list[UsageRecord], list[
 class Recorder:
     def __init__(self, store: Store, spool_dir: str, batch_max: int = 500, flush_interval: float = 0.02,
                  retry_seconds: float = 1.0, truncate_at: int = SPOOL_TRUNCATE_AT,
-                 queue_max: int = QUEUE_MAX, turn_flush_interval: float = 1.0) -> None:
+                 queue_max: int = QUEUE_MAX) -> None:
         self.store = store
         self.spool_dir = Path(spool_dir)
         self.batch_max = batch_max
         self.flush_interval = flush_interval
-        self.turn_flush_interval = turn_flush_interval
         self.retry_seconds = retry_seconds
         self.truncate_at = truncate_at
         self.queue_max = queue_max
         self._lock = threading.Lock()
         self._wake = threading.Event()
-        self._queued: list[UsageRecord | TurnRow] = []  # spooled, not yet taken by the writer
-        self._held: list[bytes] = []  # turn lines for the next write to the spool (remember_turns)
-        self._held_rows: list[TurnRow] = []
-        # Turns taken from the queue, gathered for a larger batch (the store's key index makes each
-        # transaction write about one page per turn, however few turns it has); `unstored` finds them.
-        self._waiting: list[TurnRow] = []
-        self._waiting_since = 0.0
+        self._queued: list[UsageRecord] = []  # spooled, not yet taken by the writer
         self._stopping = False
-        self._pending = 0  # spooled (records and turns), not yet in the store
+        self._pending = 0  # spooled, not yet in the store
         self._spilled_at: int | None = None  # spool offset from which lines are not queued (queue was full)
         self._fd = -1
         self._thread: threading.Thread | None = None
@@ -103,13 +89,11 @@ class Recorder:
         self.last_error: str | None = None
         self.written = 0  # records the store took
         self.dropped = 0  # records the store refused (logged whole, then dropped: they cannot be written)
-        self.turns_written = 0
 
     # --- lifecycle ---------------------------------------------------------------
 
     def start(self) -> None:
-        """Replays what dead processes left (so a turn spooled before a `kill -9` can be restored by the
-        first request served after the restart), then starts the writer."""
+        """Replays what dead processes left, then starts the writer."""
         self.spool_dir.mkdir(parents=True, exist_ok=True)
         self._replay_orphans()
         path = self.spool_dir / f"spool-{self._tag}-{os.getpid()}-{uuid.uuid4().hex[:8]}.jsonl"
@@ -144,40 +128,17 @@ class Recorder:
     def record(self, record: UsageRecord) -> None:
         self._spool(encode(record), (record,))
 
-    def remember_turns(self, rows: list[TurnRow]) -> None:
-        """Spool relayed turns (TurnMemory's durable write where this process owns the store). Their lines
-        go out with the next write: the usage record of the exchange that relayed them, made before the
-        client has the end of the answer (so before it can send the next round), or the writer's next
-        pass, whichever comes first (at the latest the last one, on stop). They reach the store with the
-        batch after that."""
-        lines = b"".join([encode_turn(row) for row in rows])
-        with self._lock:
-            self._held.append(lines)
-            self._held_rows.extend(rows)
-            self._pending += len(rows)
-
-    def _spool(self, lines: bytes, items: Sequence[UsageRecord | TurnRow]) -> None:
+    def _spool(self, lines: bytes, items: Sequence[UsageRecord]) -> None:
         with self._lock:
             self._pending += len(items)
             first = not self._queued
             if self._spilled_at is None and len(self._queued) >= self.queue_max:
                 self._spilled_at = os.fstat(self._fd).st_size
-            if self._held:
-                self._write_held(lines)
-            else:
-                os.write(self._fd, lines)
+            os.write(self._fd, lines)
             if self._spilled_at is None:
                 self._queued.extend(items)
         if first:
             self._wake.set()
-
-    def _write_held(self, lines: bytes = b"") -> None:
-        """Write the held turn lines (and `lines` after them) to the spool; the writer may take them then.
-        Called with the lock held."""
-        os.write(self._fd, b"".join([*self._held, lines]))
-        if self._spilled_at is None:
-            self._queued.extend(self._held_rows)
-        self._held, self._held_rows = [], []
 
     @property
     def pending(self) -> int:
@@ -189,56 +150,25 @@ class Recorder:
 
     # --- writer thread --------------------------------------------------------------
 
-    def unstored(self, caller: str, kind: str, call_ids: Sequence[str]) -> list[TurnRow]:
-        """The spooled turns with these ids that may not be in the store yet (a look-up the in-process cache
-        could not answer: it was cleared, or is too small)."""
-        wanted = set(call_ids)
-        with self._lock:
-            rows = [*self._held_rows, *self._queued, *self._waiting]
-        return [r for r in rows if isinstance(r, TurnRow) and r.call_id in wanted and r.caller == caller
-                and r.kind == kind]
-
     def _run(self) -> None:
         while True:
-            woken = self._wake.wait(self._turns_due_in())
+            woken = self._wake.wait()
             if woken and not self._stopping:
                 time.sleep(self.flush_interval)  # let a batch gather: one commit for many requests
             with self._lock:
-                if self._held:
-                    self._write_held()
                 taken, self._queued = self._queued, []
                 self._wake.clear()
-                if not self._waiting:
-                    self._waiting_since = time.monotonic()
-                self._waiting += [x for x in taken if isinstance(x, TurnRow)]
-                turns = list(self._waiting) if self._turns_due() else []
-            usage = [x for x in taken if isinstance(x, UsageRecord)]
-            self._write_all([*usage, *turns])
-            if turns:
-                with self._lock:  # written (or refused, or left spooled on stop): the store answers for them
-                    del self._waiting[:len(turns)]
+            self._write_all(taken)
             if self._spilled_at is not None and self.last_error is None and not self._stopping:
                 self._catch_up()
             if taken and self._orphans_left and self.last_error is None:
                 self._replay_orphans()
-            if self._stopping and not self._queued and not self._held and not self._waiting:
+            if self._stopping and not self._queued:
                 return
 
-    def _turns_due(self) -> bool:
-        return bool(self._waiting) and (
-            self._stopping or len(self._waiting) >= self.batch_max
-            or time.monotonic() - self._waiting_since >= self.turn_flush_interval)
-
-    def _turns_due_in(self) -> float | None:
-        """How long the writer may sleep when nothing new comes: until the waiting turns are due."""
-        if not self._waiting:
-            return None
-        return max(0.0, self._waiting_since + self.turn_flush_interval - time.monotonic())
-
-    def _write_all(self, items: list[UsageRecord | TurnRow]) -> None:
-        usage, turns = _split(items)
-        for start in range(0, max(len(usage), len(turns)), self.batch_max):
-            self._write_batch(usage[start:start + self.batch_max], turns[start:start + self.batch_max])
+    def _write_all(self, records: list[UsageRecord]) -> None:
+        for start in range(0, len(records), self.batch_max):
+            self._write(records[start:start + self.batch_max])
 
     def _catch_up(self) -> None:
         """Write what the spool alone holds (spooled while the queue was full), reading it back in pieces;
@@ -254,7 +184,7 @@ class Recorder:
             start += len(data) - len(rest)
             cut = data.rfind(b"\n") + 1
             rest = data[cut:]
-            self._write_all([x for x in map(decode, data[:cut].splitlines()) if x is not None])
+            self._write_all([x for x in map(decode, data[:cut].splitlines()) if isinstance(x, UsageRecord)])
 
     def _stored(self, write: Callable[[], None]) -> bool:
         """Run `write` until the store takes it (True), retrying while the store is down; False if the
@@ -277,26 +207,6 @@ class Recorder:
             self.last_error = None
             return True
 
-    def _write_batch(self, usage: list[UsageRecord], turns: list[TurnRow]) -> None:
-        """Records and turns in one transaction; if the store refuses something in it, each part apart
-        (where what it refuses is found and dropped, and the rest written)."""
-        if not turns:
-            self._write(usage)
-            return
-        if not usage:
-            self._write_turns(turns)
-            return
-        try:
-            if not self._stored(lambda: self.store.insert_batch(usage, turns)):
-                return
-        except Exception:
-            self._write(usage)
-            self._write_turns(turns)
-            return
-        self.written += len(usage)
-        self.turns_written += len(turns)
-        self._settle(len(usage) + len(turns))
-
     def _write(self, batch: list[UsageRecord]) -> None:
         try:
             if not self._stored(lambda: self.store.insert_usage(batch)):
@@ -311,17 +221,6 @@ class Recorder:
             return
         self.written += len(batch)
         self._settle(len(batch))
-
-    def _write_turns(self, rows: list[TurnRow]) -> None:
-        try:
-            if not self._stored(lambda: self.store.remember_turns(rows)):
-                return
-        except Exception as exc:  # never block the others
-            self._drop(rows, exc)
-            self._settle(len(rows))
-            return
-        self.turns_written += len(rows)
-        self._settle(len(rows))
 
     def _drop(self, items: Sequence[UsageRecord | TurnRow], exc: Exception) -> None:
         """Log what the store refused: a usage record whole (counted as dropped), a relayed turn by its call

@@ -20,7 +20,7 @@ import httpx2
 import orjson
 import pytest
 
-from app.metering.recorder import Recorder, decode, encode, encode_turn, replay_spools
+from app.metering.recorder import Recorder, decode, encode, replay_spools
 from app.metering.store import open_store
 from app.metering.store.base import Store, StoreError, StoreRefused, TurnRow, UsageRecord
 from app.metering.store.sqlite import SQLiteStore
@@ -216,122 +216,24 @@ def turn_row(n: int, expires_at: float = 4_000_000_000.0, payload: str = "secret
     return TurnRow("fp-1", "chat", f"call-{n}", f"turn-{n}", "read_file", payload, expires_at)
 
 
-def test_spooled_turns_reach_the_store_in_a_batch(tmp_path: Path) -> None:
-    store = open_store(f"sqlite:///{tmp_path / 'usage.db'}")
-    store.migrate()
-    with recording(store, tmp_path) as recorder:
-        recorder.remember_turns([turn_row(1), turn_row(2)])
-        recorder.record(record(1))
-        (path,) = (tmp_path / "spool").glob("spool-*.jsonl")
-        assert path.stat().st_size == len(encode_turn(turn_row(1))) * 2 + len(encode(record(1))), \
-            "spooled at once, before the store has them"
-    assert (recorder.written, recorder.turns_written) == (1, 2)
-    got = store.recall_turns("fp-1", "chat", ["call-1", "call-2"], 0)
-    assert sorted(r.payload for r in got) == ["secret reasoning"] * 2
-    store.close()
+def old_turn_line(row: TurnRow) -> bytes:
+    """A relayed turn's spool line as versions before the turn cache's ring file wrote them."""
+    return orjson.dumps({"turn": [row.caller, row.kind, row.call_id, row.turn, row.names, row.payload,
+                                  row.expires_at]}, option=orjson.OPT_APPEND_NEWLINE)
 
 
-class BatchCountingStore(SQLiteStore):
-    def __init__(self, path: Path) -> None:
-        super().__init__(path)
-        self.calls: list[str] = []
-
-    def insert_usage(self, records: Sequence[UsageRecord]) -> None:
-        self.calls.append("insert_usage")
-        super().insert_usage(records)
-
-    def remember_turns(self, rows: Sequence[TurnRow]) -> None:
-        self.calls.append("remember_turns")
-        super().remember_turns(rows)
-
-    def insert_batch(self, records: Sequence[UsageRecord], turns: Sequence[TurnRow]) -> None:
-        self.calls.append("insert_batch")
-        super().insert_batch(records, turns)
-
-
-def test_turns_go_out_with_the_next_usage_record_in_one_write(tmp_path: Path,
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    """An exchange that relays a tool-call turn spools the turn and its usage record in one write (made
-    before the client has the answer); a turn held when no record follows is spooled by the writer's next
-    pass, or its last one, on stop."""
-    store = BatchCountingStore(tmp_path / "usage.db")
-    store.migrate()
-    writes: list[bytes] = []
-    real_write = os.write
-
-    def counting_write(fd: int, data: bytes) -> int:
-        writes.append(bytes(data))
-        return real_write(fd, data)
-
-    recorder = Recorder(store, str(tmp_path / "spool"), turn_flush_interval=0)
-    recorder.start()
-    try:
-        monkeypatch.setattr(os, "write", counting_write)
-        recorder.remember_turns([turn_row(1)])
-        assert writes == [] and recorder.pending == 1
-        recorder.record(record(1))
-        assert writes == [encode_turn(turn_row(1)) + encode(record(1))]
-    finally:
-        recorder.stop(5)
-    assert (recorder.written, recorder.turns_written) == (1, 1)
-    assert store.calls == ["insert_batch"], "the record and the turn: one transaction"
-
-    writes.clear()
-    recorder = Recorder(store, str(tmp_path / "spool"))
-    recorder.start()
-    recorder.remember_turns([turn_row(2)])  # no record follows
-    assert recorder.stop(5) and recorder.turns_written == 1
-    assert writes == [encode_turn(turn_row(2))]
-    assert [r.call_id for r in store.recall_turns("fp-1", "chat", ["call-1", "call-2"], 0)] \
-        == ["call-1", "call-2"]
-    store.close()
-
-
-def test_turns_wait_for_a_larger_batch_and_are_found_meanwhile(tmp_path: Path) -> None:
-    """Each transaction writes about one page of the turns' key index per turn, however few it holds: turns
-    reach the store in batches of `turn_flush_interval`, records keep theirs; until then `unstored` finds
-    them (the in-process cache may not: cleared, or too small)."""
-    store = BatchCountingStore(tmp_path / "usage.db")
-    store.migrate()
-    recorder = Recorder(store, str(tmp_path / "spool"), flush_interval=0.005, turn_flush_interval=1.5)
-    recorder.start()
-    try:
-        recorder.remember_turns([turn_row(1)])
-        recorder.record(record(1))
-        wait_for(lambda: recorder.written == 1, 5, "the record is stored")
-        assert recorder.turns_written == 0 and store.recall_turns("fp-1", "chat", ["call-1"], 0) == []
-        assert recorder.unstored("fp-1", "chat", ["call-1", "call-9"]) == [turn_row(1)]
-        assert recorder.unstored("fp-2", "chat", ["call-1"]) == [], "another caller's turn is not found"
-        recorder.remember_turns([turn_row(2)])
-        recorder.record(record(2))
-        wait_for(lambda: recorder.turns_written == 2, 5, "the turns are stored")
-        assert store.calls.count("insert_usage") == 2, "records do not wait"
-        assert store.calls.count("remember_turns") + store.calls.count("insert_batch") == 1, "one batch"
-        assert recorder.unstored("fp-1", "chat", ["call-1", "call-2"]) == []
-        assert len(store.recall_turns("fp-1", "chat", ["call-1", "call-2"], 0)) == 2
-
-        recorder.turn_flush_interval = 3600
-        recorder.remember_turns([turn_row(3)])
-        recorder.record(record(3))
-        wait_for(lambda: recorder.written == 3, 5, "the record is stored")
-    finally:
-        assert recorder.stop(5)
-    assert recorder.turns_written == 3, "a stop writes the turns still waiting"
-    store.close()
-
-
-def test_turns_left_by_a_dead_process_are_in_the_store_when_start_returns(tmp_path: Path) -> None:
-    """A kill -9 right after an answer: the next process replays the turn before it serves anything, so
-    the client's next round is restored (expired turns are not brought back)."""
+def test_turns_an_earlier_version_spooled_are_in_the_store_when_start_returns(tmp_path: Path) -> None:
+    """A spool an earlier version left (it spooled relayed turns too): the next process replays them before
+    it serves anything, so the client's next round is restored (expired turns are not brought back)."""
     store = open_store(f"sqlite:///{tmp_path / 'usage.db'}")
     store.migrate()
     spool = tmp_path / "spool"
     spool.mkdir()
     tag = Recorder(store, str(spool))._tag
     (spool / f"spool-{tag}-999999-deadbeef.jsonl").write_bytes(
-        encode(record(1)) + encode_turn(turn_row(1)) + encode_turn(turn_row(2, expires_at=1.0))
-        + encode_turn(turn_row(3))[:30])
-    assert decode(encode_turn(turn_row(1)).strip()) == turn_row(1)
+        encode(record(1)) + old_turn_line(turn_row(1)) + old_turn_line(turn_row(2, expires_at=1.0))
+        + old_turn_line(turn_row(3))[:30])
+    assert decode(old_turn_line(turn_row(1)).strip()) == turn_row(1)
     recorder = Recorder(store, str(spool), flush_interval=1.0)  # its writer would wait: only start() replays
     recorder.start()
     try:
@@ -362,18 +264,21 @@ def test_a_replayed_line_the_store_refuses_is_dropped_and_the_rest_replayed(tmp_
 
 class TurnRefusingStore(SQLiteStore):
     def _insert_turns(self, conn: sqlite3.Connection, rows: Sequence[TurnRow]) -> None:
-        raise ValueError("value too long for the turn table")
+        raise StoreRefused("value too long for the turn table")
 
 
-def test_a_refused_turn_is_dropped_and_its_reasoning_never_logged(tmp_path: Path,
-                                                                    caplog: pytest.LogCaptureFixture) -> None:
+def test_a_replayed_turn_the_store_refuses_is_dropped_and_its_reasoning_never_logged(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     store = TurnRefusingStore(tmp_path / "usage.db")
     store.migrate()
-    with caplog.at_level(logging.ERROR, "chatgate.recorder"), recording(store, tmp_path) as recorder:
-        recorder.remember_turns([turn_row(1, payload="the private chain of thought")])
-        recorder.record(record(1))
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    (spool / f"spool-{Recorder(store, str(spool))._tag}-999999-deadbeef.jsonl").write_bytes(
+        encode(record(1)) + old_turn_line(turn_row(1, payload="the private chain of thought")))
+    with caplog.at_level(logging.ERROR, "chatgate.recorder"), recording(store, tmp_path):
+        pass
     assert "call-1" in caplog.text and "private chain of thought" not in caplog.text
-    assert (recorder.written, recorder.turns_written) == (1, 0), "the usage record is not held up"
+    assert stored_ids(store) == ["req-1"], "the usage record is not held up"
     store.close()
 
 
@@ -489,13 +394,6 @@ class DownStore(SQLiteStore):
         self._check()
         super().insert_usage(records)
 
-    def insert_batch(self, records: Sequence[UsageRecord], turns: Sequence[TurnRow]) -> None:
-        self._check()
-        super().insert_batch(records, turns)
-
-    def remember_turns(self, rows: Sequence[TurnRow]) -> None:
-        self._check()
-        super().remember_turns(rows)
 
 
 def test_a_long_outage_keeps_a_bounded_queue_and_the_spool_fills_the_gap(tmp_path: Path) -> None:
@@ -509,18 +407,14 @@ def test_a_long_outage_keeps_a_bounded_queue_and_the_spool_fills_the_gap(tmp_pat
     try:
         store.down = True
         for n in range(40):
-            if n % 4 == 0:
-                recorder.remember_turns([turn_row(n)])
             recorder.record(record(n))
         wait_for(lambda: not recorder.healthy, 5, "the outage noticed")
-        assert recorder.pending == 50
+        assert recorder.pending == 40
         assert len(recorder._queued) <= 5, "the queue is bounded"
         store.down = False
         recorder.record(record(40))  # after the outage: queued again
         wait_for(lambda: recorder.pending == 0, 10, "everything stored")
         assert stored_ids(store) == sorted(f"req-{n}" for n in range(41))
-        got = store.recall_turns("fp-1", "chat", [f"call-{n}" for n in range(0, 40, 4)], 0)
-        assert len(got) == 10
         (path,) = (tmp_path / "spool").glob("spool-*.jsonl")
         assert path.stat().st_size == 0, "truncated once all is stored"
     finally:
