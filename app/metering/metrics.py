@@ -109,5 +109,5 @@ class RecorderCollector(Collector):
                                   "Usage records the store refused (logged whole, then dropped)",
                                   value=self.recorder.dropped)
         yield GaugeMetricFamily("chatgate_usage_records_spooled",
-                                "Usage records (and relayed turns) spooled, not yet stored",
+                                "Usage records spooled, not yet stored",
                                 value=self.recorder.pending)
