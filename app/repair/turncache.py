@@ -50,7 +50,6 @@ class TurnCache:
         self.max_bytes = max_bytes
         self.size = max_bytes - max_bytes // TABLE_SHARE  # the ring
         self.max_slots = max(MIN_SLOTS, _pow2_at_most(max_bytes // TABLE_SHARE // 16))  # 8+8 bytes a slot
-        self.path = None if path is None else os.fspath(path)
         self._fd = -1
         self._end = 0  # the ring's write position, counted from its start (it only grows)
         self._floor = 0  # records before this position are gone, even where not yet overwritten
@@ -62,10 +61,10 @@ class TurnCache:
         self._ring: mmap.mmap | None = None
         if self.size <= 0:
             return
-        if self.path is None:
+        if path is None:
             self._ring = mmap.mmap(-1, self.size)  # its pages are touched as used
             return
-        kept = self._open(self.path, now)
+        kept = self._open(os.fspath(path), now)
         for key, turn, names, payload, expires in kept:  # from a file of another size, oldest first
             self.put(key, turn, names, payload, expires)
 
@@ -223,7 +222,8 @@ class TurnCache:
             self._end = position + _length(ring, at)
         for position, at in live:
             if _HEAD.unpack_from(ring, at)[3] <= now:
-                ring[at:at + _length(ring, at)] = bytes(_length(ring, at))
+                length = _length(ring, at)
+                ring[at:at + length] = bytes(length)
             else:
                 self._index(_key_bytes(ring, at), position)
         self._cleared_at = -1
@@ -336,16 +336,16 @@ def _read(ring: mmap.mmap, at: int) -> tuple[str, str, str, str, float]:
     return parts[0], parts[1], parts[2], raw[offset:].decode("utf-8", "surrogatepass"), expires
 
 
-def _records(ring: mmap.mmap, size: int) -> Iterator[int]:
-    """Where the intact records of a ring file are: at a record's head, its position agrees with its place
-    and its CRC with its bytes (a torn record, or one partly overwritten, fails)."""
+def _records(ring: mmap.mmap, size: int) -> Iterator[tuple[int, int]]:
+    """(position, place) of the intact records of a ring file: at a record's head, its position agrees
+    with its place and its CRC with its bytes (a torn record, or one partly overwritten, fails)."""
     at = ring.find(MAGIC)
     while at >= 0 and at + _HEAD.size <= size:
         _, crc, position, _, klen, tlen, nlen, plen = _HEAD.unpack_from(ring, at)
         end = at + _HEAD.size + klen + tlen + nlen + plen
         if position >= 0 and position % size == at and end <= size \
                 and zlib.crc32(ring[at + _HEAD.size:end]) == crc:
-            yield at
+            yield position, at
             at = ring.find(MAGIC, end)
         else:
             at = ring.find(MAGIC, at + 1)
@@ -354,7 +354,7 @@ def _records(ring: mmap.mmap, size: int) -> Iterator[int]:
 def _live_records(ring: mmap.mmap, size: int) -> list[tuple[int, int]]:
     """(position, place) of the live records of a ring file, oldest first: the newest tells where the ring
     was written to, and those within its size back from there are live."""
-    found = sorted((_HEAD.unpack_from(ring, at)[2], at) for at in _records(ring, size))
+    found = sorted(_records(ring, size))
     if not found:
         return []
     end = found[-1][0] + _length(ring, found[-1][1])

@@ -98,7 +98,7 @@ def remembered(gate: RunningChatgate) -> list[TurnRow]:
     cache = gate.state.gw.memory._cache
     assert cache._ring is not None
     rows = []
-    for at in _records(cache._ring, cache.size):
+    for _, at in _records(cache._ring, cache.size):
         key, turn_id, names, payload, expires = _read(cache._ring, at)
         caller, kind, call_id = key.split("\x00")
         rows.append(TurnRow(caller, kind, call_id, turn_id, names, payload, expires))
