@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from app.repair.turncache import MIN_SLOTS, RingInUse, TurnCache, _read
+from app.repair import turncache
+from app.repair.turncache import MIN_SLOTS, READY_CHUNK, RingInUse, TurnCache, _read
 
 
 def test_a_record_comes_back_as_it_was_put() -> None:
@@ -277,3 +278,45 @@ def _peek(cache: TurnCache, key: str, now: float) -> tuple[str, str, str, float]
         return None
     _, turn, names, payload, expires = _read(cache._ring, found[1] % cache.size)
     return (turn, names, payload, expires) if expires > now else None
+
+
+# --- the pages ahead of the write head are faulted in a chunk at a time ------------------------------
+
+
+def _mapped_rss_kb(path: Path) -> int:
+    """The resident KB of this process's mapping of `path` (/proc/self/smaps)."""
+    rss, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        if "-" in line.split(" ", 1)[0] and line[0] in "0123456789abcdef":
+            inside = line.endswith(str(path))
+        elif inside and line.startswith("Rss:"):
+            rss += int(line.split()[1])
+    return rss
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="MADV_POPULATE_WRITE is Linux's")
+def test_a_put_makes_the_next_chunk_of_the_ring_resident(tmp_path: Path) -> None:
+    path = tmp_path / "turns.ring"
+    cache = TurnCache(8 << 20, path)
+    cache.put("fp-a\x00chat\x00call_1", "t1", "n", "r", 100.0)
+    # one record of a few dozen bytes, and the chunk after it is in memory, writable (no fault per page)
+    assert _mapped_rss_kb(path) >= READY_CHUNK // 1024
+    assert cache._ready >= READY_CHUNK
+    for i in range(READY_CHUNK // 1000 * 3):  # past the first chunk: the next one is made ready
+        cache.put(f"fp-a\x00chat\x00call_{i}", "t", "n", "x" * 900, 100.0)
+    assert cache._ready > cache._end > 2 * READY_CHUNK
+    assert _mapped_rss_kb(path) * 1024 >= cache._ready - 4096  # what is ready is resident, ahead of the head
+    cache.close()
+
+
+def test_without_madvise_populate_the_ring_still_works(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refused(ring: object, start: int, length: int) -> None:
+        raise OSError(22, "Invalid argument")  # a kernel before 5.14
+
+    monkeypatch.setattr(turncache, "_populate", refused)
+    cache = TurnCache(1 << 20)
+    cache._populates = True  # as on Linux
+    for i in range(2000):
+        cache.put(f"fp-a\x00chat\x00call_{i}", "t", "n", "x" * 900, 100.0)
+    assert not cache._populates  # tried once, then left to the page faults
+    assert cache.get("fp-a\x00chat\x00call_1999", 0.0) == ("t", "n", "x" * 900, 100.0)
