@@ -7,6 +7,7 @@ the end (`decode`), and parses only the rare `data:` lines that carry what it ne
 
 from __future__ import annotations
 
+import re
 from typing import Protocol
 
 import orjson
@@ -52,6 +53,20 @@ def data_lines_with(batch: bytes, needle: bytes) -> list[bytes]:
             out.append(line[5:])
         at = batch.find(needle, end)
     return out
+
+
+def has_line(lines: bytes, needle: bytes, line: re.Pattern[bytes]) -> bool:
+    """Whether a line of `lines` that contains `needle` is, whole, a match of `line` (a pattern without
+    anchors). Cheaper than one `^…$` pattern with re.M, which the regex engine tries at every byte."""
+    at = lines.find(needle)
+    while at >= 0:
+        start = lines.rfind(b"\n", 0, at) + 1
+        end = lines.find(b"\n", at)
+        end = len(lines) if end < 0 else end
+        if line.fullmatch(lines, start, end):
+            return True
+        at = lines.find(needle, end)
+    return False
 
 
 def decode(parts: list[bytes]) -> str:

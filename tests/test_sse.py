@@ -6,7 +6,7 @@ import re
 
 import orjson
 
-from app.sse import JSON_STRING, collect, data_lines_with, decode, take_lines
+from app.sse import JSON_STRING, collect, data_lines_with, decode, has_line, take_lines
 
 CONTENT = re.compile(rb'"content"' + JSON_STRING)
 
@@ -39,3 +39,13 @@ def test_take_lines_takes_the_complete_lines_and_leaves_the_rest() -> None:
     assert buf == bytearray(b"data: 3 (cut")
     assert take_lines(buf, final=False) == b"" and buf == bytearray(b"data: 3 (cut")
     assert take_lines(buf, final=True) == b"data: 3 (cut" and buf == bytearray()
+
+
+def test_has_line_finds_only_a_whole_line_and_agrees_with_the_anchored_multiline_pattern() -> None:
+    anchored = re.compile(rb"^data:[ \t]*\[DONE\][ \t]*\r?$", re.M)
+    line = re.compile(rb"data:[ \t]*\[DONE\][ \t]*\r?")
+    cases = [b"data: [DONE]\n\n", b"data:[DONE]\r\n", b"data: [DONE]", b"x\ndata: [DONE] \n",
+             b'data: {"content": "data: [DONE]"}\n\n', b"data: [DONE]x\n", b": [DONE]\ndata: [DONE]\n",
+             b"", b"[DONE]", b'data: {"a": 1}\n\n' * 50 + b"data: [DONE]\n\n"]
+    for lines in cases:
+        assert has_line(lines, b"[DONE]", line) == (anchored.search(lines) is not None), lines

@@ -12,9 +12,9 @@ import orjson
 
 from app.metering.usage import TokenCounts
 from app.repair.base import Turn
-from app.sse import JSON_STRING, LineWatcher, data_lines_with, decode
+from app.sse import JSON_STRING, LineWatcher, data_lines_with, decode, has_line
 
-_STOP_LINE = re.compile(rb"^event:[ \t]*message_stop[ \t]*\r?$", re.M)  # a line of its own, not text
+_STOP_LINE = re.compile(rb"event:[ \t]*message_stop[ \t]*\r?")  # a line of its own, not text
 
 
 def _count(value: Any) -> int:
@@ -82,7 +82,7 @@ class MessagesMeter:
             self._tail = b""
 
     def final_in(self, lines: bytes) -> bool:
-        return b"message_stop" in lines and _STOP_LINE.search(lines) is not None
+        return has_line(lines, b"message_stop", _STOP_LINE)
 
     @property
     def text(self) -> str:

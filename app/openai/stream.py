@@ -8,15 +8,15 @@ import re
 import orjson
 
 from app.metering.usage import TokenCounts, tokens_from_usage
-from app.sse import JSON_STRING, SCAN_AT, LineWatcher, collect, data_lines_with, decode, take_lines
+from app.sse import JSON_STRING, SCAN_AT, LineWatcher, collect, data_lines_with, decode, has_line, take_lines
 
 # The stream's end: a line of its own (the same bytes inside a streamed text are not one).
-_DONE_LINE = re.compile(rb"^data:[ \t]*\[DONE\][ \t]*\r?$", re.M)
+_DONE_LINE = re.compile(rb"data:[ \t]*\[DONE\][ \t]*\r?")
 
 
 def ends_stream(lines: bytes) -> bool:
     """Whether these complete lines hold the `data: [DONE]` line."""
-    return b"[DONE]" in lines and _DONE_LINE.search(lines) is not None
+    return has_line(lines, b"[DONE]", _DONE_LINE)
 
 
 # The streamed text is needed only for an estimate (a stream that ends without `usage`), so it is kept as
