@@ -1,0 +1,109 @@
+"""The README and docs/ hold together: links resolve, the README stays a front door, its map of the tree is
+true, and no development history (commit hashes) leaks into them."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
+
+_FENCE = re.compile(r"^(```|~~~).*?^\1", re.MULTILINE | re.DOTALL)
+_CODE_SPAN = re.compile(r"`[^`\n]*`")
+_LINK = re.compile(r"\[[^\]\n]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
+_HEADING = re.compile(r"^#{1,6}\s+(.+?)\s*#*\s*$", re.MULTILINE)
+
+
+def prose(text: str) -> str:
+    """The text without fenced code blocks and code spans, where brackets are not links."""
+    return _CODE_SPAN.sub("", _FENCE.sub("", text))
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading).lower()
+    text = re.sub(r"[^\w\- ]", "", text)
+    return text.replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    seen: dict[str, int] = {}
+    out = set()
+    for heading in _HEADING.findall(_FENCE.sub("", path.read_text())):
+        base = slug(heading)
+        n = seen.get(base, 0)
+        seen[base] = n + 1
+        out.add(base if n == 0 else f"{base}-{n}")
+    return out
+
+
+def relative_links(path: Path) -> list[str]:
+    return [t for t in _LINK.findall(prose(path.read_text()))
+            if not re.match(r"^[a-z][a-z0-9+.-]*:", t)]  # http:, https:, mailto:
+
+
+def test_slug_matches_github() -> None:
+    assert slug("Thinking mode and `reasoning_content`") == "thinking-mode-and-reasoning_content"
+    assert slug("Keys, teams, limits and the admin API") == "keys-teams-limits-and-the-admin-api"
+    assert slug("The rules P1\u2013P22") == "the-rules-p1p22"  # an en dash, dropped
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_relative_link_resolves(page: Path) -> None:
+    broken = []
+    for target in relative_links(page):
+        file, _, anchor = target.partition("#")
+        dest = (page.parent / file).resolve() if file else page
+        if not dest.exists():
+            broken.append(f"{target}: no such file")
+        elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
+            broken.append(f"{target}: no heading #{anchor} in {dest.relative_to(ROOT)}")
+    assert not broken, f"{page.relative_to(ROOT)}: " + "; ".join(broken)
+
+
+def test_the_check_sees_a_broken_link(tmp_path: Path) -> None:
+    (tmp_path / "a.md").write_text("# Title\n\n[ok](#title) [bad](b.md) `[not](a link)`\n")
+    assert relative_links(tmp_path / "a.md") == ["#title", "b.md"]
+    assert anchors(tmp_path / "a.md") == {"title"}
+
+
+def test_readme_is_a_front_door() -> None:
+    lines = README.read_text().splitlines()
+    assert len(lines) <= 250, f"README.md has {len(lines)} lines; move detail to docs/"
+    head = "\n".join(lines[:8])
+    assert "python3 run.py serve" in head and "python3 run.py test" in head, "the two commands come first"
+
+
+def where_is_what() -> list[str]:
+    text = README.read_text()
+    section = text.split("## Where is what", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("|")]
+    return [p for row in rows for p in re.findall(r"`((?:app|tests|bench)/[^`]*)`", row)]
+
+
+def test_where_is_what_names_real_paths() -> None:
+    paths = where_is_what()
+    assert len([p for p in paths if p.startswith("app/")]) >= 8
+    missing = [p for p in paths if not (ROOT / p).exists()]
+    assert not missing, f"README's 'Where is what' names paths that do not exist: {missing}"
+
+
+_HASH = re.compile(r"`(?=[0-9a-f]*[0-9])(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}`")
+_COMMIT = re.compile(r"\bcommits?\s+`?(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b", re.IGNORECASE)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_commit_hashes(page: Path) -> None:
+    text = page.read_text()
+    found = _HASH.findall(text) + _COMMIT.findall(text)
+    assert not found, f"{page.relative_to(ROOT)} names commits {found}: history is in git, bench/HISTORY.md"
+
+
+def test_the_hash_check_sees_one() -> None:
+    assert _HASH.findall("until `04255af` a request") == ["`04255af`"]
+    assert _COMMIT.findall("the latest, commit ab1a04a (2026-11-30)")
+    assert not _HASH.findall("max_body_bytes `50331648`, a `d8b79690-…-0` handle, `deadbeef-cafe`")
