@@ -171,14 +171,16 @@ class Proc:
             self.popen.wait(timeout=1.0)
 
 
-def post_once(port: int, body: bytes, path: str = CHAT_PATH, timeout: float = 5.0) -> tuple[int, bytes]:
+def post_once(
+    port: int, body: bytes, path: str = CHAT_PATH, timeout: float = 5.0, authorization: str = AUTH_HEADER
+) -> tuple[int, bytes]:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
         conn.request(
             "POST",
             path,
             body=body,
-            headers={"Content-Type": "application/json", "Authorization": AUTH_HEADER},
+            headers={"Content-Type": "application/json", "Authorization": authorization},
         )
         resp = conn.getresponse()
         return resp.status, resp.read()
@@ -226,7 +228,9 @@ def load_average() -> str:
         return "?"
 
 
-def wait_ready(proc: Proc | None, port: int, body: bytes, timeout_s: float) -> str | None:
+def wait_ready(
+    proc: Proc | None, port: int, body: bytes, timeout_s: float, authorization: str = AUTH_HEADER
+) -> str | None:
     """Poll with a real chat request until it answers 200. Returns None when ready, else why not."""
     deadline = time.monotonic() + timeout_s
     last = "no answer"
@@ -234,7 +238,7 @@ def wait_ready(proc: Proc | None, port: int, body: bytes, timeout_s: float) -> s
         if proc is not None and not proc.alive():
             return f"exited with code {proc.popen.returncode if proc.popen else '?'}"
         try:
-            status, payload = post_once(port, body, timeout=5.0)
+            status, payload = post_once(port, body, timeout=5.0, authorization=authorization)
             if status == 200:
                 return None
             last = f"HTTP {status}: {payload[:200]!r}"

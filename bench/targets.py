@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-from bench.common import VENV_BIN, Memory, Proc, free_port, wait_ready
+from bench.common import AUTH_HEADER, VENV_BIN, Memory, Proc, free_port, wait_ready
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,8 @@ class TargetSpec:
     env: tuple[tuple[str, str], ...] = ()  # extra env, e.g. (("CHATGATE_REPAIR_RESTORE_REASONING", "false"),)
     store_url: str | None = None  # instead of a fresh sqlite:///<workdir>/<name>.db (kept as it is)
     source_dir: str | None = None  # run `python -m app serve` with this tree as cwd, not the installed binary
+    auth: str = "passthrough"  # chatgate only: `--auth managed` needs a key in its store (`authorization`)
+    authorization: str = AUTH_HEADER  # what its ready probe sends
 
     @property
     def is_chatgate(self) -> bool:
@@ -104,7 +106,7 @@ def _argv(spec: TargetSpec, port: int, upstream_url: str, workdir: Path) -> tupl
         # the editable install's finder (which sits after the path finder in sys.meta_path).
         head = [py, "-m", "app"] if spec.source_dir else [str(CHATGATE_BIN)]
         argv = [*head, "serve", "--host", "127.0.0.1", "--port", str(port)]
-        argv += ["--upstream", upstream_url, "--auth", "passthrough", "--workers", str(spec.workers)]
+        argv += ["--upstream", upstream_url, "--auth", spec.auth, "--workers", str(spec.workers)]
         env: dict[str, str] = {}
         if not spec.metering:
             env["CHATGATE_STORE_URL"] = "none"
@@ -199,7 +201,10 @@ class Cluster:
         timeout = self.startup_timeout_s + 2 * self.upstream.delay_s
         with ThreadPoolExecutor(max_workers=max(1, len(pending))) as pool:
             waits = {
-                t.name: pool.submit(wait_ready, t.proc, t.port, self.ready_body, timeout) for t in pending
+                t.name: pool.submit(
+                    wait_ready, t.proc, t.port, self.ready_body, timeout, t.spec.authorization
+                )
+                for t in pending
             }
         for target in pending:
             assert target.proc is not None
