@@ -11,8 +11,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from app import __version__
-from app.metering.store.base import GROUP_BYS
 from app.settings import ConfigError, LoadedSettings, effective, load_settings
+from app.store.base import GROUP_BYS
 
 FLAGS_ENV = "_CHATGATE_SERVE_FLAGS"  # how `serve` hands its flags to uvicorn's worker processes
 
@@ -230,7 +230,7 @@ def _configure_logging() -> None:
 
 
 def _store(args: argparse.Namespace) -> Any:
-    from app.metering.store import open_store
+    from app.store import open_store
 
     loaded = _load(args)
     if not loaded.settings.store.enabled:

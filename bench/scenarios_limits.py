@@ -64,8 +64,8 @@ def set_key_limits(store_url: str, secret: str) -> str:
         why = f"`chatgate keys set` exited {out.returncode}: {(out.stderr or out.stdout).strip()[-200:]}"
     except (OSError, subprocess.TimeoutExpired) as exc:
         why = f"`chatgate keys set` failed: {exc}"
-    from app.metering.store import open_store
-    from app.metering.store.base import LimitRow
+    from app.store import open_store
+    from app.store.base import LimitRow
 
     store = open_store(store_url)
     try:
@@ -347,8 +347,8 @@ def _evidence(pg_url: str) -> str:
     except Exception as exc:
         parts.append(f"Redis not readable: {exc}")
     try:
-        from app.metering.store import open_store
         from app.quotas.periods import period_start
+        from app.store import open_store
 
         store = open_store(pg_url)
         try:

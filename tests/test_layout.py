@@ -20,6 +20,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("app.openai", "app.anthropic", "app.responses"),
     ("app.repair",),  # the repairs' vocabulary and the memory of relayed turns, shared by the families
     ("app.metering",),
+    ("app.store",),  # where keys, usage, limits, turns, file owners and alerts live: SQLite or PostgreSQL
     ("app.verdict", "app.wire", "app.sse"),  # what a family's rules found; pydantic errors as problems;
     # scanning relayed SSE bytes
     ("app.profiles", "app.errors", "app.ids", "app"),

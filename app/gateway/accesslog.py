@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from app.metering.store.base import UsageRecord
+from app.store.base import UsageRecord
 
 FLUSH_SECONDS = 0.05
 

@@ -11,8 +11,8 @@ import time
 from dataclasses import dataclass
 
 from app.errors import APIError, unauthorized
-from app.metering.store.base import ApiKey, Store
 from app.settings import AuthSettings
+from app.store.base import ApiKey, Store
 
 KEY_PREFIX = "cg-"
 ADMIN = "admin"  # the admin key's key id, name and team where a route takes it

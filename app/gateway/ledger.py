@@ -12,11 +12,11 @@ from app.ids import new_id
 from app.metering.metrics import Metrics
 from app.metering.pricing import cost_picousd
 from app.metering.recorder import Recorder
-from app.metering.store.base import UsageRecord
 from app.metering.tokens import count_text
 from app.metering.usage import TokenCounts
 from app.profiles import ModelProfile
 from app.settings import Settings
+from app.store.base import UsageRecord
 
 
 class Ledger:

@@ -32,13 +32,13 @@ from app.gateway.upstream import Upstream, forward_headers, read_whole
 from app.metering.metrics import Metrics
 from app.metering.pricing import cost_bound_picousd
 from app.metering.recorder import Recorder
-from app.metering.store.base import StoreError, TurnRow, UsageRecord
 from app.metering.tokens import context_overflow
 from app.quotas.gate import Quotas, refusal_error
 from app.quotas.model import Refusal
 from app.repair.base import Applied, Repaired, TurnCalls
 from app.repair.memory import TurnMemory
 from app.settings import Settings
+from app.store.base import StoreError, TurnRow, UsageRecord
 from app.verdict import Verdict
 
 REPAIR_PASSES = 3  # fixing a type can reveal a sequence problem (the sequence rules need the types right)

@@ -14,10 +14,10 @@ from app.gateway.proxy import Endpoint, Gateway
 from app.gateway.upstream import Upstream
 from app.metering.metrics import Metrics
 from app.metering.recorder import Recorder, store_tag
-from app.metering.store import Store, open_store
 from app.quotas.gate import Quotas
 from app.repair.memory import TurnMemory
 from app.settings import Settings
+from app.store import Store, open_store
 
 log = logging.getLogger("chatgate")
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import orjson
 
-from app.metering.store.base import Store, StoreError, StoreRefused, TurnRow, UsageRecord
+from app.store.base import Store, StoreError, StoreRefused, TurnRow, UsageRecord
 
 log = logging.getLogger("chatgate.recorder")
 

@@ -10,7 +10,7 @@ from decimal import Decimal
 from typing import Any
 
 from app.metering.pricing import picousd_to_usd
-from app.metering.store.base import COUNTERS, GROUP_BYS, GroupBy, ReportQuery, ReportRow, Store
+from app.store.base import COUNTERS, GROUP_BYS, GroupBy, ReportQuery, ReportRow, Store
 
 GROUP_FIELDS: dict[str, tuple[str, ...]] = {
     "key": ("key_id", "key_name", "team"), "team": ("team",), "model": ("model",), "day": ("day",),

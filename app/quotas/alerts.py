@@ -12,8 +12,8 @@ from typing import Any
 import httpx2
 
 from app.metering.pricing import picousd_to_usd
-from app.metering.store.base import Store, StoreError
 from app.settings import AlertSettings
+from app.store.base import Store, StoreError
 
 log = logging.getLogger("chatgate.alerts")
 

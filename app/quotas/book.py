@@ -7,7 +7,7 @@ import asyncio
 import time
 from collections.abc import Callable
 
-from app.metering.store.base import LimitRow, Store
+from app.store.base import LimitRow, Store
 
 
 class LimitBook:

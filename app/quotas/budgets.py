@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from app.metering.store.base import Hold, LeaseAsk, LeaseGrant, Store
+from app.store.base import Hold, LeaseAsk, LeaseGrant, Store
 
 log = logging.getLogger("chatgate.quotas")
 

@@ -21,7 +21,6 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from app.errors import APIError
-from app.metering.store.base import Hold, LimitRow, Store, StoreError
 from app.quotas.alerts import Alerts
 from app.quotas.book import LimitBook
 from app.quotas.budgets import LocalBudgets, StoreBudgets
@@ -30,6 +29,7 @@ from app.quotas.periods import period_end, period_start
 from app.quotas.rates import LocalRates
 from app.quotas.redis_rates import RedisRates
 from app.settings import Settings
+from app.store.base import Hold, LimitRow, Store, StoreError
 
 log = logging.getLogger("chatgate.quotas")
 

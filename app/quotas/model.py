@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from app.metering.store.base import Hold, LimitRow
+from app.store.base import Hold, LimitRow
 
 WINDOW = 60.0  # rpm and tpm count the last minute (a sliding window)
 

@@ -24,9 +24,9 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 
-from app.metering.store.base import Store, StoreError, TurnRow
 from app.repair.base import Turn
 from app.repair.turncache import RingInUse, TurnCache
+from app.store.base import Store, StoreError, TurnRow
 
 log = logging.getLogger("chatgate.repair")
 

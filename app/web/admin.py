@@ -33,9 +33,9 @@ from starlette.responses import Response
 from app.errors import APIError
 from app.gateway.auth import new_key, require_admin
 from app.gateway.responses import json_response
-from app.metering.store.base import BUDGET_PERIODS, LIMIT_FIELDS, ApiKey, LimitRow, Store
 from app.quotas.gate import Quotas
 from app.quotas.periods import period_end
+from app.store.base import BUDGET_PERIODS, LIMIT_FIELDS, ApiKey, LimitRow, Store
 
 if TYPE_CHECKING:
     from app.gateway.state import State

@@ -19,8 +19,8 @@ from app.gateway.http_limits import LimitsMiddleware, header_bytes, headers_too_
 from app.gateway.proxy import Endpoint
 from app.gateway.responses import error_response
 from app.gateway.state import State
-from app.metering.store import Store
 from app.settings import Settings
+from app.store import Store
 from app.web.routes import add_routes
 
 log = logging.getLogger("chatgate")

@@ -26,7 +26,7 @@ from app.errors import APIError
 from app.gateway.auth import require_admin
 from app.gateway.responses import json_response
 from app.metering.reports import ReportError, build_report, parse_time
-from app.metering.store.base import ReportQuery, Store
+from app.store.base import ReportQuery, Store
 
 if TYPE_CHECKING:
     from app.gateway.state import State

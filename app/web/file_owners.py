@@ -23,7 +23,7 @@ import orjson
 
 from app.errors import store_unavailable
 from app.gateway.auth import Identity
-from app.metering.store.base import FileOwner, Store, StoreError
+from app.store.base import FileOwner, Store, StoreError
 
 log = logging.getLogger("chatgate")
 

@@ -15,7 +15,7 @@ import orjson
 import pytest
 
 from app.gateway.auth import fingerprint, new_key
-from app.metering.store.sqlite import SQLiteStore
+from app.store.sqlite import SQLiteStore
 from tests.fakes.fim import BALANCE
 from tests.fakes.server import RunningFake
 from tests.gateway.conftest import _read_usage

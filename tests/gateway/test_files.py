@@ -22,8 +22,8 @@ import orjson
 import pytest
 
 from app.gateway.auth import fingerprint, new_key
-from app.metering.store.base import FileOwner, StoreError
-from app.metering.store.sqlite import SQLiteStore
+from app.store.base import FileOwner, StoreError
+from app.store.sqlite import SQLiteStore
 from tests.fakes.server import RunningFake
 from tests.gateway.conftest import _read_usage, usage_rows
 from tests.harness import RunningChatgate, make_settings, run_chatgate, unreachable_url

@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 from app.gateway.auth import new_key
-from app.metering.store.sqlite import SQLiteStore
+from app.store.sqlite import SQLiteStore
 from tests.fakes.deepseek import MODEL_IDS
 from tests.fakes.server import RunningFake
 from tests.harness import RunningChatgate, make_settings, run_chatgate, unreachable_url

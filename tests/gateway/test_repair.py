@@ -15,8 +15,8 @@ import orjson
 import pytest
 
 from app.gateway.auth import fingerprint, hash_key
-from app.metering.store.base import TurnRow
 from app.repair.turncache import TurnCache, _read, _records
+from app.store.base import TurnRow
 from tests.fakes.server import RunningFake
 from tests.gateway.conftest import JSON_HEADERS, chat_body, usage_rows
 from tests.harness import RunningChatgate

@@ -21,9 +21,9 @@ import orjson
 import pytest
 
 from app.metering.recorder import Recorder, decode, encode, replay_spools
-from app.metering.store import open_store
-from app.metering.store.base import Store, StoreError, StoreRefused, TurnRow, UsageRecord
-from app.metering.store.sqlite import SQLiteStore
+from app.store import open_store
+from app.store.base import Store, StoreError, StoreRefused, TurnRow, UsageRecord
+from app.store.sqlite import SQLiteStore
 from tests.fakes.server import run_fake_deepseek
 from tests.harness import make_settings, run_chatgate
 from tests.metering.helpers import chat_body, wait_for

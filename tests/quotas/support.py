@@ -20,8 +20,8 @@ from typing import Any
 import openai
 
 from app.gateway.auth import fingerprint
-from app.metering.store import open_store
-from app.metering.store.base import LimitRow
+from app.store import open_store
+from app.store.base import LimitRow
 from tests.ci import missing
 from tests.harness import free_port
 

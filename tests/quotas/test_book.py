@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from app.metering.store.base import LimitRow
-from app.metering.store.sqlite import SQLiteStore
 from app.quotas.book import LimitBook
+from app.store.base import LimitRow
+from app.store.sqlite import SQLiteStore
 
 
 class SlowStore(SQLiteStore):

@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from app.metering.store.base import Hold, LeaseAsk, LeaseGrant, StoreError
-from app.metering.store.postgres import PostgresStore
-from app.metering.store.sqlite import SQLiteStore
 from app.quotas import budgets as budgets_module
 from app.quotas.budgets import LEASE_ASKS, StoreBudgets
+from app.store.base import Hold, LeaseAsk, LeaseGrant, StoreError
+from app.store.postgres import PostgresStore
+from app.store.sqlite import SQLiteStore
 from tests.pgutil import fresh_database
 
 BUDGET = 1000

@@ -11,8 +11,6 @@ from typing import Any
 
 import pytest
 
-from app.metering.store.base import Hold, LimitRow
-from app.metering.store.sqlite import SQLiteStore
 from app.quotas.budgets import LocalBudgets
 from app.quotas.gate import Quotas, refusal_error
 from app.quotas.model import WINDOW, Admission, Ask, Refusal, Subject, duration
@@ -20,6 +18,8 @@ from app.quotas.periods import period_end, period_start
 from app.quotas.rates import LocalRates, Window
 from app.quotas.redis_rates import RedisRates
 from app.settings import Settings
+from app.store.base import Hold, LimitRow
+from app.store.sqlite import SQLiteStore
 from tests.quotas.support import RedisServer
 
 USD = 10**12

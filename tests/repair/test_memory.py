@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from app.metering.store.base import StoreError, TurnRow
-from app.metering.store.sqlite import SQLiteStore
 from app.repair.base import Turn
 from app.repair.memory import TurnMemory
+from app.store.base import StoreError, TurnRow
+from app.store.sqlite import SQLiteStore
 
 
 class Clock:

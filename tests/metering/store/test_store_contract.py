@@ -17,7 +17,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from app.metering.store import (
+from app.store import (
     COUNTERS,
     GROUP_BYS,
     OUTCOMES,
@@ -30,10 +30,10 @@ from app.metering.store import (
     UsageRecord,
     open_store,
 )
-from app.metering.store._sql import CREATE_SCHEMA_VERSION, MIGRATIONS, SCHEMA_VERSION, USAGE_COLUMNS
-from app.metering.store.base import FileOwner, Hold, LeaseAsk, LeaseGrant, LimitRow, TurnRow
-from app.metering.store.postgres import PostgresStore
-from app.metering.store.sqlite import SQLiteStore, _chunk_sizes
+from app.store._sql import CREATE_SCHEMA_VERSION, MIGRATIONS, SCHEMA_VERSION, USAGE_COLUMNS
+from app.store.base import FileOwner, Hold, LeaseAsk, LeaseGrant, LimitRow, TurnRow
+from app.store.postgres import PostgresStore
+from app.store.sqlite import SQLiteStore, _chunk_sizes
 from tests.metering.store.conftest import TcpProxy
 
 REPO = Path(__file__).resolve().parents[3]
@@ -220,7 +220,7 @@ def test_concurrent_migrate_from_threads(make_store: Callable[[], Store]) -> Non
 
 
 def test_concurrent_migrate_from_processes(store_url: str, make_store: Callable[[], Store]) -> None:
-    code = ("import sys; from app.metering.store import open_store; s = open_store(sys.argv[1]); "
+    code = ("import sys; from app.store import open_store; s = open_store(sys.argv[1]); "
             "s.migrate(); s.close()")
     run_processes(code, store_url, count=4)
     assert schema_version(make_store()) == SCHEMA_VERSION
@@ -455,7 +455,7 @@ def test_sqlite_two_stores_on_one_file_both_writing(tmp_path: Path) -> None:
         )
         code = (
             "import sys; from tests.metering.store.test_store_contract import random_records; "
-            "from app.metering.store import open_store; s = open_store(sys.argv[1]); "
+            "from app.store import open_store; s = open_store(sys.argv[1]); "
             "[s.insert_usage(random_records(50, seed=1000 + 10 * int(sys.argv[2]) + k)) for k in range(10)]"
         )
         run_processes(code, url, count=3)

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from app.metering.store.base import (
+from app.store.base import (
     COUNTERS,
     GROUP_BYS,
     ApiKey,

@@ -13,7 +13,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
-from app.metering.store._sql import (
+from app.store._sql import (
     CURRENT_VERSION,
     TURN_WIDTH,
     USAGE_COLUMNS,
@@ -30,7 +30,7 @@ from app.metering.store._sql import (
     settle_in,
     turn_params,
 )
-from app.metering.store.base import (
+from app.store.base import (
     ApiKey,
     FileOwner,
     Hold,

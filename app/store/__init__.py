@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from app.metering.store.base import (
+from app.store.base import (
     COUNTERS,
     GROUP_BYS,
     OUTCOMES,
@@ -41,7 +41,7 @@ def open_store(url: str) -> Store:
     if sep and scheme == "sqlite":
         return _open_sqlite(url, rest)
     if sep and scheme in ("postgresql", "postgres"):
-        from app.metering.store.postgres import PostgresStore  # psycopg is only imported when used
+        from app.store.postgres import PostgresStore  # psycopg is only imported when used
 
         return PostgresStore(url)
     raise ValueError(
@@ -50,7 +50,7 @@ def open_store(url: str) -> Store:
 
 
 def _open_sqlite(url: str, rest: str) -> Store:
-    from app.metering.store.sqlite import SQLiteStore
+    from app.store.sqlite import SQLiteStore
 
     path = rest[1:] if rest.startswith("/") else ""
     if not path or path == ":memory:":

@@ -20,7 +20,7 @@ import psycopg
 from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from app.metering.store._sql import (
+from app.store._sql import (
     CURRENT_VERSION,
     USAGE_COLUMNS,
     Queries,
@@ -33,7 +33,7 @@ from app.metering.store._sql import (
     report_rows,
     turn_params,
 )
-from app.metering.store.base import (
+from app.store.base import (
     ApiKey,
     FileOwner,
     Hold,
