@@ -200,7 +200,7 @@ def hold(n: int, amount: int, budget: int = 10 * USD, scope: str = "team", subje
 
 
 def test_local_budgets_start_from_recorded_spend_and_are_all_or_nothing(store: SQLiteStore) -> None:
-    from tests.metering.store.test_store_contract import record
+    from tests.store.test_store_contract import record
 
     store.insert_usage([record("old", team="search", cost_picousd=4 * USD, ts=1.0)])
     budgets = LocalBudgets(store)
@@ -254,7 +254,7 @@ def test_a_reservation_counts_in_the_budget_period_of_the_request_start(store: S
     """The request started in the last millisecond of a day whose budget is spent and was admitted in the
     next: its usage record (its time is the start) counts in the spent day, so the reservation does too and
     it is refused; one that started after midnight is admitted against the new day."""
-    from tests.metering.store.test_store_contract import record
+    from tests.store.test_store_contract import record
 
     midnight = ts("2026-11-30T00:00:00")
     store.set_limits(LimitRow("team", "search", budget_picousd=USD, budget_period="day"))

@@ -34,7 +34,7 @@ from app.store._sql import CREATE_SCHEMA_VERSION, MIGRATIONS, SCHEMA_VERSION, US
 from app.store.base import FileOwner, Hold, LeaseAsk, LeaseGrant, LimitRow, TurnRow
 from app.store.postgres import PostgresStore
 from app.store.sqlite import SQLiteStore, _chunk_sizes
-from tests.metering.store.conftest import TcpProxy
+from tests.store.conftest import TcpProxy
 
 REPO = Path(__file__).resolve().parents[3]
 T0 = 1_700_000_000.0  # 2023-11-14T22:13:20Z
@@ -454,7 +454,7 @@ def test_sqlite_two_stores_on_one_file_both_writing(tmp_path: Path) -> None:
             *(lambda b=b, s=s: s.insert_usage(b) for b, s in zip(batches, [one, two] * 10, strict=True)),
         )
         code = (
-            "import sys; from tests.metering.store.test_store_contract import random_records; "
+            "import sys; from tests.store.test_store_contract import random_records; "
             "from app.store import open_store; s = open_store(sys.argv[1]); "
             "[s.insert_usage(random_records(50, seed=1000 + 10 * int(sys.argv[2]) + k)) for k in range(10)]"
         )
