@@ -10,7 +10,7 @@ from decimal import Decimal
 from typing import Any
 
 from app.metering.pricing import picousd_to_usd
-from app.store.base import COUNTERS, GROUP_BYS, GroupBy, ReportQuery, ReportRow, Store
+from app.store.base import COUNTERS, GROUP_BYS, GroupBy, ReportQuery, ReportRow, UsageStore
 
 GROUP_FIELDS: dict[str, tuple[str, ...]] = {
     "key": ("key_id", "key_name", "team"), "team": ("team",), "model": ("model",), "day": ("day",),
@@ -66,7 +66,7 @@ def _counters(counters: dict[str, int]) -> dict[str, Any]:
     return out
 
 
-def build_report(store: Store, query: ReportQuery) -> dict[str, Any]:
+def build_report(store: UsageStore, query: ReportQuery) -> dict[str, Any]:
     rows: list[ReportRow] = store.usage_report(query)
     totals = dict.fromkeys(COUNTERS, 0)
     out_rows = []

@@ -13,13 +13,13 @@ import httpx2
 
 from app.metering.pricing import picousd_to_usd
 from app.settings import AlertSettings
-from app.store.base import Store, StoreError
+from app.store.base import AlertStore, StoreError
 
 log = logging.getLogger("chatgate.alerts")
 
 
 class Alerts:
-    def __init__(self, settings: AlertSettings, store: Store | None) -> None:
+    def __init__(self, settings: AlertSettings, store: AlertStore | None) -> None:
         self.settings = settings
         self.store = store
         self._marked: set[tuple[str, str, float, str]] = set()  # without a store: this process only

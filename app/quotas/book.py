@@ -7,11 +7,12 @@ import asyncio
 import time
 from collections.abc import Callable
 
-from app.store.base import LimitRow, Store
+from app.store.base import LimitRow, LimitStore
 
 
 class LimitBook:
-    def __init__(self, store: Store | None, ttl: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, store: LimitStore | None, ttl: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.store = store
         self.ttl = ttl
         self.clock = clock

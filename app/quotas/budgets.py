@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from app.store.base import Hold, LeaseAsk, LeaseGrant, Store
+from app.store.base import Hold, LeaseAsk, LeaseGrant, LimitStore
 
 log = logging.getLogger("chatgate.quotas")
 
@@ -30,7 +30,7 @@ class Ledger:
 
 
 class LocalBudgets:
-    def __init__(self, store: Store | None) -> None:
+    def __init__(self, store: LimitStore | None) -> None:
         self.store = store
         self.ledgers: dict[tuple[str, str], dict[float, Ledger]] = {}  # (scope, subject) -> period start
 
@@ -140,7 +140,8 @@ class StoreBudgets:
     unused for `IDLE_SECONDS` is given back, and a replica that dies leaves its leases to expire.
     """
 
-    def __init__(self, store: Store, hold_seconds: float, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, store: LimitStore, hold_seconds: float,
+                 clock: Callable[[], float] = time.time) -> None:
         self.store = store
         self.hold_seconds = hold_seconds
         self.clock = clock

@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 
 from app.repair.base import Turn
 from app.repair.turncache import RingInUse, TurnCache
-from app.store.base import Store, StoreError, TurnRow
+from app.store.base import StoreError, TurnRow, TurnStore
 
 log = logging.getLogger("chatgate.repair")
 
@@ -34,7 +34,7 @@ INLINE_TRIES, INLINE_RETRY_S = 8, 0.001  # writing on the event loop: tries, and
 
 
 class TurnMemory:
-    def __init__(self, store: Store | None, ttl_seconds: float, cache_bytes: int,
+    def __init__(self, store: TurnStore | None, ttl_seconds: float, cache_bytes: int,
                  clock: Callable[[], float] = time.time, ring_path: str | None = None) -> None:
         self.store = store
         # a local file may be written from the event loop when its lock is free; a server never is

@@ -1,5 +1,5 @@
-"""The store interface: client keys, usage records, limits and the owners of uploaded files, shared by every
-replica.
+"""The store interface, one protocol per concern (usage, keys, limits and holds, turns, file owners, alerts),
+shared by every replica; `Store` is all of them in one database.
 
 Implementations are synchronous and are called from worker threads (the usage
 writer thread, `asyncio.to_thread` for key look-ups, the CLI), never on the
@@ -191,21 +191,22 @@ class StoreRefused(StoreError):
     retrying cannot help."""
 
 
-class Store(Protocol):
-    url: str
-    server: bool  # a database server that replicas share (PostgreSQL), not a file of this machine (SQLite)
-
-    def migrate(self) -> None:
-        """Create or upgrade the schema (versioned); safe to run concurrently from replicas."""
-
-    def ping(self) -> None:
-        """Raise StoreError unless the store is reachable and writable."""
+class UsageStore(Protocol):
+    """The usage records: written by the usage writer, read by reports and the dashboard."""
 
     def insert_usage(self, records: Sequence[UsageRecord]) -> None:
         """Insert records in one transaction; a record_id already stored is skipped."""
 
+    def insert_batch(self, records: Sequence[UsageRecord], turns: Sequence[TurnRow]) -> None:
+        """`insert_usage` and `remember_turns` in one transaction (the usage writer's batch: one commit,
+        not two)."""
+
     def usage_report(self, query: ReportQuery) -> list[ReportRow]:
         """Aggregated counters per group, ordered by group."""
+
+
+class KeyStore(Protocol):
+    """The managed client keys (only their hashes)."""
 
     def create_key(self, key_id: str, key_hash: str, prefix: str, team: str, name: str) -> ApiKey: ...
 
@@ -216,33 +217,9 @@ class Store(Protocol):
 
     def find_key(self, key_hash: str) -> ApiKey | None: ...
 
-    def remember_turns(self, rows: Sequence[TurnRow]) -> None:
-        """Insert or replace, keyed by (caller, kind, call_id)."""
 
-    def insert_batch(self, records: Sequence[UsageRecord], turns: Sequence[TurnRow]) -> None:
-        """`insert_usage` and `remember_turns` in one transaction (the usage writer's batch: one commit,
-        not two)."""
-
-    def try_remember_turns(self, rows: Sequence[TurnRow]) -> bool:
-        """`remember_turns` at once on the calling thread (the event loop's) if that cannot wait on
-        anything (a lock, the network, a checkpoint); False, having written nothing, when it would."""
-
-    def recall_turns(self, caller: str, kind: str, call_ids: Sequence[str], now: float) -> list[TurnRow]:
-        """The caller's unexpired rows for these call ids (never another caller's)."""
-
-    def purge_turns(self, now: float) -> int:
-        """Delete the expired rows; how many."""
-
-    def own_file(self, owner: FileOwner) -> bool:
-        """Record a file's owner; False, changing nothing, when the file already has one."""
-
-    def file_owner(self, file_id: str) -> FileOwner | None: ...
-
-    def files_owned(self, team: str, file_ids: Sequence[str]) -> set[str]:
-        """Those of `file_ids` that `team` owns."""
-
-    def disown_file(self, file_id: str) -> bool:
-        """Forget a file's owner (the file was deleted); True when it had one."""
+class LimitStore(Protocol):
+    """The limits set per team and key, and the budgets' ledger: spend, holds and leases."""
 
     def get_limits(self, scope: str, subject: str) -> LimitRow | None: ...
 
@@ -275,7 +252,59 @@ class Store(Protocol):
     def purge_holds(self, now: float) -> int:
         """Delete expired holds (left by a replica that died mid-request); how many."""
 
+
+class TurnStore(Protocol):
+    """The relayed turns remembered for their callers (what a repair may put back)."""
+
+    server: bool  # a server is never written from the event loop (try_remember_turns), a local file may be
+
+    def remember_turns(self, rows: Sequence[TurnRow]) -> None:
+        """Insert or replace, keyed by (caller, kind, call_id)."""
+
+    def try_remember_turns(self, rows: Sequence[TurnRow]) -> bool:
+        """`remember_turns` at once on the calling thread (the event loop's) if that cannot wait on
+        anything (a lock, the network, a checkpoint); False, having written nothing, when it would."""
+
+    def recall_turns(self, caller: str, kind: str, call_ids: Sequence[str], now: float) -> list[TurnRow]:
+        """The caller's unexpired rows for these call ids (never another caller's)."""
+
+    def purge_turns(self, now: float) -> int:
+        """Delete the expired rows; how many."""
+
+
+class FileOwnerStore(Protocol):
+    """Who owns the files uploaded through the Files API in managed mode."""
+
+    def own_file(self, owner: FileOwner) -> bool:
+        """Record a file's owner; False, changing nothing, when the file already has one."""
+
+    def file_owner(self, file_id: str) -> FileOwner | None: ...
+
+    def files_owned(self, team: str, file_ids: Sequence[str]) -> set[str]:
+        """Those of `file_ids` that `team` owns."""
+
+    def disown_file(self, file_id: str) -> bool:
+        """Forget a file's owner (the file was deleted); True when it had one."""
+
+
+class AlertStore(Protocol):
+    """Which budget alerts were sent, so that one replica sends each."""
+
     def mark_alert(self, scope: str, subject: str, period_start: float, level: str, now: float) -> bool:
         """True for the one caller (of every replica) that marks this alert first in the period."""
+
+
+class Store(UsageStore, KeyStore, LimitStore, TurnStore, FileOwnerStore, AlertStore, Protocol):
+    """Every concern in one database (what SQLiteStore and PostgresStore are); a user types against the
+    concern it uses."""
+
+    url: str
+    server: bool  # a database server that replicas share (PostgreSQL), not a file of this machine (SQLite)
+
+    def migrate(self) -> None:
+        """Create or upgrade the schema (versioned); safe to run concurrently from replicas."""
+
+    def ping(self) -> None:
+        """Raise StoreError unless the store is reachable and writable."""
 
     def close(self) -> None: ...

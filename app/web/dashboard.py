@@ -26,7 +26,7 @@ from app.errors import APIError
 from app.gateway.auth import require_admin
 from app.gateway.responses import json_response
 from app.metering.reports import ReportError, build_report, parse_time
-from app.store.base import ReportQuery, Store
+from app.store.base import ReportQuery, Store, UsageStore
 
 if TYPE_CHECKING:
     from app.gateway.state import State
@@ -136,7 +136,7 @@ def _label(by: str, row: dict[str, Any]) -> str:
     return str(row.get(by) or "?")
 
 
-def build_timeseries(store: Store, by: str, bucket: str, starts: list[float]) -> dict[str, Any]:
+def build_timeseries(store: UsageStore, by: str, bucket: str, starts: list[float]) -> dict[str, Any]:
     """Tokens (prompt + completion), cost and requests per group for each bucket, zero-filled."""
     width = BUCKETS[bucket]
     series: dict[str, dict[str, Any]] = {}
@@ -164,7 +164,7 @@ def build_timeseries(store: Store, by: str, bucket: str, starts: list[float]) ->
     }
 
 
-def top_offenders(store: Store, limit: int) -> list[dict[str, Any]]:
+def top_offenders(store: UsageStore, limit: int) -> list[dict[str, Any]]:
     """Keys with the most rejected requests (all time), most first."""
     rows = build_report(store, ReportQuery("key"))["rows"]
     worst = sorted((r for r in rows if r["rejected"]), key=lambda r: (-r["rejected"], str(r["key_id"])))
@@ -172,14 +172,14 @@ def top_offenders(store: Store, limit: int) -> list[dict[str, Any]]:
              "requests": r["requests"]} for r in worst[:limit]]
 
 
-def rejections_by_rule(store: Store) -> list[dict[str, Any]]:
+def rejections_by_rule(store: UsageStore) -> list[dict[str, Any]]:
     """Rejected requests by rule code (all time, every replica that writes to this store), most first."""
     rows = build_report(store, ReportQuery("rule"))["rows"]
     counts = [(str(r["rule_code"]), int(r["rejected"])) for r in rows if r["rejected"]]
     return [{"code": code, "count": n} for code, n in sorted(counts, key=lambda kv: (-kv[1], kv[0]))]
 
 
-def repairs_by_code(store: Store) -> list[dict[str, Any]]:
+def repairs_by_code(store: UsageStore) -> list[dict[str, Any]]:
     """Requests chatgate repaired, per repair code (all time, every replica), most first."""
     rows = build_report(store, ReportQuery("repair"))["rows"]
     counts = [(str(r["repair"]), int(r["requests"])) for r in rows if r["repair"]]

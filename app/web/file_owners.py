@@ -23,7 +23,7 @@ import orjson
 
 from app.errors import store_unavailable
 from app.gateway.auth import Identity
-from app.store.base import FileOwner, Store, StoreError
+from app.store.base import FileOwner, FileOwnerStore, StoreError
 
 log = logging.getLogger("chatgate")
 
@@ -35,7 +35,7 @@ T = TypeVar("T")
 class Owners:
     """The files of one caller's team: a client key's in managed mode."""
 
-    def __init__(self, store: Store, identity: Identity) -> None:
+    def __init__(self, store: FileOwnerStore, identity: Identity) -> None:
         self.store = store
         self.identity = identity
 
@@ -51,7 +51,7 @@ class Owners:
         await _ask(self.store.own_file, owner)
 
 
-async def forget(store: Store | None, file_id: str) -> None:
+async def forget(store: FileOwnerStore | None, file_id: str) -> None:
     """The owner of a file DeepSeek has just deleted. A failure is only logged: the row of a file that no
     longer exists grants nothing."""
     if store is None:
