@@ -19,7 +19,7 @@ class Problem:
     code: str
     param: str | None
     message: str
-    rule: str | None = None  # checklist number from deepseek-api.md §11, e.g. "R16"
+    rule: str | None = None  # the rule's number in docs/rules-*.md, e.g. "R16"
     warning: bool = False  # forwarded anyway, and said so (x-chatgate-warning, /validate's warnings)
     order: float | None = None  # where it sorts among the messages, when not at its param's index
 

@@ -1,4 +1,5 @@
-"""Model profiles: which rules apply to a model, its limits and its prices (deepseek-api.md §2, §8)."""
+"""Model profiles: which rules apply to a model, its limits and its prices (docs/rules-chat.md#models;
+docs/metering.md#prices)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ CONTEXT_1M = 1_048_576
 
 @dataclass(frozen=True, slots=True)
 class Prices:
-    """USD per 1M tokens at peak; off-peak applies the pricing multiplier (§8: half price)."""
+    """USD per 1M tokens at peak; off-peak applies the pricing multiplier (docs/metering.md#prices: half
+    price)."""
 
     input_cache_hit: Decimal
     input_cache_miss: Decimal
@@ -39,8 +41,8 @@ def _p(hit: str, miss: str, out: str) -> Prices:
     return Prices(Decimal(hit), Decimal(miss), Decimal(out))
 
 
-FLASH_PRICES = _p("0.006", "0.30", "1.20")  # deepseek-flash peak, from 2026-09-10 (§8)
-PRO_PRICES = _p("0.044", "1.32", "3.96")  # deepseek-v4-pro peak (§8)
+FLASH_PRICES = _p("0.006", "0.30", "1.20")  # deepseek-flash peak, from 2026-09-10 (docs/metering.md#prices)
+PRO_PRICES = _p("0.044", "1.32", "3.96")  # deepseek-v4-pro peak (docs/metering.md#prices)
 
 DEFAULT_PROFILES: dict[str, ModelProfile] = {
     p.name: p

@@ -162,7 +162,8 @@ class ModelSettings(Section):
 
 
 class LimitsSettings(Section):
-    max_body_bytes: int = Field(default=48 * 1024 * 1024, ge=1024)  # DeepSeek's documented limit (§4)
+    # DeepSeek's documented limit (docs/rules-chat.md, R9)
+    max_body_bytes: int = Field(default=48 * 1024 * 1024, ge=1024)
     max_header_bytes: int = Field(default=64 * 1024, ge=1024)
     max_file_bytes: int = Field(default=512 * 1024 * 1024, ge=1024)  # a Files API upload, streamed
     body_timeout_seconds: float = Field(default=120.0, gt=0)  # to receive a JSON body whole (slow clients)

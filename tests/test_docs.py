@@ -3,6 +3,7 @@ true, and no development history (commit hashes) leaks into them."""
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -107,3 +108,28 @@ def test_the_hash_check_sees_one() -> None:
     assert _HASH.findall("until `04255af` a request") == ["`04255af`"]
     assert _COMMIT.findall("the latest, commit ab1a04a (2026-11-30)")
     assert not _HASH.findall("max_body_bytes `50331648`, a `d8b79690-…-0` handle, `deadbeef-cafe`")
+
+
+_CITED = re.compile(r"\bdocs/[\w-]+\.md(?:#[\w-]+)?")
+
+
+def sources() -> list[Path]:
+    """The Python and TOML files of app/, tests/, bench/ and config/ (not node_modules or caches)."""
+    found = []
+    for root in ("app", "tests", "bench", "config"):
+        for folder, dirs, files in os.walk(ROOT / root):
+            dirs[:] = [d for d in dirs if d not in ("node_modules", "__pycache__") and not d.startswith(".")]
+            found += [Path(folder, f) for f in files if f.endswith((".py", ".toml"))]
+    return found
+
+
+def test_citations_in_code_resolve() -> None:
+    """Code comments cite docs pages (`docs/rules-chat.md#models`, `docs/rules-chat.md U4`): they exist."""
+    broken = set()
+    for path in sources():
+        for cited in _CITED.findall(path.read_text(errors="replace")):
+            file, _, anchor = cited.partition("#")
+            dest = ROOT / file
+            if not dest.exists() or (anchor and anchor not in anchors(dest)):
+                broken.add(f"{path.relative_to(ROOT)}: {cited}")
+    assert not broken, sorted(broken)

@@ -1,5 +1,5 @@
 """The package layout is the architecture: no import cycles, and each layer imports only from the layers
-below it (README, Layout). Read from the source with `ast`, imports inside functions included."""
+below it (LAYERS below). Read from the source with `ast`, imports inside functions included."""
 
 from __future__ import annotations
 

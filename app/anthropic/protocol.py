@@ -1,4 +1,4 @@
-"""Wire models of DeepSeek's Anthropic-format request (deepseek-anthropic.md §1).
+"""Wire models of DeepSeek's Anthropic-format request (docs/rules-anthropic.md).
 
 Types and shapes only; the rules live in `rules.py`. Unknown fields are accepted (A23): chatgate forwards
 the client's bytes. Content blocks are a union discriminated by `type`; a type this module does not model
@@ -20,7 +20,8 @@ class WireModel(BaseModel):
     model_config = ConfigDict(**WIRE, frozen=True)
 
 
-# Block types DeepSeek documents as supported, and those it documents as not supported (§1, DOC-anth).
+# Block types DeepSeek documents as supported, and those it documents as not supported
+# (docs/rules-anthropic.md, A4 and A5).
 SUPPORTED_BLOCKS = ("text", "image", "thinking", "tool_use", "tool_result", "server_tool_use",
                     "web_search_tool_result")
 UNSUPPORTED_BLOCKS = ("document", "search_result", "redacted_thinking", "code_execution_tool_result",

@@ -3,7 +3,7 @@
 Each fixes only the problems it names, where the result is certainly valid; the gateway checks the result
 again. `recalled` holds the thinking blocks chatgate remembers for the turns of A10 problems (message index
 -> JSON array of blocks); where it remembers nothing, restore_thinking puts in the empty thinking block
-DeepSeek accepts (deepseek-anthropic.md §2 #1, live-tested).
+DeepSeek accepts (docs/rules-anthropic.md, A10: live-tested).
 """
 
 from __future__ import annotations

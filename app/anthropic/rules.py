@@ -1,6 +1,6 @@
-"""Request rules of DeepSeek's Anthropic-format route (deepseek-anthropic.md §7, A1-A23) as pure functions.
+"""Request rules of DeepSeek's Anthropic-format route (docs/rules-anthropic.md, A1-A23) as pure functions.
 
-What the spec marks certain is enforced (a 400 in Anthropic's shape); what it marks uncertain is a warning
+What that page marks certain is enforced (a 400 in Anthropic's shape); what it marks uncertain is a warning
 (forwarded, `x-chatgate-warning`) and refused only in strict mode: a false alarm breaks Claude Code, a miss
 only costs DeepSeek's own 400. DeepSeek's wording is quoted where it is known, so clients that match on it
 keep working. `param` paths use chatgate's style (`messages[3].content[1]`).
@@ -42,7 +42,8 @@ class Context:
 
 
 def model_profile(model: str, profiles: dict[str, ModelProfile]) -> tuple[ModelProfile, bool]:
-    """The profile DeepSeek serves a name with: claude-opus* -> v4-pro, other claude* -> flash (§1)."""
+    """The profile DeepSeek serves a name with: claude-opus* -> v4-pro, other claude* -> flash
+    (docs/rules-anthropic.md#the-route)."""
     name = model.removesuffix("[1m]")
     if name in profiles:
         return profiles[name], True

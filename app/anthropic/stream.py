@@ -1,6 +1,7 @@
 """DeepSeek's Anthropic-format answers as chatgate relays them: usage (input_tokens excludes cache reads,
-deepseek-anthropic.md §3), the model DeepSeek served, the end of the stream (`message_stop`), the streamed
-text for estimates, and the tool-use turns chatgate remembers for restore_thinking."""
+docs/rules-anthropic.md#deepseeks-answers-on-this-route), the model DeepSeek served, the end of the stream
+(`message_stop`), the streamed text for estimates, and the tool-use turns chatgate remembers for
+restore_thinking."""
 
 from __future__ import annotations
 

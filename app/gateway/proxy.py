@@ -42,7 +42,8 @@ from app.store.base import StoreError, TurnRow, UsageRecord
 from app.verdict import Verdict
 
 REPAIR_PASSES = 3  # fixing a type can reveal a sequence problem (the sequence rules need the types right)
-# A token covers at least one byte of the body, but an image costs up to 384 tokens (§8): the prompt bound.
+# A token covers at least one byte of the body, but an image costs up to 384 tokens (docs/rules-chat.md, R9):
+# the prompt bound.
 IMAGE_TOKENS = 384
 IMAGE_MARKERS = (b'"image_url"', b'"input_image"', b'"type":"image"', b'"type": "image"')
 

@@ -1,4 +1,5 @@
-"""Cost of a request from the price table, DeepSeek's peak / off-peak windows applied by time (§8)."""
+"""Cost of a request from the price table, DeepSeek's peak / off-peak windows applied by time
+(docs/metering.md#prices)."""
 
 from __future__ import annotations
 

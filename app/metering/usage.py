@@ -1,4 +1,5 @@
-"""Token counts, and how DeepSeek's OpenAI-format `usage` object gives them (§7)."""
+"""Token counts, and how DeepSeek's OpenAI-format `usage` object gives them
+(docs/rules-chat.md#deepseeks-answers)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The FIM ("fill in the middle") completion family as the gateway sees it (app/gateway/family.py).
 
-DeepSeek serves FIM on its Beta base only: `POST /beta/completions` (deepseek-api.md §1, §9). chatgate
+DeepSeek serves FIM on its Beta base only: `POST /beta/completions` (docs/rules-fim.md). chatgate
 serves it there (and under /v1/beta), checks it with the F-rules (fim_rules.py), forwards it byte for byte
 and meters it like chat. FIM has no repairs and no turns to remember. `/v1/completions` and `/completions`
 are not DeepSeek routes: `not_on_beta` is their 404, saying where FIM is.

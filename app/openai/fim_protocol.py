@@ -1,4 +1,4 @@
-"""Wire model of DeepSeek's FIM completion request, `POST /beta/completions` (deepseek-api.md §9, DOC-fim).
+"""Wire model of DeepSeek's FIM completion request, `POST /beta/completions` (docs/rules-fim.md).
 
 Like the chat request (protocol.py): unknown fields are accepted (F14) and forwarded untouched, types are
 strict because DeepSeek's deserializer is. Fields the FIM reference does not type are kept as `Any`: the

@@ -1,4 +1,4 @@
-"""FIM completion rules F1-F14 (deepseek-api.md §9, DOC-fim) as pure functions over the parsed request.
+"""FIM completion rules F1-F14 (docs/rules-fim.md) as pure functions over the parsed request.
 
 Same error shape, codes and `param` paths as the chat rules (rules.py); the numbers are FIM's own:
 
@@ -120,7 +120,8 @@ def rule_max_tokens(req: FimRequest, ctx: FimContext) -> Iterator[Problem]:
                       f"Invalid max_tokens value, the valid range of max_tokens is [1, {FIM_MAX_TOKENS}] for "
                       f"FIM completions (4K, whatever the model); got {value}.", "F6")
         return
-    # §9: the 4K is the FIM guide's ("The max tokens of FIM completion is 4K"); the reference gives no range.
+    # docs/rules-fim.md: the 4K is the FIM guide's ("The max tokens of FIM completion is 4K"); the reference
+    # gives no range.
     yield Problem("max_tokens_out_of_range", "max_tokens",
                   f"max_tokens {value} is above {FIM_MAX_TOKENS}: DeepSeek's FIM guide says \"The max "
                   "tokens of FIM completion is 4K\" (its reference gives no range), so DeepSeek may refuse "
@@ -152,8 +153,9 @@ def rule_stream_options(req: FimRequest, ctx: FimContext) -> Iterator[Problem]:
 
 
 def rule_non_thinking(req: FimRequest, ctx: FimContext) -> Iterator[Problem]:
-    """F12: FIM runs in non-thinking mode only (§8). Its reference has no `thinking` or `reasoning_effort`,
-    so DeepSeek ignores them there (unknown fields, R39): a warning by default, refused in strict mode."""
+    """F12: FIM runs in non-thinking mode only (docs/rules-fim.md). Its reference has no `thinking` or
+    `reasoning_effort`, so DeepSeek ignores them there (unknown fields, R39): a warning by default, refused in
+    strict mode."""
     warning = not ctx.strict
     thinking = req.thinking.get("type") if isinstance(req.thinking, dict) else None
     if thinking in THINKING_ON:

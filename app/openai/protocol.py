@@ -1,4 +1,4 @@
-"""Wire models of DeepSeek's chat-completions request (deepseek-api.md §3, §4).
+"""Wire models of DeepSeek's chat-completions request (docs/rules-chat.md#the-request-deepseek-documents).
 
 These types check types and shapes only; sequence and model rules live in `validate.py`.
 Unknown fields are accepted (R39): DeepSeek ignores them, and chatgate forwards the client's original
@@ -131,13 +131,14 @@ class AssistantMessage(TypedDict):
 @with_config(WIRE)
 class ToolMessage(TypedDict):
     role: Literal["tool"]
-    content: Content  # arrays: only vision models accept them (§12.4), checked in validate.py
+    content: Content  # arrays: only vision models accept them (docs/rules-chat.md U4), checked by the rules
     tool_call_id: str
 
 
 @with_config(WIRE)
 class LatestReminderMessage(TypedDict):
-    """Undocumented, but DeepSeek's deserializer lists it among the accepted roles (§4): never refuse it."""
+    """Undocumented, but DeepSeek's deserializer lists it among the accepted roles (docs/rules-chat.md, R5):
+    never refuse it."""
 
     role: Literal["latest_reminder"]
     content: NotRequired[Content | None]

@@ -1,7 +1,7 @@
-"""Request rules (deepseek-api.md §11, R1-R38) as pure functions over the parsed request.
+"""Request rules (docs/rules-chat.md, R1-R41) as pure functions over the parsed request.
 
 `check_body` parses the bytes once with pydantic and returns every problem found; the
-proxy answers 400 when there is any. Rules marked uncertain in §12 are warnings (the
+proxy answers 400 when there is any. Rules marked uncertain there (U1-U12) are warnings (the
 request is forwarded) or fire only with `strict` on: a false alarm costs the user more
 than a miss.
 """
@@ -118,7 +118,7 @@ class Checked:
     problems: list[Problem]
     profile: ModelProfile | None = None
     warnings: list[Problem] = field(default_factory=list)
-    thinking: bool = False  # the request runs in thinking mode (§11)
+    thinking: bool = False  # the request runs in thinking mode (docs/rules-chat.md)
     media: bool = True  # the messages may hold images (False: no content array at all)
 
     @property
@@ -151,7 +151,8 @@ def check_request(request: ChatCompletionRequest, policy: Policy, *, beta: bool 
 
 
 def is_thinking(request: ChatCompletionRequest, profile: ModelProfile, known: bool) -> bool:
-    """§11 "Thinking": legacy reasoner always; V4/flash unless disabled or effort "none" (R36)."""
+    """Thinking mode (docs/rules-chat.md): legacy reasoner always; V4/flash unless disabled or effort "none"
+    (R36)."""
     if not known or profile.non_thinking_only:
         return False
     if profile.thinking_only:
@@ -351,9 +352,10 @@ def _tool_block(messages: list[Message], i: int, ids: list[str], end: int,
                               "Send one tool message per call.", "R15")
         else:
             unknown.append((t, tool))
-    # An unknown id alone (every call answered) is an inference (§12), refused in strict mode only. When a
-    # call is left unanswered, both are certain only with too few tool messages: R15 is inferred for
-    # DeepSeek (§11, §12.6) and its R16 check counts them ("insufficient tool messages", §5.2).
+    # An unknown id alone (every call answered) is an inference (docs/rules-chat.md U6), refused in strict
+    # mode only. When a call is left unanswered, both are certain only with too few tool messages: R15 is
+    # inferred for DeepSeek (docs/rules-chat.md, R15 and U6) and its R16 check counts them ("insufficient tool
+    # messages", R16).
     doubt = end - i - 1 >= len(ids) and not ctx.strict
     if unknown and (pending or ctx.strict):
         for t, tool in unknown:
@@ -395,7 +397,7 @@ def rule_reasoning_content(req: ChatCompletionRequest, ctx: RuleContext) -> Iter
     refused in strict mode."""
     if not ctx.thinking or (ctx.profile.legacy_reasoner and ctx.options.legacy_reasoner_rules):
         return
-    # DeepSeek requires it "for requests carrying the `tools` parameter" (§4.1.2, §12.3).
+    # DeepSeek requires it "for requests carrying the `tools` parameter" (docs/rules-chat.md, R17 and U3).
     doubt = not req.tools and not ctx.strict
     for i, msg in ctx.index.with_calls:
         if msg.get("reasoning_content") is None:
@@ -556,11 +558,12 @@ def _range(name: str, value: float | None, lo: float, hi: float, rule: str,
 
 
 def rule_sampling(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem]:
-    # In thinking mode DeepSeek ignores these (§4.1.5); whether it still range-checks them is unknown.
+    # In thinking mode DeepSeek ignores these (docs/rules-chat.md, R25); whether it still range-checks them is
+    # unknown.
     if not ctx.thinking or ctx.strict:
         yield from _range("temperature", req.temperature, 0, 2, "R25")
         yield from _range("top_p", req.top_p, 0, 1, "R25")
-    if ctx.strict:  # deprecated and ignored by DeepSeek today (§3)
+    if ctx.strict:  # deprecated and ignored by DeepSeek today (docs/rules-chat.md, R26)
         yield from _range("frequency_penalty", req.frequency_penalty, -2, 2, "R26")
         yield from _range("presence_penalty", req.presence_penalty, -2, 2, "R26")
 
@@ -649,7 +652,8 @@ def rule_tools(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem
 
 def rule_strict_tools(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem]:
     """R32: strict schemas are a Beta feature. Off /beta DeepSeek accepts `strict: true` and does not enforce
-    it (§12.11): openai-agents and pydantic-ai send it on every tool, so it is forwarded with a warning."""
+    it (docs/rules-chat.md U11): openai-agents and pydantic-ai send it on every tool, so it is forwarded with
+    a warning."""
     strict = [k for k, tool in enumerate(req.tools or ()) if tool["function"].get("strict")]
     if not strict:
         return

@@ -10,7 +10,7 @@ from typing import Any
 @dataclass(frozen=True, slots=True)
 class RepairSpec:
     name: str
-    rules: tuple[str, ...]  # the checklist rules whose problems it fixes (deepseek-api.md §11)
+    rules: tuple[str, ...]  # the rules whose problems it fixes (R, A, P numbers of docs/rules-*.md)
     default: bool
     what: str
 

@@ -98,7 +98,7 @@ class ResponsesFamily:
 
 
 def compaction_not_served(path: str) -> APIError:
-    """`/responses/compact`: DeepSeek has no remote compaction (deepseek-responses.md §3.5)."""
+    """`/responses/compact`: DeepSeek has no remote compaction (docs/rules-responses.md#compaction)."""
     return APIError(
         404, f"{path} is not served: DeepSeek has no remote compaction (no /responses/compact and no "
              "compaction items). Codex compacts remotely only when its model provider is named \"OpenAI\" "

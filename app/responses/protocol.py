@@ -1,4 +1,4 @@
-"""Wire models of DeepSeek's native Responses API request (`POST /responses`, deepseek-responses.md §1, §3).
+"""Wire models of DeepSeek's native Responses API request (`POST /responses`, docs/rules-responses.md).
 
 Types and shapes only; the rules live in `rules.py`. Unknown fields are accepted (chatgate forwards the
 client's bytes; DeepSeek silently ignores what it does not support), and so are unknown input item, content

@@ -1,15 +1,15 @@
-"""Request rules of DeepSeek's native Responses API (deepseek-responses.md §1, P1-P22) as pure functions.
+"""Request rules of DeepSeek's native Responses API (docs/rules-responses.md, P1-P22) as pure functions.
 
-What the spec documents or saw DeepSeek refuse is enforced (a 400 in the OpenAI shape, DeepSeek's words where
+What DeepSeek documents or was seen refusing is enforced (a 400 in the OpenAI shape, DeepSeek's words where
 they are known); what it leaves uncertain is a warning (forwarded, `x-chatgate-warning`) and refused only in
 strict mode: a false alarm breaks Codex, a miss only costs DeepSeek's own 400. What DeepSeek silently ignores
 (previous_response_id, include, store, unknown item types, …) is never refused, at most warned about.
 `param` paths use chatgate's style (`input[7].call_id`, `tools[2].name`).
 
-How DeepSeek reads `input` (§1, §2): items of types it does not know are dropped; consecutive assistant-side
-items (reasoning, assistant message, function_call) form one assistant turn; each batch of calls must be
-followed directly by the outputs of all its calls (P10), and in thinking mode with tools every turn that
-calls a function needs a reasoning item with non-empty `content` before it (P11).
+How DeepSeek reads `input` (docs/rules-responses.md): items of types it does not know are dropped; consecutive
+assistant-side items (reasoning, assistant message, function_call) form one assistant turn; each batch of
+calls must be followed directly by the outputs of all its calls (P10), and in thinking mode with tools every
+turn that calls a function needs a reasoning item with non-empty `content` before it (P11).
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ from app.verdict import Verdict
 from app.wire import validate_body
 
 UnknownModels = Literal["pass", "reject"]
-SUPPORTED_MODELS = ("deepseek-flash", "deepseek-v4-pro")  # as DeepSeek's model error names them (§1 #5)
+# as DeepSeek's model error names them (docs/rules-responses.md, P2)
+SUPPORTED_MODELS = ("deepseek-flash", "deepseek-v4-pro")
 CALLS = ("function_call", "custom_tool_call")
 OUTPUTS = ("function_call_output", "custom_tool_call_output")
 OPENAI_BLOB = "gAAAAA"  # OpenAI's encrypted_content (a Fernet token); DeepSeek's look like d8b79690-…-0
@@ -124,7 +125,8 @@ class Context:
 
 
 def is_thinking(req: ResponsesRequest, profile: ModelProfile, known: bool) -> bool:
-    """Thinking is on by default; `reasoning.effort = "none"` turns it off (§1). Unknown models: unknown."""
+    """Thinking is on by default; `reasoning.effort = "none"` turns it off (docs/rules-responses.md). Unknown
+    models: unknown."""
     if not known or profile.non_thinking_only:
         return False
     return not (req.reasoning is not None and req.reasoning.effort == "none")
@@ -377,7 +379,8 @@ def has_reasoning_text(item: Item) -> bool:
 
 def rule_reasoning(ctx: Context) -> Iterator[Problem]:
     """P11: in thinking mode with tools, each assistant turn that calls a tool needs a reasoning item with
-    non-empty `content` before its calls (an empty text and a summary-only item are refused too, §1 #4)."""
+    non-empty `content` before its calls (an empty text and a summary-only item are refused too:
+    docs/rules-responses.md, P11)."""
     if not ctx.thinking or not ctx.request.tools:
         return
     shape = ctx.shape
@@ -508,7 +511,8 @@ def rule_parameters(ctx: Context) -> Iterator[Problem]:
         yield Problem("invalid_user", "user",
                       "Invalid 'user': use 1-512 characters from a-z, A-Z, 0-9, '-' and '_' (DeepSeek "
                       "documents this pattern). Send a hash or an id instead of an e-mail address.", "P15")
-    # No effect in thinking mode (§1); whether DeepSeek range-checks them then is unknown.
+    # No effect in thinking mode (docs/rules-responses.md); whether DeepSeek range-checks them then is
+    # unknown.
     if not ctx.thinking or ctx.strict:
         yield from _range("temperature", req.temperature, 0, 2)
         yield from _range("top_p", req.top_p, 0, 1)
@@ -540,7 +544,8 @@ def _range(name: str, value: float | None, lo: float, hi: float) -> Iterator[Pro
 
 
 def _stateless(req: ResponsesRequest) -> Iterator[Problem]:
-    """P20: DeepSeek stores nothing; these are silently ignored (§1), which the client may not expect."""
+    """P20: DeepSeek stores nothing; these are silently ignored (docs/rules-responses.md), which the client
+    may not expect."""
     for name in ("previous_response_id", "conversation"):
         if getattr(req, name) is not None:
             yield Problem("stateless_field_ignored", name,

@@ -1,4 +1,4 @@
-"""DeepSeek's Responses answers as chatgate relays them (deepseek-responses.md §1 "Usage", "Streaming"):
+"""DeepSeek's Responses answers as chatgate relays them (docs/rules-responses.md#streams-and-usage):
 
 - usage: `input_tokens` (cache hits included) with `input_tokens_details.cached_tokens` as the hits,
   `output_tokens` (reasoning included) with `output_tokens_details.reasoning_tokens`;

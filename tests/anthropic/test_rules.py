@@ -1,4 +1,4 @@
-"""The Anthropic route's rules (deepseek-anthropic.md §7): certain ones refuse with DeepSeek's words,
+"""The Anthropic route's rules (docs/rules-anthropic.md): certain ones refuse with DeepSeek's words,
 uncertain ones warn by default and refuse in strict mode; Claude Code's own shapes pass."""
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ def test_tool_use_turns_need_their_thinking_block_in_thinking_mode_a10() -> None
         "The `content[].thinking` in the thinking mode must be passed back to the API.")
     assert summary(check(request(msgs, tools=TOOLS, thinking={"type": "disabled"}))) == []
     empty = [user(), assistant(thinking("", signature=None), tool_use()), user(tool_result())]
-    assert summary(check(request(empty, tools=TOOLS))) == [], "an empty thinking block is accepted (§2 #1)"
+    assert summary(check(request(empty, tools=TOOLS))) == [], "an empty thinking block is accepted (A10)"
 
 
 @pytest.mark.parametrize("strict", [False, True], ids=["default", "strict"])

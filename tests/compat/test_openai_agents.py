@@ -2,10 +2,10 @@
 chatgate), tracing off.
 
 The SDK sends `strict: true` on every function tool. DeepSeek enforces strict schemas only on `/beta` and
-accepts (ignores) the flag on its default base URL (R32, §12.11), so the client works on chatgate's `/v1`
-as it does on DeepSeek's: chatgate forwards the flag unchanged with an `x-chatgate-warning`. The SDK keeps
-DeepSeek's `reasoning_content` and sends it back with the tool call, so the thinking-mode tool loop works
-as is (R17).
+accepts (ignores) the flag on its default base URL (R32, docs/rules-chat.md U11), so the client works on
+chatgate's `/v1` as it does on DeepSeek's: chatgate forwards the flag unchanged with an `x-chatgate-warning`.
+The SDK keeps DeepSeek's `reasoning_content` and sends it back with the tool call, so the thinking-mode tool
+loop works as is (R17).
 """
 
 from __future__ import annotations

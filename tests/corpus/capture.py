@@ -53,7 +53,8 @@ def split_line(line: bytes) -> tuple[dict[str, Any], bytes]:
 
 
 def rule_of(record: RecordedRequest) -> str:
-    """The §11 rule of the fake's refusal (by DeepSeek's message); an unknown refusal is an error."""
+    """The rule (docs/rules-chat.md) of the fake's refusal (by DeepSeek's message); an unknown refusal is an
+    error."""
     message = record.refused or ""
     for rule in REFUSALS.values():
         if rule.deepseek_message in message:

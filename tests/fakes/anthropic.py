@@ -1,6 +1,6 @@
 """The fake DeepSeek's Anthropic-format route: `POST /anthropic/v1/messages` (and `/anthropic/messages`).
 
-Answers like api.deepseek.com/anthropic does (/work/shared/spec/deepseek-anthropic.md §1-§4): a `message`
+Answers like api.deepseek.com/anthropic does (docs/rules-anthropic.md): a `message`
 object with a UUID id, the model DeepSeek served, thinking blocks signed with the message id, DeepSeek's
 usage (`input_tokens` excludes cache reads); or, with `stream: true`, named SSE events and no `[DONE]`. Bodies
 DeepSeek refuses get its 400 in its OpenAI-style envelope (`tests.fakes.anthropic_rules`). Everything else
@@ -9,7 +9,8 @@ chunk delays, disconnects. `FakeDeepSeek.route()` sends these paths here.
 
 Auth: `Authorization: Bearer` wins over `x-api-key` (DOC-msg); `anthropic-version` / `anthropic-beta` are
 ignored. Two headers of the fake's own shape the stream: `x-fake-ping: 0` leaves out the `ping` event and
-`x-fake-signature-delta: 0` the thinking block's `signature_delta` (whether DeepSeek sends them varies, §3).
+`x-fake-signature-delta: 0` the thinking block's `signature_delta` (whether DeepSeek sends them varies:
+docs/rules-anthropic.md).
 
 Usage bookkeeping: `RecordedRequest.usage` holds the Anthropic usage as sent (`input_tokens`,
 `cache_creation_input_tokens`, `cache_read_input_tokens`, `output_tokens`), the same counts under the chat
@@ -173,7 +174,8 @@ def make_plan(body: dict[str, Any]) -> MessagePlan:
 
 
 def make_usage(raw_body: bytes, plan: MessagePlan) -> dict[str, Any]:
-    """The usage as DeepSeek sends it on this route: `input_tokens` excludes the cache reads (§3)."""
+    """The usage as DeepSeek sends it on this route: `input_tokens` excludes the cache reads
+    (docs/rules-anthropic.md)."""
     prompt = len(raw_body) // 4 + 1
     hit = prompt // 3
     return {
@@ -229,7 +231,8 @@ def named_sse(payload: dict[str, Any]) -> bytes:
 
 def block_start(block: Block) -> dict[str, Any]:
     if block.type == "thinking":
-        return {"type": "thinking", "thinking": ""}  # no signature field (§3, new-api #4762)
+        # no signature field (docs/rules-anthropic.md, new-api #4762)
+        return {"type": "thinking", "thinking": ""}
     if block.type == "tool_use":
         return {"type": "tool_use", "id": block.id, "name": block.name, "input": {}}
     return {"type": "text", "text": ""}
@@ -372,7 +375,8 @@ async def stream_fault(state: FakeState, rec: RecordedRequest, conn: Conn, fault
     if fault == "reset_mid_stream":
         rec.outcome = "reset"  # returning without more_body=False makes uvicorn drop the connection
         return True
-    if fault == "error_mid_stream":  # DeepSeek's in-stream error is unknown (§3): Anthropic's shape
+    # DeepSeek's in-stream error is unknown (docs/rules-anthropic.md): Anthropic's shape
+    if fault == "error_mid_stream":
         await conn.body(named_sse(STREAM_ERROR), more=False)
         rec.outcome = "stream_error"
         return True

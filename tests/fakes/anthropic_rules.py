@@ -1,14 +1,15 @@
 """What api.deepseek.com refuses on its Anthropic-format route (`POST /anthropic/v1/messages`), for the fake.
 
-Written from /work/shared/spec/deepseek-anthropic.md (§1, §2, §7 rules A1-A23) and deepseek-api.md §2, never
-from the product: `anthropic_error(body, size)` gives DeepSeek's 400 message for a parsed JSON object, or None
-if DeepSeek would accept it. Only the rules the spec holds certain or likely are enforced; where DeepSeek's
-behaviour is unknown or not enforced any more (A5, A8, A14, A15, A17, A21, A22) the body is accepted: the
-fake must accept everything DeepSeek may accept. Unknown top-level fields are accepted (A23).
+Written from docs/rules-anthropic.md (A1-A23, with their sources) and docs/rules-chat.md
+(docs/rules-chat.md#models), never from the product: `anthropic_error(body, size)` gives DeepSeek's 400
+message for a parsed JSON object, or None if DeepSeek would accept it. Only the rules the spec holds certain
+or likely are enforced; where DeepSeek's behaviour is unknown or not enforced any more (A5, A8, A14, A15, A17,
+A21, A22) the body is accepted: the fake must accept everything DeepSeek may accept. Unknown top-level fields
+are accepted (A23).
 
 Order: the serde deserializer first (types, enums, missing fields: "Failed to deserialize the JSON body into
 the target type: …"), then the semantic rules, with the texts DeepSeek is quoted with. Every 400 goes out in
-DeepSeek's OpenAI-style envelope (spec §3 "Errors"), not Anthropic's.
+DeepSeek's OpenAI-style envelope (docs/rules-anthropic.md#deepseeks-answers-on-this-route), not Anthropic's.
 """
 
 from __future__ import annotations
@@ -29,10 +30,11 @@ RESULT_BLOCK_TYPES = ("text", "image", "document", "search_result")  # inside to
 THINKING_TYPES = ("adaptive", "enabled", "disabled")
 TOOL_CHOICE_TYPES = ("auto", "any", "tool", "none")
 FORCED_CHOICES = ("tool", "any")
-MAX_TOKENS = 393_216  # 384K, V4 / V4.1 (deepseek-api.md §2); same ceiling on this route [I]
+MAX_TOKENS = 393_216  # 384K, V4 / V4.1 (docs/rules-chat.md#models); same ceiling on this route [I]
 
-# The model names DeepSeek serves under their own name on this route (deepseek-api.md §2: the current two,
-# plus the legacy flash names still accepted since 2026-09-10). deepseek-chat / deepseek-reasoner are retired.
+# The model names DeepSeek serves under their own name on this route (docs/rules-chat.md#models: the current
+# two, plus the legacy flash names still accepted since 2026-09-10). deepseek-chat / deepseek-reasoner are
+# retired.
 DEEPSEEK_MODELS = ("deepseek-flash", "deepseek-v4-pro", "deepseek-v4-flash", "deepseek-v4-flash-vision-exp")
 FLASH, PRO = "deepseek-flash", "deepseek-v4-pro"
 ONE_M = "[1m]"
@@ -52,7 +54,8 @@ THINKING_TOOL_CHOICE = "Thinking mode does not support this tool_choice"
 
 
 def unknown_model(model: str) -> str:
-    """A18 on the newer doc; the exact text on this route is unknown: the Responses route's (spec §5)."""
+    """A18 on the newer doc; the exact text on this route is unknown: the Responses route's
+    (docs/rules-responses.md, P2)."""
     return f"The supported API model names are {FLASH}, {PRO}, but you passed {model}."
 
 
@@ -74,7 +77,8 @@ def served_model(model: Any) -> str | None:
     """The model DeepSeek answers with for this `model`, or None if it refuses the name (A18, A19).
 
     `claude*` names are always accepted: opus ones go to v4-pro, the rest to flash (DOC-anth, newer text).
-    DeepSeek names answer under their own name; a literal `[1m]` suffix on one was served by flash (§1)."""
+    DeepSeek names answer under their own name; a literal `[1m]` suffix on one was served by flash
+    (docs/rules-anthropic.md, A19)."""
     if not isinstance(model, str):
         return None
     if model.lower().startswith("claude"):
@@ -119,7 +123,7 @@ class MessagesDeserializer(Deserializer):
     """Type and enum checks of a Messages body, in the order the fields appear; raises Refused.
 
     Block-level problems are reported at `messages[i].content` without the block index, as DeepSeek does
-    (§2 #8: `messages[66].content: unknown variant `image`, expected one of …`)."""
+    (docs/rules-anthropic.md, A4: `messages[66].content: unknown variant `image`, expected one of …`)."""
 
     def variant(self, path: str, value: Any, allowed: tuple[str, ...]) -> None:
         if not isinstance(value, str):
@@ -243,7 +247,7 @@ class MessagesDeserializer(Deserializer):
 
     def metadata(self, value: Any) -> None:
         metadata = self.optional_map("metadata", value, "struct Metadata")
-        if metadata is not None:  # any string: the A15 pattern was enforced for one day only (§2 #4)
+        if metadata is not None:  # any string: the A15 pattern was enforced for one day only (A15)
             self.string("metadata.user_id", metadata.get("user_id"), nullable=True)
 
     def output_config(self, value: Any) -> None:
@@ -257,7 +261,7 @@ class MessagesDeserializer(Deserializer):
 
 REQUIRED_BLOCK_FIELDS: dict[str, tuple[str, ...]] = {
     "text": ("text",),
-    "thinking": ("thinking",),  # A9; `signature` is optional and never checked (§2 #1)
+    "thinking": ("thinking",),  # A9; `signature` is optional and never checked (A10)
     "tool_use": ("id", "name"),
     "tool_result": ("tool_use_id",),
 }
@@ -296,7 +300,7 @@ def semantics(body: dict[str, Any]) -> None:
     thinking = is_thinking(body)
     effort = (body.get("output_config") or {}).get("effort")
     if not thinking and effort not in (None, "none"):
-        raise Refused(DISABLED_WITH_EFFORT)  # A12 (top-level reasoning_effort is accepted here: §2 #3)
+        raise Refused(DISABLED_WITH_EFFORT)  # A12 (top-level reasoning_effort is accepted here, A12)
     choice = body.get("tool_choice") or {}
     if thinking and choice.get("type") in FORCED_CHOICES:
         raise Refused(THINKING_TOOL_CHOICE)  # A13
@@ -334,7 +338,7 @@ def check_tool_results(messages: list[dict[str, Any]]) -> None:
 
 def check_thinking_passed_back(messages: list[dict[str, Any]]) -> None:
     """A10: with thinking on, each assistant turn carrying tool_use has a thinking block (an empty one is
-    enough, §2 #1); plain-text turns need none."""
+    enough, A10); plain-text turns need none."""
     for message in messages:
         kinds = {block.get("type") for block in blocks(message)}
         if message["role"] == "assistant" and "tool_use" in kinds and "thinking" not in kinds:

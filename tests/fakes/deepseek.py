@@ -1,7 +1,7 @@
 """A fake DeepSeek chat-completions upstream for the test suite.
 
 `create_fake_app(state)` returns a pure ASGI app that answers like api.deepseek.com (spec sections 5-7 of
-/work/shared/spec/deepseek-api.md): deterministic answers, DeepSeek-style usage, SSE streaming chunk by
+docs/rules-chat.md and its sources): deterministic answers, DeepSeek-style usage, SSE streaming chunk by
 chunk, DeepSeek error bodies and selectable faults. Everything that reaches it is recorded in `FakeState`.
 
 Faults are chosen per request with the header `x-fake-fault: <name>` (`none` disables a global fault) or

@@ -1,6 +1,6 @@
 """The fake DeepSeek's FIM completions (`POST /beta/completions`) and account balance (`GET /user/balance`).
 
-Written from deepseek-api.md §9 and DeepSeek's FIM reference (DOC-fim, api/create-completion), never from
+Written from docs/rules-fim.md and DeepSeek's FIM reference (DOC-fim, api/create-completion), never from
 the product (nothing from app/ is imported). `FakeDeepSeek.route` hands these paths to `serve`.
 
 FIM bodies are checked the way DeepSeek's deserializer and FIM rules would (`fim_error`): types first

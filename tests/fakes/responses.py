@@ -1,9 +1,10 @@
 """The fake DeepSeek's native Responses API: `POST /responses` (and `/v1/responses`).
 
-Answers like api.deepseek.com does since 2026-07-31 (/work/shared/spec/deepseek-responses.md §1), written from
+Answers like api.deepseek.com does since 2026-07-31 (docs/rules-responses.md), written from
 the spec, never from the product (no `app` import):
 
-- validation with DeepSeek's texts where they are known (§1 "Known 400s"): `missing field `call_id``,
+- validation with DeepSeek's texts where they are known (docs/rules-responses.md, its 400s): `missing field
+`call_id``,
   `No tool call found for tool output with call_id …`, `No tool output found for tool call …` (strict
   adjacency: the outputs of a batch of calls must follow it directly), ``The `reasoning_text` in the thinking
   mode must be passed back to the API.`` (thinking mode with tools, a turn that calls without a reasoning item
@@ -412,7 +413,8 @@ def item_json(item: OutItem, encrypted: bool, done: bool = True) -> dict[str, An
                                "content": [{"type": "reasoning_text", "text": item.text}] if done else [],
                                "status": status}
         if encrypted:
-            out["encrypted_content"] = f"{uuid.UUID(int=int(item.id, 16))}-0"  # DeepSeek's shape (§1)
+            # DeepSeek's shape (docs/rules-responses.md)
+            out["encrypted_content"] = f"{uuid.UUID(int=int(item.id, 16))}-0"
         return out
     if item.type == "function_call":
         return {"id": f"fc_{item.id}", "type": "function_call", "call_id": item.call_id, "name": item.name,
@@ -564,7 +566,8 @@ async def answer(app: FakeDeepSeek, rec: RecordedRequest, conn: Conn, fault: str
         await conn.respond(200, HTML_GARBAGE, "text/html; charset=utf-8")
     elif rec.stream:
         events = stream_events(response_id, body, plan, usage)
-        if rec.headers.get("x-fake-terminal") == "none":  # as early streams did (§1): no response.completed
+        # as early streams did (docs/rules-responses.md): no response.completed
+        if rec.headers.get("x-fake-terminal") == "none":
             events = events[:-1]
         failed = response_json(response_id, body, plan, None, "failed")
         await stream(app.state, rec, conn, events, fault, failed)

@@ -1,6 +1,6 @@
 """What api.deepseek.com refuses in a chat-completions body, for the fake DeepSeek.
 
-Written from /work/shared/spec/deepseek-api.md (§3, §4, §4.1, §5.2, §11) and deepseek-anthropic.md §5, never
+Written from DeepSeek's documented and observed behaviour (docs/rules-chat.md and its sources), never
 from the product: `deepseek_error(path, body)` gives DeepSeek's 400 message for a parsed JSON object, or None
 if DeepSeek would accept it. Where the spec is unsure whether DeepSeek refuses something, it is accepted:
 the fake must accept everything DeepSeek accepts. Unknown top-level fields are accepted (R39).
@@ -20,7 +20,7 @@ ROLES = ("system", "user", "assistant", "tool", "latest_reminder")
 THINKING_TYPES = ("adaptive", "enabled", "disabled")
 TOOL_CHOICES = ("none", "auto", "required")
 RESPONSE_FORMATS = ("text", "json_object")
-MAX_TOKENS = 393_216  # 384K: V4 / V4.1 and the legacy names routed to them (§2)
+MAX_TOKENS = 393_216  # 384K: V4 / V4.1 and the legacy names routed to them (docs/rules-chat.md#models)
 FUNCTION_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 BETA_PATHS = frozenset({"/beta/chat/completions"})
 STRICT_UNSUPPORTED = ("minLength", "maxLength", "minItems", "maxItems")
@@ -240,7 +240,8 @@ FIELD_CHECKS = {
 
 
 def is_thinking(body: dict[str, Any]) -> bool:
-    """§11 "Thinking": every model but `deepseek-chat`, unless thinking.type is disabled or effort is none."""
+    """Thinking mode (docs/rules-chat.md): every model but `deepseek-chat`, unless thinking.type is disabled
+    or effort is none."""
     thinking = body.get("thinking")
     disabled = isinstance(thinking, dict) and thinking.get("type") == "disabled"
     return body.get("model") != "deepseek-chat" and not disabled and body.get("reasoning_effort") != "none"
@@ -307,7 +308,7 @@ def check_tools(path: str, tools: list[dict[str, Any]]) -> None:
             )
     strict = [tool["function"].get("strict") is True for tool in tools]
     if path not in BETA_PATHS or not any(strict):
-        return  # off /beta `strict: true` is accepted and not enforced (R32, §12.11)
+        return  # off /beta `strict: true` is accepted and not enforced (R32, docs/rules-chat.md U11)
     if not all(strict):
         raise Refused("Invalid tools: in strict mode every function must set 'strict': true")
     for k, tool in enumerate(tools):

@@ -625,7 +625,7 @@ ACCEPTED: dict[str, dict[str, Any]] = {
     "A8 result for an unknown id": history(
         tool_turn(tool_use("a")), results(tool_result("a"), {**tool_result("zzz"), "is_error": True})
     ),
-    "A9/§2#1 empty thinking, no signature": history(
+    "A9/A10 empty thinking, no signature": history(
         tool_turn(tool_use(), thinking={"type": "thinking", "thinking": ""}), results(tool_result())
     ),
     "A10 plain-text turns need no thinking": history(

@@ -264,8 +264,8 @@ def test_managed_key_end_to_end(start_gate: Callable[..., RunningChatgate], fake
 
 def test_queued_request_keepalive_lines_before_the_json_body(sdk: openai.OpenAI, fake: RunningFake,
                                                              tmp_path: Path, base_url: str) -> None:
-    """DeepSeek sends empty lines while a non-streaming request waits in its queue (§6): still one answer,
-    metered exactly."""
+    """DeepSeek sends empty lines while a non-streaming request waits in its queue
+    (docs/rules-chat.md#deepseeks-answers): still one answer, metered exactly."""
     fake.state.configure(nonstream_keepalive_lines=3, chunk_delay=0.02)
     reply = sdk.chat.completions.create(model="deepseek-flash", messages=[{"role": "user", "content": "Hi"}])
     assert reply.choices[0].message.content == "Answer 1: the fake DeepSeek says hello."

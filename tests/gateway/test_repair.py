@@ -108,7 +108,7 @@ def remembered(gate: RunningChatgate) -> list[TurnRow]:
 def test_a_call_without_tools_replaying_the_history_is_restored_or_forwarded_with_a_warning_r17(
         gate: RunningChatgate, fake: RunningFake) -> None:
     """A title or compaction call sends the agent's history without `tools`: R17 is then only a warning
-    (§12.3), and the remembered reasoning is still put back (the warning goes with it)."""
+    (docs/rules-chat.md U3), and the remembered reasoning is still put back (the warning goes with it)."""
     first = dropping_loop(gate, rounds=1, stream=False)[0]
     calls = tool_calls_of(first, stream=False)
     body = {"model": "deepseek-flash", "messages": [

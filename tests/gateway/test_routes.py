@@ -304,7 +304,8 @@ def test_oversize_chunked_body_without_length_is_413(small_limit: httpx2.Client,
 
 def test_default_body_limit_is_deepseeks_48_mib(start_gate: Callable[..., RunningChatgate],
                                                own_upstream: MockUpstream) -> None:
-    """Spec §4/§12.12: DeepSeek refuses bodies over 48 MiB, so chatgate answers 413 and uploads nothing."""
+    """docs/rules-chat.md (R9, U12): DeepSeek refuses bodies over 48 MiB, so chatgate answers 413 and uploads
+    nothing."""
     gate = start_gate(upstream_url="http://deepseek.invalid", transport=own_upstream.transport)
     assert gate.state.settings.limits.max_body_bytes == 48 * 1024 * 1024
     prefix = b'{"model": "deepseek-flash", "messages": [{"role": "user", "content": "'

@@ -1,4 +1,5 @@
-"""Cost from the price table (§8) and token extraction from DeepSeek's usage objects and SSE streams (§7)."""
+"""Cost from the price table (docs/metering.md#prices) and token extraction from DeepSeek's usage
+objects and SSE streams (docs/rules-chat.md#deepseeks-answers)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ def at(hhmmss: str, day: str = "2026-11-30") -> float:
 
 
 def test_default_peak_windows_are_the_documented_ones() -> None:
-    """§8: peak 01:00-04:00 and 06:00-10:00 UTC; off-peak is half price."""
+    """docs/metering.md#prices: peak 01:00-04:00 and 06:00-10:00 UTC; off-peak is half price."""
     assert PEAK == ["01:00-04:00", "06:00-10:00"]
     assert Decimal("0.5") == HALF
 

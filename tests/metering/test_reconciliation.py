@@ -174,7 +174,7 @@ def test_rejected_records_carry_their_rule_code(traffic: Traffic) -> None:
     assert all(r["upstream_status"] is None for r in rejected)
 
 
-# DeepSeek's peak prices (deepseek-api.md §8) in picoUSD per token (USD per 1M tokens x 10^6): cache hit,
+# DeepSeek's peak prices (docs/metering.md#prices) in picoUSD per token (USD per 1M tokens x 10^6): cache hit,
 # cache miss, output. Off peak is half; peak is 01:00-04:00 and 06:00-10:00 UTC. Written out here, not taken
 # from chatgate's price table, so the test checks the product's pricing instead of repeating it.
 PEAK_PICOUSD_PER_TOKEN = {"deepseek-flash": (6_000, 300_000, 1_200_000),

@@ -143,7 +143,7 @@ def test_f3_unknown_model_is_refused_when_configured() -> None:
 @pytest.mark.parametrize("value", [4097, 8192, 10**6])
 def test_f6_max_tokens_above_4k_is_a_warning_by_default_and_refused_in_strict_mode(value: int) -> None:
     """DeepSeek's FIM reference lists no range; only the guide says "The max tokens of FIM completion is
-    4K" (deepseek-api.md §9): forwarded with a warning. Below 1 and a wrong type stay refused (INVALID)."""
+    4K" (docs/rules-fim.md): forwarded with a warning. Below 1 and a wrong type stay refused (INVALID)."""
     body = raw(fim_body(max_tokens=value))
     default = check_fim(body, Policy())
     assert default.problems == []

@@ -70,10 +70,11 @@ MODELS = [
 ]
 V4_MODELS = ["deepseek-flash", "deepseek-v4-flash", "deepseek-v4-flash-vision-exp", "deepseek-v4-pro"]
 THINKING_MODELS = [*V4_MODELS, "deepseek-reasoner"]
-# Image and file parts: deepseek-flash and the legacy names it serves (§2, §4); an unknown model gets
-# the general rules only, so nothing model-specific is refused for it either.
+# Image and file parts: deepseek-flash and the legacy names it serves (docs/rules-chat.md#models, R8); an
+# unknown model gets the general rules only, so nothing model-specific is refused for it either.
 VISION_MODELS = ["deepseek-flash", "deepseek-v4-flash", "deepseek-v4-flash-vision-exp", UNKNOWN_MODEL]
-MAX_TOKENS = 393_216  # "384K" for V4/V4.1; deepseek-chat/-reasoner route to v4-flash since 2026-04-24 (§2)
+# "384K" for V4/V4.1; deepseek-chat/-reasoner route to v4-flash since 2026-04-24 (docs/rules-chat.md#models)
+MAX_TOKENS = 393_216
 ABSENT = "<absent>"  # a sampled marker: leave the field out
 
 # --- strategies for valid requests ----------------------------------------------------------------
@@ -149,8 +150,8 @@ MESSAGE_EXTRAS: list[dict[str, Any]] = [{}] * 6 + [
 message_extras = st.sampled_from(MESSAGE_EXTRAS)
 NAMES = ["alice", "helper", "ops_bot-2"]
 
-# Vision content (§4, R8, R9): http(s) URLs up to 8192 characters, data: URLs of the four formats at any
-# length, every `detail`, file parts with exactly one of file_id / file_data.
+# Vision content (docs/rules-chat.md, R9, R8, R9): http(s) URLs up to 8192 characters, data: URLs of the four
+# formats at any length, every `detail`, file parts with exactly one of file_id / file_data.
 IMAGE_URLS = [
     "https://example.com/cat.png",
     "http://img.example.org/a.jpg?size=large&v=2",
@@ -175,7 +176,7 @@ FILE_PARTS: list[dict[str, Any]] = [
 TEXT_PARTS = [{"type": "text", "text": t} for t in TEXTS]
 text_parts = st.sampled_from(TEXT_PARTS)
 any_parts = st.sampled_from(TEXT_PARTS + IMAGE_PARTS + FILE_PARTS)
-# Tool results as arrays (vision models only, §12.4), text alone or with a screenshot.
+# Tool results as arrays (vision models only, U4), text alone or with a screenshot.
 TOOL_ARRAYS: list[list[dict[str, Any]]] = [
     [TEXT_PARTS[1]],
     [TEXT_PARTS[2], TEXT_PARTS[4]],
@@ -200,7 +201,7 @@ def histories(
     """A valid conversation. `thinking`: every tool-call turn carries a reasoning_content string (R17);
     otherwise reasoning_content is absent, null or a string anywhere. `vision`: user messages may carry
     image and file parts, tool results content arrays. `names`: `name` on system, user and assistant
-    messages. `reminders`: undocumented `latest_reminder` messages after user turns (§4)."""
+    messages. `reminders`: undocumented `latest_reminder` messages after user turns (R5)."""
     msgs: list[Message] = []
     n_calls = 0
     name = st.sampled_from([{}, {}, *({"name": n} for n in NAMES)]) if names else st.just({})
@@ -225,7 +226,7 @@ def histories(
             if k % 2:
                 entry["index"] = k  # the streamed delta's field, sometimes kept by clients
             tool_calls.append(entry)
-        # §4: assistant content is "nullable but present": null, "" or text beside tool_calls.
+        # The reference: assistant content is "nullable but present": null, "" or text beside tool_calls.
         turn: Message = {
             "role": "assistant",
             "content": draw(st.sampled_from([None, "", "Checking."])),
@@ -258,7 +259,7 @@ def histories(
             answer: Message = {
                 "role": "assistant",
                 "content": draw(texts),
-                **reasoning(False),  # never required without tool_calls (§4.1.2)
+                **reasoning(False),  # never required without tool_calls (R17)
                 **draw(name),
                 **draw(message_extras),
             }
@@ -296,9 +297,9 @@ LOOSE_SCHEMAS: list[dict[str, Any] | None] = [
     {"type": "object"},
     {"type": "object", "properties": {"opts": {"type": "object", "properties": {"x": {"type": "number"}}}}},
 ]
-# Strict schemas as DOC-tools allows them (§3): every object lists all properties in `required` and sets
-# additionalProperties false; object/string/number/integer/boolean/array/enum/anyOf, $ref/$defs, string
-# pattern and the five formats.
+# Strict schemas as DOC-tools allows them (docs/rules-chat.md, R32): every object lists all properties in
+# `required` and sets additionalProperties false; object/string/number/integer/boolean/array/enum/anyOf,
+# $ref/$defs, string pattern and the five formats.
 STRICT_SCHEMAS: list[dict[str, Any]] = [
     {
         "type": "object",
@@ -409,7 +410,7 @@ EFFORTS = ["low", "high", "max", "minimal", "medium", "xhigh", "ultra"]  # R36; 
 in_range_temperature = st.sampled_from([0, 1, 2, 0.0, 2.0, 0.7]) | st.floats(0, 2)
 in_range_top_p = st.sampled_from([0, 1, 0.0, 1.0, 0.95]) | st.floats(0, 1)
 in_range_penalty = st.sampled_from([-2, 0, 2, -2.0, 1.5]) | st.floats(-2, 2)
-# Ignored in thinking mode (§4.1.5, temperature and top_p) or deprecated without effect (§3, penalties):
+# Ignored in thinking mode (R25, temperature and top_p) or deprecated without effect (R26, penalties):
 # chatgate checks their ranges only in strict mode.
 out_of_range = st.sampled_from([-1, -0.01, 2.5, 3, 100, 1e9])
 out_of_range_penalty = st.sampled_from([-2.5, 3, -100, 1e9])
@@ -429,7 +430,7 @@ def valid_requests(draw: st.DrawFn) -> ValidCase:
             body[key] = value
         return value
 
-    # Thinking set-up (§4.1, §11 "Thinking", R36, R41). mode "on": chatgate and DeepSeek agree the model
+    # Thinking set-up (docs/rules-chat.md, R36, R41). mode "on": chatgate and DeepSeek agree the model
     # thinks; "off": it does not; "adaptive": DeepSeek decides, so the request must suit both.
     if model == "deepseek-chat":
         thinking = draw(st.sampled_from([ABSENT, None, "disabled"]))
@@ -673,7 +674,7 @@ def test_a_duplicated_tool_call_id_is_r12_when_strict(
     answer = next(t for t in range(a2 + 1, len(messages)) if messages[t].get("tool_call_id") == old)
     messages[answer]["tool_call_id"] = new
     req = {"model": model, "messages": messages}
-    assert check(req).ok, _explain(check(req))  # R12 is an inference (§11 "I"): strict only
+    assert check(req).ok, _explain(check(req))  # R12 is an inference: strict only
     checked = check(req, strict=True)
     assert checked.problems[0].code == "duplicate_tool_call_id", _explain(checked)
     assert checked.problems[0].param == f"messages[{a2}].tool_calls[{k2}].id"
@@ -827,7 +828,7 @@ def test_a_broken_strict_schema_on_beta_is_r32(
         _explain(checked)
     )
     assert checked.problems[0].rule == "R32"
-    off_beta = check(req)  # §12.11: accepted and not enforced off /beta; forwarded with a warning
+    off_beta = check(req)  # U11: accepted and not enforced off /beta; forwarded with a warning
     assert off_beta.ok and [w.code for w in off_beta.warnings] == ["strict_not_enforced"], _explain(off_beta)
 
 

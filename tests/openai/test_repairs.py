@@ -58,8 +58,8 @@ def test_restore_reasoning_puts_back_what_was_recalled_r17() -> None:
 
 
 def test_restore_reasoning_also_restores_a_warned_turn_of_a_request_without_tools_r17() -> None:
-    """Without `tools`, R17 is a warning (§12.3); the gateway hands warnings to the repairs too, so a
-    remembered turn is still put back and the request goes out without the warning."""
+    """Without `tools`, R17 is a warning (docs/rules-chat.md U3); the gateway hands warnings to the repairs
+    too, so a remembered turn is still put back and the request goes out without the warning."""
     req = request([user(), calls(call("call_1"), reasoning=None), tool("call_1"), assistant(),
                    user("Give this chat a title.")])
     before = check(req)

@@ -1,4 +1,4 @@
-"""Sequence and parameter rules (deepseek-api.md §11, R3-R38), as pure functions over request bytes.
+"""Sequence and parameter rules (docs/rules-chat.md, R3-R38), as pure functions over request bytes.
 
 Each rule gets an invalid conversation (exact `code` and `param`, and a message that names the message
 and says how to fix it) next to a valid neighbour that must pass. Type errors are in test_type_errors.py.
@@ -78,7 +78,8 @@ def test_reasoning_content_on_thinking_turns_without_tool_calls_is_valid() -> No
 
 
 def test_empty_reasoning_content_on_tool_call_turn_is_accepted_r17() -> None:
-    """§12.3: the field present but empty is not known to fail; R17 only asks for the field."""
+    """docs/rules-chat.md U3: the field present but empty is not known to fail; R17 only asks for the
+    field."""
     assert_valid(check(request([user(), calls(call("call_1"), reasoning=""), tool("call_1"), assistant()],
                                model="deepseek-v4-pro", tools=TOOLS)))
 
@@ -194,7 +195,8 @@ def test_file_part_on_non_vision_model_is_invalid_r8() -> None:
 
 
 @pytest.mark.parametrize("part", [
-    {"type": "file", "file_id": "file-abc"},  # DeepSeek's documented form (deepseek-api.md §3)
+    # DeepSeek's documented form (docs/rules-chat.md#the-request-deepseek-documents)
+    {"type": "file", "file_id": "file-abc"},
     {"type": "file", "file_data": "data:application/pdf;base64,JVBERi0xLjQ=", "filename": "a.pdf"},
     {"type": "file", "file": {"file_id": "file-abc"}},  # the openai SDK's
 ])  # fmt: skip
@@ -214,7 +216,8 @@ def test_a_file_part_needs_exactly_one_of_id_or_data_r9(part: dict[str, Any], pa
 
 
 def test_tool_content_array_is_valid_on_vision_model_r6() -> None:
-    """§12.4: Vercel measured arrays (even images) accepted in tool messages on deepseek-flash."""
+    """docs/rules-chat.md U4: Vercel measured arrays (even images) accepted in tool messages on
+    deepseek-flash."""
     result = [text_part("Screenshot taken."), image_part("data:image/png;base64,iVBORw0KGgo=")]
     assert_valid(check(request([user(), calls(call("call_1")), tool("call_1", result), assistant()],
                                model="deepseek-flash", tools=TOOLS)))
@@ -294,7 +297,8 @@ def test_missing_or_non_string_tool_call_id_is_invalid_r11(bad: Any) -> None:
 
 
 def test_duplicate_tool_call_ids_pass_by_default_and_fail_strict_r12() -> None:
-    """Some clients reuse call_0 in every round; DeepSeek's behaviour is not documented (§11: I)."""
+    """Some clients reuse call_0 in every round; DeepSeek's behaviour is not documented (R12: an
+    inference)."""
     messages = [*weather_round("call_0"), user("And tomorrow?"), calls(call("call_0")), tool("call_0"),
                 assistant("Rain tomorrow.")]
     assert_valid(check(request(messages, tools=TOOLS)))
@@ -339,7 +343,7 @@ def test_unknown_tool_call_id_with_too_few_tool_messages_is_invalid_r15_r16() ->
 ], ids=["one-call-wrong-id", "one-of-two-wrong", "more-results-than-calls"])
 def test_unknown_tool_call_id_with_a_tool_message_for_each_call_warns_and_fails_strict_r15_r16(
         ids: list[str], answers: list[str]) -> None:
-    """R15 is inferred for DeepSeek (§11 "O(OpenAI), I(DeepSeek)", wording unknown §12.6) and its R16
+    """R15 is inferred for DeepSeek (docs/rules-chat.md, R15 and U6) and its R16
     message is a count check: with a tool message for each call, a mismatched id is forwarded."""
     messages = [user(), calls(*(call(x) for x in ids)), *(tool(x) for x in answers), assistant()]
     unknown = [f"messages[{2 + n}].tool_call_id" for n, x in enumerate(answers) if x not in ids]
@@ -382,7 +386,7 @@ def test_unknown_ids_come_first_in_each_block_and_blocks_stay_in_order_r15_r16()
 
 
 def test_unknown_extra_tool_result_passes_by_default_and_fails_strict_r15() -> None:
-    """Every call answered plus an extra result with an unknown id: only an inference (§12), strict-only."""
+    """Every call answered plus an extra result with an unknown id: only an inference (R15), strict-only."""
     messages = [user(), calls(call("call_1")), tool("call_1"), tool("call_x"), assistant()]
     assert_valid(check(request(messages, tools=TOOLS)))
     only_problem(check(request(messages, tools=TOOLS), strict=True),
@@ -435,7 +439,7 @@ def test_explicit_null_reasoning_content_counts_as_missing_r17() -> None:
 @pytest.mark.parametrize("no_tools", [{}, {"tools": None}, {"tools": []}], ids=["absent", "null", "empty"])
 def test_tool_call_turn_without_reasoning_in_a_request_without_tools_warns_and_fails_strict_r17(
         no_tools: dict[str, Any]) -> None:
-    """DeepSeek requires it "for requests carrying the `tools` parameter" (§4.1.2, §12.3): a title or
+    """DeepSeek requires it "for requests carrying the `tools` parameter" (R17, U3): a title or
     compaction call that replays an agent's history without its tools is forwarded with a warning."""
     messages = [user(), calls(call("call_1"), reasoning=None), tool("call_1"), assistant(),
                 user("Summarise this conversation in one line.")]
@@ -584,7 +588,7 @@ def test_temperature_ignored_in_thinking_mode_is_checked_only_strict_r25() -> No
 
 @pytest.mark.parametrize("field", ["frequency_penalty", "presence_penalty"])
 def test_penalties_range_is_strict_only_r26(field: str) -> None:
-    """§3: deprecated, 'will not take effect'; the old [-2, 2] range is only enforced with strict."""
+    """R26: deprecated, 'will not take effect'; the old [-2, 2] range is only enforced with strict."""
     req = request([user()], model="deepseek-chat", **{field: 2.5})
     assert_valid(check(req))
     only_problem(check(req, strict=True), "out_of_range", field, "R26")
@@ -669,7 +673,8 @@ STRICT_PARAMS = {"type": "object", "properties": {"city": {"type": "string", "fo
 
 def test_strict_tools_off_beta_are_forwarded_with_a_warning_r32() -> None:
     """openai-agents and pydantic-ai send strict: true on every tool; DeepSeek accepts it off /beta and does
-    not enforce it (§12.11). Valid, one warning naming the tools; even a non-strict schema is not checked."""
+    not enforce it (docs/rules-chat.md U11). Valid, one warning naming the tools; even a non-strict schema is
+    not checked."""
     loose = {"type": "object", "properties": {"city": {"type": "string"}}}
     req = request([user()], tools=[_tool("lookup", parameters=STRICT_PARAMS, strict=True),
                                    _tool("find", parameters=loose, strict=True), _tool("plain")])

@@ -53,7 +53,8 @@ def test_invalid_json_is_reported_r1(body: bytes) -> None:
 @pytest.mark.parametrize("escape", [r"\ud800", r"\udc00", r"\ud83d x", r"\ud800\u0041"],
                          ids=["lone-high", "lone-low", "high-then-text", "high-then-letter"])
 def test_lone_surrogate_escape_is_invalid_json_like_deepseek_r1(escape: str) -> None:
-    """§4: DeepSeek answers 'Failed to parse the request body as JSON: … unexpected end of hex escape'."""
+    """docs/rules-chat.md, R1: DeepSeek answers 'Failed to parse the request body as JSON: … unexpected end of
+    hex escape'."""
     checked = check(raw('{"role": "user", "content": "pasted text ' + escape + ' end"}'))
     problem = only_problem(checked, "invalid_json", None, "R1")
     says(problem, "surrogate" if "dc00" in escape or "u0041" in escape else "hex escape")

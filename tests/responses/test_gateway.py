@@ -290,7 +290,8 @@ def test_remote_compaction_is_a_clear_404(gate: RunningChatgate, fake: RunningFa
 
 # --- metering and keys -------------------------------------------------------------------------------------
 
-# DeepSeek's peak prices (deepseek-api.md §8) in picoUSD per token: cache hit, miss, output; off peak half.
+# DeepSeek's peak prices (docs/metering.md#prices) in picoUSD per token: cache hit, miss, output; off peak
+# half.
 PEAK_PICOUSD_PER_TOKEN = {"deepseek-flash": (6_000, 300_000, 1_200_000),
                           "deepseek-v4-pro": (44_000, 1_320_000, 3_960_000)}
 PEAK_HOURS_UTC = {1, 2, 3, 6, 7, 8, 9}

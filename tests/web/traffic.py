@@ -32,7 +32,7 @@ PLAN = [
     ("growth", "copywriter", "deepseek-v4-flash", 2, 2),
 ]
 
-# Broken histories a careless client sends (rule numbers from deepseek-api.md §11).
+# Broken histories a careless client sends (rule numbers of docs/rules-chat.md).
 BROKEN = [
     # A tool result with no assistant tool call before it.
     {"messages": [{"role": "user", "content": "weather?"},

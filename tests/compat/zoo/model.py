@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 MODEL = "deepseek-flash"  # thinks unless thinking.type = "disabled" (or reasoning_effort = "none")
-LEGACY_MODEL = "deepseek-v4-flash"  # still accepted, served by deepseek-flash (deepseek-api.md §2)
+LEGACY_MODEL = "deepseek-v4-flash"  # still accepted, served by deepseek-flash (docs/rules-chat.md#models)
 CLIENT_KEY = "sk-compat-client-0001"  # runs through chatgate (passthrough: the fake sees this key)
 CONTROL_KEY = "sk-compat-control-0001"  # control runs straight against the fake DeepSeek
 QUESTION = "Do I need an umbrella in Lisbon today?"
@@ -120,7 +120,8 @@ EXPECTED: dict[tuple[str, Kind], tuple[str, str]] = {
 
 @dataclass(frozen=True)
 class RefusalRule:
-    """A §11 rule a zoo client can break: chatgate's code, DeepSeek's own 400 text, the param blamed."""
+    """A rule of docs/rules-chat.md a zoo client can break: chatgate's code, DeepSeek's own 400 text, the
+    param blamed."""
 
     rule: str
     code: str
@@ -150,7 +151,8 @@ REFUSALS: dict[str, RefusalRule] = {r.rule: r for r in [
 
 @functools.cache
 def chatgate_repairs() -> frozenset[str]:
-    """The §11 rules chatgate's default settings repair instead of refusing; none before issue 12."""
+    """The rules (docs/rules-chat.md) chatgate's default settings repair instead of refusing; none before
+    issue 12."""
     try:
         from app.repair.base import RULES
     except ImportError:

@@ -1,6 +1,6 @@
 """Writes tests/corpus/anthropic/claude-code.jsonl: request bodies shaped as Claude Code sends them to
-DeepSeek's Anthropic route (deepseek-anthropic.md §6), each with what chatgate must do on default
-settings. Run `python -m tests.corpus.anthropic.build` after changing a case."""
+DeepSeek's Anthropic route (docs/rules-anthropic.md#what-claude-code-sends), each with what chatgate must do
+on default settings. Run `python -m tests.corpus.anthropic.build` after changing a case."""
 
 from __future__ import annotations
 

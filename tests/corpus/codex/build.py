@@ -1,8 +1,9 @@
 """Writes tests/corpus/codex/codex.jsonl: request bodies and headers shaped as Codex (CLI, Desktop, VS Code)
-sends them to DeepSeek's native Responses API (deepseek-responses.md §3), each with what chatgate must do on
-default settings: `unchanged` (forwarded byte for byte), `repaired:<repairs>`, `refused:<code>` (never
-reaches DeepSeek) or `deepseek:<status>` (forwarded with a warning, DeepSeek's own answer relayed), and the
-rules it must warn about. Run `python -m tests.corpus.codex.build` after changing a case."""
+sends them to DeepSeek's native Responses API (docs/rules-responses.md#what-codex-sends), each with what
+chatgate must do on default settings: `unchanged` (forwarded byte for byte), `repaired:<repairs>`,
+`refused:<code>` (never reaches DeepSeek) or `deepseek:<status>` (forwarded with a warning, DeepSeek's own
+answer relayed), and the rules it must warn about. Run `python -m tests.corpus.codex.build` after changing a
+case."""
 
 from __future__ import annotations
 
