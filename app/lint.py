@@ -20,9 +20,9 @@ import orjson
 from app.anthropic.family import MessagesFamily
 from app.anthropic.rules import Options as MessagesOptions
 from app.errors import Problem
+from app.fim.family import FimFamily
 from app.gateway.family import Family
 from app.openai.chat import ChatFamily
-from app.openai.fim import FimFamily
 from app.openai.rules import Policy
 from app.repair.base import Applied, RepairOptions
 from app.responses.family import ResponsesFamily

@@ -17,6 +17,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("app.gateway",),
     ("app.quotas",),
     ("app.settings",),
+    ("app.fim",),  # the FIM completion family, built on the OpenAI family's wire pieces
     ("app.openai", "app.anthropic", "app.responses"),
     ("app.repair",),  # the repairs' vocabulary and the memory of relayed turns, shared by the families
     ("app.metering",),

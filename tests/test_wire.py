@@ -65,7 +65,7 @@ def _history(n: int, bad_at: tuple[int, ...] = (), size: int = 120) -> dict[str,
 @pytest.mark.parametrize("model_name", ["chat", "fim", "messages", "responses"])
 def test_a_large_valid_body_gives_the_model_plain_validation_gives(model_name: str) -> None:
     from app.anthropic.protocol import MessagesRequest
-    from app.openai.fim_protocol import FimRequest
+    from app.fim.protocol import FimRequest
     from app.openai.protocol import ChatCompletionRequest
     from app.responses.protocol import ResponsesRequest
     from app.wire import FULL_CHECK_BYTES, validate_body

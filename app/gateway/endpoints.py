@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from app.anthropic.family import MessagesFamily
 from app.anthropic.rules import Options as MessagesOptions
+from app.fim.family import FimFamily
 from app.gateway.exchange import Route
 from app.gateway.family import Family
 from app.gateway.proxy import Endpoint
 from app.openai.chat import ChatFamily
-from app.openai.fim import FimFamily
 from app.responses.family import ResponsesFamily
 from app.responses.rules import Options as ResponsesOptions
 from app.settings import Settings

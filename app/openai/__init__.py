@@ -1,1 +1,1 @@
-"""The OpenAI chat-completions family: wire models, rules, type errors."""
+"""The OpenAI chat-completions family: wire models, rules, type errors (FIM, its sibling, is app/fim/)."""

@@ -15,6 +15,7 @@ from starlette.responses import Response
 
 from app import __version__
 from app.errors import APIError, bad_gateway
+from app.fim.family import NOT_ON_BETA, not_on_beta
 from app.gateway.auth import Authenticator, hash_key, require_admin
 from app.gateway.bodies import origin_of, request_id_of
 from app.gateway.proxy import Endpoint, client_key
@@ -22,7 +23,6 @@ from app.gateway.responses import JSON, RawResponse, error_response, json_respon
 from app.gateway.state import State
 from app.gateway.upstream import response_headers
 from app.metering.reports import ReportError, build_report, make_query
-from app.openai.fim import NOT_ON_BETA, not_on_beta
 from app.web.admin import add_admin
 from app.web.compaction import add_compaction
 from app.web.count_tokens import add_count_tokens

@@ -10,10 +10,10 @@ import orjson
 import pytest
 
 from app.errors import Problem
+from app.fim.family import FimFamily, not_on_beta, prompt_text
+from app.fim.rules import check_fim
+from app.fim.stream import FimStreamMeter
 from app.metering.usage import TokenCounts
-from app.openai.fim import FimFamily, not_on_beta, prompt_text
-from app.openai.fim_rules import check_fim
-from app.openai.fim_stream import FimStreamMeter
 from app.openai.rules import Policy, ValidationOptions
 from app.repair.base import RepairOptions
 from tests.fakes.fim import fim_error, parse_fim_body

@@ -1,6 +1,6 @@
 """FIM completion rules F1-F14 (docs/rules-fim.md) as pure functions over the parsed request.
 
-Same error shape, codes and `param` paths as the chat rules (rules.py); the numbers are FIM's own:
+Same error shape, codes and `param` paths as the chat rules (app/openai/rules.py); the numbers are FIM's own:
 
 F1 JSON object · F2 `model` string · F3 known model (validation.unknown_models) · F4 `prompt` string ·
 F5 `suffix` string · F6 `max_tokens` at least 1, and above 4096 a warning refused in strict mode ("The max
@@ -23,7 +23,7 @@ from typing import Any
 import pydantic
 
 from app.errors import Problem
-from app.openai.fim_protocol import FimRequest
+from app.fim.protocol import FimRequest
 from app.openai.rules import STOP_MAX, Policy, ValidationOptions
 from app.openai.type_errors import problems_from_validation_error
 from app.profiles import ModelProfile

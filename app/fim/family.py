@@ -1,7 +1,7 @@
 """The FIM ("fill in the middle") completion family as the gateway sees it (app/gateway/family.py).
 
 DeepSeek serves FIM on its Beta base only: `POST /beta/completions` (docs/rules-fim.md). chatgate
-serves it there (and under /v1/beta), checks it with the F-rules (fim_rules.py), forwards it byte for byte
+serves it there (and under /v1/beta), checks it with the F-rules (rules.py), forwards it byte for byte
 and meters it like chat. FIM has no repairs and no turns to remember. `/v1/completions` and `/completions`
 are not DeepSeek routes: `not_on_beta` is their 404, saying where FIM is.
 """
@@ -14,9 +14,9 @@ from typing import Any
 import orjson
 
 from app.errors import APIError, Problem
+from app.fim.rules import check_fim
+from app.fim.stream import FimStreamMeter
 from app.metering.usage import TokenCounts, tokens_from_usage
-from app.openai.fim_rules import check_fim
-from app.openai.fim_stream import FimStreamMeter
 from app.openai.rules import Policy
 from app.openai.stream import UsageStripper
 from app.profiles import ModelProfile

@@ -1,8 +1,8 @@
 """The FIM completion stream as chatgate relays it: `text_completion` chunks whose text is in
 `choices[].text` (not a `delta`), usage on the last chunk, `data: [DONE]` at the end (DOC-fim).
 
-The meter works like the chat meter (stream.py): regex scans over 16 KB batches, the streamed text kept as
-raw JSON-escaped strings for a local estimate, only events carrying `usage` parsed as JSON.
+The meter works like the chat meter (app/openai/stream.py): regex scans over 16 KB batches, the streamed text
+kept as raw JSON-escaped strings for a local estimate, only events carrying `usage` parsed as JSON.
 """
 
 from __future__ import annotations

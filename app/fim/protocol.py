@@ -1,9 +1,9 @@
 """Wire model of DeepSeek's FIM completion request, `POST /beta/completions` (docs/rules-fim.md).
 
-Like the chat request (protocol.py): unknown fields are accepted (F14) and forwarded untouched, types are
-strict because DeepSeek's deserializer is. Fields the FIM reference does not type are kept as `Any`: the
-deprecated penalties ("will not take effect") and the chat-only `thinking` / `reasoning_effort`, which
-DeepSeek treats as unknown fields here. The rules in fim_rules.py look at them, never the type check.
+Like the chat request (app/openai/protocol.py): unknown fields are accepted (F14) and forwarded untouched,
+types are strict because DeepSeek's deserializer is. Fields the FIM reference does not type are kept as
+`Any`: the deprecated penalties ("will not take effect") and the chat-only `thinking` / `reasoning_effort`,
+which DeepSeek treats as unknown fields here. The rules in rules.py look at them, never the type check.
 """
 
 from __future__ import annotations
