@@ -19,11 +19,11 @@ import pytest
 from app.gateway.auth import fingerprint
 from tests.fakes.fim import middle
 from tests.fakes.server import RunningFake, run_fake_deepseek
+from tests.fim.test_fim import INVALID, fim_body, raw
 from tests.gateway.conftest import _read_usage, usage_rows
 from tests.gateway.test_streaming import CHUNK_DELAY, assert_spread_over_time, data_events
 from tests.harness import RunningChatgate, make_settings, run_chatgate, unreachable_url
 from tests.metering.helpers import wait_for
-from tests.openai.test_fim import INVALID, fim_body, raw
 
 KEY = "sk-fim-client-0001"
 PROMPT = "def fib(a):"
