@@ -1,6 +1,6 @@
 """Wire models of DeepSeek's chat-completions request (docs/rules-chat.md#the-request-deepseek-documents).
 
-These types check types and shapes only; sequence and model rules live in `validate.py`.
+These types check types and shapes only; sequence and model rules live in `rules.py`.
 Unknown fields are accepted (R39): DeepSeek ignores them, and chatgate forwards the client's original
 bytes, so nothing is lost by not keeping them here. Types are strict because DeepSeek's deserializer is
 (`"1.3"` is not a number, R25).
