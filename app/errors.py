@@ -22,6 +22,9 @@ class Problem:
     rule: str | None = None  # the rule's number in docs/rules-*.md, e.g. "R16"
     warning: bool = False  # forwarded anyway, and said so (x-chatgate-warning, /validate's warnings)
     order: float | None = None  # where it sorts among the messages, when not at its param's index
+    # a warning its caller cannot act on (a client's own habit): /metrics and a log line once per key and
+    # hour (app/gateway/notices.py), never x-chatgate-warning
+    notice: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return {"code": self.code, "param": self.param, "message": self.message, "rule": self.rule}

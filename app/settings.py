@@ -108,10 +108,10 @@ class RepairSettings(Section):
     user_id: bool = False
     orphan_tool_messages: bool = False
     unanswered_tool_calls: bool = False
-    system_messages: bool = False
-    split_tool_results: bool = False
-    empty_assistant: bool = False
-    model_suffix: bool = False
+    system_messages: bool = True
+    split_tool_results: bool = True
+    empty_assistant: bool = True
+    model_suffix: bool = True
     redacted_thinking: bool = False
     responses_output_order: bool = True
     responses_reasoning: bool = True

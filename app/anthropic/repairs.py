@@ -205,38 +205,57 @@ def _merge_tool_results(messages: list[Any], found: Sequence[Problem]) -> list[A
 
 
 def _merge_system(data: dict[str, Any], messages: list[Any], found: Sequence[Problem]) -> list[Applied]:
-    """A3: `system` messages inside `messages` are appended to the top-level system, in order."""
-    picked = []
+    """A3: `system` messages inside `messages` (Claude Code's environment and reminder turns) are appended to
+    the top-level system as its last text blocks, in their order, each block as it was sent; a string system
+    becomes its one text block first. A system message that only states a per-turn `output_config` (Claude
+    Code's `{"role": "system", "content": [], "output_config": …}`) sets the request's `output_config` (the
+    last such statement is the one in force for the turn being generated). Only messages whose content is
+    text (a string or text blocks) are moved; anything else stays for A3 to refuse."""
+    picked: list[tuple[int, list[dict[str, Any]], Any]] = []
     for p in found:
         i = message_index(p)
         msg = _message(messages, i)
         if p.code == "invalid_role" and i is not None and msg is not None and msg.get("role") == "system":
-            text = _text_of(msg.get("content"))
-            if text is not None:
-                picked.append((i, text))
+            blocks = _system_blocks(msg.get("content"))
+            statement = msg.get("output_config")
+            if blocks is not None and (blocks or isinstance(statement, dict)):
+                picked.append((i, blocks, statement))
     if not picked:
         return []
+    picked.sort(key=lambda entry: entry[0])
+    added = [block for _, blocks, _ in picked for block in blocks]
     system = data.get("system")
-    texts = [text for _, text in sorted(picked)]
-    if system is None or system == "":
-        data["system"] = "\n\n".join(texts)
-    elif isinstance(system, str):
-        data["system"] = "\n\n".join([system, *texts])
-    elif isinstance(system, list):
-        system.extend({"type": "text", "text": t} for t in texts)
-    else:
-        return []
-    for i, _ in sorted(picked, reverse=True):
+    if added:
+        if system is None or system == "":
+            data["system"] = added
+        elif isinstance(system, str):
+            data["system"] = [{"type": "text", "text": system}, *added]
+        elif isinstance(system, list):
+            system.extend(added)
+        else:
+            return []
+    applied = []
+    for i, blocks, statement in picked:
+        detail = f"{len(blocks)} text block(s) appended to system" if blocks else ""
+        if isinstance(statement, dict):
+            config = data.get("output_config")
+            data["output_config"] = {**(config if isinstance(config, dict) else {}), **statement}
+            detail = ", ".join(filter(None, [detail, f"output_config {orjson.dumps(statement).decode()} "
+                                                      "now the request's"]))
+        applied.append(Applied("system_messages", f"messages[{i}]", detail))
+    for i, _, _ in reversed(picked):
         del messages[i]
-    return [Applied("system_messages", f"messages[{i}]") for i, _ in sorted(picked)]
+    return applied
 
 
-def _text_of(content: Any) -> str | None:
+def _system_blocks(content: Any) -> list[dict[str, Any]] | None:
+    """A system message's content as top-level system blocks: a string is one text block; text blocks are
+    kept as sent (cache_control included); None if anything else is in it."""
     if isinstance(content, str):
-        return content
-    if isinstance(content, list) and content and all(isinstance(b, dict) and b.get("type") == "text"
-                                                     and isinstance(b.get("text"), str) for b in content):
-        return "\n".join(b["text"] for b in content)
+        return [{"type": "text", "text": content}] if content else []
+    if isinstance(content, list) and all(isinstance(b, dict) and b.get("type") == "text"
+                                         and isinstance(b.get("text"), str) for b in content):
+        return [dict(b) for b in content]
     return None
 
 

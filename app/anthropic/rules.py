@@ -336,7 +336,7 @@ def rule_user_id(req: MessagesRequest, ctx: Context) -> Iterator[Problem]:
                       "Invalid 'user_id': string does not match pattern. Expected a string that matches the "
                       "pattern '^[a-zA-Z0-9_-]+$' (at most 512 characters). DeepSeek enforced it for one day "
                       "(2026-05-06); enable the user_id repair to send a sanitised id.", "A15",
-                      warning=not ctx.strict)
+                      warning=not ctx.strict, notice=not ctx.strict)
 
 
 def rule_server_tools(req: MessagesRequest, ctx: Context) -> Iterator[Problem]:

@@ -26,6 +26,7 @@ from app.gateway.bodies import origin_of, read_json_body, request_id_of
 from app.gateway.exchange import Exchange, Route
 from app.gateway.family import Family, StreamMeter, StreamTurns
 from app.gateway.ledger import Ledger
+from app.gateway.notices import Notices
 from app.gateway.relay import SSERelay
 from app.gateway.responses import RawResponse, error_response, is_event_stream, json_response
 from app.gateway.upstream import Upstream, forward_headers, read_whole
@@ -64,6 +65,7 @@ class Gateway:
         self.auth = auth
         self.metrics = metrics
         self.ledger = Ledger(settings, self.profiles, recorder, metrics)
+        self.notices = Notices(metrics)
         self.repairs = settings.repair.options()
         self.memory = memory or TurnMemory(None, settings.repair.reasoning_ttl_seconds,
                                            settings.repair.reasoning_cache_bytes)
@@ -93,7 +95,7 @@ class Gateway:
         if verdict is not None and verdict.problems:
             return self._reject(ex, family, self._refusal(ex, family, verdict))
         if verdict is not None and verdict.warnings:
-            ex.warnings.extend(w.message for w in verdict.warnings)
+            ex.warnings.extend(self.notices.warnings(route.label, identity.key_id, verdict.warnings))
         ex.remember = self._remembers(ex, family, verdict)
         if self.auth.managed and (b"file_id" in ex.body or b"\\u" in ex.body):  # (a key may be \u-escaped)
             foreign = await self._foreign_file(ex, family)
@@ -366,7 +368,10 @@ class Gateway:
         headers = forward_headers(request.headers.raw, ex.identity.upstream_authorization, ex.request_id,
                                   managed=self.auth.managed)
         deadline = ex.t0 + self.settings.upstream.total_timeout
-        resp = await self.upstream.send("POST", ex.route.upstream_path, headers, body)
+        query = request.scope.get("query_string", b"")  # Claude Code's ?beta=true goes on to DeepSeek
+        target = self.upstream.url_of(ex.route.upstream_path, query.decode("latin-1")) if query else \
+            ex.route.upstream_path
+        resp = await self.upstream.send("POST", target, headers, body)
         ex.mark_first_byte()
         if ex.stream and resp.status_code == 200:
             if not is_event_stream(resp.headers.get("content-type", "")):

@@ -39,6 +39,9 @@ class Metrics:
                                "by limit (e.g. rpm:team)", ["limit"], registry=r)
         self.repairs = Counter("chatgate_repairs", "Repairs applied to requests, by repair code", ["code"],
                                registry=r)
+        self.notices = Counter("chatgate_notices", "Requests with a problem their caller cannot act on "
+                               "(logged once per key and hour), by route and code", ["route", "code"],
+                               registry=r)
         self.restore_misses = Counter("chatgate_reasoning_restore_misses",
                                       "Turns restore_reasoning could not restore (not relayed to that "
                                       "caller, or expired)", registry=r)
@@ -80,6 +83,9 @@ class Metrics:
 
     def watch_recorder(self, recorder: RecorderCounts) -> None:
         self.registry.register(RecorderCollector(recorder))
+
+    def noticed(self, route: str, code: str) -> None:
+        self._child(self.notices, route, code).inc()
 
     def observe_status(self, route: str, status: int) -> None:
         self._child(self.requests, route, str(status), "").inc()

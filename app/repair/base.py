@@ -42,14 +42,17 @@ CATALOG: tuple[RepairSpec, ...] = (
                "drops tool messages that answer no call of the assistant turn before them"),
     RepairSpec("unanswered_tool_calls", ("R16",), False,
                "inserts a tool message with a fixed text after each call left unanswered"),
-    RepairSpec("system_messages", ("A3",), False,
-               "system messages inside messages are merged into the top-level system"),
-    RepairSpec("split_tool_results", ("A7",), False,
+    RepairSpec("system_messages", ("A3",), True,
+               "system messages inside messages are appended to the top-level system, their text blocks "
+               "as sent (lossless: every text kept, in order, with the system's authority)"),
+    RepairSpec("split_tool_results", ("A7",), True,
                "tool_result blocks spread over later messages are merged into the message after the "
-               "tool_use"),
-    RepairSpec("empty_assistant", ("A6",), False,
-               "an assistant message with an empty content array gets one text block (a space)"),
-    RepairSpec("model_suffix", ("A19",), False, "strips a trailing [1m] from the model name"),
+               "tool_use (lossless: nothing dropped, only moved)"),
+    RepairSpec("empty_assistant", ("A6",), True,
+               "an assistant message with an empty content array gets one text block (a space; lossless)"),
+    RepairSpec("model_suffix", ("A19",), True,
+               "strips a trailing [1m] from the model name (a client-side context hint DeepSeek does not "
+               "know; lossless)"),
     RepairSpec("redacted_thinking", ("A5",), False, "drops redacted_thinking blocks"),
     # The Responses route (issue 17), rules P1-P22.
     RepairSpec("responses_output_order", ("P10",), True,

@@ -73,7 +73,8 @@ class ResponsesFamily:
         return tokens_from_usage(answer.get("usage")) if isinstance(answer, dict) else None
 
     def served_model(self, answer: Any) -> str | None:
-        return None
+        model = answer.get("model") if isinstance(answer, dict) else None
+        return model if isinstance(model, str) and model else None
 
     def answer_turn(self, answer: Any) -> Turn | None:
         return turn_from_response(answer)

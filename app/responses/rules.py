@@ -446,9 +446,12 @@ def rule_tools(ctx: Context) -> Iterator[Problem]:
             yield Problem("ignored_tool", f"tools[{k}].type",
                           f"tools[{k}] has type '{kind}', which DeepSeek ignores (it runs function, custom "
                           "apply_patch and web_search tools only): the model will not see it.", "P13",
-                          warning=True)
+                          warning=True, notice=kind in CLIENT_OWN_TOOLS)
 
 
+# Tool types a client defines for itself, which its user cannot take out (Codex groups its sub-agent tools
+# in a `namespace`): a notice, not a warning on every request.
+CLIENT_OWN_TOOLS = frozenset({"namespace"})
 TOOL_CHOICES = ("none", "auto", "required")
 
 

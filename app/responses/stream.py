@@ -92,10 +92,7 @@ class ResponsesMeter:
         self._reasoning: list[bytes] = []
         self._last_type = b""
         self.usage: TokenCounts | None = None
-
-    @property
-    def model(self) -> str | None:
-        return None
+        self.model: str | None = None  # the model DeepSeek says it served (the terminal event's response)
 
     def feed(self, chunk: bytes) -> None:
         self._buf += chunk
@@ -151,9 +148,13 @@ class ResponsesMeter:
         response = event.get("response") if isinstance(event, dict) else None
         if isinstance(event, dict) and isinstance(event.get("type"), str):
             self._last_type = event["type"].encode()
-        found = tokens_from_usage(response.get("usage")) if isinstance(response, dict) else None
+        if not isinstance(response, dict):
+            return
+        found = tokens_from_usage(response.get("usage"))
         if found is not None:
             self.usage = found
+        if isinstance(response.get("model"), str) and response["model"]:
+            self.model = response["model"]
 
 
 class StreamedTurn:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator
 
 import httpx2
@@ -15,6 +16,7 @@ from starlette.types import Receive, Scope, Send
 
 from app import __version__
 from app.errors import APIError, not_found
+from app.gateway.bodies import request_id_of
 from app.gateway.http_limits import LimitsMiddleware, header_bytes, headers_too_large
 from app.gateway.proxy import Endpoint
 from app.gateway.responses import error_response
@@ -78,6 +80,16 @@ def create_app(settings: Settings | None = None, transport: httpx2.AsyncBaseTran
     return app
 
 
+def _note_unmatched(request: Request, status: int) -> None:
+    """A request for a route chatgate does not serve (Claude Code's `HEAD /anthropic` probe, a wrong base
+    URL): counted under the route label "unmatched" (a bounded label, whatever the path) and access-logged
+    with its method and path."""
+    state: State = request.app.state.chatgate
+    path = request.url.path
+    state.gw.ledger.note("unmatched", request_id_of(request), status, "unmatched", time.time(),
+                         method=request.method[:16], path=path if len(path) <= 200 else path[:200] + "…")
+
+
 def _add_error_handlers(app: FastAPI) -> None:
     async def on_api_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, APIError)
@@ -85,6 +97,8 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     async def on_http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
+        if exc.status_code in (404, 405):
+            _note_unmatched(request, exc.status_code)
         if exc.status_code == 404:
             return error_response(not_found(request.url.path))
         if exc.status_code == 405:

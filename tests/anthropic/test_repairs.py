@@ -77,7 +77,40 @@ def test_system_messages_merge_into_the_top_level_system_a3() -> None:
     assert [m["role"] for m in data["messages"]] == ["user", "user"]
     assert after.problems == []
     data, _, _ = repaired(request([{"role": "system", "content": [text("a"), text("b")]}, user()]))
-    assert data["system"] == "a\nb"
+    assert data["system"] == [text("a"), text("b")], "no system yet: the message's blocks, as sent"
+
+
+def test_system_messages_keep_every_block_as_sent_in_order_a3() -> None:
+    """Claude Code 2.1.332's shape: an environment message after the first user turn (text blocks with
+    cache_control), a later reminder; the top-level system is a string: it becomes its own first block."""
+    env = {"type": "text", "text": "# Environment\n - Primary working directory: /w",
+           "cache_control": {"type": "ephemeral"}}
+    msgs = [user(), {"role": "system", "content": [env]}, assistant(text("ok")),
+            {"role": "system", "content": "Mind the tests.", "clear_at": "next_user_message"}, user("go")]
+    data, applied, after = repaired(request(msgs, system="You are Claude Code."))
+    assert applied == [("system_messages", "messages[1]"), ("system_messages", "messages[3]")]
+    assert data["system"] == [text("You are Claude Code."), env, text("Mind the tests.")]
+    assert [m["role"] for m in data["messages"]] == ["user", "assistant", "user"]
+    assert after.problems == [] and after.warnings == []
+
+
+def test_a_per_turn_effort_statement_becomes_the_requests_output_config_a3() -> None:
+    """Claude Code's `{"role": "system", "content": [], "output_config": …}`: no text to move; the last
+    statement is the one in force for the turn being generated."""
+    msgs = [user(), {"role": "system", "content": [], "output_config": {"effort": "low"}},
+            assistant(text("ok")), {"role": "system", "content": [], "output_config": {"effort": "max"}},
+            user("go")]
+    data, applied, after = repaired(request(msgs, output_config={"effort": "high"}))
+    assert applied == [("system_messages", "messages[1]"), ("system_messages", "messages[3]")]
+    assert data["output_config"] == {"effort": "max"} and "system" not in data
+    assert [m["role"] for m in data["messages"]] == ["user", "assistant", "user"]
+    assert after.problems == []
+
+
+def test_a_system_message_with_an_image_is_left_for_a3_to_refuse() -> None:
+    image = {"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}}
+    _, applied, after = repaired(request([user(), {"role": "system", "content": [image]}, user("go")]))
+    assert applied == [] and [p.code for p in after.problems] == ["invalid_role"]
 
 
 def test_split_tool_results_are_merged_into_the_next_message_a7() -> None:

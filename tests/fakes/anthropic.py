@@ -33,6 +33,7 @@ import orjson
 
 from tests.fakes.anthropic_rules import anthropic_error, blocks, is_thinking, served_model
 from tests.fakes.deepseek import (
+    DEFAULT_TOOL_PIECES,
     HTML_GARBAGE,
     INVALID,
     STREAM_FAULTS,
@@ -40,6 +41,7 @@ from tests.fakes.deepseek import (
     Event,
     FakeState,
     RecordedRequest,
+    ToolScript,
     auth_error,
     bearer_key,
     error_bytes,
@@ -59,7 +61,7 @@ ANTHROPIC_SUM_KEYS = (
     "input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens", "output_tokens",
     "thinking_tokens",
 )  # fmt: skip
-TOOL_INPUT_PIECES = ('{"q', '": "', 'x"}')  # the tool input {"q": "x"}, one output token each
+TOOL_INPUT_PIECES = DEFAULT_TOOL_PIECES  # the tool input {"q": "x"}, one output token each
 STREAM_ERROR = {"type": "error", "error": {"type": "api_error", "message": "Internal Server Error"}}
 
 
@@ -119,24 +121,35 @@ def result_text(block: dict[str, Any]) -> str:
     return "" if content is None else str(content)
 
 
-def wanted_tool(body: dict[str, Any], last: dict[str, Any]) -> str | None:
-    """The tool the model calls: the forced one, else the first client tool, when the last message is a
-    user's text (not tool results) and tools are defined; None for a text answer."""
+def tool_rounds_done(messages: list[Any]) -> int:
+    """The tool rounds since the user's last own message (one without tool results): its assistant turns."""
+    done = 0
+    for message in reversed(messages):
+        if not isinstance(message, dict):
+            continue
+        if message.get("role") == "user" and not any(b.get("type") == "tool_result" for b in blocks(message)):
+            break
+        done += message.get("role") == "assistant"
+    return done
+
+
+def wanted_tool(body: dict[str, Any], last: dict[str, Any], script: ToolScript | None = None) -> str | None:
+    """The tool the model calls: the forced one, else the script's or the first client tool, when the last
+    message is a user's (its text, or tool results on fewer rounds than the script's) and tools are defined;
+    None for a text answer."""
+    script = script or ToolScript()
     tools, choice = body.get("tools"), body.get("tool_choice")
     choice = choice if isinstance(choice, dict) else {}
     answering = any(block.get("type") == "tool_result" for block in blocks(last))
-    if not isinstance(tools, list) or last.get("role") != "user" or answering or choice.get("type") == "none":
+    if not isinstance(tools, list) or last.get("role") != "user" or choice.get("type") == "none":
+        return None
+    if answering and tool_rounds_done(body.get("messages") or []) >= script.rounds:
         return None
     if choice.get("type") == "tool" and isinstance(choice.get("name"), str):
         return str(choice["name"])
-    for tool in tools:
-        if (
-            isinstance(tool, dict)
-            and tool.get("type") in (None, "custom")
-            and isinstance(tool.get("name"), str)
-        ):
-            return str(tool["name"])
-    return None
+    names = [str(tool["name"]) for tool in tools if isinstance(tool, dict)
+             and tool.get("type") in (None, "custom") and isinstance(tool.get("name"), str)]
+    return script.pick(names)
 
 
 def answer_text(messages: list[Any], last: dict[str, Any]) -> str:
@@ -146,16 +159,17 @@ def answer_text(messages: list[Any], last: dict[str, Any]) -> str:
     return f"Answer {len(messages)}: the fake DeepSeek says hello."
 
 
-def make_plan(body: dict[str, Any]) -> MessagePlan:
+def make_plan(body: dict[str, Any], script: ToolScript | None = None) -> MessagePlan:
     raw_messages = body.get("messages")
     messages: list[Any] = raw_messages if isinstance(raw_messages, list) else []
     last: dict[str, Any] = messages[-1] if messages and isinstance(messages[-1], dict) else {}
     thinking = (
         split_pieces(f"The user sent {len(messages)} messages; I will answer.") if is_thinking(body) else []
     )
-    tool_name = wanted_tool(body, last)
+    script = script or ToolScript()
+    tool_name = wanted_tool(body, last, script)
     if tool_name is not None:
-        call = Block("tool_use", list(TOOL_INPUT_PIECES), random_tool_call_id(), tool_name)
+        call = Block("tool_use", script.pieces(), random_tool_call_id(), tool_name)
         return MessagePlan([Block("thinking", thinking), call] if thinking else [call], "tool_use")
     text = split_pieces(answer_text(messages, last))
     stop_reason = "end_turn"
@@ -323,7 +337,7 @@ async def answer(app: FakeDeepSeek, rec: RecordedRequest, conn: Conn, fault: str
         rec.refused = problem
         await app.send_error(rec, conn, 400, error_bytes(problem or "Invalid request", INVALID))
         return
-    plan = make_plan(body)
+    plan = make_plan(body, ToolScript.of(app.state))
     usage = make_usage(rec.body, plan)
     rec.usage = recorded_usage(usage, plan)
     rec.status = 200

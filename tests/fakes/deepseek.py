@@ -71,6 +71,7 @@ FAULTS = frozenset(ERROR_FAULTS) | STREAM_FAULTS | AFTER_END_FAULTS | OTHER_FAUL
 CONFIG_FIELDS = (
     "usage_mode", "chunk_delay", "keepalive_count", "nonstream_keepalive_lines", "fault", "fault_count",
     "fault_after_chunks", "slow_delay", "hang_seconds", "error_content_type", "valid_keys", "validate",
+    "tool_rounds", "tool_name", "tool_arguments",
 )  # fmt: skip
 HTML_GARBAGE = b"<html><head><title>502 Bad Gateway</title></head><body><center>nginx</center></body></html>"
 
@@ -154,6 +155,12 @@ class FakeState:
     error_content_type: str = "application/json"  # e.g. "application/octet-stream" as observed
     valid_keys: list[str] | None = None  # if set, only these keys authenticate
     validate: bool = True  # refuse chat bodies DeepSeek refuses (tests.fakes.rules)
+    # The tool loop of the Anthropic and Responses routes (ToolScript): the model calls a tool on this many
+    # rounds after the user's last message, then answers with text; the tool it calls (if the request
+    # defines it; else the first client tool) and its arguments as JSON text (else {"q": "x"}).
+    tool_rounds: int = 1
+    tool_name: str | None = None
+    tool_arguments: str | None = None
     requests: list[RecordedRequest] = field(default_factory=list)
     issued_usage: dict[str, dict[str, int]] = field(default_factory=dict)  # per Authorization key
     active: int = 0  # requests being handled right now
@@ -179,6 +186,9 @@ class FakeState:
             raise ValueError(f"usage_mode must be one of {USAGE_MODES}")
         if "validate" in values and not isinstance(values["validate"], bool):
             raise ValueError("validate must be true or false")
+        rounds = values.get("tool_rounds", 0)
+        if not isinstance(rounds, int) or rounds < 0:
+            raise ValueError("tool_rounds must be an integer >= 0")
         for name, value in values.items():
             setattr(self, name, value)
 
@@ -270,6 +280,34 @@ class Plan:
 
 def split_pieces(text: str) -> list[str]:
     return re.findall(r"\s*\S+", text) or [text]
+
+
+DEFAULT_TOOL_PIECES = ('{"q', '": "', 'x"}')  # the arguments {"q": "x"}, one output token each
+
+
+@dataclass(frozen=True)
+class ToolScript:
+    """How the fake model runs a tool loop (FakeState's tool_rounds, tool_name, tool_arguments)."""
+
+    rounds: int = 1
+    name: str | None = None
+    arguments: str | None = None
+
+    @classmethod
+    def of(cls, state: FakeState) -> ToolScript:
+        return cls(state.tool_rounds, state.tool_name, state.tool_arguments)
+
+    def pick(self, names: list[str]) -> str | None:
+        """The tool to call among the request's client tools (in their order)."""
+        if self.name is not None and self.name in names:
+            return self.name
+        return names[0] if names else None
+
+    def pieces(self) -> list[str]:
+        """The arguments as streamed pieces, one output token each."""
+        if self.arguments is None:
+            return list(DEFAULT_TOOL_PIECES)
+        return [self.arguments[i:i + 8] for i in range(0, len(self.arguments), 8)] or ["{}"]
 
 
 def random_tool_call_id() -> str:

@@ -29,7 +29,9 @@ completion_tokens_details.reasoning_tokens); once the usage reached the client, 
 key grows by those (shared with chat) and by `responses_requests`, `input_tokens`, `cached_tokens`,
 `output_tokens`. Faults (`x-fake-fault`, `FakeState.fault`), keep-alives and delays work as for chat;
 `error_mid_stream` ends the stream with `response.failed`; the header `x-fake-terminal: none` leaves out the
-terminal event (as early DeepSeek streams sometimes did). `FakeDeepSeek.route()` sends these paths here.
+terminal event (as early DeepSeek streams sometimes did); `x-fake-served-model: NAME` answers under another
+model name (as a route that maps names would). Tool loops follow `FakeState.tool_rounds` / `tool_name` /
+`tool_arguments` (`ToolScript`). `FakeDeepSeek.route()` sends these paths here.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from tests.fakes.deepseek import (
     Event,
     FakeState,
     RecordedRequest,
+    ToolScript,
     auth_error,
     error_bytes,
     header_float,
@@ -337,15 +340,30 @@ class ResponsePlan:
         return sum(item.tokens for item in self.items if item.type == "reasoning")
 
 
-def wanted_function(body: dict[str, Any], last: dict[str, Any]) -> str | None:
+def calls_since_user(items: list[dict[str, Any]]) -> int:
+    """The tool rounds since the last user message: its calls (the fake makes one call a round)."""
+    done = 0
+    for item in reversed(items):
+        if item_type(item) == "message" and item.get("role") == "user":
+            break
+        done += item_type(item) in CALLS
+    return done
+
+
+def wanted_function(body: dict[str, Any], last: dict[str, Any], items: list[dict[str, Any]] | None = None,
+                    script: ToolScript | None = None) -> str | None:
+    """The function the model calls: after a user message, or after the outputs of fewer rounds than the
+    script's; the forced one, else the script's or the first function tool."""
+    script = script or ToolScript()
     tools, choice = body.get("tools"), body.get("tool_choice")
     if not isinstance(tools, list) or choice == "none":
         return None
-    if item_type(last) != "message" or last.get("role") != "user":
+    user_turn = item_type(last) == "message" and last.get("role") == "user"
+    if not user_turn and not (item_type(last) in OUTPUTS and calls_since_user(items or []) < script.rounds):
         return None
     if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("name"), str):
         return str(choice["name"])
-    return next((str(t["name"]) for t in tools if isinstance(t, dict) and t.get("type") == "function"), None)
+    return script.pick([str(t["name"]) for t in tools if isinstance(t, dict) and t.get("type") == "function"])
 
 
 def output_text(output: Any) -> str:
@@ -364,14 +382,15 @@ def answer_text(body: dict[str, Any], n: int, last: dict[str, Any]) -> str:
     return f"Answer {n}: the fake DeepSeek says hello."
 
 
-def make_plan(body: dict[str, Any]) -> ResponsePlan:
+def make_plan(body: dict[str, Any], script: ToolScript | None = None) -> ResponsePlan:
     items = known_items(body)
     last = items[-1] if items else {}
     n = len(items)
     thinking = split_pieces(f"The user sent {n} items; I will answer.") if is_thinking(body) else []
-    function = wanted_function(body, last)
+    script = script or ToolScript()
+    function = wanted_function(body, last, items, script)
     if function is not None:
-        call = OutItem("function_call", list(TOOL_ARGUMENT_PIECES), call_id=random_tool_call_id(),
+        call = OutItem("function_call", script.pieces(), call_id=random_tool_call_id(),
                        name=function)
         return ResponsePlan([OutItem("reasoning", thinking), call] if thinking else [call])
     text = split_pieces(answer_text(body, n, last))
@@ -556,7 +575,9 @@ async def answer(app: FakeDeepSeek, rec: RecordedRequest, conn: Conn, fault: str
         rec.refused = problem
         await app.send_error(rec, conn, 400, error_bytes(problem or "Invalid request", INVALID))
         return
-    plan = make_plan(body)
+    if served := rec.headers.get("x-fake-served-model"):  # the model DeepSeek says it served, for a test
+        body = {**body, "model": served}
+    plan = make_plan(body, ToolScript.of(app.state))
     usage = make_usage(rec.body, plan)
     rec.usage = recorded_usage(usage)
     rec.status = 200

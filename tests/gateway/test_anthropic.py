@@ -99,8 +99,8 @@ REFUSED: list[Any] = [
     pytest.param({"model": "claude-sonnet-5-0", "messages": [{"role": "user", "content": "hi"}]},
                  "max_tokens", "missing_required_parameter", id="A2-no-max_tokens"),
     pytest.param({"model": "claude-sonnet-5-0", "max_tokens": 10, "messages": [
-        {"role": "user", "content": "hi"}, {"role": "system", "content": "be brief"}]},
-                 "messages[1].role", "invalid_role", id="A3-system-role"),
+        {"role": "user", "content": "hi"}, {"role": "tool", "content": "42"}]},
+                 "messages[1].role", "invalid_role", id="A3-tool-role"),
     pytest.param({"model": "claude-sonnet-5-0", "max_tokens": 10, "tools": [TOOL], "messages": [
         {"role": "user", "content": "hi"},
         {"role": "assistant", "content": [{"type": "thinking", "thinking": "x"},
@@ -261,7 +261,7 @@ def test_opt_in_repairs_for_claude_code_shapes(start_gate: Callable[..., Running
         "system_messages@messages[1]"}
     fake.state.wait_idle(5)
     sent = orjson.loads(fake.state.requests[-1].body)
-    assert sent["model"] == "deepseek-v4-pro" and sent["system"] == "Use tools."
+    assert sent["model"] == "deepseek-v4-pro" and sent["system"] == [{"type": "text", "text": "Use tools."}]
     assert sent["thinking"] == {"type": "disabled"} and len(sent["messages"]) == 2
 
 
