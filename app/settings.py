@@ -36,6 +36,8 @@ class ServerSettings(Section):
     shutdown_grace_seconds: float = Field(default=30.0, ge=0)
     access_log: bool = True
     log_content: bool = False  # prompt and completion text in logs: off unless asked for
+    capture_refusals: int = Field(default=1000, ge=0)  # refused requests kept per process (0: off)
+    refusal_ttl_hours: float = Field(default=72.0, gt=0)
 
 
 class UpstreamSettings(Section):
@@ -84,6 +86,20 @@ class StoreSettings(Section):
     @property
     def enabled(self) -> bool:
         return self.url != "none"
+
+
+class TracingSettings(Section):
+    """OpenTelemetry traces (app/tracing). Off unless `enabled`, or unset and an OTEL_EXPORTER_OTLP_*
+    endpoint is in the environment; the OTEL_* variables fill in what is not set here."""
+
+    enabled: bool | None = None
+    endpoint: str | None = None  # the OTLP endpoint (http/protobuf: .../v1/traces is added to a base URL)
+    protocol: Literal["http/protobuf", "grpc"] | None = None
+    service_name: str | None = None
+    sample_ratio: float | None = Field(default=None, ge=0, le=1)  # None: OTEL_TRACES_SAMPLER, else all
+    capture_content: bool = False  # prompts and answers on spans: sensitive, off unless asked for
+    max_queue_size: int = Field(default=2048, ge=1)  # spans waiting for export; beyond, dropped (counted)
+    export_timeout_seconds: float = Field(default=10.0, gt=0)
 
 
 class ValidationSettings(Section):
@@ -213,6 +229,7 @@ class Settings(Section):
     pricing: PricingSettings = PricingSettings()
     limits: LimitsSettings = LimitsSettings()
     alerts: AlertSettings = AlertSettings()
+    tracing: TracingSettings = TracingSettings()
     models: dict[str, ModelSettings] = {}
 
     def profiles(self) -> dict[str, ModelProfile]:
@@ -245,7 +262,8 @@ class ConfigError(Exception):
 
 
 Source = Literal["default", "file", "env", "flag"]
-SECTIONS = ("server", "upstream", "auth", "store", "validation", "repair", "pricing", "limits", "alerts")
+SECTIONS = ("server", "upstream", "auth", "store", "validation", "repair", "pricing", "limits", "alerts",
+            "tracing")
 SPECIAL_ENV = {"DEEPSEEK_API_KEY": "auth.upstream_api_key", "CHATGATE_ADMIN_KEY": "auth.admin_key"}
 IGNORED_ENV = {"CHATGATE_CONFIG"}
 SECRETS = {"auth.upstream_api_key", "auth.admin_key", "alerts.webhook_url"}  # webhook URLs carry tokens

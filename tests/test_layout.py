@@ -15,6 +15,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("app.server", "app.lint"),
     ("app.web",),
     ("app.gateway",),
+    ("app.tracing", "app.refusals"),  # OpenTelemetry spans; the refusal inspector (its store, its views)
     ("app.quotas",),
     ("app.settings",),
     ("app.fim",),  # the FIM completion family, built on the OpenAI family's wire pieces

@@ -13,6 +13,7 @@ from app.gateway.auth import Identity
 from app.gateway.upstream import response_headers
 from app.quotas.model import Admission
 from app.repair.base import Repaired
+from app.tracing.spans import ExchangeTrace
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +40,7 @@ class Exchange:
     repaired: Repaired | None = None  # the body was repaired: x-chatgate-repaired, the usage record
     remember: bool = False  # remember the answer's tool-call turn (thinking mode, tools, a known caller)
     admission: Admission | None = None  # the request's reservations against its limits, settled at the end
+    trace: ExchangeTrace | None = None  # its spans, when tracing is on (app.tracing)
     _json: dict[str, Any] | None = None
 
     def json(self) -> dict[str, Any]:

@@ -68,6 +68,10 @@ class Ledger:
             self.recorder.record(record)
         if self.on_record is not None:
             self.on_record(ex, record)
+        if (trace := ex.trace) is not None:
+            capture = trace.tracing.capture_content
+            trace.finish(record, status, ex.json() if capture else None,
+                         ex.completion_text if capture else None)
         self.metrics.observe(record, status)
         if self.access_log is not None:
             line = access_line(record, status)

@@ -36,10 +36,12 @@ from app.metering.recorder import Recorder
 from app.metering.tokens import context_overflow
 from app.quotas.gate import Quotas, refusal_error
 from app.quotas.model import Refusal
+from app.refusals.log import Pending, RefusalLog
 from app.repair.base import Applied, Repaired, TurnCalls
 from app.repair.memory import TurnMemory
 from app.settings import Settings
 from app.store.base import StoreError, TurnRow, UsageRecord
+from app.tracing.spans import ExchangeTrace, Tracing
 from app.verdict import Verdict
 
 REPAIR_PASSES = 3  # fixing a type can reveal a sequence problem (the sequence rules need the types right)
@@ -47,6 +49,8 @@ REPAIR_PASSES = 3  # fixing a type can reveal a sequence problem (the sequence r
 # the prompt bound.
 IMAGE_TOKENS = 384
 IMAGE_MARKERS = (b'"image_url"', b'"input_image"', b'"type":"image"', b'"type": "image"')
+# DeepSeek's 4xx answers kept by the refusal inspector: those about the request (not its key, balance, rate)
+KEPT_UPSTREAM = frozenset({400, 404, 409, 413, 415, 422})
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +76,9 @@ class Gateway:
         self.background: set[asyncio.Task[None]] = set()
         self.quotas = quotas
         self.clock: Callable[[], float] = time.time  # a request's start: its usage record's time
+        self.tracing: Tracing | None = None  # set by State when tracing is on (app.tracing)
+        self.refusals: RefusalLog | None = None  # the refusal inspector (server.capture_refusals)
+        self.keep_text = settings.server.log_content or settings.tracing.capture_content
         if quotas is not None:
             self.ledger.on_record = self._settle
 
@@ -80,16 +87,21 @@ class Gateway:
     async def handle(self, request: Request, endpoint: Endpoint) -> Response:
         route, family = endpoint.route, endpoint.family
         request_id = request_id_of(request)
+        trace = self._trace(request, route)
         try:
             identity = await self.auth.identify(client_key(request))
             body = await read_json_body(request, self.settings.limits.max_body_bytes,
                                          self.settings.limits.body_timeout_seconds)
         except APIError as error:
             self.ledger.refused(route.label, request_id, error.status, error.code, self.clock())
+            if trace is not None:
+                trace.early(error.status, error.code)
             return error_response(error, request_id, family)
-        ex = Exchange(route, request_id, identity, body=body, ts=self.clock())
+        ex = Exchange(route, request_id, identity, body=body, ts=self.clock(), trace=trace)
         origin = origin_of(request)
         verdict = self._check(ex, family, origin)
+        if trace is not None and verdict is not None:
+            trace.max_tokens = verdict.max_tokens
         if verdict is not None and (verdict.problems or verdict.warnings) and self.repairs.enabled:
             verdict = await self._repair(ex, family, verdict, origin)
         if verdict is not None and verdict.problems:
@@ -354,8 +366,31 @@ class Gateway:
                 self.spawn(self.quotas.settle(ex.admission, tokens, record.cost_picousd))
 
     def _reject(self, ex: Exchange, family: Family, error: APIError) -> Response:
+        if ex.trace is not None:
+            ex.trace.refused(error.problems)
+        if self.refusals is not None:
+            problems = [p.as_dict() for p in error.problems] or [
+                {"code": error.code, "param": error.param, "message": error.message, "rule": None}]
+            self._keep_refusal(ex, 400, "chatgate", problems)
         self.ledger.finish(ex, "rejected", 400, rule_code=error.code)
         return error_response(error, ex.request_id, family)
+
+    # --- observability ---------------------------------------------------------------
+
+    def _trace(self, request: Request, route: Route) -> ExchangeTrace | None:
+        if self.tracing is None:
+            return None
+        return self.tracing.start(request.headers, request.method, request.scope.get("path", route.label),
+                                  route.label, request.scope)
+
+    def _keep_refusal(self, ex: Exchange, status: int, source: str, problems: list[dict[str, Any]] | None,
+                      answer: bytes = b"") -> None:
+        """Hand a refused request to the inspector (redacted and stored off the request path)."""
+        assert self.refusals is not None
+        i = ex.identity
+        self.refusals.add(Pending(ex.request_id, ex.ts, i.key_id, i.key_name, i.team, ex.route.label,
+                                  ex.model,
+                                  status, source, problems, ex.body, answer))
 
     # --- forwarding ------------------------------------------------------------------
 
@@ -367,6 +402,8 @@ class Gateway:
                 body, usage_filter = asked, family.usage_filter()
         headers = forward_headers(request.headers.raw, ex.identity.upstream_authorization, ex.request_id,
                                   managed=self.auth.managed)
+        if ex.trace is not None:  # one CLIENT span per upstream attempt
+            headers = ex.trace.start_attempt(headers, ex.model, ex.stream)
         deadline = ex.t0 + self.settings.upstream.total_timeout
         query = request.scope.get("query_string", b"")  # Claude Code's ?beta=true goes on to DeepSeek
         target = self.upstream.url_of(ex.route.upstream_path, query.decode("latin-1")) if query else \
@@ -389,6 +426,8 @@ class Gateway:
         content = await read_whole(resp, deadline)
         headers = ex.response_headers(resp)
         if resp.status_code != 200:
+            if self.refusals is not None and resp.status_code in KEPT_UPSTREAM:
+                self._keep_refusal(ex, resp.status_code, "deepseek", None, content)
             return RawResponse(resp.status_code, headers, content, functools.partial(
                 self.ledger.finish, ex, "upstream_error", resp.status_code, upstream_status=resp.status_code))
         try:
@@ -398,7 +437,9 @@ class Gateway:
                               "protocol).", "upstream_bad_response") from None
         if ex.remember and (turn := family.answer_turn(answer)) is not None:
             await self.memory.remember(ex.identity.caller, family.turn_kind, turn)  # before the client has it
-        if self.settings.server.log_content:
+        if ex.trace is not None:
+            ex.trace.answer(answer)
+        if self.keep_text:
             ex.completion_text = content.decode("utf-8", "replace")
         tokens = family.usage(answer)
         if (served := family.served_model(answer)) is not None:
@@ -419,7 +460,7 @@ class Gateway:
         turn = turns.turn(lambda: meter.reasoning) if turns is not None and outcome == "ok" else None
         if turn is not None:
             await self.memory.remember(ex.identity.caller, family.turn_kind, turn)
-        if self.settings.server.log_content:
+        if self.keep_text:
             ex.completion_text = meter.text
         if meter.model is not None:
             ex.model = meter.model[:200]

@@ -48,6 +48,7 @@ class SSERelay(Response):
         self.deadline = deadline
         self.meter = meter
         self.filter = chunk_filter
+        self.trace = ex.trace
         self.client = ClientWatch()
         # (outcome, status) once the upstream side has ended; a disconnect after that does not change it
         self.end: tuple[str, int] | None = None
@@ -124,6 +125,8 @@ class SSERelay(Response):
 
     async def _relay_chunk(self, send: Send, raw: bytes) -> None:
         self.meter.feed(raw)
+        if self.trace is not None:
+            self.trace.feed(raw)
         chunk = self._complete_lines(raw)
         if self.filter is not None:
             chunk = self.filter.feed(chunk)

@@ -15,9 +15,13 @@ from app.gateway.upstream import Upstream
 from app.metering.metrics import Metrics
 from app.metering.recorder import Recorder, store_tag
 from app.quotas.gate import Quotas
+from app.refusals.log import RefusalLog
+from app.refusals.store import open_refusal_store
 from app.repair.memory import TurnMemory
 from app.settings import Settings
 from app.store import Store, open_store
+from app.tracing.setup import build_tracing
+from app.tracing.spans import Tracing
 
 log = logging.getLogger("chatgate")
 
@@ -40,6 +44,8 @@ class State:
         self.dry_runs: dict[str, Endpoint]  # POST /validate routes, by path
         self.endpoints, self.dry_runs = build_endpoints(settings)
         self._purger: asyncio.Task[None] | None = None
+        self.tracing: Tracing | None = None
+        self.refusals: RefusalLog | None = None
 
     @property
     def gw(self) -> Gateway:
@@ -67,7 +73,20 @@ class State:
         self.quotas = Quotas(s, self.store)
         self.gateway = Gateway(s, upstream, self.recorder, Authenticator(s.auth, self.store), self.metrics,
                                self.memory, self.quotas)
+        await self._observability()
         self._purger = asyncio.get_running_loop().create_task(self._purge_expired_turns())
+
+    async def _observability(self) -> None:
+        """Tracing (app.tracing) and the refusal inspector (app.refusals), each only when it is on."""
+        s, gateway = self.settings, self.gw
+        self.tracing = gateway.tracing = build_tracing(s.tracing)
+        if self.tracing is not None:
+            self.metrics.registry.register(self.tracing.collector())
+        if self.store is not None and s.server.capture_refusals > 0:
+            refusals = RefusalLog(open_refusal_store(self.store.url), s.server.capture_refusals,
+                                  s.server.refusal_ttl_hours, s.server.log_content)
+            await asyncio.to_thread(refusals.start)
+            self.refusals = gateway.refusals = refusals
 
     async def _purge_expired_turns(self) -> None:
         """Relayed reasoning is deleted once it expires (every replica purges; the deletes are idempotent)."""
@@ -87,6 +106,10 @@ class State:
         if self.gateway is not None:
             await self.gateway.drain()
             await self.gateway.upstream.aclose()
+        if self.refusals is not None:
+            await asyncio.to_thread(self.refusals.stop)
+        if self.tracing is not None:
+            await asyncio.to_thread(self.tracing.shutdown)
         if self.memory is not None:
             await self.memory.drain()
             self.memory.close()

@@ -1,0 +1,87 @@
+"""One refused request as kept by the inspector, and the redaction of its body."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+KEEP_CHARS = 32  # a long string keeps this many characters ...
+LONG_CHARS = 64  # ... when it has more than this many
+MAX_BODY_CHARS = 1 << 20  # the redacted body as stored; beyond, only its start is kept (marked)
+SOURCES = ("chatgate", "deepseek")
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """A refused request: `source` says who refused it (chatgate's rules, or DeepSeek's answer)."""
+
+    refusal_id: str
+    request_id: str
+    ts: float  # unix seconds (UTC) when the request arrived
+    replica: str  # the process that kept it (each keeps its last N)
+    key_id: str
+    key_name: str
+    team: str
+    route: str
+    model: str
+    status: int
+    source: str
+    rules: tuple[str, ...]  # the rule codes (R16, A3, ...) or problem codes, in order, each once
+    problems: list[dict[str, Any]]  # chatgate: its problems (code, param, message, rule); DeepSeek: [error]
+    body: str  # the JSON body, redacted unless server.log_content
+    redacted: bool
+
+    def as_dict(self, *, with_body: bool = True) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "request_id": self.request_id, "ts": self.ts, "key_id": self.key_id, "key_name": self.key_name,
+            "team": self.team, "route": self.route, "model": self.model, "status": self.status,
+            "source": self.source, "rules": list(self.rules), "problems": self.problems,
+            "redacted": self.redacted}
+        if with_body:
+            out["body"] = self.body
+        return out
+
+
+def redact(value: Any) -> Any:
+    """Every string longer than LONG_CHARS cut to its first KEEP_CHARS characters and its length."""
+    if isinstance(value, str):
+        return f"{value[:KEEP_CHARS]}…[{len(value)} chars]" if len(value) > LONG_CHARS else value
+    if isinstance(value, dict):
+        return {redact(k): redact(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [redact(v) for v in value]
+    return value
+
+
+def body_text(body: bytes, keep_content: bool) -> tuple[str, bool]:
+    """The body as kept: its JSON, redacted unless `keep_content`; (text, redacted)."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        data = body.decode("utf-8", "replace")  # not JSON: kept as one string
+    if not keep_content:
+        data = redact(data)
+    text = orjson.dumps(data).decode()
+    if len(text) > MAX_BODY_CHARS:
+        text = orjson.dumps(text[:MAX_BODY_CHARS] + f"…[{len(text)} chars in all]").decode()
+    return text, not keep_content
+
+
+def rules_of(problems: list[dict[str, Any]]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(str(p.get("rule") or p.get("code") or "?") for p in problems))
+
+
+def deepseek_problem(status: int, content: bytes) -> list[dict[str, Any]]:
+    """DeepSeek's error answer as the refusal's one problem (its message, type, param and code)."""
+    try:
+        data = orjson.loads(content)
+    except orjson.JSONDecodeError:
+        data = None
+    error = data.get("error") if isinstance(data, dict) else None
+    if isinstance(error, dict):
+        return [{"code": str(error.get("code") or error.get("type") or status), "param": error.get("param"),
+                 "message": str(error.get("message", ""))[:2000], "rule": None, "type": error.get("type")}]
+    text = content[:2000].decode("utf-8", "replace")
+    return [{"code": str(status), "param": None, "message": text, "rule": None}]

@@ -1,0 +1,82 @@
+"""What the exporter delivered and what was dropped, for /metrics."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+log = logging.getLogger("chatgate.tracing")
+
+
+class CountingExporter:
+    """The OTLP exporter, counting the spans of the exports that failed (the exporter was down)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.failed = 0
+        self.exported = 0
+
+    def export(self, spans: Sequence[Any]) -> Any:
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        try:
+            result = self.inner.export(spans)
+        except Exception as exc:  # an exporter bug must not kill the processor's thread
+            log.warning("exporting %d span(s) failed: %s", len(spans), exc)
+            result = SpanExportResult.FAILURE
+        if result == SpanExportResult.SUCCESS:
+            self.exported += len(spans)
+        else:
+            self.failed += len(spans)
+        return result
+
+    def shutdown(self) -> None:
+        self.inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return bool(self.inner.force_flush(timeout_millis))
+
+
+class TraceCounts:
+    """Spans exported, and dropped: the queue was full (the SDK drops the oldest), or the export failed."""
+
+    def __init__(self, exporter: CountingExporter) -> None:
+        self.exporter = exporter
+        self._queue: Any = None
+        self._max: int | None = None
+        self.queue_full = 0
+
+    def watch(self, processor: Any) -> None:
+        """The SDK's queue (not a public API: without it, only failed exports are counted)."""
+        inner = getattr(processor, "_batch_processor", None)
+        self._queue = getattr(inner, "_queue", None)
+        self._max = getattr(inner, "_max_queue_size", None)
+
+    def before_queue(self) -> None:
+        """Called before each span is queued: counts the one the SDK drops for it when the queue is full."""
+        queue = self._queue
+        if queue is not None and len(queue) == self._max:
+            self.queue_full += 1
+
+    @property
+    def dropped(self) -> int:
+        return self.queue_full + self.exporter.failed
+
+
+class TraceCollector(Collector):
+    def __init__(self, counts: TraceCounts) -> None:
+        self.counts = counts
+
+    def collect(self) -> Iterator[Metric]:
+        yield CounterMetricFamily("chatgate_trace_spans_exported", "Spans the OTLP exporter delivered",
+                                  value=self.counts.exporter.exported)
+        family = CounterMetricFamily("chatgate_trace_spans_dropped",
+                                     "Spans dropped: the export queue was full, or the export failed",
+                                     labels=["reason"])
+        family.add_metric(["queue_full"], self.counts.queue_full)
+        family.add_metric(["export_failed"], self.counts.exporter.failed)
+        yield family
