@@ -1,4 +1,4 @@
-"""`chatgate serve | keys | usage | config check | lint`."""
+"""`chatgate serve | keys | usage | refusals | config check | lint`."""
 
 from __future__ import annotations
 
@@ -107,6 +107,29 @@ def build_parser() -> argparse.ArgumentParser:
                                   "comes from", description="Print the effective configuration.")
     _config_arg(check)
     check.set_defaults(func=cmd_config_check)
+
+    refusals = sub.add_parser("refusals", help="the requests chatgate or DeepSeek refused lately",
+                              description="The refused requests kept in the store (server.capture_refusals): "
+                              "chatgate's 400s and DeepSeek's 4xx answers, bodies redacted.")
+    refusals_sub = refusals.add_subparsers(metavar="ACTION")
+    r_list = refusals_sub.add_parser("list", help="newest first", description="The kept refusals, newest "
+                                     "first.")
+    r_list.add_argument("--team")
+    r_list.add_argument("--key", help="a key id (key_…) or passthrough fingerprint (fp-…)")
+    r_list.add_argument("--rule", help="a rule (R16, A3, …) or problem code")
+    r_list.add_argument("--since", help="from this date/datetime (UTC), inclusive")
+    r_list.add_argument("--limit", type=int, default=100)
+    r_list.add_argument("--format", choices=["table", "json"], default="table")
+    r_show = refusals_sub.add_parser("show", help="one refusal, its problems marked on its body",
+                                     description="One refusal: its problems marked on its redacted body.")
+    r_show.add_argument("request_id")
+    r_show.add_argument("--fix", action="store_true", help="also print what `chatgate lint --fix` would "
+                        "repair in it")
+    r_show.add_argument("--format", choices=["text", "json"], default="text")
+    for p, func in ((r_list, cmd_refusals_list), (r_show, cmd_refusals_show)):
+        _config_arg(p)
+        _store_arg(p)
+        p.set_defaults(func=func)
 
     lint = sub.add_parser("lint", help="check request bodies offline",
                           description="Check chat-completions request bodies without any network: a JSON "
@@ -462,6 +485,89 @@ def cmd_config_check(args: argparse.Namespace) -> int:
     for dotted, value, source in rows:
         print(f"{dotted.ljust(width)}  = {value}  [{source}]")
     print("# configuration is valid")
+    return 0
+
+
+# --- refusals -----------------------------------------------------------------------------------
+
+
+def _refusal_store(args: argparse.Namespace) -> Any:
+    from app.refusals.store import open_refusal_store
+
+    loaded = _load(args)
+    if not loaded.settings.store.enabled:
+        raise ConfigError("store.url: the refusal inspector needs a store, got none")
+    store = open_refusal_store(loaded.settings.store.url)
+    store.migrate()
+    return store, loaded
+
+
+def cmd_refusals_list(args: argparse.Namespace) -> int:
+    from app.metering.reports import ReportError, parse_time
+    from app.refusals.service import list_refusals
+    from app.refusals.store import RefusalQuery
+
+    try:
+        since = parse_time(args.since, "since")
+    except ReportError as exc:
+        print(f"chatgate: {exc}", file=sys.stderr)
+        return 2
+    store, loaded = _refusal_store(args)
+    rows = list_refusals(store, RefusalQuery(args.team, args.key, args.rule, since, args.limit),
+                         loaded.settings.server.refusal_ttl_hours)
+    store.close()
+    if args.format == "json":
+        _print_json({"object": "list", "data": rows})
+        return 0
+    if not rows:
+        print("No refusals kept (server.capture_refusals keeps the last ones of each process).")
+        return 0
+    table = [("time", "request id", "status", "by", "team", "key", "route", "rules")]
+    table += [(_when(r["ts"]), r["request_id"], str(r["status"]), r["source"], r["team"], r["key_id"],
+               r["route"], ",".join(r["rules"])) for r in rows]
+    _print_table(table)
+    return 0
+
+
+def cmd_refusals_show(args: argparse.Namespace) -> int:
+    from app.gateway.endpoints import build_endpoints
+    from app.refusals.service import show_refusal
+
+    store, loaded = _refusal_store(args)
+    settings = loaded.settings
+    endpoints = build_endpoints(settings)[0]
+
+    def family_of(route: str) -> Any:
+        endpoint = endpoints.get(route)
+        return (endpoint.family, endpoint.route.beta) if endpoint is not None else None
+
+    found = show_refusal(store, args.request_id, settings.server.refusal_ttl_hours,
+                         family_of if args.fix else None, settings.repair.options() if args.fix else None)
+    store.close()
+    if found is None:
+        print(f"chatgate: no refusal kept with request id {args.request_id!r}", file=sys.stderr)
+        return 1
+    if args.format == "json":
+        _print_json(found)
+        return 0
+    print(f"{found['request_id']}  {_when(found['ts'])}  {found['status']} by {found['source']}  "
+          f"{found['route']}  team {found['team']}  key {found['key_id']}  model {found['model']}")
+    for p in found["problems"]:
+        where = f" at {p['param']}" if p.get("param") else ""
+        print(f"  {p.get('rule') or p.get('code')}{where}: {p.get('message')}")
+    note = " (strings over 64 characters cut: server.log_content is off)" if found["redacted"] else ""
+    print(f"\nbody{note}:")
+    print(found["marked"])
+    if "fix" in found:
+        fix = found["fix"]
+        print("\nchatgate lint --fix would repair:" if fix["repairs"] else "\nchatgate lint --fix repairs "
+              "nothing here.")
+        for a in fix["repairs"]:
+            print(f"  {a['code']} at {a['path']}" + (f": {a['detail']}" if a.get("detail") else ""))
+        if fix["repairs"] or fix.get("note"):
+            left = fix["problems_left"]
+            print(fix.get("note") or (f"problems left after it: {len(left)}" if left else
+                                      "the body is valid after it."))
     return 0
 
 

@@ -7,7 +7,8 @@ sessionStorage and sends it as `Authorization: Bearer <admin key>` to:
 - `GET /admin/usage/timeseries?by=team|key|model&bucket=day|hour[&since=&until=]`: tokens and cost
   per group per time bucket, built from `app.metering.reports.build_report` over each bucket,
 - `GET /admin/rejections`: rejected requests by rule code and the keys with the most rejected
-  requests, both from the store (all time, every replica).
+  requests, both from the store (all time, every replica),
+- `GET /admin/refusals` and `GET /admin/refusals/{request_id}` (app.web.refusals): the recent refusals.
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ from app.web.compaction import add_compaction
 from app.web.count_tokens import add_count_tokens
 from app.web.dashboard import add_dashboard
 from app.web.files import add_files
+from app.web.refusals import add_refusals
 
 BALANCE_ROUTE = "/user/balance"
 MODELS_CACHE_SLOTS = 1024
@@ -66,6 +67,7 @@ def add_routes(app: FastAPI, state: State) -> None:
     add_count_tokens(app, state)
     add_dashboard(app, state)
     add_admin(app, state)
+    add_refusals(app, state)
 
 
 async def _healthz(request: Request) -> Response:

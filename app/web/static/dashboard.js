@@ -175,6 +175,63 @@
 
   const usd = (v) => fmt(v, "cost_usd");
 
+  // Recent refusals: one row per kept refusal, its request id a link that shows it (GET /admin/refusals/{id}).
+  function refusalsTable(container, rows, why) {
+    container.replaceChildren();
+    container.dataset.rows = String(rows.length);
+    if (!rows.length) {
+      const p = document.createElement("p");
+      p.className = "empty";
+      p.textContent = why || "No refusals kept.";
+      container.append(p);
+      return;
+    }
+    const table = document.createElement("table");
+    const head = table.createTHead().insertRow();
+    for (const h of ["time (UTC)", "request id", "status", "by", "team", "key", "route", "rules"]) {
+      const th = document.createElement("th");
+      th.textContent = h;
+      head.append(th);
+    }
+    const tbody = table.createTBody();
+    for (const r of rows) {
+      const tr = tbody.insertRow();
+      tr.insertCell().textContent = new Date(r.ts * 1000).toISOString().slice(0, 19).replace("T", " ");
+      const a = document.createElement("a");
+      a.href = "#refusal=" + encodeURIComponent(r.request_id);
+      a.textContent = r.request_id;
+      a.className = "refusal-link";
+      a.addEventListener("click", (ev) => { ev.preventDefault(); showRefusal(r.request_id); });
+      tr.insertCell().append(a);
+      for (const v of [r.status, r.source, r.team, r.key_name || r.key_id, r.route, r.rules.join(", ")]) {
+        tr.insertCell().textContent = String(v);
+      }
+    }
+    container.append(table);
+  }
+
+  async function showRefusal(id) {
+    const pre = $("refusal-detail");
+    pre.hidden = false;
+    try {
+      const r = await api("/admin/refusals/" + encodeURIComponent(id));
+      const problems = r.problems.map((p) => `${p.rule || p.code}${p.param ? " at " + p.param : ""}: ${p.message}`);
+      pre.textContent = `${r.request_id}  ${r.status} by ${r.source}  ${r.route}  team ${r.team}  key ${r.key_id}\n` +
+        problems.join("\n") + "\n\n" + r.marked;
+    } catch (err) {
+      pre.textContent = "Could not load " + id + ": " + err.message;
+    }
+  }
+
+  async function loadRefusals() {
+    try {
+      const refusals = await api("/admin/refusals?limit=50");
+      refusalsTable($("refusals"), refusals.data);
+    } catch (err) {
+      refusalsTable($("refusals"), [], err.message);
+    }
+  }
+
   function day(ts) {
     return new Date(ts * 1000).toISOString().slice(0, 10);
   }
@@ -288,6 +345,7 @@
       codeBars($("chart-repairs"), repairs.by_code, "repairs by code", "No repaired requests.", "#2e86c1");
       offendersTable($("offenders"), rejections.top_offenders);
       budgetsTable($("budgets"), teams.data);
+      await loadRefusals();
       setStatus("ready", `Last ${span} ${bucket}(s), UTC. Updated ${new Date().toLocaleTimeString()}.`);
     } catch (err) {
       if (err.status === 401) sessionStorage.removeItem(KEY);

@@ -1,0 +1,67 @@
+"""The refusal inspector over HTTP (admin key only): `GET /admin/refusals[?team=&key=&rule=&since=&limit=]`
+(newest first, without bodies) and `GET /admin/refusals/{request_id}[?fix=true]` (the redacted body, marked
+with its problems, and what `chatgate lint --fix` would repair)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+from fastapi import FastAPI
+from starlette.requests import Request
+from starlette.responses import Response
+
+from app.errors import APIError
+from app.gateway.auth import require_admin
+from app.gateway.responses import json_response
+from app.metering.reports import ReportError, parse_time
+from app.refusals.service import list_refusals, show_refusal
+from app.refusals.store import RefusalQuery, RefusalStore
+from app.refusals.view import Checker
+
+if TYPE_CHECKING:
+    from app.gateway.state import State
+
+NO_STORE = {"cache-control": "no-store"}
+
+
+def add_refusals(app: FastAPI, state: State) -> None:
+    def store_of(request: Request) -> RefusalStore:
+        require_admin(state.gw.auth, request.headers.get("authorization"))
+        if state.refusals is None:
+            raise APIError(503, "The refusal inspector is off: it needs a store (store.url) and "
+                           "server.capture_refusals > 0.", "server_error", None, "refusals_off")
+        return state.refusals.store
+
+    def family_of(route: str) -> tuple[Checker, bool] | None:
+        endpoint = state.endpoints.get(route)
+        return (endpoint.family, endpoint.route.beta) if endpoint is not None else None
+
+    async def listing(request: Request) -> Response:
+        store = store_of(request)
+        q = request.query_params
+        try:
+            since = parse_time(q.get("since"), "since")
+            limit = int(q.get("limit", "100"))
+        except (ReportError, ValueError) as exc:
+            raise APIError(400, f"Invalid query: {exc}", "invalid_request_error", None,
+                           "invalid_value") from None
+        query = RefusalQuery(q.get("team"), q.get("key"), q.get("rule"), since, limit)
+        rows = await asyncio.to_thread(list_refusals, store, query, state.settings.server.refusal_ttl_hours)
+        return json_response(200, {"object": "list", "data": rows}, NO_STORE)
+
+    async def one(request: Request) -> Response:
+        store = store_of(request)
+        fix = request.query_params.get("fix", "").lower() in ("1", "true", "yes")
+        found = await asyncio.to_thread(
+            show_refusal, store, request.path_params["request_id"], state.settings.server.refusal_ttl_hours,
+            family_of if fix else None, state.settings.repair.options() if fix else None)
+        if found is None:
+            raise APIError(404, "No refusal kept with this request id (kept: the last "
+                           f"{state.settings.server.capture_refusals} per process, for "
+                           f"{state.settings.server.refusal_ttl_hours:g} h).", "invalid_request_error", None,
+                           "refusal_not_found")
+        return json_response(200, found, NO_STORE)
+
+    app.router.add_route("/admin/refusals", listing, methods=["GET"], include_in_schema=False)
+    app.router.add_route("/admin/refusals/{request_id}", one, methods=["GET"], include_in_schema=False)
