@@ -21,6 +21,7 @@ from app.tracing.spans import Tracing
 
 log = logging.getLogger("chatgate.tracing")
 
+SCHEMA_URL = "https://opentelemetry.io/schemas/1.44.0"  # the semantic conventions the spans follow
 ENDPOINT_VARS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
 PROTOCOL_VARS = ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL")
 
@@ -62,7 +63,7 @@ def build_tracing(settings: TracingSettings, env: Mapping[str, str] | None = Non
     provider = TracerProvider(resource=resource, sampler=sampler)
     counts = TraceCounts(CountingExporter(_exporter(settings, env)))
     provider.add_span_processor(_processor(counts, settings))
-    tracer = provider.get_tracer("chatgate")
+    tracer = provider.get_tracer("chatgate", schema_url=SCHEMA_URL)
     return Tracing(provider, tracer, counts, settings.capture_content)
 
 

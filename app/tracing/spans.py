@@ -1,7 +1,7 @@
 """The spans of one request: its SERVER span and a CLIENT span per upstream attempt, with the
-OpenTelemetry semantic conventions 1.37+ for HTTP and for GenAI (`gen_ai.*`, as in
+OpenTelemetry semantic conventions v1.44.0 for HTTP and for GenAI (`gen_ai.*`, as in
 opentelemetry-semantic-conventions 0.66b2: `gen_ai.provider.name`, `gen_ai.usage.cache_read.input_tokens`,
-`gen_ai.usage.reasoning.output_tokens`, `gen_ai.response.time_to_first_chunk`).
+`gen_ai.usage.reasoning.output_tokens`, `gen_ai.response.time_to_first_chunk`; docs/observability.md).
 
 The gateway holds an `ExchangeTrace` per request (None when tracing is off, so every hook is one `is not
 None` test). The retry engine calls `start_attempt` before each upstream attempt and `attempt_failed` for one
