@@ -87,7 +87,7 @@ class Gateway:
     async def handle(self, request: Request, endpoint: Endpoint) -> Response:
         route, family = endpoint.route, endpoint.family
         request_id = request_id_of(request)
-        trace = self._trace(request, route)
+        trace = self._trace(request, route, request_id)
         try:
             identity = await self.auth.identify(client_key(request))
             body = await read_json_body(request, self.settings.limits.max_body_bytes,
@@ -377,11 +377,11 @@ class Gateway:
 
     # --- observability ---------------------------------------------------------------
 
-    def _trace(self, request: Request, route: Route) -> ExchangeTrace | None:
+    def _trace(self, request: Request, route: Route, request_id: str) -> ExchangeTrace | None:
         if self.tracing is None:
             return None
         return self.tracing.start(request.headers, request.method, request.scope.get("path", route.label),
-                                  route.label, request.scope)
+                                  route.label, request.scope, request_id)
 
     def _keep_refusal(self, ex: Exchange, status: int, source: str, problems: list[dict[str, Any]] | None,
                       answer: bytes = b"") -> None:

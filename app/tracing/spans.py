@@ -45,8 +45,8 @@ class Tracing:
         self.SERVER, self.CLIENT = trace.SpanKind.SERVER, trace.SpanKind.CLIENT
         self.ERROR = trace.Status(trace.StatusCode.ERROR)
 
-    def start(self, headers: Mapping[str, str], method: str, route: str, label: str, scope: Mapping[str, Any]
-              ) -> ExchangeTrace:
+    def start(self, headers: Mapping[str, str], method: str, route: str, label: str, scope: Mapping[str, Any],
+              request_id: str) -> ExchangeTrace:
         """The request's SERVER span, named by its route, continuing the client's traceparent (and
         tracestate) if it sent one; `label` is the route as in usage records (it names the operation)."""
         carrier = {name: value for name in ("traceparent", "tracestate") if (value := headers.get(name))}
@@ -54,7 +54,7 @@ class Tracing:
         attributes: dict[str, Any] = {
             "http.request.method": method, "http.route": route, "url.path": scope.get("path", route),
             "url.scheme": scope.get("scheme", "http"),
-            "network.protocol.version": scope.get("http_version", "1.1")}
+            "network.protocol.version": scope.get("http_version", "1.1"), "chatgate.request_id": request_id}
         server, client = scope.get("server"), scope.get("client")
         if server:
             attributes["server.address"], attributes["server.port"] = server[0], server[1]
