@@ -98,9 +98,6 @@ class MessagesFamily:
     def stream_turns(self) -> StreamedThinkingTurn:
         return StreamedThinkingTurn()
 
-    def file_refs(self, data: dict[str, Any]) -> list[tuple[str, str]]:
-        return file_refs(data)
-
     def prompt_text(self, data: dict[str, Any]) -> str:
         return prompt_text(data)
 
@@ -109,29 +106,6 @@ class MessagesFamily:
 
     def usage_filter(self) -> None:
         return None
-
-
-def file_refs(data: dict[str, Any]) -> list[tuple[str, str]]:
-    """The ids of blocks whose source is an uploaded file (`source: {type: file, file_id}`), in messages and
-    in tool results."""
-    found: list[tuple[str, str]] = []
-
-    def blocks(content: Any, where: str) -> None:
-        for j, block in enumerate(content if isinstance(content, list) else ()):
-            if not isinstance(block, dict):
-                continue
-            source = block.get("source")
-            if isinstance(source, dict) and source.get("type") == "file" and \
-                    isinstance(file_id := source.get("file_id"), str) and file_id:
-                found.append((f"{where}.content[{j}].source.file_id", file_id))
-            if block.get("type") == "tool_result":
-                blocks(block.get("content"), f"{where}.content[{j}]")
-
-    messages = data.get("messages")
-    for i, msg in enumerate(messages if isinstance(messages, list) else ()):
-        if isinstance(msg, dict):
-            blocks(msg.get("content"), f"messages[{i}]")
-    return found
 
 
 def prompt_text(data: dict[str, Any]) -> str:

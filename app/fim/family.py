@@ -100,9 +100,6 @@ class FimFamily:
     def stream_turns(self) -> NoTurns:
         return NoTurns()
 
-    def file_refs(self, data: dict[str, Any]) -> list[tuple[str, str]]:
-        return []  # a prompt and a suffix: text only
-
     def prompt_text(self, data: dict[str, Any]) -> str:
         return prompt_text(data)
 

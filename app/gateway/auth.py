@@ -8,7 +8,11 @@ import hashlib
 import hmac
 import secrets
 import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+
+from starlette.requests import HTTPConnection
 
 from app.errors import APIError, unauthorized
 from app.settings import AuthSettings
@@ -16,6 +20,8 @@ from app.store.base import ApiKey, Store
 
 KEY_PREFIX = "cg-"
 ADMIN = "admin"  # the admin key's key id, name and team where a route takes it
+UNKNOWN_KEYS_CACHED = 10_000  # keys the store does not know, remembered (oldest forgotten first)
+KNOWN_KEYS_CACHED = 100_000  # beyond, expired entries are dropped
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +52,18 @@ def bearer(header: str | None) -> str | None:
     return token.strip() or None if scheme.lower() == "bearer" else None
 
 
+def client_key(headers: Mapping[str, str]) -> str | None:
+    """The caller's key as an Authorization value, by DeepSeek's precedence: `Authorization: Bearer <key>`,
+    else `x-api-key` (Anthropic's SDKs), however the other header looks. An empty or non-Bearer
+    Authorization beside an x-api-key is not a missing key: that key is the caller (and what DeepSeek bills).
+    With neither, the Authorization as sent (None if absent): the caller is anonymous."""
+    authorization = headers.get("authorization")
+    if bearer(authorization) is not None:
+        return authorization
+    api_key = headers.get("x-api-key", "").strip()
+    return f"Bearer {api_key}" if api_key else authorization
+
+
 def fingerprint(secret: str) -> str:
     return _fingerprint_of(hash_key(secret))
 
@@ -58,7 +76,9 @@ class Authenticator:
     def __init__(self, settings: AuthSettings, store: Store | None) -> None:
         self.settings = settings
         self.store = store
-        self._cache: dict[str, tuple[float, ApiKey | None]] = {}
+        self._cache: dict[str, tuple[float, ApiKey]] = {}  # the store's keys, by digest
+        self._unknown: OrderedDict[str, float] = OrderedDict()  # digests the store does not know -> until
+        self.on_refused: Callable[[str], None] | None = None  # a 401, by its source address (/metrics)
         upstream_key = settings.upstream_api_key.get_secret_value() if settings.upstream_api_key else None
         self._upstream = f"Bearer {upstream_key}" if upstream_key else None
 
@@ -79,16 +99,21 @@ class Authenticator:
                                "one with `chatgate keys create`.")
         return Identity(key.key_id, key.name, key.team, self._upstream, key.key_id)
 
+    async def identify_request(self, request: HTTPConnection) -> Identity:
+        """`identify` with the request's key (`client_key`); a 401 is counted by the client's address."""
+        try:
+            return await self.identify(client_key(request.headers))
+        except APIError as error:
+            if error.status == 401 and self.on_refused is not None:
+                self.on_refused(request.client.host if request.client is not None else "unknown")
+            raise
+
     def admin(self, authorization: str | None) -> Identity | None:
         """The admin key's identity in managed mode, asking DeepSeek with the upstream key; None for any other
         key, and in passthrough mode (where every key is the caller's own DeepSeek key)."""
         if not self.managed or not self.is_admin(authorization):
             return None
         return Identity(ADMIN, ADMIN, ADMIN, self._upstream)
-
-    def anonymous(self) -> Identity:
-        """Whoever sent a request that needs no key (the dry-run /validate)."""
-        return Identity("anonymous", "anonymous", self.settings.passthrough_team, None)
 
     def _passthrough(self, token: str | None, authorization: str | None) -> Identity:
         if token is None:
@@ -103,19 +128,32 @@ class Authenticator:
         cached = self._cache.get(digest)
         if cached is not None and cached[0] > now:
             return cached[1]
+        unknown_until = self._unknown.get(digest)
+        if unknown_until is not None and unknown_until > now:
+            return None
         if self.store is None:
             raise APIError(503, "Managed keys need a store; set store.url.", "server_error", None, "no_store")
         # Looked up by SHA-256 of the secret: lookup timing reveals nothing an attacker can steer.
         key = await asyncio.to_thread(self.store.find_key, digest)
-        if len(self._cache) > 10_000:
-            self._cache.clear()
-        self._cache[digest] = (now + self.settings.key_cache_seconds, key)
+        until = now + self.settings.key_cache_seconds
+        if key is None:
+            # A flood of made-up keys evicts only other made-up keys: the valid ones stay cached.
+            self._unknown[digest] = until
+            self._unknown.move_to_end(digest)
+            while len(self._unknown) > UNKNOWN_KEYS_CACHED:
+                self._unknown.popitem(last=False)
+            return None
+        self._unknown.pop(digest, None)
+        if len(self._cache) >= KNOWN_KEYS_CACHED:
+            for stale in [d for d, (t, _) in self._cache.items() if t <= now]:
+                del self._cache[stale]
+        self._cache[digest] = (until, key)
         return key
 
     def forget_key(self, key_id: str) -> None:
         """A key was revoked here: it is refused at once on this replica (the others: within
         auth.key_cache_seconds)."""
-        for digest in [d for d, (_, key) in self._cache.items() if key is not None and key.key_id == key_id]:
+        for digest in [d for d, (_, key) in self._cache.items() if key.key_id == key_id]:
             del self._cache[digest]
 
     def is_admin(self, authorization: str | None) -> bool:

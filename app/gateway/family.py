@@ -101,9 +101,6 @@ class Family(Protocol):
 
     def stream_turns(self) -> StreamTurns: ...
 
-    def file_refs(self, data: dict[str, Any]) -> list[tuple[str, str]]:
-        """(param, file id) of each uploaded file the request names (a managed team may use its own only)."""
-
     def prompt_text(self, data: dict[str, Any]) -> str: ...
 
     def ask_stream_usage(self, data: dict[str, Any]) -> bytes | None:

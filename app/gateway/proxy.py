@@ -25,10 +25,12 @@ from app.gateway.auth import Authenticator
 from app.gateway.bodies import origin_of, read_json_body, request_id_of
 from app.gateway.exchange import Exchange, Route
 from app.gateway.family import Family, StreamMeter, StreamTurns
+from app.gateway.file_ids import may_name_files, named_files
 from app.gateway.ledger import Ledger
 from app.gateway.notices import Notices
 from app.gateway.relay import SSERelay
 from app.gateway.responses import RawResponse, error_response, is_event_stream, json_response
+from app.gateway.strict import body_problem
 from app.gateway.upstream import Upstream, forward_headers, read_whole
 from app.metering.metrics import Metrics
 from app.metering.pricing import cost_bound_picousd
@@ -68,6 +70,7 @@ class Gateway:
         self.upstream = upstream
         self.auth = auth
         self.metrics = metrics
+        auth.on_refused = metrics.auth_failure
         self.ledger = Ledger(settings, self.profiles, recorder, metrics)
         self.notices = Notices(metrics)
         self.repairs = settings.repair.options()
@@ -89,7 +92,7 @@ class Gateway:
         request_id = request_id_of(request)
         trace = self._trace(request, route, request_id)
         try:
-            identity = await self.auth.identify(client_key(request))
+            identity = await self.auth.identify_request(request)
             body = await read_json_body(request, self.settings.limits.max_body_bytes,
                                          self.settings.limits.body_timeout_seconds)
         except APIError as error:
@@ -109,8 +112,8 @@ class Gateway:
         if verdict is not None and verdict.warnings:
             ex.warnings.extend(self.notices.warnings(route.label, identity.key_id, verdict.warnings))
         ex.remember = self._remembers(ex, family, verdict)
-        if self.auth.managed and (b"file_id" in ex.body or b"\\u" in ex.body):  # (a key may be \u-escaped)
-            foreign = await self._foreign_file(ex, family)
+        if self.auth.managed and may_name_files(ex.body):
+            foreign = await self._foreign_file(ex)
             if foreign is not None:
                 code = NOT_OWNED if foreign.status == 404 else foreign.code
                 self.ledger.finish(ex, "rejected", foreign.status, rule_code=code)
@@ -137,20 +140,19 @@ class Gateway:
 
     async def validate_only(self, request: Request, endpoint: Endpoint) -> Response:
         """The dry run: the same checks and repairs (reasoning is restored for the caller whose key is
-        sent, if any); nothing is forwarded, nothing is metered."""
+        sent, if any); nothing is forwarded, nothing is metered. Managed mode asks for a client key, as the
+        forwarded route does (a 401 otherwise): the checks cost CPU that only callers may spend."""
         route, family = endpoint.route, endpoint.family
         try:
-            identity = await self.auth.identify(client_key(request))
-        except APIError:
-            identity = self.auth.anonymous()
-        try:
+            identity = await self.auth.identify_request(request)
             body = await read_json_body(request, self.settings.limits.max_body_bytes,
                                          self.settings.limits.body_timeout_seconds)
         except APIError as error:
             return error_response(error, None, family)
         ex = Exchange(route, request_id_of(request), identity, body=body)
         origin = origin_of(request)
-        verdict = family.check(body, beta=route.beta, origin=origin)
+        strict = body_problem(body)
+        verdict = Verdict([strict]) if strict else family.check(body, beta=route.beta, origin=origin)
         if (verdict.problems or verdict.warnings) and self.repairs.enabled:
             verdict = await self._repair(ex, family, verdict, origin)
         if verdict.problems:
@@ -172,6 +174,9 @@ class Gateway:
             hint = ex.json()
             ex.model, ex.stream = str(hint.get("model", "unknown"))[:200], hint.get("stream") is True
             return None
+        strict = body_problem(ex.body)  # R1 as DeepSeek reads JSON: duplicate keys, NaN, 1e400, depth
+        if strict is not None:
+            return Verdict([strict])
         verdict = family.check(ex.body, beta=ex.route.beta, origin=origin)
         self._describe(ex, verdict)
         return verdict
@@ -301,11 +306,15 @@ class Gateway:
         return dataclasses.replace(problem, message=f"{problem.message} chatgate could not restore it: "
                                                     f"{why}.")
 
-    async def _foreign_file(self, ex: Exchange, family: Family) -> APIError | None:
+    async def _foreign_file(self, ex: Exchange) -> APIError | None:
         """Managed mode: DeepSeek keeps every team's uploads under the one upstream key, so a request may name
         only files its key's team uploaded through chatgate (app/web/file_owners.py); another team's is the
-        404 of an unknown file, as on the Files routes."""
-        refs = family.file_refs(ex.json())
+        404 of an unknown file, as on the Files routes. Every file id in the body counts, wherever it is
+        (app/gateway/file_ids.py); a body that cannot be read whole is refused, never forwarded unchecked."""
+        try:
+            refs = named_files(ex.body)
+        except APIError as error:
+            return error
         store = self.auth.store
         if not refs or store is None:
             return None
@@ -483,14 +492,6 @@ class Gateway:
             await asyncio.gather(*list(self.background), return_exceptions=True)
         if self.ledger.access_log is not None:
             self.ledger.access_log.flush()
-
-
-def client_key(request: Request) -> str | None:
-    """The caller's key as an Authorization value: `Authorization` wins, else Anthropic's `x-api-key`."""
-    authorization = request.headers.get("authorization")
-    if authorization is None and (api_key := request.headers.get("x-api-key")):
-        return f"Bearer {api_key}"
-    return authorization
 
 
 def _duration(seconds: float) -> str:

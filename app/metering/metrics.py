@@ -11,6 +11,7 @@ from prometheus_client.registry import Collector
 
 from app.store.base import UsageRecord
 
+AUTH_SOURCES = 100  # client addresses that get their own label in chatgate_auth_failures; the rest: "other"
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
 
@@ -47,6 +48,11 @@ class Metrics:
                                       "caller, or expired)", registry=r)
         self.ttfb = Histogram("chatgate_time_to_first_byte_seconds", "Upstream time to first byte",
                               ["model"], buckets=LATENCY_BUCKETS, registry=r)
+        self.auth_failures = Counter(
+            "chatgate_auth_failures", "Requests refused with 401 (a missing, unknown or revoked key), by "
+            f"client address (the first {AUTH_SOURCES} seen; later ones as \"other\")",
+            ["source"], registry=r)
+        self._sources: set[str] = set()
         self._children: dict[tuple[Any, ...], Any] = {}
 
     def _child(self, metric: Any, *labels: str) -> Any:
@@ -55,6 +61,14 @@ class Metrics:
         if child is None:
             child = self._children[key] = metric.labels(*labels)
         return child
+
+    def auth_failure(self, source: str) -> None:
+        if source not in self._sources:
+            if len(self._sources) >= AUTH_SOURCES:
+                source = "other"
+            else:
+                self._sources.add(source)
+        self._child(self.auth_failures, source).inc()
 
     def model_label(self, model: str) -> str:
         return model if model in self.known_models else "other"

@@ -98,9 +98,6 @@ class ChatFamily:
     def stream_turns(self) -> StreamedTurn:
         return StreamedTurn()
 
-    def file_refs(self, data: dict[str, Any]) -> list[tuple[str, str]]:
-        return file_refs(data)
-
     def prompt_text(self, data: dict[str, Any]) -> str:
         return prompt_text(data)
 
@@ -112,27 +109,6 @@ class ChatFamily:
 
     def usage_filter(self) -> UsageStripper:
         return UsageStripper()
-
-
-def file_refs(body: dict[str, Any]) -> list[tuple[str, str]]:
-    """The file parts' ids: `{type: file, file_id}` (DeepSeek's form) and `{type: file, file: {file_id}}`
-    (the openai SDK's)."""
-    found: list[tuple[str, str]] = []
-    for i, msg in enumerate(_list(body.get("messages"))):
-        content = msg.get("content") if isinstance(msg, dict) else None
-        for j, part in enumerate(_list(content)):
-            if not isinstance(part, dict) or part.get("type") != "file":
-                continue
-            nested = part.get("file")
-            for param, holder in ((f"messages[{i}].content[{j}].file_id", part),
-                                  (f"messages[{i}].content[{j}].file.file_id", nested)):
-                if isinstance(holder, dict) and isinstance(file_id := holder.get("file_id"), str) and file_id:
-                    found.append((param, file_id))
-    return found
-
-
-def _list(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else []
 
 
 def prompt_text(body: dict[str, Any]) -> str:

@@ -85,9 +85,6 @@ class ResponsesFamily:
     def stream_turns(self) -> StreamedTurn:
         return StreamedTurn()
 
-    def file_refs(self, data: dict[str, Any]) -> list[tuple[str, str]]:
-        return file_refs(data)
-
     def prompt_text(self, data: dict[str, Any]) -> str:
         return prompt_text(data)
 
@@ -107,29 +104,6 @@ def compaction_not_served(path: str) -> APIError:
              "([model_providers.deepseek] name = \"deepseek\") and Codex compacts locally with an ordinary "
              "/responses turn, which chatgate forwards.",
         "invalid_request_error", None, "compaction_not_supported")
-
-
-FILE_PARTS = ("input_file", "input_image")
-
-
-def file_refs(data: dict[str, Any]) -> list[tuple[str, str]]:
-    """The ids of `input_file` and `input_image` parts naming an uploaded file: as input items, in messages'
-    content and in function call outputs."""
-    found: list[tuple[str, str]] = []
-
-    def part(value: Any, where: str) -> None:
-        if isinstance(value, dict) and value.get("type") in FILE_PARTS and \
-                isinstance(file_id := value.get("file_id"), str) and file_id:
-            found.append((f"{where}.file_id", file_id))
-
-    items = data.get("input")
-    for i, item in enumerate(items if isinstance(items, list) else ()):
-        part(item, f"input[{i}]")
-        for key in ("content", "output"):
-            value = item.get(key) if isinstance(item, dict) else None
-            for j, inner in enumerate(value if isinstance(value, list) else ()):
-                part(inner, f"input[{i}].{key}[{j}]")
-    return found
 
 
 def prompt_text(data: dict[str, Any]) -> str:

@@ -15,7 +15,6 @@ from starlette.responses import Response
 from app.anthropic.family import prompt_text
 from app.errors import APIError
 from app.gateway.bodies import read_json_body, request_id_of
-from app.gateway.proxy import client_key
 from app.gateway.responses import error_response, json_response
 from app.gateway.state import State
 from app.metering.tokens import count_text
@@ -31,7 +30,7 @@ def add_count_tokens(app: FastAPI, state: State) -> None:
         request_id = request_id_of(request)
         gw = state.gw
         try:
-            await gw.auth.identify(client_key(request))
+            await gw.auth.identify_request(request)
             body = await read_json_body(request, state.settings.limits.max_body_bytes,
                                         state.settings.limits.body_timeout_seconds)
             data = orjson.loads(body)

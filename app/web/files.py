@@ -24,12 +24,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from app.errors import NOT_OWNED, APIError, bad_gateway, no_such_file, not_found
-from app.gateway.auth import Identity
+from app.gateway.auth import Identity, client_key
 from app.gateway.bodies import BodyStopped, Upload, request_id_of
 from app.gateway.family import Family
 from app.gateway.ledger import Ledger
 from app.gateway.passthrough import OnEnd, Passthrough
-from app.gateway.proxy import client_key
 from app.gateway.responses import RawResponse, error_response
 from app.gateway.state import State
 from app.gateway.upstream import forward_headers, map_transport_error, read_whole, response_headers
@@ -79,7 +78,7 @@ def _handler(state: State, template: str, prefix: str = "", family: Family | Non
     async def files(request: Request) -> Response:
         gw, ts, t0, rid = state.gw, time.time(), time.perf_counter(), request_id_of(request)
         try:
-            identity, owners = await _caller(state, client_key(request), teams=not prefix)
+            identity, owners = await _caller(state, client_key(request.headers), teams=not prefix)
         except APIError as error:
             gw.ledger.refused(route, rid, error.status, error.code, ts)
             return error_response(error, rid, family)

@@ -16,9 +16,9 @@ from starlette.responses import Response
 from app import __version__
 from app.errors import APIError, bad_gateway
 from app.fim.family import NOT_ON_BETA, not_on_beta
-from app.gateway.auth import Authenticator, hash_key, require_admin
+from app.gateway.auth import Authenticator, client_key, hash_key, require_admin
 from app.gateway.bodies import origin_of, request_id_of
-from app.gateway.proxy import Endpoint, client_key
+from app.gateway.proxy import Endpoint
 from app.gateway.responses import JSON, RawResponse, error_response, json_response
 from app.gateway.state import State
 from app.gateway.upstream import response_headers
@@ -100,7 +100,7 @@ def _models_handler(state: State) -> Any:
     async def models(request: Request) -> Response:
         rid = request_id_of(request)
         try:
-            identity = await state.gw.auth.identify(client_key(request))
+            identity = await state.gw.auth.identify_request(request)
         except APIError as error:
             return error_response(error, rid)
         authorization = identity.upstream_authorization
@@ -166,7 +166,7 @@ def _balance_handler(state: State) -> Any:
     async def balance(request: Request) -> Response:
         gw, t0, ts, rid = state.gw, time.perf_counter(), time.time(), request_id_of(request)
         try:
-            key_id, authorization = await _balance_caller(gw.auth, client_key(request))
+            key_id, authorization = await _balance_caller(gw.auth, client_key(request.headers))
         except APIError as error:
             gw.ledger.refused(BALANCE_ROUTE, rid, error.status, error.code, ts)
             return error_response(error, rid)

@@ -173,20 +173,3 @@ def test_only_redacted_thinking_in_a_message_is_left_alone_a5() -> None:
 def test_a_valid_request_is_never_changed(case: dict[str, Any], options: RepairOptions) -> None:
     data, applied, after = repaired(case, options, recalled={1: json.dumps([thinking("other")])})
     assert applied == [] and data == case and after.problems == []
-
-
-def test_file_refs_finds_file_sources_in_messages_and_tool_results() -> None:
-    from app.anthropic.family import file_refs
-
-    body = {"messages": [
-        {"role": "user", "content": [{"type": "image", "source": {"type": "file", "file_id": "file-img"}},
-                                     {"type": "image", "source": {"type": "base64", "data": "AAAA"}},
-                                     {"type": "document",
-                                      "source": {"type": "file", "file_id": "file-doc"}}]},
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [
-            {"type": "image", "source": {"type": "file", "file_id": "file-in-result"}}]}]},
-        {"role": "assistant", "content": "text only"}]}
-    assert file_refs(body) == [("messages[0].content[0].source.file_id", "file-img"),
-                               ("messages[0].content[2].source.file_id", "file-doc"),
-                               ("messages[1].content[0].content[0].source.file_id", "file-in-result")]
-    assert file_refs({"messages": None}) == []

@@ -25,21 +25,3 @@ from app.openai.repairs import calls_of
 ])
 def test_calls_of_reads_ids_and_names_whatever_the_shape(message: Any, expected: tuple[Any, Any]) -> None:
     assert calls_of(message) == expected
-
-
-def test_file_refs_finds_both_forms_of_file_part_and_nothing_else() -> None:
-    from app.openai.chat import file_refs
-
-    body = {"messages": [
-        {"role": "system", "content": "file_id: not a part"},
-        {"role": "user", "content": [{"type": "text", "text": "two files"},
-                                     {"type": "file", "file_id": "file-flat"},
-                                     {"type": "file", "file": {"file_id": "file-sdk", "filename": "a.pdf"}},
-                                     {"type": "file", "file_data": "data:application/pdf;base64,AAAA"},
-                                     {"type": "image_url", "image_url": {"url": "https://x/y.png"}}]},
-        {"role": "tool", "tool_call_id": "c1", "content": [{"type": "file", "file_id": "file-tool"}]},
-        "not a message", {"role": "user", "content": [{"type": "file", "file_id": ""}, 7]}]}
-    assert file_refs(body) == [("messages[1].content[1].file_id", "file-flat"),
-                               ("messages[1].content[2].file.file_id", "file-sdk"),
-                               ("messages[2].content[0].file_id", "file-tool")]
-    assert file_refs({"messages": "nope"}) == [] and file_refs({}) == []

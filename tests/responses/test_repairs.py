@@ -327,19 +327,3 @@ def test_what_deepseek_refuses_chatgate_refuses_and_the_repairs_fix_it(items: li
         assert applied, how
     assert summary(after) == [], (how, applied)
     assert responses_error(data) is None, (how, responses_error(data))
-
-
-def test_file_refs_finds_file_parts_as_items_in_content_and_in_outputs() -> None:
-    from app.responses.family import file_refs
-
-    body = {"input": [
-        {"type": "input_file", "file_id": "file-item"},
-        {"role": "user", "content": [{"type": "input_text", "text": "see"},
-                                     {"type": "input_image", "file_id": "file-img"},
-                                     {"type": "input_image", "image_url": "https://x/y.png"}]},
-        {"type": "function_call_output", "call_id": "c1",
-         "output": [{"type": "input_file", "file_id": "file-out"}]},
-        {"type": "function_call_output", "call_id": "c2", "output": "file_id as text"}]}
-    assert file_refs(body) == [("input[0].file_id", "file-item"), ("input[1].content[1].file_id", "file-img"),
-                               ("input[2].output[0].file_id", "file-out")]
-    assert file_refs({"input": "a string"}) == []
