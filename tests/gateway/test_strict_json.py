@@ -12,7 +12,7 @@ import httpx2
 import orjson
 import pytest
 
-from app.metering.store.sqlite import SQLiteStore
+from app.store.sqlite import SQLiteStore
 from tests.fakes.server import RunningFake
 from tests.gateway.conftest import JSON_HEADERS, usage_rows
 from tests.gateway.test_files import Teams, start_teams
