@@ -1,7 +1,8 @@
-"""Who the caller is (issue 34 §6, §11): one reading of the key, DeepSeek's precedence (`Authorization: Bearer`,
-else `x-api-key`), everywhere; an empty or non-Bearer Authorization beside an x-api-key does not make the caller
-anonymous (unmetered, unlimited) while that key is forwarded and billed. Unknown keys are cached apart from
-valid ones (a flood of made-up keys flushes no valid key), and 401s are counted per client address."""
+"""Who the caller is (issue 34 §6, §11): one reading of the key, DeepSeek's precedence (`Authorization:
+Bearer`, else `x-api-key`), everywhere; an empty or non-Bearer Authorization beside an x-api-key does not
+make the caller anonymous (unmetered, unlimited) while that key is forwarded and billed. Unknown keys are
+cached apart from valid ones (a flood of made-up keys flushes no valid key), and 401s are counted per
+client address."""
 
 from __future__ import annotations
 

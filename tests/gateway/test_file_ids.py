@@ -1,6 +1,6 @@
-"""Managed mode checks the owner of every file a request names, wherever it names it (issue 34 §5): an Anthropic
-`system` document block, a Responses `instructions` input_file, a tool result, as well as the usual content
-parts; tool calls' arguments and schemas are data, not files."""
+"""Managed mode checks the owner of every file a request names, wherever it names it (issue 34 §5): an
+Anthropic `system` document block, a Responses `instructions` input_file, a tool result, as well as the
+usual content parts; tool calls' arguments and schemas are data, not files."""
 
 from __future__ import annotations
 
