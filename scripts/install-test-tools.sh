@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Tools some tests drive besides Python: Node.js + npm (openai-node), Chromium (dashboard screenshot),
+# Tools some tests drive besides Python: Node.js + npm (openai-node; the Claude Code and Codex CLIs of
+# tests/compat/test_cli.py, pinned in tests/compat/cli/package-lock.json), Chromium (dashboard screenshot),
 # redis-server (the quota tests start and stop one of their own), and wrk, the benchmark's load generator.
 # Safe to run repeatedly; needs root for apt-get.
 set -euo pipefail
@@ -18,4 +19,14 @@ if [ -f tests/compat/node/package.json ] && { [ ! -f tests/compat/node/node_modu
     || [ ! -f tests/compat/node/node_modules/ai/package.json ] \
     || [ ! -f tests/compat/node/node_modules/@ai-sdk/deepseek/package.json ]; }; then
   (cd tests/compat/node && npm ci --no-audit --no-fund --silent)
+fi
+# The real Claude Code and Codex CLIs, at the versions tests/compat/cli/package.json pins (installed again when
+# one is missing or another version is installed).
+if [ -f tests/compat/cli/package.json ] && ! (cd tests/compat/cli && node -e '
+    const pins = require("./package.json").dependencies;
+    for (const [name, version] of Object.entries(pins)) {
+      let found; try { found = require(`./node_modules/${name}/package.json`).version } catch { process.exit(1) }
+      if (found !== version) process.exit(1);
+    }' && [ -x node_modules/.bin/claude ] && [ -x node_modules/.bin/codex ]); then
+  (cd tests/compat/cli && npm ci --no-audit --no-fund --silent)
 fi
