@@ -40,6 +40,18 @@ class ServerSettings(Section):
     refusal_ttl_hours: float = Field(default=72.0, gt=0)
 
 
+# Statuses no retry can change: the request itself, or the account, is wrong.
+NEVER_RETRIED = frozenset({400, 401, 402, 403, 404, 413, 422})
+
+
+class AccountSettings(Section):
+    """One DeepSeek account of the managed-mode pool: its key is read from the variable `key_env`."""
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
+    key_env: str = Field(min_length=1, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    weight: float = Field(default=1.0, gt=0)
+
+
 class UpstreamSettings(Section):
     base_url: str = "https://api.deepseek.com"
     transport: Literal["aiohttp", "httpx"] = "aiohttp"
@@ -49,6 +61,35 @@ class UpstreamSettings(Section):
     max_connections: int = Field(default=4096, ge=1)
     request_stream_usage: bool = False  # ask for stream_options.include_usage, hide it from clients
     models_cache_seconds: float = Field(default=60.0, ge=0)
+    # Retries before the first data event (docs/retries.md): up to `retries` more attempts, each after
+    # DeepSeek's Retry-After or an exponential back-off with full jitter from retry_base_ms, all within
+    # retry_max_wait_s of the first attempt.
+    retries: int = Field(default=2, ge=0, le=10)
+    retry_statuses: list[int] = [429, 500, 502, 503, 504]
+    retry_base_ms: float = Field(default=200.0, ge=0)
+    retry_max_wait_s: float = Field(default=20.0, ge=0)
+    # Managed mode: the pool of DeepSeek accounts (none: DEEPSEEK_API_KEY is the one account "default"),
+    # and how long an account that answered 401 or 402 is set aside.
+    accounts: list[AccountSettings] = []
+    account_cooldown_s: float = Field(default=300.0, ge=0)
+
+    @field_validator("retry_statuses")
+    @classmethod
+    def _statuses(cls, value: list[int]) -> list[int]:
+        never = sorted(set(value) & NEVER_RETRIED)
+        if never:
+            raise ValueError(f"{never} can never be retried (the same request gets the same answer)")
+        if any(not 400 <= s <= 599 for s in value):
+            raise ValueError("must be HTTP error statuses (400-599)")
+        return value
+
+    @field_validator("accounts")
+    @classmethod
+    def _accounts(cls, value: list[AccountSettings]) -> list[AccountSettings]:
+        names = [a.name for a in value]
+        if len(set(names)) != len(names):
+            raise ValueError(f"account names must be unique, got {names}")
+        return value
 
     @field_validator("base_url")
     @classmethod

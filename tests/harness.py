@@ -30,9 +30,11 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 def make_settings(tmp_path: Path, upstream_url: str = "http://127.0.0.1:9", **sections: dict[str, Any]
                   ) -> Settings:
-    """Settings for a test: SQLite and spool under tmp_path, the given upstream, overrides per section."""
+    """Settings for a test: SQLite and spool under tmp_path, the given upstream, overrides per section.
+    Upstream retries are off unless a test turns them on (tests/gateway/test_retries.py): a fault the fake
+    injects reaches the client as it was injected."""
     data: dict[str, Any] = {
-        "upstream": {"base_url": upstream_url},
+        "upstream": {"base_url": upstream_url, "retries": 0},
         "store": {"url": f"sqlite:///{tmp_path}/usage.db", "spool_dir": str(tmp_path / "spool"),
                   "flush_interval_ms": 5},
         "server": {"access_log": False},

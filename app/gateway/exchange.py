@@ -41,6 +41,11 @@ class Exchange:
     remember: bool = False  # remember the answer's tool-call turn (thinking mode, tools, a known caller)
     admission: Admission | None = None  # the request's reservations against its limits, settled at the end
     trace: ExchangeTrace | None = None  # its spans, when tracing is on (app.tracing)
+    # Retries (app/gateway/retry.py): the attempts so far, the account of the last one and its lease
+    tries: Any = None
+    attempts: int = 1
+    account: str | None = None
+    lease: Any = None
     _json: dict[str, Any] | None = None
 
     def json(self) -> dict[str, Any]:
@@ -60,6 +65,8 @@ class Exchange:
             headers.append((b"x-chatgate-repaired", header_text(self.repaired.labels(), "; ")))
         if self.admission is not None and self.admission.info is not None:
             headers += self.admission.info.headers()
+        if self.attempts > 1:
+            headers.append((b"x-chatgate-attempts", str(self.attempts).encode()))
         return headers
 
     def mark_first_byte(self) -> None:

@@ -46,6 +46,9 @@ class Ledger:
         if ex.finished:
             return
         ex.finished = True
+        if ex.lease is not None:  # the account's request is over (a stream's: its last event is at hand)
+            ex.lease.release()
+            ex.lease = None
         tokens = tokens or TokenCounts()
         profile = self.profiles.get(ex.model)
         pricing = self.settings.pricing
@@ -75,6 +78,7 @@ class Ledger:
         self.metrics.observe(record, status)
         if self.access_log is not None:
             line = access_line(record, status)
+            line["attempts"], line["account"] = ex.attempts, ex.account
             if self.settings.server.log_content:
                 line["request_body"] = ex.body.decode("utf-8", "replace")
                 line["completion"] = ex.completion_text

@@ -30,8 +30,9 @@ from app.gateway.ledger import Ledger
 from app.gateway.notices import Notices
 from app.gateway.relay import SSERelay
 from app.gateway.responses import RawResponse, error_response, is_event_stream, json_response
+from app.gateway.retry import ClientHungUp, KeptAliveOnly, SendOnce, read_answer, retrying
 from app.gateway.strict import body_problem
-from app.gateway.upstream import Upstream, forward_headers, read_whole
+from app.gateway.upstream import Upstream, forward_headers
 from app.metering.metrics import Metrics
 from app.metering.pricing import cost_bound_picousd
 from app.metering.recorder import Recorder
@@ -84,6 +85,7 @@ class Gateway:
         self.keep_text = settings.server.log_content or settings.tracing.capture_content
         if quotas is not None:
             self.ledger.on_record = self._settle
+        self.pool, self.retrier = retrying(settings, metrics, quotas.alerts if quotas is not None else None)
 
     # --- entry points ---------------------------------------------------------------
 
@@ -129,6 +131,9 @@ class Gateway:
                 return self._limit(ex, family, refused)
         try:
             return await self._forward(ex, family, request)
+        except ClientHungUp:
+            self.ledger.finish(ex, "client_disconnected", 499)
+            return Response(status_code=499)
         except APIError as error:
             self.ledger.finish(ex, "upstream_failed", error.status, upstream_status=None)
             return error_response(error, request_id, family)
@@ -409,15 +414,16 @@ class Gateway:
             asked = family.ask_stream_usage(ex.json())
             if asked is not None:
                 body, usage_filter = asked, family.usage_filter()
-        headers = forward_headers(request.headers.raw, ex.identity.upstream_authorization, ex.request_id,
-                                  managed=self.auth.managed)
-        if ex.trace is not None:  # one CLIENT span per upstream attempt
-            headers = ex.trace.start_attempt(headers, ex.model, ex.stream)
+        pooled = self.pool is not None
+        headers = forward_headers(request.headers.raw, None if pooled else ex.identity.upstream_authorization,
+                                  ex.request_id, managed=self.auth.managed)
         deadline = ex.t0 + self.settings.upstream.total_timeout
         query = request.scope.get("query_string", b"")  # Claude Code's ?beta=true goes on to DeepSeek
         target = self.upstream.url_of(ex.route.upstream_path, query.decode("latin-1")) if query else \
             ex.route.upstream_path
-        resp = await self.upstream.send("POST", target, headers, body)
+        ex.tries = self.retrier.tries(deadline)
+        send = functools.partial(self._send_once, ex, target, headers, body)
+        resp = await self.retrier.open(ex, send, request.receive)
         ex.mark_first_byte()
         if ex.stream and resp.status_code == 200:
             if not is_event_stream(resp.headers.get("content-type", "")):
@@ -426,13 +432,27 @@ class Gateway:
                                   "(upstream broke the protocol).", "upstream_bad_response")
             turns = family.stream_turns() if ex.remember else None
             on_end = functools.partial(self._stream_ended, family, turns)
+            reopen = functools.partial(self.retrier.reopen, ex, send, receive=None)  # the relay watches
             return SSERelay(ex, resp, deadline, family.meter(turns), on_end, self.spawn, family.stream_error,
-                            usage_filter)
-        return await self._buffered(ex, family, resp, deadline)
+                            usage_filter, reopen if self.retrier.policy.retries else None)
+        return await self._buffered(ex, family, resp, deadline, send, request)
 
-    async def _buffered(self, ex: Exchange, family: Family, resp: httpx2.Response, deadline: float
-                        ) -> Response:
-        content = await read_whole(resp, deadline)
+    async def _send_once(self, ex: Exchange, target: str | httpx2.URL, headers: list[tuple[bytes, bytes]],
+                         body: bytes, authorization: bytes | None) -> httpx2.Response:
+        if authorization is not None:
+            headers = [*headers, (b"authorization", authorization)]
+        if ex.trace is not None:  # one CLIENT span per upstream attempt
+            headers = ex.trace.start_attempt(headers, ex.model, ex.stream)
+        return await self.upstream.send("POST", target, headers, body)
+
+    async def _buffered(self, ex: Exchange, family: Family, resp: httpx2.Response, deadline: float,
+                        send: SendOnce, request: Request) -> Response:
+        while True:
+            try:
+                content = await read_answer(resp, deadline, resp.status_code == 200 and not ex.tries.spent)
+                break
+            except KeptAliveOnly as dropped:  # blank lines only so far: nothing of the answer is lost
+                resp = await self.retrier.reopen(ex, send, dropped.error, request.receive)
         headers = ex.response_headers(resp)
         if resp.status_code != 200:
             if self.refusals is not None and resp.status_code in KEPT_UPSTREAM:

@@ -6,6 +6,10 @@ with an error event in the family's format (the SDKs raise it), then closes. The
 usage and the stream's last event; the record is made before that event is sent, and once it is relayed
 whole the answer is complete: the relay stops reading (what the connection does after it is not the
 client's concern).
+
+Before the first data event (only `: keep-alive` comments relayed, as DeepSeek sends while a request is
+queued), a failure of the upstream is retried when `reopen` is given: the new attempt's events follow on the
+same client response, which stays one well-formed stream (app/gateway/retry.py).
 """
 
 from __future__ import annotations
@@ -20,9 +24,11 @@ import httpx2
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from app.errors import APIError
+from app.errors import APIError, bad_gateway
 from app.gateway.exchange import Exchange
 from app.gateway.family import ChunkFilter, StreamMeter
+from app.gateway.responses import is_event_stream
+from app.gateway.retry import KeptAliveOnly, only_keepalives
 from app.gateway.upstream import map_transport_error
 from app.gateway.watch import ClientGone, ClientWatch
 
@@ -30,6 +36,10 @@ from app.gateway.watch import ClientGone, ClientWatch
 OnEnd = Callable[[Exchange, StreamMeter, str, int], Awaitable[None]]
 Spawn = Callable[[Coroutine[Any, Any, None]], None]
 ErrorEvent = Callable[[APIError], bytes]
+# A new attempt after one that failed with only keep-alives sent (its error): the response to relay, or the
+# APIError (retries spent) to end the stream with.
+Reopen = Callable[[APIError], Awaitable[httpx2.Response]]
+UPSTREAM_FAILURES = (TimeoutError, httpx2.TransportError, aiohttp.ClientError, OSError, KeptAliveOnly)
 DRAIN_S = 1.0  # how long the relay waits for the end of the upstream body once the client has the answer
 
 
@@ -38,7 +48,7 @@ class SSERelay(Response):
 
     def __init__(self, ex: Exchange, resp: httpx2.Response, deadline: float, meter: StreamMeter,
                  on_end: OnEnd, spawn: Spawn, error_event: ErrorEvent,
-                 chunk_filter: ChunkFilter | None = None) -> None:
+                 chunk_filter: ChunkFilter | None = None, reopen: Reopen | None = None) -> None:
         super().__init__(status_code=200, media_type="text/event-stream")
         self.on_end = on_end
         self.spawn = spawn
@@ -57,6 +67,8 @@ class SSERelay(Response):
         # Where the client is in the event stream: between events, or inside one that has a data line yet
         self._between = True
         self._open_data = False
+        self.reopen = reopen
+        self._pristine = True  # nothing but keep-alive comments received yet: a failure may be retried
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -73,7 +85,20 @@ class SSERelay(Response):
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         try:
             async with asyncio.timeout(max(self.deadline - time.perf_counter(), 0.001)):
-                await self._pump(send)
+                while True:
+                    try:
+                        await self._pump(send)
+                        break
+                    except UPSTREAM_FAILURES as exc:
+                        if self.client.gone or not self._pristine or self.reopen is None:
+                            raise
+                        await self._retry(exc)
+        except APIError as error:  # the retries after keep-alives are spent
+            await self._broken(send, error, started=False)
+            return
+        except KeptAliveOnly as dropped:
+            await self._broken(send, dropped.error, started=False)
+            return
         except (TimeoutError, httpx2.TransportError, aiohttp.ClientError, OSError) as exc:
             if self.client.gone:
                 raise ClientGone() from exc
@@ -86,6 +111,19 @@ class SSERelay(Response):
         if self._final:
             self.client.relaying = False  # the client has it all: its going away no longer matters
             await self._drain()
+
+    async def _retry(self, exc: BaseException) -> None:
+        """The upstream failed having sent only keep-alives: relay a new attempt in its place."""
+        assert self.reopen is not None
+        error = exc.error if isinstance(exc, KeptAliveOnly) else map_transport_error(exc)
+        await self.resp.aclose()
+        if self._partial:  # an unfinished comment line: end it for the meter, drop it for the client
+            self.meter.feed(b"\n")
+            self._partial = b""
+        self.resp = await self.reopen(error)
+        if not is_event_stream(self.resp.headers.get("content-type", "")):
+            raise bad_gateway("DeepSeek answered a streaming request with 200 but not an event stream "
+                              "(upstream broke the protocol).", "upstream_bad_response")
 
     async def _drain(self) -> None:
         """Read what follows the last event (the end of the chunked body), briefly: the connection then goes
@@ -114,6 +152,9 @@ class SSERelay(Response):
                 await self._relay_chunk(send, raw)
                 if self._final and self._between:
                     return
+        if self._pristine and self.reopen is not None:  # ended before its first event: no answer at all
+            raise KeptAliveOnly(bad_gateway("DeepSeek ended the stream before its first event (it sent only "
+                                            "keep-alives).", "upstream_bad_response"))
         if self._partial:  # the stream ended without a final newline: relay what there is
             await self._send(send, self._partial)
             self._partial = b""
@@ -124,6 +165,8 @@ class SSERelay(Response):
             await self._end(*self.end)
 
     async def _relay_chunk(self, send: Send, raw: bytes) -> None:
+        if self._pristine and not only_keepalives(self._partial + raw):
+            self._pristine = False
         self.meter.feed(raw)
         if self.trace is not None:
             self.trace.feed(raw)
@@ -170,11 +213,14 @@ class SSERelay(Response):
         self.meter.finish()
         await self.on_end(self.ex, self.meter, outcome, status)
 
-    async def _broken(self, send: Send, error: APIError) -> None:
-        why = ("DeepSeek sent nothing for longer than the upstream timeout" if error.status == 504
-               else "the connection to DeepSeek broke")
-        error.message = f"The answer is incomplete: {why} after the stream started. Retry the request."
-        error.code = "upstream_stream_broken"
+    async def _broken(self, send: Send, error: APIError, started: bool = True) -> None:
+        """End the stream with the family's error event: the stream broke after it `started`, or (not
+        started) no attempt answered before the retries were spent."""
+        if started:
+            why = ("DeepSeek sent nothing for longer than the upstream timeout" if error.status == 504
+                   else "the connection to DeepSeek broke")
+            error.message = f"The answer is incomplete: {why} after the stream started. Retry the request."
+            error.code = "upstream_stream_broken"
         self.end = ("upstream_failed", error.status)
         await self._end(*self.end)
         # End an event the client holds with data lines so ours stands alone; one with no data line yet

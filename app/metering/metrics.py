@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -53,6 +53,11 @@ class Metrics:
             f"client address (the first {AUTH_SOURCES} seen; later ones as \"other\")",
             ["source"], registry=r)
         self._sources: set[str] = set()
+        self.upstream_attempts = Counter("chatgate_upstream_attempts", "Attempts sent to DeepSeek, by "
+                                         "account and outcome (a status, connect or timeout)",
+                                         ["account", "status"], registry=r)
+        self.upstream_retries = Counter("chatgate_upstream_retries", "Attempts retried, by reason (a status, "
+                                        "connect, timeout, keepalive_drop)", ["reason"], registry=r)
         self._children: dict[tuple[Any, ...], Any] = {}
 
     def _child(self, metric: Any, *labels: str) -> Any:
@@ -101,6 +106,10 @@ class Metrics:
     def noticed(self, route: str, code: str) -> None:
         self._child(self.notices, route, code).inc()
 
+    def watch_accounts(self, states: Callable[[], list[dict[str, Any]]]) -> None:
+        """chatgate_upstream_account_available{account}: 1 while the account takes requests."""
+        self.registry.register(_AccountsCollector(states))
+
     def observe_status(self, route: str, status: int) -> None:
         self._child(self.requests, route, str(status), "").inc()
 
@@ -131,3 +140,16 @@ class RecorderCollector(Collector):
         yield GaugeMetricFamily("chatgate_usage_records_spooled",
                                 "Usage records spooled, not yet stored",
                                 value=self.recorder.pending)
+
+
+class _AccountsCollector(Collector):
+    def __init__(self, states: Callable[[], list[dict[str, Any]]]) -> None:
+        self.states = states
+
+    def collect(self) -> Iterator[Metric]:
+        gauge = GaugeMetricFamily("chatgate_upstream_account_available",
+                                  "1 while the DeepSeek account takes requests, 0 while it is set aside",
+                                  labels=["account"])
+        for row in self.states():
+            gauge.add_metric([row["name"]], 1.0 if row["state"] == "available" else 0.0)
+        yield gauge

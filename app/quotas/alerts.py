@@ -55,6 +55,24 @@ class Alerts:
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
+    def account_unavailable(self, account: str, status: int, aside_s: float) -> None:
+        """A DeepSeek account of the pool answered 401 (key refused) or 402 (no balance): one webhook per
+        account, status and cooldown period (app/gateway/accounts.py)."""
+        if self.settings.webhook_url is None:
+            return
+        now = time.time()
+        period = max(aside_s, 60.0)
+        key = ("account", account, float(int(now // period) * period), str(status))
+        if key in self._marked:
+            return
+        self._marked.add(key)
+        why = "the key was refused" if status == 401 else "insufficient balance" if status == 402 else "error"
+        payload = {"event": "account_unavailable", "account": account, "status": status, "reason": why,
+                   "aside_seconds": aside_s, "ts": now}
+        task = asyncio.get_running_loop().create_task(self._deliver(key, payload))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
     async def _deliver(self, key: tuple[str, str, float, str], payload: dict[str, Any]) -> None:
         if self.store is not None:
             try:

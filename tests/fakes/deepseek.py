@@ -9,6 +9,14 @@ globally with `FakeState.fault` (optionally limited to the next `fault_count` ch
 `x-fake-delay: <s>` overrides the delay of `slow`, `no_headers` and `stall_mid_stream`;
 `x-fake-chunk-delay: <s>` overrides `chunk_delay` for one request.
 
+Attempts (chatgate's retries): the attempts of one client request share its `x-request-id`. A fault applies
+only to the first N attempts of a request with `x-fake-fault-attempts: N` (or `fault_attempts`), and the
+global fault only to the share `fault_ratio` of requests (chosen by a hash of the id). `x-fake-retry-after`
+(or `retry_after`) adds a Retry-After header to the error faults. An account key can be capped at N requests
+in flight (`key_concurrency`: beyond it, DeepSeek's 429 concurrency text) or have no balance
+(`no_balance_keys`: 402). With `fault_after_chunks = 0`, `reset_mid_stream` drops the connection after only
+the keep-alives (of a stream, or the blank lines before a JSON body).
+
 Chat bodies are checked like DeepSeek checks them (`tests.fakes.rules`, written from the spec, not from the
 product): a body DeepSeek refuses gets its 400. `FakeState.validate = False` turns that off (JSON objects
 only). Every byte the fake writes back is recorded in `RecordedRequest.sent`. FIM and the balance are in
@@ -25,6 +33,7 @@ import string
 import threading
 import time
 import uuid
+import zlib
 from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -72,6 +81,7 @@ CONFIG_FIELDS = (
     "usage_mode", "chunk_delay", "keepalive_count", "nonstream_keepalive_lines", "fault", "fault_count",
     "fault_after_chunks", "slow_delay", "hang_seconds", "error_content_type", "valid_keys", "validate",
     "tool_rounds", "tool_name", "tool_arguments",
+    "fault_attempts", "fault_ratio", "retry_after", "key_concurrency", "no_balance_keys",
 )  # fmt: skip
 HTML_GARBAGE = b"<html><head><title>502 Bad Gateway</title></head><body><center>nginx</center></body></html>"
 
@@ -101,6 +111,7 @@ class RecordedRequest:
     sent: bytearray = field(default_factory=bytearray)  # every response body byte written, in order
     peer: tuple[str, int] | None = None  # the client's address: one per connection chatgate opened
     query: str = ""  # the query string, as sent
+    attempt: int = 1  # the how-manyth request with this x-request-id
 
     @property
     def json(self) -> Any:
@@ -123,6 +134,7 @@ class RecordedRequest:
             "stream": self.stream, "fault": self.fault, "status": self.status, "usage": self.usage,
             "usage_sent": self.usage_sent, "completion_tokens_sent": self.completion_tokens_sent,
             "outcome": self.outcome, "completed": self.completed, "cut_short": self.cut_short,
+            "attempt": self.attempt,
         }  # fmt: skip
 
     def to_json(self) -> dict[str, Any]:
@@ -161,11 +173,18 @@ class FakeState:
     tool_rounds: int = 1
     tool_name: str | None = None
     tool_arguments: str | None = None
+    fault_attempts: int | None = None  # the fault applies to the first N attempts of a request only
+    fault_ratio: float = 1.0  # the share of requests (by x-request-id) the global fault applies to
+    retry_after: str | None = None  # a Retry-After header on the error faults
+    key_concurrency: dict[str, int] = field(default_factory=dict)  # key -> requests in flight it may have
+    no_balance_keys: list[str] = field(default_factory=list)  # keys whose account has run out of balance
     requests: list[RecordedRequest] = field(default_factory=list)
     issued_usage: dict[str, dict[str, int]] = field(default_factory=dict)  # per Authorization key
     active: int = 0  # requests being handled right now
     peak_active: int = 0  # the most handled at once since the last reset
     files: dict[str, Any] = field(default_factory=dict)  # the Files API's store (tests.fakes.files), by id
+    attempts: dict[str, int] = field(default_factory=dict)  # requests seen per x-request-id
+    key_active: dict[str, int] = field(default_factory=dict)  # requests in flight per key
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _defaults: dict[str, Any] = field(default_factory=dict, repr=False)
 
@@ -198,6 +217,7 @@ class FakeState:
             self.requests.clear()
             self.issued_usage.clear()
             self.files.clear()
+            self.attempts.clear()
             self.peak_active = self.active
         self.configure(**self._defaults)
 
@@ -208,6 +228,36 @@ class FakeState:
             if self.fault_count is not None:
                 self.fault_count -= 1
             return self.fault
+
+    def count_attempt(self, request_id: str | None) -> int:
+        if request_id is None:
+            return 1
+        with self._lock:
+            n = self.attempts[request_id] = self.attempts.get(request_id, 0) + 1
+            return n
+
+    def faulted(self, request_id: str | None) -> bool:
+        """Whether the global fault is for this request (`fault_ratio` of them, by their id)."""
+        if self.fault_ratio >= 1.0:
+            return True
+        digest = zlib.crc32((request_id or "").encode()) / 0xFFFFFFFF
+        return digest < self.fault_ratio
+
+    @contextmanager
+    def key_slot(self, key: str) -> Iterator[bool]:
+        """Whether the key's account may take one more request now (held until the answer ends)."""
+        cap = self.key_concurrency.get(key)
+        with self._lock:
+            taken = self.key_active.get(key, 0)
+            ok = cap is None or taken < cap
+            if ok:
+                self.key_active[key] = taken + 1
+        try:
+            yield ok
+        finally:
+            if ok:
+                with self._lock:
+                    self.key_active[key] -= 1
 
     def note_usage_sent(self, rec: RecordedRequest) -> None:
         rec.usage_sent = True
@@ -476,8 +526,10 @@ class Conn:
         self.sent += data
         await self._send({"type": "http.response.body", "body": data, "more_body": more})
 
-    async def respond(self, status: int, data: bytes, content_type: str) -> None:
-        await self.start(status, {"content-type": content_type, "content-length": str(len(data))})
+    async def respond(self, status: int, data: bytes, content_type: str,
+                      headers: dict[str, str] | None = None) -> None:
+        await self.start(status, {"content-type": content_type, "content-length": str(len(data)),
+                                  **(headers or {})})
         await self.body(data, more=False)
 
     async def sleep(self, seconds: float) -> bool:
@@ -578,6 +630,7 @@ class FakeDeepSeek:
         client = scope.get("client")
         rec.peer = (client[0], client[1]) if client else None
         rec.query = scope.get("query_string", b"").decode("latin-1")
+        rec.attempt = self.state.count_attempt(rec.request_id)
         self.state.requests.append(rec)
         conn = Conn(receive, send, rec.sent)
         try:
@@ -622,14 +675,21 @@ class FakeDeepSeek:
         rec.status, rec.outcome = status, "completed"
         await conn.respond(status, data, "application/json")
 
-    async def send_error(self, rec: RecordedRequest, conn: Conn, status: int, data: bytes) -> None:
+    async def send_error(self, rec: RecordedRequest, conn: Conn, status: int, data: bytes,
+                         headers: dict[str, str] | None = None) -> None:
         rec.status, rec.outcome = status, "error_response"
-        await conn.respond(status, data, self.state.error_content_type)
+        await conn.respond(status, data, self.state.error_content_type, headers)
 
     def pick_fault(self, rec: RecordedRequest) -> str | None:
         requested = rec.headers.get("x-fake-fault")
+        limit = rec.headers.get("x-fake-fault-attempts")
+        attempts = int(limit) if limit is not None else self.state.fault_attempts
+        if attempts is not None and rec.attempt > attempts:
+            return None
         if requested is not None:
             return None if requested in ("", "none") else requested
+        if not self.state.faulted(rec.request_id):
+            return None
         return self.state.take_fault()
 
     async def chat(self, rec: RecordedRequest, conn: Conn) -> None:
@@ -640,6 +700,18 @@ class FakeDeepSeek:
         """How every route starts (chat, FIM, Anthropic, Responses): the request's fault, else `answer`."""
         parsed = rec.json
         rec.stream = isinstance(parsed, dict) and parsed.get("stream") is True
+        key = rec.auth_key or ""
+        if key in self.state.no_balance_keys:
+            await self.send_error(rec, conn, 402, error_bytes("Insufficient Balance", "unknown_error"))
+            return
+        with self.state.key_slot(key) as admitted:
+            if not admitted:
+                await self.send_error(rec, conn, 429, error_bytes(RATE_LIMIT_MESSAGE, "rate_limit_error"))
+                return
+            await self._fault_or_answer(rec, conn, answer)
+
+    async def _fault_or_answer(self, rec: RecordedRequest, conn: Conn,
+                               answer: Callable[[str | None], Awaitable[None]]) -> None:
         fault = rec.fault = self.pick_fault(rec)
         if fault is not None and fault not in FAULTS:
             message = error_bytes(f"fake: unknown x-fake-fault {fault!r}", INVALID)
@@ -659,7 +731,9 @@ class FakeDeepSeek:
             await conn.respond(422, PLAIN_422, "text/plain; charset=utf-8")
         else:
             status, message, error_type = ERROR_FAULTS[fault]
-            await self.send_error(rec, conn, status, error_bytes(message, error_type))
+            after = rec.headers.get("x-fake-retry-after", self.state.retry_after)
+            extra = {"retry-after": after} if after is not None else {}
+            await self.send_error(rec, conn, status, error_bytes(message, error_type), extra)
 
     async def hang_before_headers(self, rec: RecordedRequest, conn: Conn, fault: str | None) -> bool:
         if fault == "slow":
@@ -757,8 +831,9 @@ class FakeDeepSeek:
         self.state.note_usage_sent(rec)
 
     async def nonstream_fault(self, rec: RecordedRequest, conn: Conn, data: bytes, fault: str | None) -> bool:
-        """Send half the body, then reset or stall. True if the response is over."""
-        half = len(data) // 2
+        """Send half the body (none with fault_after_chunks = 0), then reset or stall. True if the response
+        is over."""
+        half = len(data) // 2 if self.state.fault_after_chunks else 0
         await conn.body(data[:half])
         if fault != "stall_mid_stream":
             rec.outcome = "reset"

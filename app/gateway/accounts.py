@@ -1,0 +1,171 @@
+"""The pool of DeepSeek accounts chatgate sends managed-mode requests with (`[[upstream.accounts]]`).
+
+DeepSeek limits concurrency per account, not per key, so the accounts are separate accounts. Each request
+goes to the available account with the fewest requests in flight for its weight. An account that answers
+429 is set aside for DeepSeek's Retry-After (or a short back-off); one that answers 401 or 402 (a revoked
+key, no balance) for `upstream.account_cooldown_s`, and `on_unavailable` is told (the webhook). A pool of
+one account is never set aside for 401/402: there is nowhere else to go, and each request then gets
+DeepSeek's own answer (a top-up takes effect at once).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx2
+
+from app.settings import Settings
+
+DEFAULT = "default"  # the one account of a pool made from DEEPSEEK_API_KEY
+RATE_LIMIT_ASIDE_MAX_S = 5.0  # a 429 without Retry-After: aside at most this long (doubling from the base)
+
+
+@dataclass(slots=True)
+class Account:
+    name: str
+    key_env: str
+    authorization: bytes | None  # b"Bearer sk-…"; None: the variable is not set
+    weight: float = 1.0
+    in_flight: int = 0
+    aside_until: float = 0.0  # time.monotonic()
+    why: str | None = None  # why it is set aside (a status), for /readyz and the dashboard
+    strikes: int = 0  # 429s in a row
+    last_error: tuple[int, list[tuple[bytes, bytes]], bytes] | None = None
+    requests: int = 0
+    keyless: bool = False  # the implicit account: without DEEPSEEK_API_KEY it goes without a key, as before
+
+    def available(self, now: float) -> bool:
+        return (self.authorization is not None or self.keyless) and self.aside_until <= now
+
+
+@dataclass(slots=True)
+class Lease:
+    """An account taken for one attempt: counted in flight until released."""
+
+    pool: Pool
+    account: Account
+    released: bool = False
+
+    def release(self) -> None:
+        if not self.released:
+            self.released = True
+            self.account.in_flight -= 1
+            self.pool.changed()
+
+    def succeeded(self) -> None:
+        self.account.strikes = 0
+
+
+@dataclass
+class Pool:
+    accounts: list[Account]
+    cooldown_s: float = 300.0
+    clock: Callable[[], float] = time.monotonic
+    # (account name, status, seconds aside): an account became unavailable (the webhook)
+    on_unavailable: Callable[[str, int, float], None] | None = None
+    # called when an account's availability may have changed (the metrics gauge reads `states`)
+    on_change: Callable[[], None] | None = None
+    _turn: int = field(default=0, repr=False)
+
+    @classmethod
+    def from_settings(cls, settings: Settings, env: Mapping[str, str] | None = None) -> Pool | None:
+        """The managed-mode pool; None in passthrough mode (the caller's own key goes upstream)."""
+        if settings.auth.mode != "managed":
+            return None
+        env = os.environ if env is None else env
+        up = settings.upstream
+        if up.accounts:
+            accounts = [Account(a.name, a.key_env, _bearer(env.get(a.key_env)), a.weight)
+                        for a in up.accounts]
+        else:
+            key = settings.auth.upstream_api_key
+            secret = key.get_secret_value() if key else None
+            accounts = [Account(DEFAULT, "DEEPSEEK_API_KEY", _bearer(secret), keyless=True)]
+        return cls(accounts, up.account_cooldown_s)
+
+    def acquire(self) -> Lease | None:
+        """The available account with the fewest requests in flight for its weight (ties in turn)."""
+        now = self.clock()
+        best: Account | None = None
+        n = len(self.accounts)
+        self._turn = (self._turn + 1) % n
+        for i in range(n):
+            account = self.accounts[(self._turn + i) % n]
+            if not account.available(now):
+                continue
+            if best is None or account.in_flight / account.weight < best.in_flight / best.weight:
+                best = account
+        if best is None:
+            return None
+        best.in_flight += 1
+        best.requests += 1
+        if best.why is not None:  # back from being set aside
+            best.why = None
+            self.changed()
+        return Lease(self, best)
+
+    def available_now(self) -> bool:
+        now = self.clock()
+        return any(a.available(now) for a in self.accounts)
+
+    def next_free(self) -> float:
+        """When the first account set aside comes back (clock time); far away if none has a key."""
+        keyed = [a.aside_until for a in self.accounts if a.authorization is not None or a.keyless]
+        return min(keyed) if keyed else self.clock() + 1e9
+
+    def rate_limited(self, account: Account, retry_after: float | None, base_s: float,
+                     answer: httpx2.Response) -> None:
+        """A 429: set aside for Retry-After, else for a back-off that doubles with each 429 in a row."""
+        account.strikes += 1
+        aside = retry_after if retry_after is not None else min(
+            max(base_s, 0.05) * 2 ** (account.strikes - 1), RATE_LIMIT_ASIDE_MAX_S)
+        self._set_aside(account, aside, "429", answer)
+
+    def unavailable(self, account: Account, status: int) -> None:
+        """A 401 (the key is refused) or 402 (no balance): set aside for the cooldown, and say so."""
+        if len(self.accounts) > 1:
+            self._set_aside(account, self.cooldown_s, str(status), None)
+        if self.on_unavailable is not None:
+            self.on_unavailable(account.name, status, self.cooldown_s if len(self.accounts) > 1 else 0.0)
+
+    def _set_aside(self, account: Account, seconds: float, why: str, answer: httpx2.Response | None) -> None:
+        account.aside_until = max(account.aside_until, self.clock() + seconds)
+        account.why = why
+        if answer is not None:
+            account.last_error = (answer.status_code, list(answer.headers.raw), answer.content)
+        self.changed()
+
+    def last_error(self) -> httpx2.Response | None:
+        """DeepSeek's last error from an account set aside, to answer with while all are."""
+        errors = [a.last_error for a in self.accounts if a.last_error is not None]
+        if not errors:
+            return None
+        status, headers, content = errors[-1]
+        return httpx2.Response(status, headers=headers, content=content)
+
+    def changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change()
+
+    def states(self) -> list[dict[str, Any]]:
+        """Each account's state (never its key), for /readyz, the dashboard and the metrics."""
+        now = self.clock()
+        out = []
+        for a in self.accounts:
+            state = ("no_key" if a.authorization is None and not a.keyless
+                     else "available" if a.available(now) else "set_aside")
+            row: dict[str, Any] = {"name": a.name, "key_env": a.key_env, "weight": a.weight, "state": state,
+                                   "in_flight": a.in_flight, "requests": a.requests}
+            if state == "set_aside":
+                row["why"] = a.why
+                row["back_in_s"] = round(a.aside_until - now, 3)
+            out.append(row)
+        return out
+
+
+def _bearer(key: str | None) -> bytes | None:
+    return f"Bearer {key}".encode("latin-1", "replace") if key else None
