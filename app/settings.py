@@ -224,6 +224,9 @@ class LimitsSettings(Section):
     max_header_bytes: int = Field(default=64 * 1024, ge=1024)
     max_file_bytes: int = Field(default=512 * 1024 * 1024, ge=1024)  # a Files API upload, streamed
     body_timeout_seconds: float = Field(default=120.0, gt=0)  # to receive a JSON body whole (slow clients)
+    # count_tokens counts exactly up to this many bytes of prompt text (about 2 s of one core per 4 MiB);
+    # above, it answers an upper bound (the text's bytes) and says so
+    count_tokens_exact_bytes: int = Field(default=4 * 1024 * 1024, ge=0)
     # Budgets, rates and concurrency per team and key (set with `chatgate teams set` / `keys set` or the
     # admin API). Where the counters live: rates and concurrency in Redis when redis_url is set (replicas
     # share them), else in this process; budgets in the store ("store": atomic, shared by replicas) or in

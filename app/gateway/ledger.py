@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -12,7 +11,7 @@ from app.ids import new_id
 from app.metering.metrics import Metrics
 from app.metering.pricing import cost_picousd
 from app.metering.recorder import Recorder
-from app.metering.tokens import count_text
+from app.metering.tokens import count_async, count_text
 from app.metering.usage import TokenCounts
 from app.profiles import ModelProfile
 from app.settings import Settings
@@ -32,13 +31,14 @@ class Ledger:
 
     async def estimate(self, ex: Exchange, prompt_text: Callable[[], str], completion_text: str,
                        reasoning_text: str = "") -> TokenCounts:
-        """DeepSeek sent no usage: count locally with its tokenizer, off the event loop."""
+        """DeepSeek sent no usage: count locally with its tokenizer, off the event loop
+        (app/metering/tokens.py: the interpreter lock released, one count at a time)."""
         def count() -> TokenCounts:
             prompt = count_text(prompt_text())
             reasoning = count_text(reasoning_text)
             completion = count_text(completion_text) + reasoning
             return TokenCounts(prompt, completion, 0, prompt, reasoning)
-        return await asyncio.to_thread(count)
+        return await count_async(count)
 
     def finish(self, ex: Exchange, outcome: str, status: int, tokens: TokenCounts | None = None, *,
                exact: bool = True, rule_code: str | None = None, upstream_status: int | None = None) -> None:

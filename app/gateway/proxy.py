@@ -36,7 +36,7 @@ from app.gateway.upstream import Upstream, forward_headers
 from app.metering.metrics import Metrics
 from app.metering.pricing import cost_bound_picousd
 from app.metering.recorder import Recorder
-from app.metering.tokens import context_overflow
+from app.metering.tokens import context_overflow, count_async
 from app.quotas.gate import Quotas, refusal_error
 from app.quotas.model import Refusal
 from app.refusals.log import Pending, RefusalLog
@@ -201,8 +201,9 @@ class Gateway:
         if profile is None or len(ex.body) <= profile.context_window:
             return None
         data = ex.json()
-        found = await asyncio.to_thread(context_overflow, functools.partial(family.prompt_text, data),
-                                        len(ex.body), profile.context_window, verdict.max_tokens)
+        text = functools.partial(family.prompt_text, data)
+        found = await count_async(functools.partial(context_overflow, text, len(ex.body),
+                                                    profile.context_window, verdict.max_tokens))
         if found is None:
             return None
         prompt, total = found

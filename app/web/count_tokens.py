@@ -1,9 +1,15 @@
 """`POST /anthropic/v1/messages/count_tokens`: answered by chatgate itself with DeepSeek's V4 tokenizer
-(DeepSeek documents no such route). Authenticated like the messages route; nothing is forwarded or billed."""
+(DeepSeek documents no such route). Authenticated and rate-limited like the messages route (a count takes
+one request of the key's rpm and a concurrency slot, no tokens); nothing is forwarded or billed.
+
+What one count may cost is bounded: the body by limits.max_body_bytes (413), the exact count by
+limits.count_tokens_exact_bytes of prompt text. Above that, the answer is an upper bound (the text's UTF-8
+bytes: every token covers at least one byte), said so in `x-chatgate-warning`. Counting runs on the
+tokenizer's worker thread with the interpreter lock released (app/metering/tokens.py): other requests go on.
+"""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any
 
@@ -17,7 +23,10 @@ from app.errors import APIError
 from app.gateway.bodies import read_json_body, request_id_of
 from app.gateway.responses import error_response, json_response
 from app.gateway.state import State
-from app.metering.tokens import count_text
+from app.gateway.strict import body_problem
+from app.metering.tokens import count_async, count_text
+from app.quotas.gate import refusal_error
+from app.quotas.model import Admission, Refusal
 
 PATHS = ("/anthropic/v1/messages/count_tokens", "/anthropic/messages/count_tokens")
 LABEL = "/anthropic/v1/messages/count_tokens"
@@ -27,12 +36,14 @@ def add_count_tokens(app: FastAPI, state: State) -> None:
     family = state.endpoints["/anthropic/v1/messages"].family
 
     async def count_tokens(request: Request) -> Response:
-        request_id = request_id_of(request)
-        gw = state.gw
+        request_id, ts = request_id_of(request), time.time()
+        gw, limits = state.gw, state.settings.limits
         try:
-            await gw.auth.identify_request(request)
-            body = await read_json_body(request, state.settings.limits.max_body_bytes,
-                                        state.settings.limits.body_timeout_seconds)
+            identity = await gw.auth.identify_request(request)
+            body = await read_json_body(request, limits.max_body_bytes, limits.body_timeout_seconds)
+            strict = body_problem(body)
+            if strict is not None:
+                raise APIError.from_problems([strict])
             data = orjson.loads(body)
             if not isinstance(data, dict) or not isinstance(data.get("messages"), list):
                 raise APIError(400, "count_tokens needs a JSON object with 'model' and 'messages', as for "
@@ -44,12 +55,40 @@ def add_count_tokens(app: FastAPI, state: State) -> None:
             return _refused(state, error, request_id, family)
         except APIError as error:
             return _refused(state, error, request_id, family)
-        tokens = await asyncio.to_thread(count_text, prompt_text(data))
-        gw.ledger.note(LABEL, request_id, 200, "counted", time.time(), input_tokens=tokens)
-        return json_response(200, {"input_tokens": tokens}, {"x-request-id": request_id})
+        admission: Admission | None = None
+        if gw.quotas is not None:
+            admitted = await gw.quotas.admit(identity.team, identity.key_id, lambda at: (0, 0), started_at=ts)
+            if isinstance(admitted, Refusal):
+                limited = refusal_error(admitted)
+                if admitted.info is not None:
+                    limited.headers.update((k.decode(), v.decode()) for k, v in admitted.info.headers())
+                gw.metrics.limited.labels(admitted.code).inc()
+                return _refused(state, limited, request_id, family)
+            admission = admitted
+        try:
+            exact_bytes = limits.count_tokens_exact_bytes
+            tokens, exact = await count_async(lambda: _count(prompt_text(data), exact_bytes))
+        finally:
+            if admission is not None and gw.quotas is not None:
+                await gw.quotas.settle(admission, 0, 0)
+        headers = {"x-request-id": request_id}
+        if not exact:
+            headers["x-chatgate-warning"] = (
+                f"input_tokens is an upper bound (the prompt's UTF-8 bytes): its text is over "
+                f"{limits.count_tokens_exact_bytes} bytes (limits.count_tokens_exact_bytes)")
+        gw.ledger.note(LABEL, request_id, 200, "counted", ts, input_tokens=tokens, exact=exact)
+        return json_response(200, {"input_tokens": tokens}, headers)
 
     for path in PATHS:
         app.router.add_route(path, count_tokens, methods=["POST"], include_in_schema=False)
+
+
+def _count(text: str, exact_bytes: int) -> tuple[int, bool]:
+    """(tokens, exact): the tokenizer's count, or the text's UTF-8 bytes above `exact_bytes` of it."""
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > exact_bytes:
+        return size, False
+    return count_text(text), True
 
 
 def _refused(state: State, error: APIError, request_id: str, family: Any) -> Response:
