@@ -14,7 +14,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("app.cli",),  # the entry points: the CLI, which runs the uvicorn runner and the offline lint
     ("app.server", "app.lint"),
     ("app.web",),
+    ("app.files",),  # the Files API: its routes and relay, above the gateway they use
     ("app.gateway",),
+    # who owns each uploaded file, and which files a request names: asked by the Files routes and the gateway
+    ("app.files.owners", "app.files.file_ids"),
     ("app.tracing", "app.refusals"),  # OpenTelemetry spans; the refusal inspector (its store, its views)
     ("app.quotas",),
     ("app.settings",),

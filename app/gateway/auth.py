@@ -16,7 +16,7 @@ from starlette.requests import HTTPConnection
 
 from app.errors import APIError, unauthorized
 from app.settings import AuthSettings
-from app.store.base import ApiKey, Store
+from app.store.base import ApiKey, KeyStore
 
 KEY_PREFIX = "cg-"
 ADMIN = "admin"  # the admin key's key id, name and team where a route takes it
@@ -73,7 +73,7 @@ def _fingerprint_of(digest: str) -> str:
 
 
 class Authenticator:
-    def __init__(self, settings: AuthSettings, store: Store | None) -> None:
+    def __init__(self, settings: AuthSettings, store: KeyStore | None) -> None:
         self.settings = settings
         self.store = store
         self._cache: dict[str, tuple[float, ApiKey]] = {}  # the store's keys, by digest

@@ -20,12 +20,13 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from app.errors import NOT_OWNED, APIError, Problem, bad_gateway, no_such_file, store_unavailable
+from app.errors import NOT_OWNED, APIError, Problem, bad_gateway
+from app.files.file_ids import may_name_files, named_files
+from app.files.owners import foreign_file
 from app.gateway.auth import Authenticator
 from app.gateway.bodies import origin_of, read_json_body, request_id_of
 from app.gateway.exchange import Exchange, Route
 from app.gateway.family import Family, StreamMeter, StreamTurns
-from app.gateway.file_ids import may_name_files, named_files
 from app.gateway.ledger import Ledger
 from app.gateway.notices import Notices
 from app.gateway.relay import SSERelay
@@ -43,7 +44,7 @@ from app.refusals.log import Pending, RefusalLog
 from app.repair.base import Applied, Repaired, TurnCalls
 from app.repair.memory import TurnMemory
 from app.settings import Settings
-from app.store.base import StoreError, TurnRow, UsageRecord
+from app.store.base import FileOwnerStore, TurnRow, UsageRecord
 from app.tracing.spans import ExchangeTrace, Tracing
 from app.verdict import Verdict
 
@@ -65,7 +66,7 @@ class Endpoint:
 class Gateway:
     def __init__(self, settings: Settings, upstream: Upstream, recorder: Recorder | None,
                  auth: Authenticator, metrics: Metrics, memory: TurnMemory | None = None,
-                 quotas: Quotas | None = None) -> None:
+                 quotas: Quotas | None = None, files: FileOwnerStore | None = None) -> None:
         self.settings = settings
         self.profiles = settings.profiles()
         self.upstream = upstream
@@ -79,6 +80,7 @@ class Gateway:
                                            settings.repair.reasoning_cache_bytes)
         self.background: set[asyncio.Task[None]] = set()
         self.quotas = quotas
+        self.files = files  # who owns the uploaded files a request may name (managed mode)
         self.clock: Callable[[], float] = time.time  # a request's start: its usage record's time
         self.tracing: Tracing | None = None  # set by State when tracing is on (app.tracing)
         self.refusals: RefusalLog | None = None  # the refusal inspector (server.capture_refusals)
@@ -313,23 +315,16 @@ class Gateway:
                                                     f"{why}.")
 
     async def _foreign_file(self, ex: Exchange) -> APIError | None:
-        """Managed mode: DeepSeek keeps every team's uploads under the one upstream key, so a request may name
-        only files its key's team uploaded through chatgate (app/web/file_owners.py); another team's is the
-        404 of an unknown file, as on the Files routes. Every file id in the body counts, wherever it is
-        (app/gateway/file_ids.py); a body that cannot be read whole is refused, never forwarded unchecked."""
+        """Managed mode: a request may name only files its key's team uploaded through chatgate
+        (app/files/owners.py). Every file id in the body counts, wherever it is (app/files/file_ids.py); a
+        body that cannot be read whole is refused, never forwarded unchecked."""
         try:
             refs = named_files(ex.body)
         except APIError as error:
             return error
-        store = self.auth.store
-        if not refs or store is None:
+        if not refs or self.files is None:
             return None
-        try:
-            owned = await asyncio.to_thread(store.files_owned, ex.identity.team,
-                                            list(dict.fromkeys(file_id for _, file_id in refs)))
-        except StoreError:
-            return store_unavailable()
-        return next((no_such_file(file_id, param) for param, file_id in refs if file_id not in owned), None)
+        return await foreign_file(self.files, ex.identity.team, refs)
 
     def _remembers(self, ex: Exchange, family: Family, verdict: Verdict | None) -> bool:
         """Whether the answer's tool-call turn is worth remembering for the family's restore repair."""

@@ -72,7 +72,7 @@ class State:
                                               s.repair.reasoning_cache_bytes, ring_path=ring)
         self.quotas = Quotas(s, self.store)
         self.gateway = Gateway(s, upstream, self.recorder, Authenticator(s.auth, self.store), self.metrics,
-                               self.memory, self.quotas)
+                               self.memory, self.quotas, self.store)
         await self._observability()
         self._purger = asyncio.get_running_loop().create_task(self._purge_expired_turns())
 

@@ -1,4 +1,4 @@
-"""Every route but the forwarded POSTs: models, the account balance, the Files API (app/web/files.py), health,
+"""Every route but the forwarded POSTs: models, the account balance, the Files API (app/files/), health,
 readiness, metrics, the admin usage report, and the 404 that sends FIM clients to /beta."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from starlette.responses import Response
 
 from app import __version__
 from app.errors import APIError, bad_gateway
+from app.files.routes import add_files
 from app.fim.family import NOT_ON_BETA, not_on_beta
 from app.gateway.auth import Authenticator, client_key, hash_key, require_admin
 from app.gateway.bodies import origin_of, request_id_of
@@ -27,7 +28,6 @@ from app.web.admin import add_admin
 from app.web.compaction import add_compaction
 from app.web.count_tokens import add_count_tokens
 from app.web.dashboard import add_dashboard
-from app.web.files import add_files
 from app.web.refusals import add_refusals
 
 BALANCE_ROUTE = "/user/balance"

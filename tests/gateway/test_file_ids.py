@@ -70,7 +70,7 @@ def test_the_teams_own_file_there_is_forwarded(teams: Teams, fake: RunningFake, 
 
 
 def test_tool_arguments_and_schemas_are_not_files() -> None:
-    from app.gateway.file_ids import file_refs
+    from app.files.file_ids import file_refs
     body = {
         "tools": [{"name": "open", "input_schema": {"properties": {"file_id": {"type": "string"}},
                                                     "examples": [{"file_id": "file-example"}]}}],

@@ -680,7 +680,7 @@ def test_passthrough_records_no_owner(gate: RunningChatgate, fake: RunningFake) 
 
 def test_a_list_asks_deepseek_for_a_bounded_number_of_pages(teams: Teams, fake: RunningFake,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("app.web.files.MAX_LIST_PAGES", 1)
+    monkeypatch.setattr("app.files.routes.MAX_LIST_PAGES", 1)
     for _ in range(3):
         teams.upload("b1", b"theirs")
     ours = teams.upload("a1", b"ours")

@@ -1,5 +1,5 @@
 """Every uploaded file a request names, wherever in the body it names it: managed mode lets a team name its
-own files only (app/web/file_owners.py), and a check that looked only where each family usually puts a file
+own files only (owners.py), and a check that looked only where each family usually puts a file
 (messages' content) let another team's id through in an Anthropic `system` block or a Responses
 `instructions` item.
 

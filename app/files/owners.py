@@ -21,8 +21,7 @@ from urllib.parse import urlencode
 
 import orjson
 
-from app.errors import store_unavailable
-from app.gateway.auth import Identity
+from app.errors import APIError, no_such_file, store_unavailable
 from app.store.base import FileOwner, FileOwnerStore, StoreError
 
 log = logging.getLogger("chatgate")
@@ -33,22 +32,37 @@ T = TypeVar("T")
 
 
 class Owners:
-    """The files of one caller's team: a client key's in managed mode."""
+    """The files of one caller's team: a client key's in managed mode (`key_id`: the key that uploads)."""
 
-    def __init__(self, store: FileOwnerStore, identity: Identity) -> None:
+    def __init__(self, store: FileOwnerStore, team: str, key_id: str) -> None:
         self.store = store
-        self.identity = identity
+        self.team = team
+        self.key_id = key_id
 
     async def owns(self, file_id: str) -> bool:
         owner = await _ask(self.store.file_owner, file_id)
-        return owner is not None and owner.team == self.identity.team
+        return owner is not None and owner.team == self.team
 
     async def owned(self, file_ids: Sequence[str]) -> set[str]:
-        return await _ask(self.store.files_owned, self.identity.team, file_ids) if file_ids else set()
+        return await _ask(self.store.files_owned, self.team, file_ids) if file_ids else set()
 
     async def record(self, file_id: str) -> None:
-        owner = FileOwner(file_id, self.identity.team, self.identity.key_id, time.time())
+        owner = FileOwner(file_id, self.team, self.key_id, time.time())
         await _ask(self.store.own_file, owner)
+
+
+async def foreign_file(store: FileOwnerStore, team: str, refs: Sequence[tuple[str, str]]) -> APIError | None:
+    """Managed mode: DeepSeek keeps every team's uploads under the one upstream key, so a request may name
+    only files its key's team uploaded through chatgate; the first other one, by its (param, file id) in
+    `refs`, is the 404 of an unknown file, as on the Files routes."""
+    if not refs:
+        return None
+    try:
+        owned = await asyncio.to_thread(store.files_owned, team,
+                                        list(dict.fromkeys(file_id for _, file_id in refs)))
+    except StoreError:
+        return store_unavailable()
+    return next((no_such_file(file_id, param) for param, file_id in refs if file_id not in owned), None)
 
 
 async def forget(store: FileOwnerStore | None, file_id: str) -> None:

@@ -3,7 +3,7 @@ arrives (at most limits.max_file_bytes), DeepSeek's answer is relayed as it come
 
 The caller is authenticated as on every route (managed: a missing, unknown or revoked key is a 401, and the
 upstream key goes to DeepSeek; passthrough: the caller's own key goes through). In managed mode a client key
-sees its team's files only (app/web/file_owners.py), and the admin key sees every file. Nothing is validated
+sees its team's files only (owners.py), and the admin key sees every file. Nothing is validated
 and nothing is metered: there are no tokens, so no usage record and no quotas; each request gets an access-log
 line and a count in /metrics under its route template (never a file id). The Anthropic-format Files API,
 `/anthropic/v1/files…`, is forwarded the same way (managed mode: the admin key only).
@@ -24,15 +24,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from app.errors import NOT_OWNED, APIError, bad_gateway, no_such_file, not_found
-from app.gateway.auth import Identity, client_key
-from app.gateway.bodies import BodyStopped, Upload, request_id_of
-from app.gateway.family import Family
-from app.gateway.ledger import Ledger
-from app.gateway.passthrough import OnEnd, Passthrough
-from app.gateway.responses import RawResponse, error_response
-from app.gateway.state import State
-from app.gateway.upstream import forward_headers, map_transport_error, read_whole, response_headers
-from app.web.file_owners import (
+from app.files.owners import (
     MAX_LIST_PAGES,
     Owners,
     after,
@@ -43,6 +35,14 @@ from app.web.file_owners import (
     uploaded_id,
     wanted,
 )
+from app.files.passthrough import OnEnd, Passthrough
+from app.gateway.auth import Identity, client_key
+from app.gateway.bodies import BodyStopped, Upload, request_id_of
+from app.gateway.family import Family
+from app.gateway.ledger import Ledger
+from app.gateway.responses import RawResponse, error_response
+from app.gateway.state import State
+from app.gateway.upstream import forward_headers, map_transport_error, read_whole, response_headers
 
 log = logging.getLogger("chatgate")
 
@@ -97,7 +97,8 @@ def _handler(state: State, template: str, prefix: str = "", family: Family | Non
         deadline = t0 + state.settings.upstream.total_timeout
         if owners is not None and template == FILES and request.method == "GET":
             return await _team_list(state, request, owners, headers, deadline, done)
-        return await _exchange(state, request, path, upload, owners, headers, deadline, done, family)
+        return await _exchange(state, request, path, upload, identity, owners, headers, deadline, done,
+                               family)
     return files
 
 
@@ -117,8 +118,8 @@ async def _caller(state: State, authorization: str | None, teams: bool = True
         raise APIError(404, "The Anthropic-format Files API is not served in managed mode yet: chatgate "
                        "cannot keep each team's files apart on it. Use the Files API at /v1/files (or the "
                        "admin key).", "not_found_error", None, "not_served")
-    assert auth.store is not None, "a managed client key is only identified with a store"
-    return identity, Owners(auth.store, identity)
+    assert state.store is not None, "a managed client key is only identified with a store"
+    return identity, Owners(state.store, identity.team, identity.key_id)
 
 
 async def _owned(owners: Owners, request: Request) -> bool:
@@ -127,8 +128,8 @@ async def _owned(owners: Owners, request: Request) -> bool:
     return file_id is None or await owners.owns(file_id)
 
 
-async def _exchange(state: State, request: Request, path: str, upload: Upload, owners: Owners | None,
-                    headers: list[tuple[bytes, bytes]], deadline: float, done: OnEnd,
+async def _exchange(state: State, request: Request, path: str, upload: Upload, identity: Identity,
+                    owners: Owners | None, headers: list[tuple[bytes, bytes]], deadline: float, done: OnEnd,
                     family: Family | None = None) -> Response:
     """The request forwarded, DeepSeek's answer relayed: streamed, but for an upload a team will own (read
     whole, so that its owner is recorded before the caller has the id)."""
@@ -146,14 +147,14 @@ async def _exchange(state: State, request: Request, path: str, upload: Upload, o
         done(outcome, failure.status, failure.code)
         return error_response(failure, rid, family)
     if request.method == "DELETE" and gw.auth.managed and 200 <= resp.status_code < 300:
-        await forget(gw.auth.store, request.path_params["file_id"])
+        await forget(state.store, request.path_params["file_id"])
     if owners is not None and request.method == "POST":
-        return await _owned_upload(state, owners, resp, rid, deadline, done)
+        return await _owned_upload(state, owners, identity, resp, rid, deadline, done)
     return Passthrough(resp, rid, deadline, done, watch=body is None or upload.done)
 
 
-async def _owned_upload(state: State, owners: Owners, resp: httpx2.Response, rid: str, deadline: float,
-                        done: OnEnd) -> Response:
+async def _owned_upload(state: State, owners: Owners, identity: Identity, resp: httpx2.Response, rid: str,
+                        deadline: float, done: OnEnd) -> Response:
     """DeepSeek's answer to an upload, relayed unchanged once the file it made is recorded as the team's. If
     it cannot be recorded, the file is deleted (nobody could have reached it) and the upload fails."""
     try:
@@ -166,7 +167,7 @@ async def _owned_upload(state: State, owners: Owners, resp: httpx2.Response, rid
         try:
             await owners.record(file_id)
         except APIError as error:
-            await _discard(state, file_id, owners.identity, rid)
+            await _discard(state, file_id, identity, rid)
             done("aborted", error.status, error.code)
             return error_response(error, rid)
     outcome = "ok" if 200 <= resp.status_code < 300 else "upstream_error"
@@ -193,7 +194,7 @@ async def _discard(state: State, file_id: str, identity: Identity, rid: str) -> 
 async def _team_list(state: State, request: Request, owners: Owners, headers: list[tuple[bytes, bytes]],
                      deadline: float, done: OnEnd) -> Response:
     """DeepSeek's list narrowed to the caller's team's files, its next pages asked for while the team's
-    page is not full (app/web/file_owners.py)."""
+    page is not full (owners.py)."""
     rid, upstream = request_id_of(request), state.gw.upstream
     query = request.scope["query_string"].decode("latin-1")
     params = parse_qsl(query, keep_blank_values=True)
