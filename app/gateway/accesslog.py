@@ -50,7 +50,7 @@ class AccessLog:
 
 
 def access_line(rec: UsageRecord, status: int) -> dict[str, Any]:
-    return {
+    line = {
         "event": "request", "ts": rec.ts, "request_id": rec.request_id, "key_id": rec.key_id,
         "team": rec.team, "model": rec.model, "route": rec.route, "stream": rec.stream, "status": status,
         "outcome": rec.outcome,
@@ -59,3 +59,6 @@ def access_line(rec: UsageRecord, status: int) -> dict[str, Any]:
         "reasoning_tokens": rec.reasoning_tokens, "tokens_exact": rec.tokens_exact,
         "latency_ms": rec.latency_ms, "ttfb_ms": rec.ttfb_ms, "repairs": rec.repairs,
     }
+    if rec.unpriced:
+        line["unpriced"] = True
+    return line

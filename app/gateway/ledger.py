@@ -66,7 +66,9 @@ class Ledger:
             cost_picousd=cost, latency_ms=round(ex.elapsed_ms(), 3),
             ttfb_ms=round(ex.ttfb_ms, 3) if ex.ttfb_ms is not None else None, tokens_exact=exact,
             repairs=",".join(ex.repaired.codes()) if ex.repaired is not None and ex.repaired.applied
-            else None)
+            else None,
+            unpriced=(profile is None or profile.prices is None)
+            and tokens.prompt_tokens + tokens.completion_tokens > 0)
         if self.recorder is not None:
             self.recorder.record(record)
         if self.on_record is not None:

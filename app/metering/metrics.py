@@ -43,6 +43,8 @@ class Metrics:
         self.notices = Counter("chatgate_notices", "Requests with a problem their caller cannot act on "
                                "(logged once per key and hour), by route and code", ["route", "code"],
                                registry=r)
+        self.unpriced = Counter("chatgate_unpriced_requests", "Requests that used tokens of a model "
+                                "without a price (metered at cost 0), by model", ["model"], registry=r)
         self.restore_misses = Counter("chatgate_reasoning_restore_misses",
                                       "Turns restore_reasoning could not restore (not relayed to that "
                                       "caller, or expired)", registry=r)
@@ -96,6 +98,8 @@ class Metrics:
                 self._child(self.tokens, kind, model, rec.team).inc(n)
         if rec.cost_picousd:
             self._child(self.cost, model, rec.team).inc(rec.cost_picousd / 1e12)
+        elif rec.unpriced:
+            self._child(self.unpriced, model).inc()
         self._child(self.upstream_latency, model).observe(rec.latency_ms / 1000)
         if rec.ttfb_ms is not None:
             self._child(self.ttfb, model).observe(rec.ttfb_ms / 1000)

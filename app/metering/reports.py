@@ -80,8 +80,13 @@ def build_report(store: UsageStore, query: ReportQuery) -> dict[str, Any]:
         for row in store.usage_report(ReportQuery("rule", query.since, query.until)):
             for name in COUNTERS:
                 totals[name] += int(row.counters.get(name, 0))
-    return {"group_by": query.group_by, "since": query.since, "until": query.until,
-            "rows": out_rows, "totals": _counters(totals)}
+    report: dict[str, Any] = {"group_by": query.group_by, "since": query.since, "until": query.until,
+                              "rows": out_rows, "totals": _counters(totals)}
+    if totals["unpriced_requests"]:  # never a silent $0: which models had no price
+        by_model = store.usage_report(ReportQuery("model", query.since, query.until))
+        report["unpriced_models"] = sorted(row.group["model"] for row in by_model
+                                           if int(row.counters.get("unpriced_requests", 0)))
+    return report
 
 
 def render_csv(report: dict[str, Any]) -> str:
@@ -97,17 +102,22 @@ def render_csv(report: dict[str, Any]) -> str:
 def render_table(report: dict[str, Any]) -> str:
     group = list(GROUP_FIELDS[report["group_by"]])
     heads = [*group, "requests", "rejected", "prompt", "completion", "cache_hit", "cache_miss", "reasoning",
-             "cost_usd", "estimated"]
+             "cost_usd", "estimated", "unpriced"]
     keys = [*group, "requests", "rejected", "prompt_tokens", "completion_tokens", "prompt_cache_hit_tokens",
-            "prompt_cache_miss_tokens", "reasoning_tokens", "cost_usd", "estimated_requests"]
+            "prompt_cache_miss_tokens", "reasoning_tokens", "cost_usd", "estimated_requests",
+            "unpriced_requests"]
     lines = [[_cell(row.get(k)) for k in keys] for row in report["rows"]]
     total = {**report["totals"], group[0]: "TOTAL"}
     lines.append([_cell(total.get(k)) for k in keys])
     widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(heads)]
     fmt = "  ".join(f"{{:<{w}}}" if i < len(group) else f"{{:>{w}}}" for i, w in enumerate(widths))
     rule = "  ".join("-" * w for w in widths)
+    note = []
+    if report.get("unpriced_models"):
+        note = [f"{report['totals']['unpriced_requests']} request(s) of models without a price, counted at "
+                f"$0: {', '.join(report['unpriced_models'])} (set their prices: docs/metering.md#prices)"]
     return "\n".join([fmt.format(*heads), rule, *(fmt.format(*line) for line in lines[:-1]), rule,
-                      fmt.format(*lines[-1])]) + "\n"
+                      fmt.format(*lines[-1]), *note]) + "\n"
 
 
 def _cell(value: Any) -> str:

@@ -142,6 +142,8 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # 6: a lease's hold keeps the spend settled under it that the ledger has, so that a renewal applied
     # whose answer was lost, tried again, adds only what is new (no spend counted twice).
     ("ALTER TABLE budget_holds ADD COLUMN flushed_picousd BIGINT NOT NULL DEFAULT 0",),
+    # 7: a request of a model without a price is flagged, so that its cost 0 is never taken for a price.
+    ("ALTER TABLE usage ADD COLUMN unpriced BOOLEAN NOT NULL DEFAULT FALSE",),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -175,6 +177,7 @@ USAGE_COLUMNS = (
     "ttfb_ms",
     "tokens_exact",
     "repairs",
+    "unpriced",
 )
 FILE_OWNER_COLUMNS = ("file_id", "team", "key_id", "created_at")
 FILE_IDS_PER_QUERY = 500  # below every SQLite's limit on a statement's parameters (999 before 3.32)
@@ -202,6 +205,7 @@ _COUNTER_SQL = {
     "reasoning_tokens": "sum(reasoning_tokens)",
     "cost_picousd": "sum(cost_picousd)",
     "estimated_requests": "sum(CASE WHEN tokens_exact THEN 0 ELSE 1 END)",
+    "unpriced_requests": "sum(CASE WHEN unpriced THEN 1 ELSE 0 END)",
 }
 _COUNTER_SELECT = ", ".join(_COUNTER_SQL[name] for name in COUNTERS)
 

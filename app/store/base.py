@@ -48,6 +48,7 @@ class UsageRecord:
     ttfb_ms: float | None = None
     tokens_exact: bool = True
     repairs: str | None = None  # codes of the repairs applied, comma-separated
+    unpriced: bool = False  # tokens were used but the model has no price: its cost 0 is not a price
 
     @property
     def day(self) -> str:
@@ -173,6 +174,7 @@ COUNTERS = (
     "reasoning_tokens",
     "cost_picousd",
     "estimated_requests",
+    "unpriced_requests",
 )
 
 

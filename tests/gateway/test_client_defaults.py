@@ -17,6 +17,9 @@ import pytest
 from app.errors import Problem
 from app.gateway.notices import Notices
 from app.metering.metrics import Metrics
+from app.metering.reports import build_report, render_table
+from app.store.base import ReportQuery
+from app.store.sqlite import SQLiteStore
 from tests.fakes.server import RunningFake
 from tests.gateway.conftest import usage_rows
 from tests.harness import RunningChatgate
@@ -165,3 +168,25 @@ def test_responses_records_carry_the_model_deepseek_served(
     assert resp.status_code == 200
     (row,) = usage_rows(tmp_path, 1)
     assert row["model"] == "deepseek-flash" and row["prompt_tokens"] > 0
+
+
+def test_a_model_without_a_price_is_flagged_never_a_silent_zero(
+        start_gate: Callable[..., RunningChatgate], fake: RunningFake, tmp_path: Any) -> None:
+    gate = start_gate()
+    priced = post(gate, "/v1/responses", CODEX_BODY)
+    unpriced = post(gate, "/v1/responses", CODEX_BODY, **{"x-fake-served-model": "deepseek-v5-preview"})
+    assert priced.status_code == unpriced.status_code == 200
+    rows = usage_rows(tmp_path, 2)
+    by_model = {r["model"]: r for r in rows}
+    assert by_model["deepseek-flash"]["cost_picousd"] > 0 and not by_model["deepseek-flash"]["unpriced"]
+    new = by_model["deepseek-v5-preview"]
+    assert new["cost_picousd"] == 0 and new["unpriced"]
+    assert metric(gate, "chatgate_unpriced_requests_total") == 1
+    store = SQLiteStore(tmp_path / "usage.db")
+    try:
+        report = build_report(store, ReportQuery("team"))
+    finally:
+        store.close()
+    assert report["totals"]["unpriced_requests"] == 1 and report["unpriced_models"] == ["deepseek-v5-preview"]
+    table = render_table(report)
+    assert "1 request(s) of models without a price, counted at $0: deepseek-v5-preview" in table

@@ -82,6 +82,7 @@ def random_records(n: int, seed: int) -> list[UsageRecord]:
             tokens_exact=rnd.random() < 0.8,
             repairs=rnd.choice([None, None, "restore_reasoning", "thinking_conflict",
                                 "restore_reasoning,developer_role"]),
+            unpriced=rnd.random() < 0.1,
             **{name: rnd.randrange(10**15 if name == "cost_picousd" else 100_000) for name in TOKEN_FIELDS},
         )
         for i in range(n)
@@ -110,6 +111,7 @@ def reference_report(records: Sequence[UsageRecord], query: ReportQuery) -> list
             counters["rejected"] += r.outcome == "rejected"
             counters["limited"] += r.outcome == "limited"
             counters["estimated_requests"] += not r.tokens_exact
+            counters["unpriced_requests"] += r.unpriced
             for name in TOKEN_FIELDS:
                 counters[name] += getattr(r, name)
     return [rows[k] for k in sorted(rows)]
@@ -601,7 +603,7 @@ def test_migration_from_version_1_drops_the_unused_indexes(tmp_path: Path) -> No
     conn.close()
     store = SQLiteStore(db)
     store.migrate()
-    assert store.schema_version() == SCHEMA_VERSION == 6
+    assert store.schema_version() == SCHEMA_VERSION == 7
     rows = sqlite3.connect(db).execute("SELECT name FROM sqlite_master WHERE type = 'index'")
     names = {row[0] for row in rows}
     assert "usage_ts" in names and not names & {"usage_team", "usage_key_id", "usage_model", "usage_day"}
@@ -616,7 +618,7 @@ def test_migration_from_version_2_keeps_old_records_and_adds_repairs_and_turns(t
         for statement in MIGRATIONS[version - 1]:
             conn.execute(statement)
         conn.execute("INSERT INTO schema_version VALUES (?, 0)", (version,))
-    columns = [c for c in USAGE_COLUMNS if c != "repairs"]
+    columns = [c for c in USAGE_COLUMNS if c not in ("repairs", "unpriced")]
     old = record("old-1")
     values = {**{c: getattr(old, c, None) for c in columns}, "day": old.day}
     conn.execute(f"INSERT INTO usage ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})",
@@ -626,10 +628,12 @@ def test_migration_from_version_2_keeps_old_records_and_adds_repairs_and_turns(t
     store = SQLiteStore(db)
     store.migrate()
     assert store.schema_version() == SCHEMA_VERSION
-    store.insert_usage([record("new-1", repairs="restore_reasoning")])
+    store.insert_usage([record("new-1", repairs="restore_reasoning", unpriced=True)])
     by_repair = store.usage_report(ReportQuery("repair"))
     assert [(r.group["repair"], r.counters["requests"]) for r in by_repair] == [("", 1),
                                                                               ("restore_reasoning", 1)]
+    assert [(r.group["repair"], r.counters["unpriced_requests"]) for r in by_repair] == [
+        ("", 0), ("restore_reasoning", 1)], "an old record is priced (migration 7's default)"
     store.remember_turns([TurnRow("fp-1", "chat", "call_1", "t1", "f", "why", time.time() + 60)])
     assert [r.payload for r in store.recall_turns("fp-1", "chat", ["call_1"], time.time())] == ["why"]
     store.close()
