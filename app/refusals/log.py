@@ -57,6 +57,7 @@ class RefusalLog:
         self._bytes = 0
         self._lock = threading.Lock()
         self._wake = threading.Event()
+        self._stopped = threading.Event()
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._purged_at = 0.0
@@ -71,6 +72,7 @@ class RefusalLog:
 
     def stop(self, timeout: float = 5.0) -> None:
         self._stopping = True
+        self._stopped.set()
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout)
@@ -90,12 +92,18 @@ class RefusalLog:
                 old = pending.popleft()
                 self._bytes -= len(old.body) + len(old.answer)
                 self.dropped += 1
+        if not self._wake.is_set():
+            self._wake.set()
 
     # --- the writer thread -----------------------------------------------------------
 
     def _run(self) -> None:
+        """Asleep until a refusal comes (or a minute passes, to purge); then gathers for FLUSH_S and writes
+        the batch. No refusals, no wake-ups: the thread costs a process serving valid requests nothing."""
         while True:
-            self._wake.wait(FLUSH_S)
+            woken = self._wake.wait(PURGE_EVERY_S)
+            if woken and not self._stopping:
+                self._stopped.wait(FLUSH_S)
             self._wake.clear()
             stopping = self._stopping
             self.flush()

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from app.settings import TracingSettings
 from app.tracing.counts import CountingExporter, TraceCounts
+from app.tracing.lean import encode_request, readable
 from app.tracing.spans import Tracing
 
 log = logging.getLogger("chatgate.tracing")
@@ -43,14 +44,37 @@ def protocol_of(settings: TracingSettings, env: Mapping[str, str]) -> str:
     return "http/protobuf"
 
 
+SAMPLERS = {"always_on": (False, 1.0), "always_off": (False, 0.0), "traceidratio": (False, None),
+            "parentbased_always_on": (True, 1.0), "parentbased_always_off": (True, 0.0),
+            "parentbased_traceidratio": (True, None)}
+
+
+def sampler_of(settings: TracingSettings, env: Mapping[str, str]) -> tuple[bool, float]:
+    """(parent based, ratio of new traces sampled): `tracing.sample_ratio`, else OTEL_TRACES_SAMPLER and
+    OTEL_TRACES_SAMPLER_ARG (the SDK's six standard samplers), else parentbased_always_on."""
+    if settings.sample_ratio is not None:
+        return True, settings.sample_ratio
+    name = env.get("OTEL_TRACES_SAMPLER", "").strip().lower() or "parentbased_always_on"
+    if name not in SAMPLERS:
+        log.warning("OTEL_TRACES_SAMPLER=%s is not one chatgate knows (%s): parentbased_always_on", name,
+                    ", ".join(SAMPLERS))
+        name = "parentbased_always_on"
+    parent_based, ratio = SAMPLERS[name]
+    if ratio is None:
+        try:
+            ratio = min(max(float(env.get("OTEL_TRACES_SAMPLER_ARG", "1.0")), 0.0), 1.0)
+        except ValueError:
+            ratio = 1.0
+    return parent_based, ratio
+
+
 def build_tracing(settings: TracingSettings, env: Mapping[str, str] | None = None) -> Tracing | None:
     """The tracing of this process, or None when it is off (nothing of the SDK is imported then)."""
     env = os.environ if env is None else env
     if not tracing_on(settings, env):
         return None
     from opentelemetry.sdk.resources import SERVICE_NAME, Resource
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
     attributes: dict[str, Any] = {}
     if settings.service_name is not None:
@@ -58,13 +82,51 @@ def build_tracing(settings: TracingSettings, env: Mapping[str, str] | None = Non
     elif not env.get("OTEL_SERVICE_NAME") and "service.name=" not in env.get("OTEL_RESOURCE_ATTRIBUTES", ""):
         attributes[SERVICE_NAME] = "chatgate"
     resource = Resource.create(attributes)  # + OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME
-    sampler = ParentBased(TraceIdRatioBased(settings.sample_ratio)) if settings.sample_ratio is not None \
-        else None  # None: the SDK's OTEL_TRACES_SAMPLER (parentbased_always_on by default)
-    provider = TracerProvider(resource=resource, sampler=sampler)
-    counts = TraceCounts(CountingExporter(_exporter(settings, env)))
-    provider.add_span_processor(_processor(counts, settings))
-    tracer = provider.get_tracer("chatgate", schema_url=SCHEMA_URL)
-    return Tracing(provider, tracer, counts, settings.capture_content)
+    scope = InstrumentationScope("chatgate", _version(), SCHEMA_URL)
+    counts = TraceCounts(CountingExporter(LeanExporter(_exporter(settings, env), resource, scope)))
+    parent_based, ratio = sampler_of(settings, env)
+    return Tracing(_processor(counts, settings), counts, settings.capture_content, parent_based, ratio)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("chatgate")
+    except PackageNotFoundError:
+        return ""
+
+
+class LeanExporter:
+    """Exports chatgate's LeanSpans: over OTLP/HTTP encoded by app.tracing.lean and sent by the official
+    exporter's HTTP client (its endpoint, headers, compression, retries and timeout); to any other exporter
+    as the SDK's ReadableSpans."""
+
+    def __init__(self, inner: Any, resource: Any, scope: Any) -> None:
+        self.inner = inner
+        self.resource = resource
+        self.resource_attributes = dict(resource.attributes)
+        self.scope = scope
+        self._client = getattr(inner, "_client", None) if type(inner).__module__.startswith(
+            "opentelemetry.exporter.otlp.proto.http") else None
+
+    def export(self, spans: Sequence[Any]) -> Any:
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        if self._client is None:
+            return self.inner.export(readable(spans, self.resource, self.scope))
+        if getattr(self.inner, "_shutdown", False):
+            return SpanExportResult.FAILURE
+        data = encode_request(spans, self.resource_attributes, self.scope.name, self.scope.version or "",
+                              SCHEMA_URL)
+        result = self._client.export(data)
+        return SpanExportResult.SUCCESS if result.success else SpanExportResult.FAILURE
+
+    def shutdown(self) -> None:
+        self.inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return bool(self.inner.force_flush(timeout_millis))
 
 
 def _exporter(settings: TracingSettings, env: Mapping[str, str]) -> Any:

@@ -4,12 +4,15 @@ opentelemetry-semantic-conventions 0.66b2: `gen_ai.provider.name`, `gen_ai.usage
 `gen_ai.usage.reasoning.output_tokens`, `gen_ai.response.time_to_first_chunk`; docs/observability.md).
 
 The gateway holds an `ExchangeTrace` per request (None when tracing is off, so every hook is one `is not
-None` test). The retry engine calls `start_attempt` before each upstream attempt and `attempt_failed` for one
-it gives up on; the last attempt ends with the request (`finish`), when its usage is known.
+None` test). A sampled request's spans are `LeanSpan` records handed to the SDK's batch span processor
+(app.tracing.lean says why not the SDK's own spans); an unsampled one still sends its trace context on.
+The retry engine calls `start_attempt` before each upstream attempt and `attempt_failed` for one it gives
+up on; the last attempt ends with the request (`finish`), when its usage is known.
 """
 
 from __future__ import annotations
 
+import random
 import re
 import time
 from collections.abc import Iterable, Mapping
@@ -18,7 +21,8 @@ from typing import Any
 import orjson
 
 from app.store.base import UsageRecord
-from app.tracing.counts import TraceCollector
+from app.tracing.counts import TraceCollector, TraceCounts
+from app.tracing.lean import CLIENT, SERVER, STATUS_ERROR, STATUS_UNSET, Fixed, LeanSpan, fixed
 
 PROVIDER = "deepseek"
 TRACE_HEADERS = (b"traceparent", b"tracestate")
@@ -30,48 +34,91 @@ MAX_REASONS = 16
 
 
 class Tracing:
-    """The process's tracer (the SDK's), the W3C trace-context propagator and the export counts."""
+    """The process's tracing: its sampler, the W3C trace-context propagator, and the SDK's batch span
+    processor in front of the exporter. Spans are `LeanSpan` records (app.tracing.lean)."""
 
-    def __init__(self, provider: Any, tracer: Any, counts: Any, capture_content: bool) -> None:
-        from opentelemetry import trace
+    def __init__(self, processor: Any, counts: TraceCounts, capture_content: bool, parent_based: bool,
+                 ratio: float) -> None:
+        from opentelemetry.trace import get_current_span
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-        self.provider = provider
-        self.tracer = tracer
+        self.processor = processor
         self.counts = counts
         self.capture_content = capture_content
+        self.parent_based = parent_based
+        self.bound = 0 if ratio <= 0 else (1 << 64) if ratio >= 1 else round(ratio * (1 << 64))
         self.propagator = TraceContextTextMapPropagator()
-        self._trace = trace
-        self.SERVER, self.CLIENT = trace.SpanKind.SERVER, trace.SpanKind.CLIENT
-        self.ERROR = trace.Status(trace.StatusCode.ERROR)
+        self._get_span = get_current_span
 
-    def start(self, headers: Mapping[str, str], method: str, route: str, label: str, scope: Mapping[str, Any],
-              request_id: str) -> ExchangeTrace:
+    def sampled(self, trace_id: int, parent_sampled: bool | None) -> bool:
+        """ParentBased(TraceIdRatioBased) as the SDK decides it, or the ratio alone."""
+        if parent_sampled is not None and self.parent_based:
+            return parent_sampled
+        return (trace_id & 0xFFFFFFFFFFFFFFFF) < self.bound
+
+    def start(self, headers: Mapping[str, str], method: str, route: str, label: str,
+              scope: Mapping[str, Any], request_id: str) -> ExchangeTrace:
         """The request's SERVER span, named by its route, continuing the client's traceparent (and
         tracestate) if it sent one; `label` is the route as in usage records (it names the operation)."""
-        carrier = {name: value for name in ("traceparent", "tracestate") if (value := headers.get(name))}
-        parent = self.propagator.extract(carrier) if carrier else None
-        attributes: dict[str, Any] = {
-            "http.request.method": method, "http.route": route, "url.path": scope.get("path", route),
-            "url.scheme": scope.get("scheme", "http"),
-            "network.protocol.version": scope.get("http_version", "1.1"), "chatgate.request_id": request_id}
-        server, client = scope.get("server"), scope.get("client")
-        if server:
-            attributes["server.address"], attributes["server.port"] = server[0], server[1]
-        if client:
-            attributes["client.address"] = client[0]
-        if agent := headers.get("user-agent"):
-            attributes["user_agent.original"] = agent
-        span = self.tracer.start_span(f"{method} {route}", parent, self.SERVER, attributes)
-        return ExchangeTrace(self, span, label)
+        trace_id, parent_id, remote, state, parent_sampled = 0, 0, False, "", None
+        traceparent = headers.get("traceparent")
+        if traceparent:
+            carrier = {"traceparent": traceparent}
+            if tracestate := headers.get("tracestate"):
+                carrier["tracestate"] = tracestate
+            ctx = self._get_span(self.propagator.extract(carrier)).get_span_context()
+            if ctx.is_valid:
+                trace_id, parent_id, remote = ctx.trace_id, ctx.span_id, True
+                state, parent_sampled = ctx.trace_state.to_header(), ctx.trace_flags.sampled
+        if not trace_id:
+            trace_id = random.getrandbits(128) or 1
+        trace = ExchangeTrace(self, trace_id, parent_id, remote, state, label,
+                              self.sampled(trace_id, parent_sampled))
+        trace.strip = bool(traceparent or headers.get("tracestate"))
+        if trace.sampled:
+            server, client = scope.get("server"), scope.get("client")
+            key = (method, route, scope.get("path", route), scope.get("scheme", "http"),
+                   scope.get("http_version", "1.1"), server, client[0] if client else None,
+                   headers.get("user-agent"))
+            trace.fixed = fixed(key, lambda: _server_attributes(*key))
+            trace.name = f"{method} {route}"
+            trace.server_attrs = {"chatgate.request_id": request_id}
+        return trace
+
+    def emit(self, span: LeanSpan) -> None:
+        self.processor.on_end(span)
+
+    def force_flush(self, timeout_ms: int = 30000) -> bool:
+        return bool(self.processor.force_flush(timeout_ms))
 
     def shutdown(self, timeout_s: float = 5.0) -> None:
         """Export what is queued, for at most `timeout_s` (an exporter that is down does not hold a stop)."""
-        self.provider.force_flush(int(timeout_s * 1000))
-        self.provider.shutdown()
+        self.processor.force_flush(int(timeout_s * 1000))
+        self.processor.shutdown()
 
     def collector(self) -> Any:
         return TraceCollector(self.counts)
+
+
+def _server_attributes(method: str, route: str, path: str, scheme: str, version: str, server: Any,
+                       client: str | None, agent: str | None) -> dict[str, Any]:
+    attributes: dict[str, Any] = {"http.request.method": method, "http.route": route, "url.path": path,
+                                  "url.scheme": scheme, "network.protocol.version": version}
+    if server:
+        attributes["server.address"], attributes["server.port"] = server[0], server[1]
+    if client:
+        attributes["client.address"] = client
+    if agent:
+        attributes["user_agent.original"] = agent
+    return attributes
+
+
+def _attempt_attributes(operation: str, model: str, stream: bool, max_tokens: int | None) -> dict[str, Any]:
+    attributes: dict[str, Any] = {"gen_ai.operation.name": operation, "gen_ai.provider.name": PROVIDER,
+                                  "gen_ai.request.model": model, "gen_ai.request.stream": stream}
+    if max_tokens is not None:
+        attributes["gen_ai.request.max_tokens"] = max_tokens
+    return attributes
 
 
 def operation_of(route: str) -> str:
@@ -81,24 +128,45 @@ def operation_of(route: str) -> str:
 
 class ExchangeTrace:
     __slots__ = (
+        "_attempt",
         "_attempt_t0",
         "_first_chunk",
         "_reasons",
         "_resp_id",
         "_resp_model",
-        "attempt",
+        "fixed",
         "max_tokens",
+        "name",
+        "parent_id",
+        "remote",
         "route",
         "rules",
-        "server",
+        "sampled",
+        "server_attrs",
+        "server_id",
+        "start_ns",
+        "state",
+        "strip",
+        "trace_id",
         "tracing",
     )
 
-    def __init__(self, tracing: Tracing, server: Any, route: str) -> None:
+    def __init__(self, tracing: Tracing, trace_id: int, parent_id: int, remote: bool, state: str, route: str,
+                 sampled: bool) -> None:
         self.tracing = tracing
-        self.server = server
+        self.trace_id = trace_id
+        self.server_id = random.getrandbits(64) or 1
+        self.parent_id = parent_id
+        self.remote = remote
+        self.state = state
         self.route = route
-        self.attempt: Any = None  # the open CLIENT span
+        self.sampled = sampled
+        self.start_ns = time.time_ns()
+        self.name = ""
+        self.fixed: Fixed | None = None
+        self.strip = False  # the client sent a trace context (valid or not): it is not sent on
+        self.server_attrs: dict[str, Any] = {}
+        self._attempt: tuple[int, int, dict[str, Any], Fixed] | None = None  # the open CLIENT span
         self.max_tokens: int | None = None
         self.rules: list[str] | None = None
         self._attempt_t0 = 0.0
@@ -107,48 +175,52 @@ class ExchangeTrace:
         self._resp_model: str | None = None
         self._reasons: list[str] = []
 
+    @property
+    def attempt_open(self) -> bool:
+        return self._attempt is not None
+
     # --- the upstream attempts ---------------------------------------------------------
 
     def start_attempt(self, headers: list[tuple[bytes, bytes]], model: str, stream: bool
                       ) -> list[tuple[bytes, bytes]]:
         """A CLIENT span for one upstream attempt (one before it still open is ended as failed); the
         headers to send it with: the client's trace context replaced by this span's."""
-        if self.attempt is not None:
+        if self._attempt is not None:
             self.attempt_failed("_OTHER")
-        t = self.tracing
-        operation = operation_of(self.route)
-        attributes: dict[str, Any] = {
-            "gen_ai.operation.name": operation, "gen_ai.provider.name": PROVIDER,
-            "gen_ai.request.model": model, "gen_ai.request.stream": stream}
-        if self.max_tokens is not None:
-            attributes["gen_ai.request.max_tokens"] = self.max_tokens
-        parent = t._trace.set_span_in_context(self.server)
-        span = self.attempt = t.tracer.start_span(f"{operation} {model}", parent, t.CLIENT, attributes)
-        self._attempt_t0 = time.perf_counter()
+        span_id = random.getrandbits(64) or 1
+        if self.sampled:
+            key = (operation_of(self.route), model, stream, self.max_tokens)
+            self._attempt = (span_id, time.time_ns(), {}, fixed(key, lambda: _attempt_attributes(*key)))
+        if stream:  # the time to the first chunk
+            self._attempt_t0 = time.perf_counter()
         self._first_chunk, self._resp_id, self._resp_model, self._reasons = None, None, None, []
-        ctx = span.get_span_context()
-        if not ctx.is_valid:
-            return headers
-        out = [(k, v) for k, v in headers if k.lower() not in TRACE_HEADERS]
-        parent_header = f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{ctx.trace_flags:02x}"
-        out.append((b"traceparent", parent_header.encode()))
-        if ctx.trace_state:
-            out.append((b"tracestate", ctx.trace_state.to_header().encode("latin-1", "replace")))
+        out = [(k, v) for k, v in headers if k.lower() not in TRACE_HEADERS] if self.strip else [*headers]
+        flags = "01" if self.sampled else "00"
+        out.append((b"traceparent", f"00-{self.trace_id:032x}-{span_id:016x}-{flags}".encode()))
+        if self.state:
+            out.append((b"tracestate", self.state.encode("latin-1", "replace")))
         return out
 
     def attempt_failed(self, error_type: str, status: int | None = None) -> None:
         """End the open attempt as failed (the retry engine tries again, or gives up)."""
-        span, self.attempt = self.attempt, None
-        if span is None:
+        attempt, self._attempt = self._attempt, None
+        if attempt is None:
             return
         if status is not None:
-            span.set_attribute("http.response.status_code", status)
-        span.set_attribute("error.type", error_type)
-        span.set_status(self.tracing.ERROR)
-        span.end()
+            attempt[2]["http.response.status_code"] = status
+        attempt[2]["error.type"] = error_type
+        self._emit_attempt(attempt, STATUS_ERROR)
+
+    def _emit_attempt(self, attempt: tuple[int, int, dict[str, Any], Fixed], status: int) -> None:
+        span_id, start, attributes, shared = attempt
+        name = f"{shared.attributes['gen_ai.operation.name']} {shared.attributes['gen_ai.request.model']}"
+        self.tracing.emit(LeanSpan(name, CLIENT, self.trace_id, span_id, self.server_id, False, self.state,
+                                   start, time.time_ns(), attributes, status, shared))
 
     def feed(self, chunk: bytes) -> None:
         """A relayed stream's bytes: its first chunk's time, the answer's id, model and finish reasons."""
+        if not self.sampled:
+            return
         if self._first_chunk is None and b"data:" in chunk:
             self._first_chunk = time.perf_counter() - self._attempt_t0
         if self._resp_id is None and (m := _ID.search(chunk)):
@@ -163,7 +235,7 @@ class ExchangeTrace:
     def answer(self, answer: Any) -> None:
         """A buffered answer's id, model and finish reasons (chat and FIM choices, Anthropic's stop_reason,
         the Responses API's status)."""
-        if not isinstance(answer, dict):
+        if not isinstance(answer, dict) or not self.sampled:
             return
         if isinstance(answer.get("id"), str):
             self._resp_id = answer["id"]
@@ -179,36 +251,35 @@ class ExchangeTrace:
                completion: str | None = None) -> None:
         """End the open attempt (its answer's usage) and the SERVER span. `data` and `completion` (the
         request and the answer) only when tracing.capture_content is on."""
-        error = None if status < 400 else str(status)
+        if not self.sampled:
+            return
         outcome = record.outcome
-        span = self.attempt
-        if span is not None:
-            self.attempt = None
-            if span.is_recording():
-                self._end_attempt(span, record, status, outcome, data, completion)
-            span.end()
-        server = self.server
-        if server.is_recording():
-            attrs: dict[str, Any] = {
-                "http.response.status_code": status, "chatgate.outcome": outcome,
-                "chatgate.team": record.team, "chatgate.key_id": record.key_id,
-                "chatgate.cost_usd": record.cost_picousd / 1e12, "gen_ai.request.model": record.model}
-            if record.repairs:
-                attrs["chatgate.repairs"] = record.repairs.split(",")
-            if self.rules:
-                attrs["chatgate.rules"] = self.rules
-            elif record.rule_code:
-                attrs["chatgate.rules"] = [record.rule_code]
-            if error is not None:
-                attrs["error.type"] = error
-            server.set_attributes(attrs)
-            if status >= 500:
-                server.set_status(self.tracing.ERROR)
-        server.end()
+        attempt, self._attempt = self._attempt, None
+        if attempt is not None:
+            failed = self._end_attempt(attempt[2], record, status, outcome, data, completion)
+            self._emit_attempt(attempt, STATUS_ERROR if failed else STATUS_UNSET)
+        attrs = self.server_attrs
+        attrs.update({"http.response.status_code": status, "chatgate.outcome": outcome,
+                      "chatgate.team": record.team, "chatgate.key_id": record.key_id,
+                      "chatgate.cost_usd": record.cost_picousd / 1e12, "gen_ai.request.model": record.model})
+        if record.repairs:
+            attrs["chatgate.repairs"] = record.repairs.split(",")
+        if self.rules:
+            attrs["chatgate.rules"] = self.rules
+        elif record.rule_code:
+            attrs["chatgate.rules"] = [record.rule_code]
+        if status >= 400:
+            attrs["error.type"] = str(status)
+        self._emit_server(STATUS_ERROR if status >= 500 else STATUS_UNSET)
 
-    def _end_attempt(self, span: Any, record: UsageRecord, status: int, outcome: str,
-                     data: Mapping[str, Any] | None, completion: str | None) -> None:
-        attrs: dict[str, Any] = {}
+    def _emit_server(self, status: int) -> None:
+        self.tracing.emit(LeanSpan(self.name, SERVER, self.trace_id, self.server_id, self.parent_id,
+                                   self.remote, self.state, self.start_ns, time.time_ns(), self.server_attrs,
+                                   status, self.fixed))
+
+    def _end_attempt(self, attrs: dict[str, Any], record: UsageRecord, status: int, outcome: str,
+                     data: Mapping[str, Any] | None, completion: str | None) -> bool:
+        """Fill in the attempt's answer; whether it failed."""
         if record.upstream_status is not None:
             attrs["http.response.status_code"] = record.upstream_status
         if self._resp_id is not None:
@@ -220,11 +291,12 @@ class ExchangeTrace:
         if self._first_chunk is not None:
             attrs["gen_ai.response.time_to_first_chunk"] = self._first_chunk
         if outcome in ("ok", "client_disconnected") or record.prompt_tokens or record.completion_tokens:
-            attrs["gen_ai.usage.input_tokens"] = record.prompt_tokens
-            attrs["gen_ai.usage.output_tokens"] = record.completion_tokens
-            attrs["gen_ai.usage.cache_read.input_tokens"] = record.prompt_cache_hit_tokens
-            attrs["gen_ai.usage.reasoning.output_tokens"] = record.reasoning_tokens
-            attrs["chatgate.tokens_exact"] = record.tokens_exact
+            attrs.update({"gen_ai.usage.input_tokens": record.prompt_tokens,
+                          "gen_ai.usage.output_tokens": record.completion_tokens,
+                          "gen_ai.usage.cache_read.input_tokens": record.prompt_cache_hit_tokens,
+                          "gen_ai.usage.reasoning.output_tokens": record.reasoning_tokens})
+            if not record.tokens_exact:
+                attrs["chatgate.tokens_exact"] = False
         attrs["chatgate.outcome"] = outcome
         error = _attempt_error(outcome, status, record.upstream_status)
         if error is not None:
@@ -235,9 +307,7 @@ class ExchangeTrace:
             out = [{"role": "assistant", "parts": [{"type": "text", "content": completion}],
                     "finish_reason": self._reasons[0] if self._reasons else None}]
             attrs["gen_ai.output.messages"] = orjson.dumps(out).decode()
-        span.set_attributes(attrs)
-        if error is not None and outcome != "client_disconnected":
-            span.set_status(self.tracing.ERROR)
+        return error is not None and outcome != "client_disconnected"
 
     def refused(self, problems: Iterable[Any]) -> None:
         """The rule codes of a refusal (R16, A3, ... or the problem's code where it has no rule number)."""
@@ -245,14 +315,15 @@ class ExchangeTrace:
 
     def early(self, status: int, code: str | None) -> None:
         """A request refused before it was read (auth, body size): the SERVER span alone."""
-        server = self.server
-        server.set_attributes({"http.response.status_code": status, "error.type": str(status),
-                               "chatgate.outcome": "refused"})
+        if not self.sampled:
+            return
+        attrs = self.server_attrs
+        attrs["http.response.status_code"] = status
+        attrs["error.type"] = str(status)
+        attrs["chatgate.outcome"] = "refused"
         if code:
-            server.set_attribute("chatgate.rules", [code])
-        if status >= 500:
-            server.set_status(self.tracing.ERROR)
-        server.end()
+            attrs["chatgate.rules"] = [code]
+        self._emit_server(STATUS_ERROR if status >= 500 else STATUS_UNSET)
 
 
 def _attempt_error(outcome: str, status: int, upstream_status: int | None) -> str | None:

@@ -72,7 +72,7 @@ def send(gate: RunningChatgate, path: str, body: dict[str, Any], request_id: str
     resp = httpx2.post(gate.url + path, content=orjson.dumps(body), timeout=15,
                        headers={**CLIENT_KEY, "content-type": "application/json", "x-request-id": request_id,
                                 **headers})
-    gate.state.tracing.provider.force_flush(5000)
+    gate.state.tracing.force_flush(5000)
     return resp
 
 
@@ -185,8 +185,9 @@ def test_each_upstream_attempt_is_a_client_span_of_its_own(gate: RunningChatgate
                                                            ) -> None:
     """The retry engine's hook: `start_attempt` per attempt, `attempt_failed` for one it gives up on."""
     tracing = gate.state.tracing
-    trace = tracing.start({}, "POST", "/v1/chat/completions", "/v1/chat/completions",
-                          {"path": "/v1/chat/completions"}, "trace-attempts")
+    route = "/v1/chat/completions"
+    trace = tracing.start({"traceparent": "00-client-ctx"}, "POST", route, route, {"path": route},
+                          "trace-attempts")  # a traceparent that is not valid: a new trace, not sent on
     first = trace.start_attempt([(b"traceparent", b"00-client-ctx")], "deepseek-flash", False)
     trace.attempt_failed("503", 503)
     second = trace.start_attempt([], "deepseek-flash", False)
@@ -195,7 +196,7 @@ def test_each_upstream_attempt_is_a_client_span_of_its_own(gate: RunningChatgate
     trace.finish(UsageRecord("r", 0.0, "trace-attempts", "key_1", "k", "team", "deepseek-flash",
                              "/v1/chat/completions", False, "ok", upstream_status=200, prompt_tokens=3,
                              completion_tokens=4), 200)
-    tracing.provider.force_flush(5000)
+    tracing.force_flush(5000)
     server, clients = spans_of(receiver, "trace-attempts", 3)
     failed, ok = sorted(clients, key=lambda s: s.start_ns)
     assert failed.status == STATUS_ERROR and failed.attributes["error.type"] == "503"
@@ -265,9 +266,32 @@ def test_chatgate_serve_traces_by_the_otel_variables(receiver: Receiver, fake: R
     assert client.attributes["gen_ai.usage.input_tokens"] > 0
 
 
-def test_grpc_is_the_grpc_exporter() -> None:
-    tracing = build_tracing(TracingSettings(enabled=True, endpoint="http://127.0.0.1:9"),
-                            {"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"})
-    assert tracing is not None
-    assert type(tracing.counts.exporter.inner).__module__.startswith("opentelemetry.exporter.otlp.proto.grpc")
-    tracing.shutdown(0.1)
+def test_over_grpc_the_sdks_grpc_exporter_delivers_the_same_spans(fake: RunningFake, tmp_path: Path) -> None:
+    grpc = pytest.importorskip("grpc")
+    from concurrent import futures
+
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+
+    got = Receiver("grpc")
+
+    class Service(trace_service_pb2_grpc.TraceServiceServicer):
+        def Export(self, request: Any, context: Any) -> Any:
+            got.take(request)
+            return trace_service_pb2.ExportTraceServiceResponse()
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Service(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with tracing_gate(tmp_path, fake, f"http://127.0.0.1:{port}", protocol="grpc") as gate:
+            resp = send(gate, "/v1/chat/completions", {**CHAT, "stream": True}, "trace-grpc")
+            assert resp.status_code == 200
+            server_span, [client] = spans_of(got, "trace-grpc", 2)
+    finally:
+        server.stop(0)
+    usage = fake_request(fake, "trace-grpc").usage
+    assert client.parent_id == server_span.span_id and client.name == "chat deepseek-flash"
+    assert client.attributes["gen_ai.usage.input_tokens"] == usage["prompt_tokens"]
+    assert server_span.attributes["chatgate.outcome"] == "ok"
+    assert server_span.schema_url == "https://opentelemetry.io/schemas/1.44.0"
