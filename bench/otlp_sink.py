@@ -9,6 +9,7 @@ would), spans counted; prints the count every 10 s and when stopped.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import signal
 import sys
 import threading
@@ -25,7 +26,8 @@ ANSWER = ExportTraceServiceResponse().SerializeToString()
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    raw = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=raw)
     parser.add_argument("--port", type=int, default=4318)
     args = parser.parse_args(argv)
     counts = {"spans": 0, "posts": 0}
@@ -59,10 +61,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"otlp_sink: {counts['spans']} spans in {counts['posts']} exports", flush=True)
 
     threading.Thread(target=report, daemon=True).start()
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         server.serve_forever()
-    except KeyboardInterrupt:
-        pass
     print(f"otlp_sink: {counts['spans']} spans in {counts['posts']} exports", flush=True)
     return 0
 

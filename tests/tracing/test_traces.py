@@ -56,7 +56,8 @@ def fake() -> Iterator[RunningFake]:
 
 def tracing_gate(tmp: Path, fake: RunningFake, endpoint: str, **tracing: Any) -> Any:
     settings = make_settings(tmp, fake.url, tracing={"enabled": True, "endpoint": endpoint,
-                                                     "service_name": "chatgate-test", **tracing})
+                                                     "service_name": "chatgate-test", **tracing},
+                             upstream={"retries": 2, "retry_base_ms": 10})
     return run_chatgate(settings)
 
 
@@ -179,6 +180,27 @@ def test_an_upstream_that_cannot_be_reached_ends_the_attempt_as_failed(
         server, [client] = spans_of(receiver, "trace-unreachable", 2)
     assert client.status == STATUS_ERROR and client.attributes["error.type"] == "upstream_failed"
     assert server.status == STATUS_ERROR and server.attributes["error.type"] == "502"
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["buffered", "streamed"])
+def test_chatgates_retries_are_a_client_span_each(gate: RunningChatgate, receiver: Receiver,
+                                                  fake: RunningFake, stream: bool) -> None:
+    request_id = f"trace-retried-{stream}"
+    resp = send(gate, "/v1/chat/completions", {**CHAT, "stream": stream}, request_id,
+                **{"x-fake-fault": "http_503", "x-fake-fault-attempts": "2"})
+    assert resp.status_code == 200
+    server, clients = spans_of(receiver, request_id, 4)
+    first, second, last = sorted(clients, key=lambda s: s.start_ns)
+    for failed in (first, second):
+        assert failed.status == STATUS_ERROR and failed.attributes["error.type"] == "503"
+        assert failed.attributes["http.response.status_code"] == 503
+        assert failed.end_ns <= last.start_ns
+    usage = [r for r in fake.state.requests if r.request_id == request_id][-1].usage
+    assert last.status != STATUS_ERROR
+    assert last.attributes["gen_ai.usage.input_tokens"] == usage["prompt_tokens"]
+    assert {c.parent_id for c in clients} == {server.span_id}
+    sent = [r.headers["traceparent"].split("-")[2] for r in fake.state.requests if r.request_id == request_id]
+    assert sent == [first.span_id, second.span_id, last.span_id]  # each attempt its own span's context
 
 
 def test_each_upstream_attempt_is_a_client_span_of_its_own(gate: RunningChatgate, receiver: Receiver
