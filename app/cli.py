@@ -194,7 +194,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                             loop="uvloop", lifespan="on", access_log=False,
                             server_header=False, timeout_graceful_shutdown=grace, backlog=4096,
                             log_config=None, timeout_keep_alive=30, proxy_headers=False,
-                            **server.protocol_options(loaded.settings.limits))
+                            **server.protocol_options(loaded.settings.limits, s))
     if not server.run(config, s.accept_listeners):
         return 3  # uvicorn's STARTUP_FAILURE: the app or the socket did not come up
     return 0

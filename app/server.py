@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
+import resource
 import socket
 from typing import Any
 
@@ -21,11 +23,14 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.supervisors import Multiprocess
 
+from app.errors import APIError
 from app.gateway.http_limits import headers_too_large
-from app.settings import LimitsSettings
+from app.settings import LimitsSettings, ServerSettings
 
 HEAD_TIMEOUT_S = 30.0  # for the rest of a request's head, or the next piece of its body
 HEAD_ROOM = 16384  # for the request line, beside twice the header limit
+DESCRIPTORS_SPARE = 64  # kept for the store, the spool, logs and the listeners
+log = logging.getLogger("chatgate")
 
 
 class BoundedHttpToolsProtocol(HttpToolsProtocol):
@@ -37,7 +42,15 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     not come within HEAD_TIMEOUT_S, the connection closes (a body sent slowly but steadily is the app's to
     bound: limits.body_timeout_seconds). No timer runs for a request that arrives in one piece. The 431 in
     the OpenAI shape for a head over limits.max_header_bytes comes from the app (app/gateway/http_limits.py).
+
+    A connection's clock starts when it opens: one that sends no request head within `head_timeout` is
+    closed (uvicorn's keep-alive timeout starts only after a first response; 1,000 sockets that sent nothing
+    held the process's descriptors until real clients were reset). Beyond `max_connections` open at once a
+    new connection is answered 503 and closed.
     """
+
+    head_timeout = HEAD_TIMEOUT_S
+    max_connections = 0  # 0: no cap
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -46,8 +59,20 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._in_head = True
         self._messages = 0  # requests read whole on this connection
         self._head_timer: asyncio.TimerHandle | None = None
+        self._refusing = False
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if self.max_connections and len(self.connections) > self.max_connections:
+            self._refusing = True  # answered when its request comes, so that it reads the answer
+            self._head_timer = self.loop.call_later(1.0, self.transport.close)
+            return
+        self._head_timer = self.loop.call_later(self.head_timeout, self._too_slow)
 
     def data_received(self, data: bytes) -> None:
+        if self._refusing:
+            self._refuse_connection()
+            return
         in_head, messages = self._in_head, self._messages
         super().data_received(data)
         if self._messages != messages:  # a request read whole (most: head and body in one piece)
@@ -55,13 +80,13 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         elif self._in_head:
             if in_head:  # all of it was head: the clock starts at a head's first piece that did not end it
                 if self._head_timer is None:
-                    self._head_timer = self.loop.call_later(HEAD_TIMEOUT_S, self._too_slow)
+                    self._head_timer = self.loop.call_later(self.head_timeout, self._too_slow)
                 self._head_bytes += len(data)
                 if self._head_limit and self._head_bytes > self._head_limit:
                     self._refuse_head()
         else:  # in a body that goes on: each piece gives the next one HEAD_TIMEOUT_S to come
             self._stop_timer()
-            self._head_timer = self.loop.call_later(HEAD_TIMEOUT_S, self._too_slow)
+            self._head_timer = self.loop.call_later(self.head_timeout, self._too_slow)
 
     def on_headers_complete(self) -> None:
         self._in_head = False
@@ -84,8 +109,20 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     def _too_slow(self) -> None:
         self._head_timer = None
         if self.flow is not None and self.flow.read_paused:  # chatgate is the slow reader, not the client
-            self._head_timer = self.loop.call_later(HEAD_TIMEOUT_S, self._too_slow)
+            self._head_timer = self.loop.call_later(self.head_timeout, self._too_slow)
             return
+        self.transport.close()
+
+    def _refuse_connection(self) -> None:
+        self._stop_timer()
+        self._refusing = False
+        log.warning("refused a connection: %d open (server.max_connections)", len(self.connections) - 1)
+        body = APIError(503, f"chatgate has {self.max_connections} connections open "
+                        "(server.max_connections); retry shortly.", "server_error", None,
+                        "too_many_connections").to_json()
+        head = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\n"
+                b"content-length: " + str(len(body)).encode() + b"\r\nconnection: close\r\n\r\n")
+        self.transport.write(head + body)
         self.transport.close()
 
     def _refuse_head(self) -> None:
@@ -97,11 +134,22 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self.transport.close()
 
 
-def protocol_options(limits: LimitsSettings) -> dict[str, Any]:
+def protocol_options(limits: LimitsSettings, server: ServerSettings | None = None) -> dict[str, Any]:
     """uvicorn.Config's protocol and the bound on a request's head: the app's header limit (its 431 in the
-    OpenAI shape), plus room for the request line."""
-    return {"http": BoundedHttpToolsProtocol,
-            "h11_max_incomplete_event_size": 2 * limits.max_header_bytes + HEAD_ROOM}
+    OpenAI shape), plus room for the request line; the head timeout and the connection cap of `server`."""
+    server = server or ServerSettings()
+    protocol = type("BoundedHttpToolsProtocol", (BoundedHttpToolsProtocol,), {
+        "head_timeout": server.head_timeout_seconds,
+        "max_connections": server.max_connections or auto_max_connections()})
+    return {"http": protocol, "h11_max_incomplete_event_size": 2 * limits.max_header_bytes + HEAD_ROOM}
+
+
+def auto_max_connections() -> int:
+    """What the descriptor limit allows: a client connection may need an upstream one beside it."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return 0
+    return max(16, (soft - DESCRIPTORS_SPARE) // 2)
 
 
 def listeners(sock: socket.socket, count: int) -> list[socket.socket]:

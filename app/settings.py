@@ -38,6 +38,13 @@ class ServerSettings(Section):
     log_content: bool = False  # prompt and completion text in logs: off unless asked for
     capture_refusals: int = Field(default=1000, ge=0)  # refused requests kept per process (0: off)
     refusal_ttl_hours: float = Field(default=72.0, gt=0)
+    # A connection that sends no request head within this (from when it opens), or stops sending a head or
+    # body for this long, is closed.
+    head_timeout_seconds: float = Field(default=30.0, gt=0)
+    # Connections open at once; beyond, a new one is answered 503. 0: what the descriptor limit allows
+    # ((RLIMIT_NOFILE - 64) / 2: a client connection may need an upstream one).
+    max_connections: int = Field(default=0, ge=0)
+    metrics_token: SecretStr | None = None  # when set, GET /metrics needs 'Authorization: Bearer <it>'
 
 
 # Statuses no retry can change: the request itself, or the account, is wrong.
@@ -223,6 +230,8 @@ class LimitsSettings(Section):
     max_body_bytes: int = Field(default=48 * 1024 * 1024, ge=1024)
     max_header_bytes: int = Field(default=64 * 1024, ge=1024)
     max_file_bytes: int = Field(default=512 * 1024 * 1024, ge=1024)  # a Files API upload, streamed
+    # an upload gets server.head_timeout_seconds plus 1 s per this many bytes (slower: 408); 0: no minimum
+    upload_min_bytes_per_second: float = Field(default=1024.0, ge=0)
     body_timeout_seconds: float = Field(default=120.0, gt=0)  # to receive a JSON body whole (slow clients)
     # count_tokens counts exactly up to this many bytes of prompt text (about 2 s of one core per 4 MiB);
     # above, it answers an upper bound (the text's bytes) and says so

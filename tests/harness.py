@@ -68,7 +68,7 @@ def run_chatgate(settings: Settings, transport: Any = None, store: Any = None, l
     port = sock.getsockname()[1]
     served = app if wrap is None else wrap(app)
     config = uvicorn.Config(served, lifespan="on", log_level="warning", access_log=False, loop=loop,
-                            timeout_graceful_shutdown=5, **protocol_options(settings.limits))
+                            timeout_graceful_shutdown=5, **protocol_options(settings.limits, settings.server))
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()

@@ -83,7 +83,9 @@ def _handler(state: State, template: str, prefix: str = "", family: Family | Non
             gw.ledger.refused(route, rid, error.status, error.code, ts)
             return error_response(error, rid, family)
         done = functools.partial(_note, gw.ledger, route, rid, ts, t0, identity, request.method)
-        upload = Upload(request, state.settings.limits.max_file_bytes, LIMIT_SETTING)
+        limits = state.settings.limits
+        upload = Upload(request, limits.max_file_bytes, LIMIT_SETTING, limits.upload_min_bytes_per_second,
+                        state.settings.server.head_timeout_seconds)
         try:
             path = prefix + _upstream_path(template, request)
             upload.check()
@@ -244,7 +246,7 @@ def _left(deadline: float) -> float:
 def _failure(upload: Upload, exc: Exception) -> tuple[APIError, str]:
     """Why the exchange failed before DeepSeek answered, and its outcome: the upload went past the limit (the
     upstream request was aborted for it), or DeepSeek could not be reached or did not answer in time."""
-    if upload.too_large:
+    if upload.too_large or upload.too_slow:
         return upload.error(), "refused"
     return (exc if isinstance(exc, APIError) else map_transport_error(exc)), "upstream_failed"
 

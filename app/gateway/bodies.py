@@ -72,14 +72,20 @@ class Upload:
     """A request body relayed as it arrives, never held whole: at most `limit` bytes. A declared
     Content-Length over the limit is refused before anything is read (`check`); past the limit, or when the
     client goes away mid-body, iterating raises BodyStopped (which aborts the upstream request) and says which
-    (`too_large`, `client_gone`)."""
+    (`too_large`, `client_gone`). An upload also has a minimum rate: `grace` seconds plus one more for each
+    `min_rate` bytes received (a client trickling one byte every 25 s, under the server's idle timeout, held
+    its connection for good); slower, it is stopped too (`too_slow`, a 408)."""
 
-    def __init__(self, request: Request, limit: int, setting: str) -> None:
+    def __init__(self, request: Request, limit: int, setting: str, min_rate: float = 0.0,
+                 grace: float = 30.0) -> None:
         self.request = request
         self.limit = limit
         self.setting = setting
+        self.min_rate = min_rate
+        self.grace = grace
         self.size = 0
         self.too_large = False
+        self.too_slow = False
         self.client_gone = False
         self.done = False  # read to its end: nothing but the client's disconnect is left to receive
 
@@ -89,14 +95,23 @@ class Upload:
             raise self.error()
 
     def error(self) -> APIError:
+        if self.too_slow:
+            return APIError(408, f"The upload arrived slower than {self.min_rate:g} bytes per second "
+                            "(limits.upload_min_bytes_per_second).", "invalid_request_error", None,
+                            "request_timeout")
         return too_large(self.limit, self.setting)
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
         try:
             async for chunk in self.request.stream():
                 self.size += len(chunk)
                 if self.size > self.limit:
                     self.too_large = True
+                    raise BodyStopped()
+                if self.min_rate and loop.time() - start > self.grace + self.size / self.min_rate:
+                    self.too_slow = True
                     raise BodyStopped()
                 if chunk:
                     yield chunk

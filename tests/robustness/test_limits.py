@@ -14,7 +14,6 @@ import httpx2
 import orjson
 import pytest
 
-from app import server
 from app.gateway.http_limits import LimitsMiddleware, header_bytes
 from tests.fakes.server import RunningFake, run_fake_deepseek
 from tests.harness import RunningChatgate, make_settings, run_chatgate
@@ -172,13 +171,11 @@ def test_a_body_that_trickles_in_is_refused_when_its_time_is_up(fake: RunningFak
     assert len(fake.state.requests) == before
 
 
-def test_a_body_that_stops_coming_is_cut_off(fake: RunningFake, tmp_path: Path,
-                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    """A client that sends part of a body and then nothing: the connection is closed HEAD_TIMEOUT_S after
-    the last piece."""
-    monkeypatch.setattr(server, "HEAD_TIMEOUT_S", 0.5)
+def test_a_body_that_stops_coming_is_cut_off(fake: RunningFake, tmp_path: Path) -> None:
+    """A client that sends part of a body and then nothing: the connection is closed
+    server.head_timeout_seconds after the last piece."""
     before = len(fake.state.requests)
-    with run_chatgate(make_settings(tmp_path, fake.url)) as gate, \
+    with run_chatgate(make_settings(tmp_path, fake.url, server={"head_timeout_seconds": 0.5})) as gate, \
             socket.create_connection(("127.0.0.1", gate.port), 10) as conn:
         conn.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                      b"Authorization: Bearer sk-stall\r\nContent-Length: 100\r\n\r\n{\"model\":")
@@ -204,12 +201,10 @@ def test_an_endless_header_is_refused_before_it_is_buffered(gate: RunningChatgat
     assert b'"code":"request_headers_too_large"' in answer
 
 
-def test_a_head_that_trickles_in_is_cut_off(fake: RunningFake, tmp_path: Path,
-                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_head_that_trickles_in_is_cut_off(fake: RunningFake, tmp_path: Path) -> None:
     """Slowloris on the head: a header line now and then never ends the head; the connection is closed
-    HEAD_TIMEOUT_S after its first byte."""
-    monkeypatch.setattr(server, "HEAD_TIMEOUT_S", 0.5)
-    with run_chatgate(make_settings(tmp_path, fake.url)) as gate, \
+    server.head_timeout_seconds after it opened."""
+    with run_chatgate(make_settings(tmp_path, fake.url, server={"head_timeout_seconds": 0.5})) as gate, \
             socket.create_connection(("127.0.0.1", gate.port), 10) as conn:
         conn.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
         t0 = time.monotonic()
