@@ -90,6 +90,14 @@ def bad_gateway(message: str, code: str = "upstream_unreachable") -> APIError:
     return APIError(502, message, "upstream_error", None, code)
 
 
+def upstream_auth_failed() -> APIError:
+    """Managed mode: DeepSeek refused chatgate's own upstream key (401). The client's key is fine, and
+    DeepSeek's text names the last four characters of chatgate's key: neither goes to the client."""
+    return APIError(502, "DeepSeek refused chatgate's upstream API key (401): the operator must check "
+                    "DEEPSEEK_API_KEY / upstream.accounts. Your chatgate key is fine.", "upstream_error",
+                    None, "upstream_auth_failed")
+
+
 def gateway_timeout(message: str) -> APIError:
     return APIError(504, message, "upstream_error", None, "upstream_timeout")
 

@@ -23,7 +23,7 @@ from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import Response
 
-from app.errors import NOT_OWNED, APIError, bad_gateway, no_such_file, not_found
+from app.errors import NOT_OWNED, APIError, bad_gateway, no_such_file, not_found, upstream_auth_failed
 from app.files.owners import (
     MAX_LIST_PAGES,
     Owners,
@@ -147,6 +147,11 @@ async def _exchange(state: State, request: Request, path: str, upload: Upload, i
             return Response(status_code=499)  # nobody reads it
         failure, outcome = _failure(upload, exc)
         done(outcome, failure.status, failure.code)
+        return error_response(failure, rid, family)
+    if resp.status_code == 401 and gw.auth.managed:  # chatgate's own key refused: never DeepSeek's text
+        await resp.aclose()
+        failure = upstream_auth_failed()
+        done("upstream_error", failure.status, failure.code)
         return error_response(failure, rid, family)
     if request.method == "DELETE" and gw.auth.managed and 200 <= resp.status_code < 300:
         await forget(state.store, request.path_params["file_id"])

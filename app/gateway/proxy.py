@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from app.errors import NOT_OWNED, APIError, Problem, bad_gateway
+from app.errors import NOT_OWNED, APIError, Problem, bad_gateway, upstream_auth_failed
 from app.files.file_ids import may_name_files, named_files
 from app.files.owners import foreign_file
 from app.gateway.auth import Authenticator
@@ -48,6 +49,7 @@ from app.store.base import FileOwnerStore, TurnRow, UsageRecord
 from app.tracing.spans import ExchangeTrace, Tracing
 from app.verdict import Verdict
 
+log = logging.getLogger("chatgate")
 REPAIR_PASSES = 3  # fixing a type can reveal a sequence problem (the sequence rules need the types right)
 # A token covers at least one byte of the body, but an image costs up to 384 tokens (docs/rules-chat.md, R9):
 # the prompt bound.
@@ -433,6 +435,16 @@ class Gateway:
                             usage_filter, reopen if self.retrier.policy.retries else None)
         return await self._buffered(ex, family, resp, deadline, send, request)
 
+    def _upstream_refused_key(self, ex: Exchange, family: Family) -> Response:
+        """DeepSeek's 401 to chatgate's own key (managed mode): logged for the operator, chatgate's 502 to the
+        client. The account pool sets the account aside and sends its `account_unavailable` webhook
+        (app/gateway/accounts.py) before this answer is made."""
+        log.error("DeepSeek refused the upstream API key with 401 (request %s): check DEEPSEEK_API_KEY / "
+                  "upstream.accounts", ex.request_id)
+        error = upstream_auth_failed()
+        self.ledger.finish(ex, "upstream_error", error.status, upstream_status=401)
+        return error_response(error, ex.request_id, family)
+
     async def _send_once(self, ex: Exchange, target: str | httpx2.URL, headers: list[tuple[bytes, bytes]],
                          body: bytes, authorization: bytes | None) -> httpx2.Response:
         if authorization is not None:
@@ -450,6 +462,8 @@ class Gateway:
             except KeptAliveOnly as dropped:  # blank lines only so far: nothing of the answer is lost
                 resp = await self.retrier.reopen(ex, send, dropped.error, request.receive)
         headers = ex.response_headers(resp)
+        if resp.status_code == 401 and self.auth.managed:
+            return self._upstream_refused_key(ex, family)
         if resp.status_code != 200:
             if self.refusals is not None and resp.status_code in KEPT_UPSTREAM:
                 self._keep_refusal(ex, resp.status_code, "deepseek", None, content)

@@ -74,8 +74,11 @@ def create_app(settings: Settings | None = None, transport: httpx2.AsyncBaseTran
 
     app = ChatgateApp(title="chatgate", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.chatgate = state
+    # A trailing slash is a 404 in the route's shape, not Starlette's 307 whose Location is built from the
+    # client's Host header.
+    app.router.redirect_slashes = False
     add_routes(app, state)
-    _add_error_handlers(app)
+    _add_error_handlers(app, state)
     app.add_middleware(LimitsMiddleware, max_header_bytes=settings.limits.max_header_bytes)
     return app
 
@@ -90,7 +93,9 @@ def _note_unmatched(request: Request, status: int) -> None:
                          method=request.method[:16], path=path if len(path) <= 200 else path[:200] + "…")
 
 
-def _add_error_handlers(app: FastAPI) -> None:
+def _add_error_handlers(app: FastAPI, state: State) -> None:
+    anthropic = state.endpoints["/anthropic/v1/messages"].family
+
     async def on_api_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, APIError)
         return error_response(exc)
@@ -100,7 +105,8 @@ def _add_error_handlers(app: FastAPI) -> None:
         if exc.status_code in (404, 405):
             _note_unmatched(request, exc.status_code)
         if exc.status_code == 404:
-            return error_response(not_found(request.url.path))
+            family = anthropic if request.url.path.startswith("/anthropic/") else None
+            return error_response(not_found(request.url.path), None, family)
         if exc.status_code == 405:
             message = f"Method {request.method} is not allowed on {request.url.path}."
             return error_response(APIError(405, message,

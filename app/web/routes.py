@@ -4,6 +4,7 @@ readiness, metrics, the admin usage report, and the 404 that sends FIM clients t
 from __future__ import annotations
 
 import asyncio
+import hmac
 import time
 from typing import Any
 
@@ -14,10 +15,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from app import __version__
-from app.errors import APIError, bad_gateway
+from app.errors import APIError, bad_gateway, upstream_auth_failed
 from app.files.routes import add_files
 from app.fim.family import NOT_ON_BETA, not_on_beta
-from app.gateway.auth import Authenticator, client_key, hash_key, require_admin
+from app.gateway.auth import Authenticator, bearer, client_key, hash_key, require_admin
 from app.gateway.bodies import origin_of, request_id_of
 from app.gateway.proxy import Endpoint
 from app.gateway.responses import JSON, RawResponse, error_response, json_response
@@ -87,9 +88,23 @@ def _readyz_handler(state: State) -> Any:
 
 
 def _metrics_handler(state: State) -> Any:
+    """Prometheus' scrape. /metrics shows every team's spend: with server.metrics_token set it needs
+    `Authorization: Bearer <token>` (Prometheus' `authorization` / `bearer_token_file`), else it is open."""
+    token = state.settings.server.metrics_token
+
     async def metrics(request: Request) -> Response:
+        if token is not None and not _token_matches(request, token.get_secret_value()):
+            return error_response(APIError(
+                401, "/metrics needs 'Authorization: Bearer <server.metrics_token>'.", "authentication_error",
+                None, "invalid_metrics_token", headers={"www-authenticate": "Bearer"}))
         return Response(state.metrics.render(), 200, media_type="text/plain; version=0.0.4; charset=utf-8")
     return metrics
+
+
+def _token_matches(request: Request, expected: str) -> bool:
+    given = bearer(request.headers.get("authorization"))
+    return given is not None and hmac.compare_digest(given.encode("utf-8", "surrogateescape"),
+                                                     expected.encode())
 
 
 def _models_handler(state: State) -> Any:
@@ -112,6 +127,8 @@ def _models_handler(state: State) -> Any:
             resp, content = await _get_upstream(state, "/models", rid, authorization)
         except APIError:
             return _configured_models(state, rid)
+        if resp.status_code == 401 and state.gw.auth.managed:  # chatgate's own key: never DeepSeek's text
+            return error_response(upstream_auth_failed(), rid)
         if resp.status_code == 200:
             if not _is_json(content):
                 return error_response(bad_gateway("DeepSeek answered /models with 200 but a body that is not "
