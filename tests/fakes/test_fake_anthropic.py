@@ -926,3 +926,25 @@ def test_per_key_usage_totals(http: httpx2.Client, fake: RunningFake, client: an
     assert [entry["usage"]["output_tokens"] for entry in report["requests"][:4]] == [
         u["output_tokens"] for u in answers
     ]
+
+
+def test_a_tool_loop_of_several_rounds_then_text(fake: RunningFake, http: httpx2.Client) -> None:
+    """`tool_rounds`: a tool_use after the user's text and after the results of fewer rounds than that,
+    thinking before each (thinking on), then text; `tool_name` picks among the request's tools,
+    `tool_arguments` are its input."""
+    fake.state.configure(tool_rounds=3, tool_name="fetch", tool_arguments='{"url": "https://example.com"}')
+    messages: list[dict[str, Any]] = [{"role": "user", "content": [{"type": "text", "text": "go"}]}]
+    kinds = []
+    for _ in range(5):
+        answer = http.post(PATH, json=body(messages=messages, tools=TOOLS)).json()
+        kinds.append([b["type"] for b in answer["content"]])
+        messages.append({"role": "assistant", "content": answer["content"]})
+        uses = [b for b in answer["content"] if b["type"] == "tool_use"]
+        if not uses:
+            break
+        assert (uses[0]["name"], uses[0]["input"]) == ("fetch", {"url": "https://example.com"})
+        messages.append({"role": "user", "content": [tool_result(uses[0]["id"])]})
+    assert kinds == [["thinking", "tool_use"]] * 3 + [["thinking", "text"]]
+    messages.append({"role": "user", "content": "again"})  # a new user turn starts the count again
+    again = http.post(PATH, json=body(messages=messages, tools=TOOLS)).json()
+    assert [b["type"] for b in again["content"]] == ["thinking", "tool_use"]

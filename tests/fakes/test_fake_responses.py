@@ -301,3 +301,27 @@ def test_what_deepseek_accepts(fake: RunningFake) -> None:
 def test_what_deepseek_refuses(fake: RunningFake, body: Any) -> None:
     assert refusal(fake, body)
     assert fake.state.requests[-1].refused is not None
+
+
+def test_a_tool_loop_of_several_rounds_then_text(fake: RunningFake) -> None:
+    """`tool_rounds`: a call after the user's message and after the outputs of fewer rounds than that, then
+    text; `tool_name` picks among the request's functions, `tool_arguments` are the call's arguments."""
+    fake.state.configure(tool_rounds=2, tool_name="read", tool_arguments='{"path": "README.md"}')
+    read = {**SHELL, "name": "read"}
+    items: list[dict[str, Any]] = [{"type": "message", **user()}]
+    kinds = []
+    for _ in range(4):
+        answer = post(fake, {"model": "deepseek-flash", "input": items, "tools": [SHELL, read]}).json()
+        out = answer["output"]
+        kinds.append([i["type"] for i in out])
+        items += out
+        calls = [i for i in out if i["type"] == "function_call"]
+        if not calls:
+            break
+        assert (calls[0]["name"], json.loads(calls[0]["arguments"])) == ("read", {"path": "README.md"})
+        items.append({"type": "function_call_output", "call_id": calls[0]["call_id"], "output": "42"})
+    assert kinds == [["reasoning", "function_call"]] * 2 + [["reasoning", "message"]]
+    fake.state.configure(tool_name="absent")
+    answer = post(fake, {"model": "deepseek-flash", "input": [{"type": "message", **user()}],
+                         "tools": [SHELL, read]}).json()
+    assert answer["output"][-1]["name"] == "shell", "a tool the request lacks: the first one"
