@@ -22,6 +22,7 @@ import sqlite3
 import subprocess
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -150,6 +151,7 @@ class Run:
 
 def sandbox(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     """A working directory with a README, and an environment with nothing of the machine's in it but PATH."""
+    tmp_path.mkdir(exist_ok=True)
     work, home = tmp_path / "work", tmp_path / "home"
     work.mkdir(exist_ok=True)
     home.mkdir(exist_ok=True)
@@ -318,6 +320,16 @@ def test_claude_code_continue(fresh: Gate, tmp_path: Path) -> None:
     upstream = check_run(fresh, done, "claude", "--continue", "/anthropic/")
     resumed = bodies(upstream[before:])
     assert resumed and any("pelican" in json.dumps(b["messages"]) for b in resumed), "the session came back"
+
+
+def test_claude_code_three_sessions_at_once(fresh: Gate, tmp_path: Path) -> None:
+    fresh.fake.configure(tool_rounds=2)
+    keys = [f"sk-cli-claude-concurrent-{i}" for i in range(3)]
+    with ThreadPoolExecutor(3) as pool:
+        runs = list(pool.map(lambda i: claude(fresh, tmp_path / f"s{i}", keys[i], f"session {i}: list files"),
+                             range(3)))
+    for done in runs:
+        check_run(fresh, done, "claude", f"3 sessions at once ({done.key[-1]})", "/anthropic/")
 
 
 # ----------------------------------------------------------------------------------------------- Codex
