@@ -93,7 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     usage = sub.add_parser("usage", help="usage report", description="Token usage and cost, grouped.")
     usage.add_argument("--by", choices=list(GROUP_BYS), default="team",
-                       help="group by client key, team, model, UTC day, or rejecting rule")
+                       help="group by client key, team, model, UTC day, rejecting rule, repair, or the "
+                       "DeepSeek account that answered")
     usage.add_argument("--since", help="from this date/datetime (UTC), inclusive")
     usage.add_argument("--until", help="to this date/datetime (UTC), exclusive")
     usage.add_argument("--format", choices=["table", "csv", "json"], default="table")

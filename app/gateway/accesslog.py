@@ -58,6 +58,7 @@ def access_line(rec: UsageRecord, status: int) -> dict[str, Any]:
         "completion_tokens": rec.completion_tokens, "cache_hit_tokens": rec.prompt_cache_hit_tokens,
         "reasoning_tokens": rec.reasoning_tokens, "tokens_exact": rec.tokens_exact,
         "latency_ms": rec.latency_ms, "ttfb_ms": rec.ttfb_ms, "repairs": rec.repairs,
+        "attempts": rec.attempts, "account": rec.account,
     }
     if rec.unpriced:
         line["unpriced"] = True

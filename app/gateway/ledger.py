@@ -68,7 +68,8 @@ class Ledger:
             repairs=",".join(ex.repaired.codes()) if ex.repaired is not None and ex.repaired.applied
             else None,
             unpriced=(profile is None or profile.prices is None)
-            and tokens.prompt_tokens + tokens.completion_tokens > 0)
+            and tokens.prompt_tokens + tokens.completion_tokens > 0,
+            attempts=ex.attempts, account=ex.account)
         if self.recorder is not None:
             self.recorder.record(record)
         if self.on_record is not None:
@@ -80,7 +81,6 @@ class Ledger:
         self.metrics.observe(record, status)
         if self.access_log is not None:
             line = access_line(record, status)
-            line["attempts"], line["account"] = ex.attempts, ex.account
             if self.settings.server.log_content:
                 line["request_body"] = ex.body.decode("utf-8", "replace")
                 line["completion"] = ex.completion_text

@@ -14,7 +14,7 @@ from app.store.base import COUNTERS, GROUP_BYS, GroupBy, ReportQuery, ReportRow,
 
 GROUP_FIELDS: dict[str, tuple[str, ...]] = {
     "key": ("key_id", "key_name", "team"), "team": ("team",), "model": ("model",), "day": ("day",),
-    "rule": ("rule_code",), "repair": ("repair",),
+    "rule": ("rule_code",), "repair": ("repair",), "account": ("account",),
 }
 OUTPUT_COUNTERS = tuple(c for c in COUNTERS if c != "cost_picousd")
 

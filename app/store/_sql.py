@@ -144,6 +144,11 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     ("ALTER TABLE budget_holds ADD COLUMN flushed_picousd BIGINT NOT NULL DEFAULT 0",),
     # 7: a request of a model without a price is flagged, so that its cost 0 is never taken for a price.
     ("ALTER TABLE usage ADD COLUMN unpriced BOOLEAN NOT NULL DEFAULT FALSE",),
+    # 8: retries (issue 35): the attempts a request took, and the DeepSeek account that answered it.
+    (
+        "ALTER TABLE usage ADD COLUMN attempts BIGINT NOT NULL DEFAULT 1",
+        "ALTER TABLE usage ADD COLUMN account TEXT",
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -178,6 +183,8 @@ USAGE_COLUMNS = (
     "tokens_exact",
     "repairs",
     "unpriced",
+    "attempts",
+    "account",
 )
 FILE_OWNER_COLUMNS = ("file_id", "team", "key_id", "created_at")
 FILE_IDS_PER_QUERY = 500  # below every SQLite's limit on a statement's parameters (999 before 3.32)
@@ -193,6 +200,7 @@ _GROUP_FIELDS: dict[GroupBy, tuple[tuple[str, str], ...]] = {
     "rule": (("rule_code", "coalesce(rule_code, '')"),),  # '' for requests that were not rejected
     # one row per combination of repairs; `report_rows` splits them into one row per repair code
     "repair": (("repairs", "coalesce(repairs, '')"),),
+    "account": (("account", "coalesce(account, '')"),),  # '' for passthrough and unanswered requests
 }
 _COUNTER_SQL = {
     "requests": "count(*)",

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-GroupBy = Literal["key", "team", "model", "day", "rule", "repair"]
-GROUP_BYS: tuple[GroupBy, ...] = ("key", "team", "model", "day", "rule", "repair")
+GroupBy = Literal["key", "team", "model", "day", "rule", "repair", "account"]
+GROUP_BYS: tuple[GroupBy, ...] = ("key", "team", "model", "day", "rule", "repair", "account")
 
 OUTCOMES = ("ok", "rejected", "limited", "upstream_error", "client_disconnected", "upstream_failed",
             "aborted")
@@ -49,6 +49,8 @@ class UsageRecord:
     tokens_exact: bool = True
     repairs: str | None = None  # codes of the repairs applied, comma-separated
     unpriced: bool = False  # tokens were used but the model has no price: its cost 0 is not a price
+    attempts: int = 1  # upstream attempts made for it (app/gateway/retry.py)
+    account: str | None = None  # the pool's DeepSeek account of the attempt that answered (managed mode)
 
     @property
     def day(self) -> str:

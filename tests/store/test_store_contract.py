@@ -83,6 +83,7 @@ def random_records(n: int, seed: int) -> list[UsageRecord]:
             repairs=rnd.choice([None, None, "restore_reasoning", "thinking_conflict",
                                 "restore_reasoning,developer_role"]),
             unpriced=rnd.random() < 0.1,
+            attempts=rnd.choice([1, 1, 2, 3]), account=rnd.choice([None, "one", "two"]),
             **{name: rnd.randrange(10**15 if name == "cost_picousd" else 100_000) for name in TOKEN_FIELDS},
         )
         for i in range(n)
@@ -104,6 +105,7 @@ def reference_report(records: Sequence[UsageRecord], query: ReportQuery) -> list
             "rule": [{"rule_code": r.rule_code or ""}],
             # a request counts under each of its repairs
             "repair": [{"repair": code} for code in (r.repairs or "").split(",")],
+            "account": [{"account": r.account or ""}],
         }[query.group_by]
         for group in groups:
             counters = rows.setdefault(tuple(group.values()), ReportRow(group=group)).counters
@@ -603,7 +605,7 @@ def test_migration_from_version_1_drops_the_unused_indexes(tmp_path: Path) -> No
     conn.close()
     store = SQLiteStore(db)
     store.migrate()
-    assert store.schema_version() == SCHEMA_VERSION == 7
+    assert store.schema_version() == SCHEMA_VERSION == 8
     rows = sqlite3.connect(db).execute("SELECT name FROM sqlite_master WHERE type = 'index'")
     names = {row[0] for row in rows}
     assert "usage_ts" in names and not names & {"usage_team", "usage_key_id", "usage_model", "usage_day"}
@@ -618,7 +620,7 @@ def test_migration_from_version_2_keeps_old_records_and_adds_repairs_and_turns(t
         for statement in MIGRATIONS[version - 1]:
             conn.execute(statement)
         conn.execute("INSERT INTO schema_version VALUES (?, 0)", (version,))
-    columns = [c for c in USAGE_COLUMNS if c not in ("repairs", "unpriced")]
+    columns = [c for c in USAGE_COLUMNS if c not in ("repairs", "unpriced", "attempts", "account")]
     old = record("old-1")
     values = {**{c: getattr(old, c, None) for c in columns}, "day": old.day}
     conn.execute(f"INSERT INTO usage ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})",
@@ -628,7 +630,10 @@ def test_migration_from_version_2_keeps_old_records_and_adds_repairs_and_turns(t
     store = SQLiteStore(db)
     store.migrate()
     assert store.schema_version() == SCHEMA_VERSION
-    store.insert_usage([record("new-1", repairs="restore_reasoning", unpriced=True)])
+    store.insert_usage([record("new-1", repairs="restore_reasoning", unpriced=True, attempts=2,
+                               account="one")])
+    kept = sqlite3.connect(db).execute("SELECT record_id, attempts, account FROM usage ORDER BY record_id")
+    assert kept.fetchall() == [("new-1", 2, "one"), ("old-1", 1, None)]  # old records: one attempt
     by_repair = store.usage_report(ReportQuery("repair"))
     assert [(r.group["repair"], r.counters["requests"]) for r in by_repair] == [("", 1),
                                                                               ("restore_reasoning", 1)]
@@ -994,3 +999,9 @@ def test_an_alert_is_marked_once_per_period_and_level(store: Store) -> None:
     assert store.mark_alert("team", "red", T0, "soft", 2.0) is False
     assert store.mark_alert("team", "red", T0, "hard", 2.0) is True
     assert store.mark_alert("team", "red", T0 + DAY, "soft", 3.0) is True
+
+
+def test_records_keep_their_attempts_and_account(store: Store) -> None:
+    store.insert_usage([record("a-1", attempts=3, account="two"), record("a-2")])
+    rows = {r.group["account"]: r.counters["requests"] for r in store.usage_report(ReportQuery("account"))}
+    assert rows == {"": 1, "two": 1}
