@@ -485,6 +485,16 @@ def cmd_config_check(args: argparse.Namespace) -> int:
     width = max(len(r[0]) for r in rows)
     for dotted, value, source in rows:
         print(f"{dotted.ljust(width)}  = {value}  [{source}]")
+    settings = loaded.settings
+    if settings.auth.mode == "managed":
+        # the pool of DeepSeek accounts: names and the variables that hold their keys, never a key
+        pool = settings.upstream.accounts
+        print("# upstream accounts (managed mode):" if pool else
+              "# upstream accounts (managed mode): one, 'default', keyed by DEEPSEEK_API_KEY "
+              f"({'set' if settings.auth.upstream_api_key else 'NOT SET'})")
+        for account in pool:
+            state = "set" if os.environ.get(account.key_env) else "NOT SET"
+            print(f"#   {account.name}: key in ${account.key_env} ({state}), weight {account.weight:g}")
     print("# configuration is valid")
     return 0
 

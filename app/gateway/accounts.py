@@ -2,7 +2,9 @@
 
 DeepSeek limits concurrency per account, not per key, so the accounts are separate accounts. Each request
 goes to the available account with the fewest requests in flight for its weight. An account that answers
-429 is set aside for DeepSeek's Retry-After (or a short back-off); one that answers 401 or 402 (a revoked
+429 is set aside for DeepSeek's Retry-After; without one, while other requests of it are in flight, until
+one of them ends (DeepSeek's 429 means the account's concurrency is used up) or at most
+RATE_LIMIT_ASIDE_MAX_S, else for a short back-off. One that answers 401 or 402 (a revoked
 key, no balance) for `upstream.account_cooldown_s`, and `on_unavailable` is told (the webhook). A pool of
 one account is never set aside for 401/402: there is nowhere else to go, and each request then gets
 DeepSeek's own answer (a top-up takes effect at once).
@@ -10,6 +12,8 @@ DeepSeek's own answer (a top-up takes effect at once).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import time
 from collections.abc import Callable, Mapping
@@ -37,6 +41,7 @@ class Account:
     last_error: tuple[int, list[tuple[bytes, bytes]], bytes] | None = None
     requests: int = 0
     keyless: bool = False  # the implicit account: without DEEPSEEK_API_KEY it goes without a key, as before
+    until_release: bool = False  # set aside by a 429 until one of its requests in flight ends
 
     def available(self, now: float) -> bool:
         return (self.authorization is not None or self.keyless) and self.aside_until <= now
@@ -53,7 +58,11 @@ class Lease:
     def release(self) -> None:
         if not self.released:
             self.released = True
-            self.account.in_flight -= 1
+            account = self.account
+            account.in_flight -= 1
+            if account.until_release:  # a request of a full account ended: there is room again
+                account.until_release = False
+                account.aside_until = 0.0
             self.pool.changed()
 
     def succeeded(self) -> None:
@@ -70,6 +79,7 @@ class Pool:
     # called when an account's availability may have changed (the metrics gauge reads `states`)
     on_change: Callable[[], None] | None = None
     _turn: int = field(default=0, repr=False)
+    _event: asyncio.Event | None = field(default=None, repr=False)
 
     @classmethod
     def from_settings(cls, settings: Settings, env: Mapping[str, str] | None = None) -> Pool | None:
@@ -112,6 +122,10 @@ class Pool:
         now = self.clock()
         return any(a.available(now) for a in self.accounts)
 
+    def awaiting_release(self) -> bool:
+        """Whether an account set aside comes back as soon as one of its requests ends."""
+        return any(a.until_release for a in self.accounts)
+
     def next_free(self) -> float:
         """When the first account set aside comes back (clock time); far away if none has a key."""
         keyed = [a.aside_until for a in self.accounts if a.authorization is not None or a.keyless]
@@ -119,10 +133,16 @@ class Pool:
 
     def rate_limited(self, account: Account, retry_after: float | None, base_s: float,
                      answer: httpx2.Response) -> None:
-        """A 429: set aside for Retry-After, else for a back-off that doubles with each 429 in a row."""
+        """A 429 (the attempt's lease already released): set aside for Retry-After; else until one of the
+        account's requests in flight ends (at most RATE_LIMIT_ASIDE_MAX_S), or, with none in flight, for a
+        back-off that doubles with each 429 in a row."""
         account.strikes += 1
-        aside = retry_after if retry_after is not None else min(
-            max(base_s, 0.05) * 2 ** (account.strikes - 1), RATE_LIMIT_ASIDE_MAX_S)
+        if retry_after is not None:
+            aside = retry_after
+        elif account.in_flight > 0:
+            aside, account.until_release = RATE_LIMIT_ASIDE_MAX_S, True
+        else:
+            aside = min(max(base_s, 0.05) * 2 ** (account.strikes - 1), RATE_LIMIT_ASIDE_MAX_S)
         self._set_aside(account, aside, "429", answer)
 
     def unavailable(self, account: Account, status: int) -> None:
@@ -148,8 +168,20 @@ class Pool:
         return httpx2.Response(status, headers=headers, content=content)
 
     def changed(self) -> None:
+        if self._event is not None:  # wake the requests waiting for an account
+            self._event.set()
+            self._event = None
         if self.on_change is not None:
             self.on_change()
+
+    async def wait(self, timeout: float) -> None:
+        """Until an account may have come back (a request of the pool ended), at most `timeout` s."""
+        if self._event is None:
+            self._event = asyncio.Event()
+        event = self._event
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await event.wait()
 
     def states(self) -> list[dict[str, Any]]:
         """Each account's state (never its key), for /readyz, the dashboard and the metrics."""

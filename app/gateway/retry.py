@@ -95,6 +95,13 @@ class Tries:
             return None
         return wanted
 
+    def room(self) -> float:
+        """Seconds left in which another attempt may start (0: none may)."""
+        if self.count > self.policy.retries:
+            return 0.0
+        now = time.perf_counter()
+        return max(min(self.started + self.policy.max_wait_s, self.deadline) - now, 0.0)
+
     def elapsed(self) -> float:
         return time.perf_counter() - self.started
 
@@ -230,16 +237,14 @@ class Retrier:
                     self.pool_unavailable(lease, status, resp)
                 return resp
             content = await read_whole(resp, tries.deadline)
-            after = retry_after(resp.headers.get("retry-after"))
-            if after is not None:
-                after = min(after, self.policy.max_wait_s)
+            said = retry_after(resp.headers.get("retry-after"))  # the account is set aside for all of it
+            after = min(said, self.policy.max_wait_s) if said is not None else None
             failed = rebuilt(resp, content)
             self._release(ex)
             wanted = after if after is not None else backoff(tries.count, self.policy.base_s, self.rng)
             if status == 429 and lease is not None and self.pool is not None:
-                self.pool.rate_limited(lease.account, after, self.policy.base_s, failed)
-                if self.pool.available_now():
-                    wanted = 0.0  # the retry goes to another account at once
+                self.pool.rate_limited(lease.account, said, self.policy.base_s, failed)
+                wanted = 0.0  # the retry goes to another account, or waits for one (_lease)
             wait = tries.wait(wanted)
             if wait is None:
                 return self._spent_response(tries, failed)
@@ -256,9 +261,10 @@ class Retrier:
             lease = self.pool.acquire()
             if lease is not None:
                 return lease
-            back = self.pool.next_free() - time.monotonic()
-            wait = tries.wait(max(back, 0.0) + 0.001)
-            if wait is None:
+            back = max(self.pool.next_free() - time.monotonic(), 0.0) + 0.001
+            room = tries.room()
+            # the first account back (or one waiting for a request of its own to end) is too late: give up
+            if room <= 0.001 or (back > room and not self.pool.awaiting_release()):
                 final = last if last is not None else self.pool.last_error()
                 if isinstance(final, APIError):
                     raise self._spent(tries, final)
@@ -266,7 +272,7 @@ class Retrier:
                     raise self._spent(tries, APIError(503, "Every DeepSeek account is set aside.",
                                                       "server_error", None, "accounts_unavailable"))
                 return self._spent_response(tries, final) if tries.count else final
-            await hangup.sleep(wait)
+            await hangup.race(self.pool.wait(min(back, room)))
 
     async def _retry(self, ex: Any, hangup: Hangup, reason: str, wait: float) -> None:
         tries: Tries = ex.tries

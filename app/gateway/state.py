@@ -136,6 +136,10 @@ class State:
             problems.append(f"the usage store refused {self.recorder.dropped} record(s); they were dropped "
                             "and logged whole (see the log), a restart clears this")
         auth = self.settings.auth
-        if auth.mode == "managed" and auth.upstream_api_key is None:
+        pool = self.gateway.pool if self.gateway is not None else None
+        if auth.mode == "managed" and not self.settings.upstream.accounts and auth.upstream_api_key is None:
             problems.append("auth.mode is managed but DEEPSEEK_API_KEY is not set")
+        if pool is not None and self.settings.upstream.accounts:
+            problems += [f"upstream account {row['name']}: its key variable {row['key_env']} is not set"
+                         for row in pool.states() if row["state"] == "no_key"]
         return problems

@@ -8,6 +8,7 @@ sessionStorage and sends it as `Authorization: Bearer <admin key>` to:
   per group per time bucket, built from `app.metering.reports.build_report` over each bucket,
 - `GET /admin/rejections`: rejected requests by rule code and the keys with the most rejected
   requests, both from the store (all time, every replica),
+- `GET /admin/accounts`: the DeepSeek accounts of the pool and each one's state (app/gateway/accounts.py),
 - `GET /admin/refusals` and `GET /admin/refusals/{request_id}` (app.web.refusals): the recent refusals.
 """
 
@@ -95,7 +96,16 @@ def add_dashboard(app: FastAPI, state: State) -> None:
         by_code = await asyncio.to_thread(repairs_by_code, store)
         return json_response(200, {"by_code": by_code}, {"cache-control": "no-store"})
 
+    async def accounts(request: Request) -> Response:
+        """The DeepSeek accounts of the pool (managed mode) and each one's state; never a key."""
+        require_admin(state.gw.auth, request.headers.get("authorization"))
+        pool = state.gw.pool
+        rows = pool.states() if pool is not None else []
+        return json_response(200, {"data": rows, "mode": state.settings.auth.mode},
+                             {"cache-control": "no-store"})
+
     router = app.router
+    router.add_route("/admin/accounts", accounts, methods=["GET"], include_in_schema=False)
     router.add_route("/admin/dashboard", page, methods=["GET"], include_in_schema=False)
     router.add_route("/admin/dashboard/{name}", static, methods=["GET"], include_in_schema=False)
     router.add_route("/admin/usage/timeseries", timeseries, methods=["GET"], include_in_schema=False)

@@ -81,8 +81,10 @@ def _readyz_handler(state: State) -> Any:
             problems = await asyncio.wait_for(asyncio.to_thread(state.readiness_problems), 5.0)
         except TimeoutError:
             problems = ["usage store did not answer within 5 s"]
-        body = {"ready": not problems, "problems": problems,
-                "spooled_records": state.recorder.pending if state.recorder else 0}
+        body: dict[str, Any] = {"ready": not problems, "problems": problems,
+                                "spooled_records": state.recorder.pending if state.recorder else 0}
+        if state.gateway is not None and state.gateway.pool is not None:
+            body["accounts"] = state.gateway.pool.states()
         return json_response(200 if not problems else 503, body)
     return readyz
 

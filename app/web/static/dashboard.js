@@ -175,6 +175,37 @@
 
   const usd = (v) => fmt(v, "cost_usd");
 
+  // The pool of DeepSeek accounts: each one's state (available, set aside and why, no key), never a key.
+  function accountsTable(container, answer) {
+    container.replaceChildren();
+    const rows = answer.data || [];
+    container.dataset.rows = String(rows.length);
+    if (!rows.length) {
+      const p = document.createElement("p");
+      p.className = "empty";
+      p.textContent = "Passthrough mode: each client's own DeepSeek key goes upstream.";
+      container.append(p);
+      return;
+    }
+    const table = document.createElement("table");
+    const head = table.createTHead().insertRow();
+    for (const [h, cls] of [["account", ""], ["key variable", ""], ["state", ""], ["in flight", "num"],
+                            ["requests", "num"], ["weight", "num"]]) {
+      const th = document.createElement("th");
+      th.textContent = h;
+      th.className = cls;
+      head.append(th);
+    }
+    const tbody = table.createTBody();
+    for (const r of rows) {
+      const tr = tbody.insertRow();
+      const state = r.state === "set_aside" ? `set aside (${r.why}, back in ${Math.ceil(r.back_in_s)} s)` : r.state;
+      [[r.name, ""], [r.key_env, ""], [state, ""], [r.in_flight, "num"], [r.requests, "num"], [r.weight, "num"]]
+        .forEach(([v, cls]) => { const td = tr.insertCell(); td.textContent = String(v); td.className = cls; });
+    }
+    container.append(table);
+  }
+
   // Recent refusals: one row per kept refusal, its request id a link that shows it (GET /admin/refusals/{id}).
   function refusalsTable(container, rows, why) {
     container.replaceChildren();
@@ -330,10 +361,10 @@
     const q = `bucket=${bucket}&since=${Math.floor(since.getTime() / 1000)}`;
     setStatus("loading", "Loading…");
     try {
-      const [team, key, model, totals, rejections, repairs, teams] = await Promise.all([
+      const [team, key, model, totals, rejections, repairs, teams, accounts] = await Promise.all([
         api(`/admin/usage/timeseries?by=team&${q}`), api(`/admin/usage/timeseries?by=key&${q}`),
         api(`/admin/usage/timeseries?by=model&${q}`), api("/admin/usage?by=team"), api("/admin/rejections"),
-        api("/admin/repairs"), api("/admin/teams")]);
+        api("/admin/repairs"), api("/admin/teams"), api("/admin/accounts")]);
       const byName = { team, key, model };
       document.querySelectorAll(".chart[data-by]").forEach((c) => {
         const data = byName[c.dataset.by];
@@ -345,6 +376,7 @@
       codeBars($("chart-repairs"), repairs.by_code, "repairs by code", "No repaired requests.", "#2e86c1");
       offendersTable($("offenders"), rejections.top_offenders);
       budgetsTable($("budgets"), teams.data);
+      accountsTable($("accounts"), accounts);
       await loadRefusals();
       setStatus("ready", `Last ${span} ${bucket}(s), UTC. Updated ${new Date().toLocaleTimeString()}.`);
     } catch (err) {

@@ -1,0 +1,152 @@
+"""The pool of DeepSeek accounts (managed mode, `[[upstream.accounts]]`), end to end: chatgate on a loopback
+port in front of the fake DeepSeek, whose account keys can be capped at N requests in flight (DeepSeek's 429
+concurrency text beyond) or have no balance (402)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import openai
+import pytest
+
+from app.gateway.auth import new_key
+from app.store.sqlite import SQLiteStore
+from tests.fakes.server import RunningFake
+from tests.gateway.conftest import usage_rows
+from tests.harness import RunningChatgate, make_settings, run_chatgate
+from tests.quotas.support import Webhook, webhook_receiver
+
+KEYS = {"one": "sk-account-one-0001", "two": "sk-account-two-0002"}
+ADMIN = "admin-secret-for-accounts"
+MESSAGES: Any = [{"role": "user", "content": "Summarise the plot of Hamlet"}]
+
+
+@pytest.fixture
+def hook() -> Iterator[Webhook]:
+    with webhook_receiver() as receiver:
+        yield receiver
+
+
+@pytest.fixture
+def pool(tmp_path: Path, fake: RunningFake, hook: Webhook, monkeypatch: pytest.MonkeyPatch
+         ) -> Iterator[tuple[RunningChatgate, str]]:
+    """chatgate in managed mode with two accounts (keys in DEEPSEEK_KEY_ONE/TWO) and one client key."""
+    monkeypatch.setenv("DEEPSEEK_KEY_ONE", KEYS["one"])
+    monkeypatch.setenv("DEEPSEEK_KEY_TWO", KEYS["two"])
+    store = SQLiteStore(tmp_path / "usage.db")
+    accounts = [{"name": "one", "key_env": "DEEPSEEK_KEY_ONE"}, {"name": "two", "key_env": "DEEPSEEK_KEY_TWO"}]
+    settings = make_settings(
+        tmp_path, fake.url, auth={"mode": "managed", "admin_key": ADMIN, "key_cache_seconds": 0},
+        upstream={"accounts": accounts, "retries": 2, "retry_base_ms": 50, "retry_max_wait_s": 15},
+        alerts={"webhook_url": hook.url})
+    with run_chatgate(settings, store=store) as gate:
+        key_id, secret, digest, prefix = new_key()
+        store.create_key(key_id, digest, prefix, "search", "crawler")
+        yield gate, secret
+
+
+def client(gate: RunningChatgate, secret: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=gate.url + "/v1", api_key=secret, max_retries=0, timeout=30)
+
+
+def accounts_state(gate: RunningChatgate) -> dict[str, dict[str, Any]]:
+    body = httpx2.get(gate.url + "/readyz").json()
+    return {row["name"]: row for row in body["accounts"]}
+
+
+def test_each_account_gets_its_own_key(pool: tuple[RunningChatgate, str], fake: RunningFake,
+                                       tmp_path: Path) -> None:
+    gate, secret = pool
+    with client(gate, secret) as c:
+        for _ in range(4):
+            c.chat.completions.create(model="deepseek-flash", messages=MESSAGES)
+    keys = Counter(r.auth_key for r in fake.state.requests)
+    assert keys == {KEYS["one"]: 2, KEYS["two"]: 2}  # the least in flight, ties in turn
+    rows = usage_rows(tmp_path, 4)
+    assert Counter(r["account"] for r in rows) == {"one": 2, "two": 2}
+    assert all(secret not in str(v) and KEYS["one"] not in str(v) for v in accounts_state(gate).values())
+
+
+def test_eight_streams_over_two_accounts_capped_at_three_all_complete(
+        pool: tuple[RunningChatgate, str], fake: RunningFake, tmp_path: Path) -> None:
+    gate, secret = pool
+    fake.state.configure(key_concurrency={KEYS["one"]: 3, KEYS["two"]: 3}, chunk_delay=0.03)
+
+    def one_stream(n: int) -> str:
+        with client(gate, secret) as c:
+            stream = c.chat.completions.create(model="deepseek-flash", stream=True, messages=[
+                {"role": "user", "content": f"Question {n}"}], extra_headers={"x-request-id": f"s-{n}"})
+            return "".join(ch.choices[0].delta.content or "" for ch in stream if ch.choices)
+
+    with concurrent.futures.ThreadPoolExecutor(8) as workers:
+        texts = list(workers.map(one_stream, range(8)))
+    assert all(t.startswith("Answer 1") for t in texts), texts
+    statuses = Counter(r.status for r in fake.state.requests)
+    assert statuses[200] == 8 and statuses[429] >= 2  # six at a time fit, the others waited for a slot
+    # records per account equal what the fake served each account's key
+    rows = usage_rows(tmp_path, 8)
+    assert all(r["outcome"] == "ok" for r in rows)
+    served = fake.state.issued_report()["per_key"]
+    by_account = Counter(r["account"] for r in rows)
+    assert by_account == {name: served[key]["requests"] for name, key in KEYS.items() if key in served}
+    assert sum(r["completion_tokens"] for r in rows if r["account"] == "one") == \
+        served.get(KEYS["one"], {}).get("completion_tokens", 0)
+    assert sum(r["attempts"] for r in rows) == len(fake.state.requests)
+    metrics = httpx2.get(gate.url + "/metrics").text
+    assert 'chatgate_upstream_attempts_total{account="one",status="200"}' in metrics
+    assert 'chatgate_upstream_retries_total{reason="429"}' in metrics
+
+
+def test_an_account_without_balance_is_set_aside_after_its_first_402(
+        pool: tuple[RunningChatgate, str], fake: RunningFake, hook: Webhook) -> None:
+    gate, secret = pool
+    fake.state.configure(no_balance_keys=[KEYS["two"]])
+    statuses = []
+    for _ in range(6):
+        resp = httpx2.post(gate.url + "/v1/chat/completions", headers={"authorization": f"Bearer {secret}"},
+                           json={"model": "deepseek-flash", "messages": MESSAGES}, timeout=30)
+        statuses.append(resp.status_code)
+    assert sorted(statuses) == [200] * 5 + [402]  # a 402 is never retried
+    to_two = [r for r in fake.state.requests if r.auth_key == KEYS["two"]]
+    assert len(to_two) == 1  # after its first 402, the account is set aside
+    assert accounts_state(gate)["two"]["state"] == "set_aside"
+    (event,) = hook.wait(1)
+    assert (event["event"], event["account"], event["status"]) == ("account_unavailable", "two", 402)
+    metrics = httpx2.get(gate.url + "/metrics").text
+    assert 'chatgate_upstream_account_available{account="two"} 0.0' in metrics
+    assert 'chatgate_upstream_account_available{account="one"} 1.0' in metrics
+
+
+def test_every_account_set_aside_waits_then_gives_deepseeks_last_error(
+        pool: tuple[RunningChatgate, str], fake: RunningFake) -> None:
+    gate, secret = pool
+    headers = {"authorization": f"Bearer {secret}", "x-fake-fault": "http_429", "x-fake-retry-after": "30"}
+    t0 = time.monotonic()
+    resp = httpx2.post(gate.url + "/v1/chat/completions", headers=headers,
+                       json={"model": "deepseek-flash", "messages": MESSAGES}, timeout=30)
+    assert resp.status_code == 429 and time.monotonic() - t0 < 10  # Retry-After 30 > the budget: no wait
+    assert resp.headers["x-should-retry"] == "false"
+    assert "concurrency" in resp.json()["error"]["message"]
+    assert {r.auth_key for r in fake.state.requests} == set(KEYS.values())  # the retry went to the other
+    state = accounts_state(gate)
+    assert {row["state"] for row in state.values()} == {"set_aside"}
+    # while both are set aside, a request gets DeepSeek's last error without reaching it
+    before = len(fake.state.requests)
+    resp = httpx2.post(gate.url + "/v1/chat/completions", headers={"authorization": f"Bearer {secret}"},
+                       json={"model": "deepseek-flash", "messages": MESSAGES}, timeout=30)
+    assert resp.status_code == 429, (state, [(r.auth_key, r.status) for r in fake.state.requests])
+    assert len(fake.state.requests) == before
+
+
+def test_admin_accounts_route_shows_names_and_variables_never_keys(pool: tuple[RunningChatgate, str]) -> None:
+    gate, _ = pool
+    answer = httpx2.get(gate.url + "/admin/accounts", headers={"authorization": f"Bearer {ADMIN}"}).json()
+    assert [(r["name"], r["key_env"], r["state"]) for r in answer["data"]] == [
+        ("one", "DEEPSEEK_KEY_ONE", "available"), ("two", "DEEPSEEK_KEY_TWO", "available")]
+    assert not any(key in str(answer) for key in KEYS.values())
