@@ -40,7 +40,7 @@ def pool(tmp_path: Path, fake: RunningFake, hook: Webhook, monkeypatch: pytest.M
     monkeypatch.setenv("DEEPSEEK_KEY_ONE", KEYS["one"])
     monkeypatch.setenv("DEEPSEEK_KEY_TWO", KEYS["two"])
     store = SQLiteStore(tmp_path / "usage.db")
-    accounts = [{"name": "one", "key_env": "DEEPSEEK_KEY_ONE"}, {"name": "two", "key_env": "DEEPSEEK_KEY_TWO"}]
+    accounts = [{"name": name, "key_env": f"DEEPSEEK_KEY_{name.upper()}"} for name in KEYS]
     settings = make_settings(
         tmp_path, fake.url, auth={"mode": "managed", "admin_key": ADMIN, "key_cache_seconds": 0},
         upstream={"accounts": accounts, "retries": 2, "retry_base_ms": 50, "retry_max_wait_s": 15},
