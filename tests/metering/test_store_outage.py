@@ -79,20 +79,22 @@ def test_store_outage_spools_then_writes_everything_once(
 
 
 def test_a_model_name_postgresql_cannot_hold_is_metered_and_metering_goes_on(tmp_path: Path) -> None:
-    """A client's model name with a NUL (valid JSON; PostgreSQL's text cannot hold it; an unknown model is
-    forwarded with a warning): its record is stored with U+FFFD in its place, and the records after it are
-    stored too (once, such a record wedged the usage writer: it retried it for ever as if PostgreSQL were
-    down)."""
+    """A client's model name with a NUL (valid JSON; PostgreSQL's text cannot hold it; refused locally, as
+    DeepSeek refuses it: R1): its record (model "unknown": the body is refused before it is read) is stored,
+    and the records after it are stored too (once, such a record wedged the usage writer: it retried it for
+    ever as if PostgreSQL were down)."""
     with fresh_database() as db_url, run_fake_deepseek() as fake, \
             spawn_chatgate(tmp_path, "--upstream", fake.url, "--store", db_url) as cg:
         body = {"model": "deepseek-chat\u0000v2", "messages": [{"role": "user", "content": "hi"}]}
         answered = httpx2.post(cg.url + "/v1/chat/completions", json=body, timeout=10,
                                headers={"authorization": "Bearer sk-team-a", "x-request-id": "nul-model"})
-        assert answered.status_code == 200, answered.text
+        assert answered.status_code == 400, answered.text
+        assert answered.json()["error"]["code"] == "invalid_model"
         after = [complete(cg.url, i, stream=False, rid=f"after-{i}") for i in range(3)]
         wait_for(lambda: len(pg_request_ids(db_url)) == 4, what="every record, the NUL model's too")
         assert sorted(pg_request_ids(db_url)) == sorted(["nul-model", *after])
         with psycopg.connect(db_url, connect_timeout=5) as conn:
-            (model,) = conn.execute("SELECT model FROM usage WHERE request_id = 'nul-model'").fetchone()
-        assert model == "deepseek-chat\ufffdv2"
+            (model, outcome) = conn.execute(
+                "SELECT model, outcome FROM usage WHERE request_id = 'nul-model'").fetchone()
+        assert (model, outcome) == ("unknown", "rejected")
         assert readyz(cg).status_code == 200
