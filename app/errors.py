@@ -43,6 +43,10 @@ class APIError(Exception):
     headers: dict[str, str] = field(default_factory=dict)
     repairs: list[dict[str, Any]] = field(default_factory=list)  # what chatgate repaired before refusing
 
+    def __reduce__(self) -> tuple[Any, ...]:  # raised in a checker process (app/gateway/checking.py)
+        return (type(self), (self.status, self.message, self.type, self.param, self.code, self.problems,
+                             self.headers, self.repairs))
+
     def __str__(self) -> str:
         return self.message
 

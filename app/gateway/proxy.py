@@ -26,6 +26,7 @@ from app.files.file_ids import may_name_files, named_files
 from app.files.owners import foreign_file
 from app.gateway.auth import Authenticator
 from app.gateway.bodies import origin_of, read_json_body, request_id_of
+from app.gateway.checking import Checkers
 from app.gateway.exchange import Exchange, Route
 from app.gateway.family import Family, StreamMeter, StreamTurns
 from app.gateway.ledger import Ledger
@@ -33,7 +34,6 @@ from app.gateway.notices import Notices
 from app.gateway.relay import SSERelay
 from app.gateway.responses import RawResponse, error_response, is_event_stream, json_response
 from app.gateway.retry import ClientHungUp, KeptAliveOnly, SendOnce, read_answer, retrying
-from app.gateway.strict import body_problem
 from app.gateway.upstream import Upstream, forward_headers
 from app.metering.metrics import Metrics
 from app.metering.pricing import cost_bound_picousd
@@ -71,6 +71,7 @@ class Gateway:
                  quotas: Quotas | None = None, files: FileOwnerStore | None = None) -> None:
         self.settings = settings
         self.profiles = settings.profiles()
+        self.checkers = Checkers(settings)  # large bodies are checked in processes of their own
         self.upstream = upstream
         self.auth = auth
         self.metrics = metrics
@@ -108,7 +109,7 @@ class Gateway:
             return error_response(error, request_id, family)
         ex = Exchange(route, request_id, identity, body=body, ts=self.clock(), trace=trace)
         origin = origin_of(request)
-        verdict = self._check(ex, family, origin)
+        verdict = await self._check(ex, family, origin)
         if trace is not None and verdict is not None:
             trace.max_tokens = verdict.max_tokens
         if verdict is not None and (verdict.problems or verdict.warnings) and self.repairs.enabled:
@@ -160,8 +161,7 @@ class Gateway:
             return error_response(error, None, family)
         ex = Exchange(route, request_id_of(request), identity, body=body)
         origin = origin_of(request)
-        strict = body_problem(body)
-        verdict = Verdict([strict]) if strict else family.check(body, beta=route.beta, origin=origin)
+        verdict = await self.checkers.check(family, body, route.beta, origin)
         if (verdict.problems or verdict.warnings) and self.repairs.enabled:
             verdict = await self._repair(ex, family, verdict, origin)
         if verdict.problems:
@@ -178,15 +178,12 @@ class Gateway:
 
     # --- steps -----------------------------------------------------------------------
 
-    def _check(self, ex: Exchange, family: Family, origin: str) -> Verdict | None:
+    async def _check(self, ex: Exchange, family: Family, origin: str) -> Verdict | None:
         if not self.settings.validation.enabled:
             hint = ex.json()
             ex.model, ex.stream = str(hint.get("model", "unknown"))[:200], hint.get("stream") is True
             return None
-        strict = body_problem(ex.body)  # R1 as DeepSeek reads JSON: duplicate keys, NaN, 1e400, depth
-        if strict is not None:
-            return Verdict([strict])
-        verdict = family.check(ex.body, beta=ex.route.beta, origin=origin)
+        verdict = await self.checkers.check(family, ex.body, ex.route.beta, origin)
         self._describe(ex, verdict)
         return verdict
 
@@ -259,7 +256,7 @@ class Gateway:
                 # so checking the whole body again could only find what it found before, minus those.
                 verdict = verdict.without_problems()
                 break
-            verdict = family.check(body, beta=ex.route.beta, origin=origin)
+            verdict = await self.checkers.recheck(family, body, ex.route.beta, origin)
         if misses:
             self.metrics.restore_misses.inc(len(misses))
         if applied or misses:
@@ -321,7 +318,7 @@ class Gateway:
         (app/files/owners.py). Every file id in the body counts, wherever it is (app/files/file_ids.py); a
         body that cannot be read whole is refused, never forwarded unchecked."""
         try:
-            refs = named_files(ex.body)
+            refs = await self.checkers.run(len(ex.body), functools.partial(named_files, ex.body))
         except APIError as error:
             return error
         if not refs or self.files is None:

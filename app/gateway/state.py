@@ -106,6 +106,7 @@ class State:
         if self.gateway is not None:
             await self.gateway.drain()
             await self.gateway.upstream.aclose()
+            self.gateway.checkers.close()
         if self.refusals is not None:
             await asyncio.to_thread(self.refusals.stop)
         if self.tracing is not None:

@@ -10,6 +10,7 @@ tokenizer's worker thread with the interpreter lock released (app/metering/token
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any
 
@@ -41,18 +42,7 @@ def add_count_tokens(app: FastAPI, state: State) -> None:
         try:
             identity = await gw.auth.identify_request(request)
             body = await read_json_body(request, limits.max_body_bytes, limits.body_timeout_seconds)
-            strict = body_problem(body)
-            if strict is not None:
-                raise APIError.from_problems([strict])
-            data = orjson.loads(body)
-            if not isinstance(data, dict) or not isinstance(data.get("messages"), list):
-                raise APIError(400, "count_tokens needs a JSON object with 'model' and 'messages', as for "
-                               "/anthropic/v1/messages.", "invalid_request_error", "messages",
-                               "missing_required_parameter")
-        except orjson.JSONDecodeError:
-            error = APIError(400, "Request body is not valid JSON.", "invalid_request_error", None,
-                             "invalid_json")
-            return _refused(state, error, request_id, family)
+            text = await gw.checkers.run(len(body), functools.partial(_prompt_of, body))
         except APIError as error:
             return _refused(state, error, request_id, family)
         admission: Admission | None = None
@@ -67,7 +57,7 @@ def add_count_tokens(app: FastAPI, state: State) -> None:
             admission = admitted
         try:
             exact_bytes = limits.count_tokens_exact_bytes
-            tokens, exact = await count_async(lambda: _count(prompt_text(data), exact_bytes))
+            tokens, exact = await count_async(lambda: _count(text, exact_bytes))
         finally:
             if admission is not None and gw.quotas is not None:
                 await gw.quotas.settle(admission, 0, 0)
@@ -81,6 +71,23 @@ def add_count_tokens(app: FastAPI, state: State) -> None:
 
     for path in PATHS:
         app.router.add_route(path, count_tokens, methods=["POST"], include_in_schema=False)
+
+
+def _prompt_of(body: bytes) -> str:
+    """The text to count (in a checker process for a large body), or the refusal."""
+    strict = body_problem(body)
+    if strict is not None:
+        raise APIError.from_problems([strict])
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        raise APIError(400, "Request body is not valid JSON.", "invalid_request_error", None,
+                       "invalid_json") from None
+    if not isinstance(data, dict) or not isinstance(data.get("messages"), list):
+        raise APIError(400, "count_tokens needs a JSON object with 'model' and 'messages', as for "
+                       "/anthropic/v1/messages.", "invalid_request_error", "messages",
+                       "missing_required_parameter")
+    return prompt_text(data)
 
 
 def _count(text: str, exact_bytes: int) -> tuple[int, bool]:

@@ -1,0 +1,116 @@
+"""A body's checks (R1 as DeepSeek reads JSON, then the family's rules), run where they cost the others
+least: on the event loop for an ordinary body, in a checker process above OFF_LOOP_BYTES.
+
+Not on a thread: pydantic-core's and jiter's parses keep the interpreter lock for their whole length, and so
+does the garbage collector walking the millions of objects a large body becomes. Beside the check of a 19 MB
+Responses body of 250,000 items on a thread, a thread ticking every 1 ms waited up to 1.4 s (2-core machine
+shared with other jobs, 2026-12-02; /healthz and a stream beside two such checks: 1.8 s). A checker process
+costs the loop the copy of the body into a pipe; what comes back is the verdict without the validated
+request (the in-place restore, which reads it, then takes the general repair path).
+
+The pool (CHECKERS processes) starts with the first large body; a large body waits for a free checker. If a
+checker cannot be used (it died), the check runs on a thread, as a last resort.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import importlib
+import logging
+import multiprocessing
+import threading
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any, TypeVar
+
+from app.gateway.family import Family
+from app.gateway.strict import body_problem
+from app.settings import Settings
+from app.verdict import Verdict
+
+OFF_LOOP_BYTES = 1024 * 1024  # about 20 ms of checks on the loop
+CHECKERS = 2
+T = TypeVar("T")
+log = logging.getLogger("chatgate")
+
+
+def check_now(family: Family, body: bytes, beta: bool, origin: str | None) -> Verdict:
+    strict = body_problem(body)  # R1 as DeepSeek reads JSON: duplicate keys, NaN, 1e400, depth
+    if strict is not None:
+        return Verdict([strict])
+    return family.check(body, beta=beta, origin=origin)
+
+
+class Checkers:
+    """The checker processes of one app (its settings make the families they check with)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._pool: ProcessPoolExecutor | None = None
+        self._lock = threading.Lock()
+
+    async def check(self, family: Family, body: bytes, beta: bool, origin: str | None) -> Verdict:
+        if len(body) <= OFF_LOOP_BYTES:
+            return check_now(family, body, beta, origin)
+        return await self._run(functools.partial(_check_in_worker, family.name, body, beta, origin),
+                               functools.partial(check_now, family, body, beta, origin))
+
+    async def recheck(self, family: Family, body: bytes, beta: bool, origin: str | None) -> Verdict:
+        """The family's rules alone (a body chatgate repaired), where `check` would run them."""
+        if len(body) <= OFF_LOOP_BYTES:
+            return family.check(body, beta=beta, origin=origin)
+        return await self._run(functools.partial(_check_in_worker, family.name, body, beta, origin, False),
+                               functools.partial(family.check, body, beta=beta, origin=origin))
+
+    async def run(self, size: int, work: Callable[[], T]) -> T:
+        """`work` (a module-level function and its arguments, on a body of `size` bytes) here for an
+        ordinary body, in a checker process for a large one."""
+        if size <= OFF_LOOP_BYTES:
+            return work()
+        return await self._run(work, work)
+
+    async def _run(self, remote: Callable[[], T], local: Callable[[], T]) -> T:
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._executor(), remote)
+        except BrokenProcessPool:
+            log.warning("a checker process died; checking on a thread")
+            with self._lock:
+                self._pool = None
+            return await asyncio.to_thread(local)
+
+    def _executor(self) -> ProcessPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ProcessPoolExecutor(CHECKERS, multiprocessing.get_context("spawn"),
+                                                 initializer=_start_worker, initargs=(self.settings,))
+            return self._pool
+
+    def close(self) -> None:
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+
+
+# --- in a checker process -----------------------------------------------------------------------
+
+_families: dict[str, Family] = {}
+
+
+FAMILIES = "app.gateway.endpoints"  # its `families(settings)`: imported by name, it imports the gateway
+
+
+def _start_worker(settings: Settings) -> None:
+    families = importlib.import_module(FAMILIES).families
+    _families.update((f.name, f) for f in families(settings))
+
+
+def _check_in_worker(name: str, body: bytes, beta: bool, origin: str | None, strict: bool = True) -> Any:
+    family = _families[name]
+    verdict = check_now(family, body, beta, origin) if strict else \
+        family.check(body, beta=beta, origin=origin)
+    verdict.request = None  # a copy of it back would cost the loop what the process saved it
+    return verdict

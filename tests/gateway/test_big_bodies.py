@@ -1,0 +1,75 @@
+"""Checking a large body does not stall everyone else (issue 34 §2): in managed mode the dry runs need a
+client key (401 otherwise); a body over app/gateway/checking.py's OFF_LOOP_BYTES is checked in a checker
+process, on the forwarded routes and the dry runs alike, while /healthz and a live stream go on
+(tests/stalls.py: the bound)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import httpx2
+import orjson
+import pytest
+
+from tests.fakes.server import RunningFake
+from tests.harness import RunningChatgate
+from tests.stalls import Beside
+
+KEY = "sk-test-client-0001"
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions/validate", "/anthropic/v1/messages/validate",
+                                  "/v1/responses/validate"])
+def test_managed_dry_runs_need_a_client_key(start_gate: Callable[..., RunningChatgate], path: str) -> None:
+    gate = start_gate(auth={"mode": "managed", "upstream_api_key": "sk-house"})
+    body = {"model": "deepseek-flash", "max_tokens": 10, "input": "hi",
+            "messages": [{"role": "user", "content": "hi"}]}
+    for headers in ({}, {"authorization": "Bearer cg-unknown"}, {"x-api-key": "cg-unknown"}):
+        resp = httpx2.post(gate.url + path, json=body, headers=headers, timeout=20)
+        assert resp.status_code == 401, (headers, resp.text)
+
+
+def responses_body(items: int) -> bytes:
+    item = {"type": "message", "role": "user", "content": "hello there, hello there, hello there"}
+    return orjson.dumps({"model": "deepseek-flash", "input": [item] * items})
+
+
+def chat_body(messages: int) -> bytes:
+    pair = [{"role": "user", "content": "hi hi hi hi"}, {"role": "assistant", "content": "ok ok ok ok"}]
+    return orjson.dumps({"model": "deepseek-flash", "messages": [*pair * (messages // 2),
+                                                                 {"role": "robot", "content": "x"}]})
+
+
+def test_large_bodies_are_checked_beside_other_requests(gate: RunningChatgate, fake: RunningFake) -> None:
+    attacks: list[tuple[str, bytes, int]] = [
+        ("/v1/responses/validate", responses_body(250_000), 200),
+        ("/v1/responses/validate", responses_body(250_000), 200),
+        ("/v1/chat/completions", chat_body(250_000), 400),  # refused by R5 after the whole check
+    ]
+    answers: dict[int, int] = {}
+
+    def attack(i: int, path: str, body: bytes) -> None:
+        answers[i] = httpx2.post(gate.url + path, content=body, timeout=300, headers={
+            "authorization": f"Bearer {KEY}", "content-type": "application/json"}).status_code
+
+    with Beside(gate.url) as beside:
+        threads = [threading.Thread(target=attack, args=(i, path, body))
+                   for i, (path, body, _) in enumerate(attacks)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(300)
+    assert answers == {i: status for i, (_, _, status) in enumerate(attacks)}
+    print(beside.report(), [len(b) >> 20 for _, b, _ in attacks], "MB")
+    beside.assert_unstalled()
+    assert not [r for r in fake.state.requests if r.path != "/chat/completions" or
+                b"stream beside an attack" not in r.body], "only the measuring streams reached DeepSeek"
+
+
+def test_an_ordinary_body_is_checked_as_before(gate: RunningChatgate, fake: RunningFake) -> None:
+    body: dict[str, Any] = {"model": "deepseek-flash", "messages": [{"role": "user", "content": "hi"}]}
+    resp = httpx2.post(gate.url + "/v1/chat/completions/validate", json=body,
+                       headers={"authorization": f"Bearer {KEY}"})
+    assert resp.status_code == 200 and resp.json()["valid"] is True
