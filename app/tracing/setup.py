@@ -152,13 +152,8 @@ def _exporter(settings: TracingSettings, env: Mapping[str, str]) -> Any:
 def _processor(counts: TraceCounts, settings: TracingSettings) -> Any:
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-    class CountingProcessor(BatchSpanProcessor):
-        def on_end(self, span: Any) -> None:
-            counts.before_queue()
-            super().on_end(span)
-
     batch = min(512, settings.max_queue_size)
-    processor = CountingProcessor(counts.exporter, max_queue_size=settings.max_queue_size,  # type: ignore[arg-type]
+    processor = BatchSpanProcessor(counts.exporter, max_queue_size=settings.max_queue_size,  # type: ignore[arg-type]
                                   max_export_batch_size=batch,
                                   export_timeout_millis=settings.export_timeout_seconds * 1000)
     counts.watch(processor)

@@ -48,6 +48,9 @@ class Tracing:
         self.parent_based = parent_based
         self.bound = 0 if ratio <= 0 else (1 << 64) if ratio >= 1 else round(ratio * (1 << 64))
         self.propagator = TraceContextTextMapPropagator()
+        # the SDK's queue (BatchSpanProcessor.on_end checks what a LeanSpan always is: sampled)
+        inner = getattr(processor, "_batch_processor", None)
+        self._queue = getattr(inner, "emit", None) or processor.on_end
         self._get_span = get_current_span
 
     def sampled(self, trace_id: int, parent_sampled: bool | None) -> bool:
@@ -82,11 +85,12 @@ class Tracing:
                    headers.get("user-agent"))
             trace.fixed = fixed(key, lambda: _server_attributes(*key))
             trace.name = f"{method} {route}"
-            trace.server_attrs = {"chatgate.request_id": request_id}
+            trace.attributes = {"chatgate.request_id": request_id}
         return trace
 
-    def emit(self, span: LeanSpan) -> None:
-        self.processor.on_end(span)
+    def emit(self, span: LeanSpan | ExchangeTrace) -> None:
+        self.counts.before_queue()
+        self._queue(span)
 
     def force_flush(self, timeout_ms: int = 30000) -> bool:
         return bool(self.processor.force_flush(timeout_ms))
@@ -127,45 +131,33 @@ def operation_of(route: str) -> str:
 
 
 class ExchangeTrace:
-    __slots__ = (
-        "_attempt",
-        "_attempt_t0",
-        "_first_chunk",
-        "_reasons",
-        "_resp_id",
-        "_resp_model",
-        "fixed",
-        "max_tokens",
-        "name",
-        "parent_id",
-        "remote",
-        "route",
-        "rules",
-        "sampled",
-        "server_attrs",
-        "server_id",
-        "start_ns",
-        "state",
-        "strip",
-        "trace_id",
-        "tracing",
-    )
+    """One request's trace; also its SERVER span's record, as `LeanSpan` is (the fields it has of the same
+    names), queued as it is when the request ends: one object less per request."""
+
+    __slots__ = ("_attempt", "_attempt_t0", "_first_chunk", "_reasons", "_resp_id", "_resp_model",
+                 "attributes", "end", "fixed", "max_tokens", "name", "parent_id", "remote_parent", "route",
+                 "rules", "sampled", "span_id", "start", "status", "strip", "trace_id", "trace_state",
+                 "tracing")
+    kind = SERVER
+    context = LeanSpan.context
 
     def __init__(self, tracing: Tracing, trace_id: int, parent_id: int, remote: bool, state: str, route: str,
                  sampled: bool) -> None:
         self.tracing = tracing
         self.trace_id = trace_id
-        self.server_id = random.getrandbits(64) or 1
+        self.span_id = random.getrandbits(64) or 1
         self.parent_id = parent_id
-        self.remote = remote
-        self.state = state
+        self.remote_parent = remote
+        self.trace_state = state
         self.route = route
         self.sampled = sampled
-        self.start_ns = time.time_ns()
+        self.start = time.time_ns()
         self.name = ""
+        self.end = 0
+        self.status = STATUS_UNSET
         self.fixed: Fixed | None = None
         self.strip = False  # the client sent a trace context (valid or not): it is not sent on
-        self.server_attrs: dict[str, Any] = {}
+        self.attributes: dict[str, Any] = {}
         self._attempt: tuple[int, int, dict[str, Any], Fixed] | None = None  # the open CLIENT span
         self.max_tokens: int | None = None
         self.rules: list[str] | None = None
@@ -197,8 +189,8 @@ class ExchangeTrace:
         out = [(k, v) for k, v in headers if k.lower() not in TRACE_HEADERS] if self.strip else [*headers]
         flags = "01" if self.sampled else "00"
         out.append((b"traceparent", f"00-{self.trace_id:032x}-{span_id:016x}-{flags}".encode()))
-        if self.state:
-            out.append((b"tracestate", self.state.encode("latin-1", "replace")))
+        if self.trace_state:
+            out.append((b"tracestate", self.trace_state.encode("latin-1", "replace")))
         return out
 
     def attempt_failed(self, error_type: str, status: int | None = None) -> None:
@@ -214,8 +206,8 @@ class ExchangeTrace:
     def _emit_attempt(self, attempt: tuple[int, int, dict[str, Any], Fixed], status: int) -> None:
         span_id, start, attributes, shared = attempt
         name = f"{shared.attributes['gen_ai.operation.name']} {shared.attributes['gen_ai.request.model']}"
-        self.tracing.emit(LeanSpan(name, CLIENT, self.trace_id, span_id, self.server_id, False, self.state,
-                                   start, time.time_ns(), attributes, status, shared))
+        self.tracing.emit(LeanSpan(name, CLIENT, self.trace_id, span_id, self.span_id, False,
+                                   self.trace_state, start, time.time_ns(), attributes, status, shared))
 
     def feed(self, chunk: bytes) -> None:
         """A relayed stream's bytes: its first chunk's time, the answer's id, model and finish reasons."""
@@ -258,7 +250,7 @@ class ExchangeTrace:
         if attempt is not None:
             failed = self._end_attempt(attempt[2], record, status, outcome, data, completion)
             self._emit_attempt(attempt, STATUS_ERROR if failed else STATUS_UNSET)
-        attrs = self.server_attrs
+        attrs = self.attributes
         attrs.update({"http.response.status_code": status, "chatgate.outcome": outcome,
                       "chatgate.team": record.team, "chatgate.key_id": record.key_id,
                       "chatgate.cost_usd": record.cost_picousd / 1e12, "gen_ai.request.model": record.model})
@@ -273,9 +265,9 @@ class ExchangeTrace:
         self._emit_server(STATUS_ERROR if status >= 500 else STATUS_UNSET)
 
     def _emit_server(self, status: int) -> None:
-        self.tracing.emit(LeanSpan(self.name, SERVER, self.trace_id, self.server_id, self.parent_id,
-                                   self.remote, self.state, self.start_ns, time.time_ns(), self.server_attrs,
-                                   status, self.fixed))
+        self.end = time.time_ns()
+        self.status = status
+        self.tracing.emit(self)
 
     def _end_attempt(self, attrs: dict[str, Any], record: UsageRecord, status: int, outcome: str,
                      data: Mapping[str, Any] | None, completion: str | None) -> bool:
@@ -317,7 +309,7 @@ class ExchangeTrace:
         """A request refused before it was read (auth, body size): the SERVER span alone."""
         if not self.sampled:
             return
-        attrs = self.server_attrs
+        attrs = self.attributes
         attrs["http.response.status_code"] = status
         attrs["error.type"] = str(status)
         attrs["chatgate.outcome"] = "refused"
