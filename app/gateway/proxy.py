@@ -389,8 +389,8 @@ class Gateway:
     def _trace(self, request: Request, route: Route, request_id: str) -> ExchangeTrace | None:
         if self.tracing is None:
             return None
-        return self.tracing.start(request.headers, request.method, request.scope.get("path", route.label),
-                                  route.label, request.scope, request_id)
+        return self.tracing.start(request.method, request.scope.get("path", route.label), route.label,
+                                  request.scope, request_id)
 
     def _keep_refusal(self, ex: Exchange, status: int, source: str, problems: list[dict[str, Any]] | None,
                       answer: bytes = b"") -> None:

@@ -59,15 +59,22 @@ class Tracing:
             return parent_sampled
         return (trace_id & 0xFFFFFFFFFFFFFFFF) < self.bound
 
-    def start(self, headers: Mapping[str, str], method: str, route: str, label: str,
-              scope: Mapping[str, Any], request_id: str) -> ExchangeTrace:
+    def start(self, method: str, route: str, label: str, scope: Mapping[str, Any], request_id: str
+              ) -> ExchangeTrace:
         """The request's SERVER span, named by its route, continuing the client's traceparent (and
         tracestate) if it sent one; `label` is the route as in usage records (it names the operation)."""
+        traceparent = tracestate = agent = None
+        for name, value in scope["headers"]:  # one pass over the ASGI headers (their names are lowercase)
+            if name == b"traceparent":
+                traceparent = value.decode("latin-1")
+            elif name == b"tracestate":
+                tracestate = value.decode("latin-1")
+            elif name == b"user-agent":
+                agent = value.decode("latin-1")
         trace_id, parent_id, remote, state, parent_sampled = 0, 0, False, "", None
-        traceparent = headers.get("traceparent")
         if traceparent:
             carrier = {"traceparent": traceparent}
-            if tracestate := headers.get("tracestate"):
+            if tracestate:
                 carrier["tracestate"] = tracestate
             ctx = self._get_span(self.propagator.extract(carrier)).get_span_context()
             if ctx.is_valid:
@@ -77,12 +84,12 @@ class Tracing:
             trace_id = random.getrandbits(128) or 1
         trace = ExchangeTrace(self, trace_id, parent_id, remote, state, label,
                               self.sampled(trace_id, parent_sampled))
-        trace.strip = bool(traceparent or headers.get("tracestate"))
+        trace.strip = traceparent is not None or tracestate is not None
         if trace.sampled:
-            server, client = scope.get("server"), scope.get("client")
+            client = scope.get("client")
             key = (method, route, scope.get("path", route), scope.get("scheme", "http"),
-                   scope.get("http_version", "1.1"), server, client[0] if client else None,
-                   headers.get("user-agent"))
+                   scope.get("http_version", "1.1"), scope.get("server"), client[0] if client else None,
+                   agent)
             trace.fixed = fixed(key, lambda: _server_attributes(*key))
             trace.name = f"{method} {route}"
             trace.attributes = {"chatgate.request_id": request_id}

@@ -208,8 +208,9 @@ def test_each_upstream_attempt_is_a_client_span_of_its_own(gate: RunningChatgate
     """The retry engine's hook: `start_attempt` per attempt, `attempt_failed` for one it gives up on."""
     tracing = gate.state.tracing
     route = "/v1/chat/completions"
-    trace = tracing.start({"traceparent": "00-client-ctx"}, "POST", route, route, {"path": route},
-                          "trace-attempts")  # a traceparent that is not valid: a new trace, not sent on
+    # a traceparent that is not valid: a new trace, and not sent on
+    scope = {"path": route, "headers": [(b"traceparent", b"00-client-ctx")]}
+    trace = tracing.start("POST", route, route, scope, "trace-attempts")
     first = trace.start_attempt([(b"traceparent", b"00-client-ctx")], "deepseek-flash", False)
     trace.attempt_failed("503", 503)
     second = trace.start_attempt([], "deepseek-flash", False)
