@@ -142,6 +142,15 @@ def test_log_content_keeps_the_body_whole(fake: RunningFake, tmp_path: Path) -> 
         assert shown["redacted"] is False and LONG in shown["body"]
 
 
+def test_capture_refusals_0_turns_the_inspector_off(fake: RunningFake, tmp_path: Path) -> None:
+    settings = make_settings(tmp_path, fake.url, auth={"admin_key": ADMIN}, server={"capture_refusals": 0})
+    with run_chatgate(settings) as gate:
+        assert post(gate, {"model": "deepseek-flash", "messages": []}, "req-off").status_code == 400
+        assert gate.state.refusals is None and gate.state.gw.refusals is None
+        resp = admin(gate, "/admin/refusals")
+        assert resp.status_code == 503 and resp.json()["error"]["code"] == "refusals_off"
+
+
 def test_redaction_cuts_every_long_string_keys_included() -> None:
     assert redact({"a" * 70: ["b" * 65, "c" * 64, 3, None, {"d": "e" * 100}]}) == {
         f"{'a' * 32}…[70 chars]": [f"{'b' * 32}…[65 chars]", "c" * 64, 3, None,

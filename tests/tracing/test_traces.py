@@ -160,6 +160,17 @@ def test_a_refused_request_has_its_server_span_with_the_rules_and_no_client_span
     assert not any(r.request_id == "trace-refused" for r in fake.state.requests)
 
 
+def test_a_body_refused_before_it_is_read_has_its_server_span(gate: RunningChatgate, receiver: Receiver
+                                                             ) -> None:
+    resp = httpx2.post(gate.url + "/v1/chat/completions", content=b"hello", timeout=10,
+                       headers={**CLIENT_KEY, "content-type": "text/plain", "x-request-id": "trace-early"})
+    gate.state.tracing.force_flush(5000)
+    assert resp.status_code == 415
+    server, clients = spans_of(receiver, "trace-early", 1)
+    assert clients == [] and server.attributes["chatgate.outcome"] == "refused"
+    assert server.attributes["error.type"] == "415" and server.attributes["http.response.status_code"] == 415
+
+
 def test_deepseeks_error_is_the_client_spans_error(gate: RunningChatgate, receiver: Receiver) -> None:
     resp = send(gate, "/v1/chat/completions", CHAT, "trace-422", **{"x-fake-fault": "http_422"})
     assert resp.status_code == 422
