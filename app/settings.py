@@ -241,6 +241,10 @@ class LimitsSettings(Section):
     # share them), else in this process; budgets in the store ("store": atomic, shared by replicas) or in
     # this process seeded from the store ("local"); "auto" = store on PostgreSQL, local on SQLite.
     redis_url: str | None = None
+    # Seconds a Redis call, and a connection to Redis, may take before it counts as a backend error
+    # (on_backend_error decides then): too short, and a slow connect under load fails open.
+    redis_timeout_s: float = Field(default=2.0, gt=0)
+    redis_connect_timeout_s: float = Field(default=2.0, gt=0)
     budgets: Literal["auto", "local", "store"] = "auto"
     # When Redis or the store cannot be asked: admit the request ("fail_open", logged and counted) or
     # refuse it with a 503 ("fail_closed").

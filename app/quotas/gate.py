@@ -44,8 +44,10 @@ class Quotas:
         self.store = store
         self.clock = clock
         self.book = LimitBook(store, limits.cache_seconds)
-        self.rates: LocalRates | RedisRates = (RedisRates(limits.redis_url) if limits.redis_url is not None
-                                               else LocalRates())
+        self.rates: LocalRates | RedisRates = (
+            RedisRates(limits.redis_url, timeout=limits.redis_timeout_s,
+                       connect_timeout=limits.redis_connect_timeout_s)
+            if limits.redis_url is not None else LocalRates())
         several = settings.server.workers > 1  # worker processes share nothing but the store and Redis
         shared = limits.budgets == "store" or (limits.budgets == "auto" and store is not None
                                                and (several or store.server))

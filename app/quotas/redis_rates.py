@@ -84,9 +84,11 @@ def _none(value: int | None) -> int:
 
 
 class RedisRates:
-    def __init__(self, url: str, prefix: str = "chatgate:rl") -> None:
-        self.client: aioredis.Redis = aioredis.Redis.from_url(url, socket_timeout=2.0,
-                                                               socket_connect_timeout=2.0)
+    def __init__(self, url: str, prefix: str = "chatgate:rl", timeout: float = 2.0,
+                 connect_timeout: float = 2.0) -> None:
+        # limits.redis_timeout_s / redis_connect_timeout_s: past them a call fails (limits.on_backend_error)
+        self.client: aioredis.Redis = aioredis.Redis.from_url(url, socket_timeout=timeout,
+                                                               socket_connect_timeout=connect_timeout)
         self.prefix = prefix
         self._acquire = self.client.register_script(ACQUIRE)
         self._release = self.client.register_script(RELEASE)

@@ -38,8 +38,8 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
 
 
 @contextmanager
-def replicas(tmp_path: Path, fake: RunningFake, store: str, count: int = 2, **limits: Any
-             ) -> Iterator[list[RunningChatgate]]:
+def replicas(tmp_path: Path, fake: RunningFake, store: str, count: int = 2,
+             upstream: dict[str, Any] | None = None, **limits: Any) -> Iterator[list[RunningChatgate]]:
     auth = {k: limits.pop(k) for k in ("admin_key", "passthrough_team") if k in limits}
     with ExitStack() as stack:
         out = []
@@ -47,7 +47,7 @@ def replicas(tmp_path: Path, fake: RunningFake, store: str, count: int = 2, **li
             home = tmp_path / f"replica-{n}"
             home.mkdir(parents=True, exist_ok=True)
             settings = make_settings(home, fake.url, store={"url": store}, auth=auth,
-                                     limits={"cache_seconds": 0, **limits})
+                                     limits={"cache_seconds": 0, **limits}, upstream=upstream or {})
             out.append(stack.enter_context(run_chatgate(settings)))
         yield out
 
@@ -71,18 +71,25 @@ def wait_records(store: str, team: str, count: int, timeout: float = 20) -> tupl
 
 
 @pytest.mark.postgres
+@pytest.mark.parametrize("faults", [False, True], ids=["", "retried-faults"])
 def test_two_replicas_200_concurrent_requests_never_overspend_a_team_budget(
-        tmp_path: Path, fake: RunningFake, redis_server: RedisServer) -> None:
+        tmp_path: Path, fake: RunningFake, redis_server: RedisServer, faults: bool) -> None:
     """Four keys of one team, 200 requests at once alternating replicas, a team budget worth some 30 to 60 of
     them: the recorded spend stays within it (the stated bound is 0), every request has its record.
     fail_closed: on a loaded host a store call can outlast its deadline, and the default (fail_open) then
-    admits the request unchecked, by design; here such a request is refused (503) and the bound must hold."""
+    admits the request unchecked, by design; here such a request is refused (503) and the bound must hold.
+    With faults, DeepSeek answers 503 to the first attempt of a third of the requests and chatgate retries
+    them: a reservation is taken once and held across the attempts, one record per request."""
     fake.state.reset()
+    if faults:
+        fake.state.configure(fault="http_503", fault_ratio=0.33, fault_attempts=1)
     team = "payments-" + secrets.token_hex(3)
     keys = [f"sk-{team}-{n}" for n in range(4)]
     budget = usd("0.0008")
-    with fresh_database() as store, replicas(tmp_path, fake, store, redis_url=redis_server.url,
-                                             passthrough_team=team, on_backend_error="fail_closed") as gates:
+    upstream = {"retries": 2, "retry_base_ms": 20} if faults else {}
+    with fresh_database() as store, replicas(tmp_path, fake, store, upstream=upstream,
+                                             redis_url=redis_server.url, passthrough_team=team,
+                                             on_backend_error="fail_closed") as gates:
         set_limits(store, "team", team, budget_picousd=budget, budget_period="month")
         statuses: list[int] = []
         lock = threading.Lock()
@@ -111,7 +118,9 @@ def test_two_replicas_200_concurrent_requests_never_overspend_a_team_budget(
         assert (requests, limited) == (200, 200 - served)
         assert cost <= budget, f"spent {cost} of a {budget} budget"
         assert fake.state.wait_idle(10)
-        assert sum(1 for r in fake.state.requests if r.path.endswith("/chat/completions")) == served
+        chats = [r for r in fake.state.requests if r.path.endswith("/chat/completions")]
+        assert sum(1 for r in chats if r.status == 200) == served
+        assert not faults or any(r.status == 503 for r in chats)
         # every reservation was settled and the replicas' idle leases went back: nothing is still held
         # (a lease given back stays, holding 0, until it expires), and the ledger has every cost
         deadline = time.monotonic() + 10
@@ -191,6 +200,9 @@ def _stream_all(url: str, secret: str, n: int, max_tokens: int) -> int:
         return 200
     except openai.RateLimitError:
         return 429
+    except openai.InternalServerError as err:  # fail_closed: the limits could not be checked
+        assert err.status_code == 503, err
+        return 503
 
 
 @pytest.mark.postgres
@@ -201,7 +213,11 @@ def test_concurrency_and_tpm_hold_across_replicas_counted_at_the_fake(
     """12 slow streams at once, alternating replicas: DeepSeek never has more in flight than the limit allows
     (tpm 2,500 against ~1,100 reserved per request: two at a time)."""
     secret = f"sk-shared-{limit}-" + secrets.token_hex(4)
-    with fresh_database() as store, replicas(tmp_path, fake, store, redis_url=redis_server.url) as gates:
+    # Whatever the host's load: a slow Redis connect waits (no 2 s timeout to fail open on) and a failed
+    # check refuses (fail_closed, a 503) rather than admitting past the limit.
+    with fresh_database() as store, replicas(tmp_path, fake, store, redis_url=redis_server.url,
+                                             redis_timeout_s=30, redis_connect_timeout_s=30,
+                                             on_backend_error="fail_closed") as gates:
         set_limits(store, "key", key_subject(secret), **{limit: value})
         fake.state.reset()
         results: list[int] = []
@@ -213,7 +229,8 @@ def test_concurrency_and_tpm_hold_across_replicas_counted_at_the_fake(
             t.join(60)
         assert fake.state.wait_idle(10)
         assert fake.state.peak_active == allowed, (fake.state.peak_active, results)
-        assert results.count(429) >= 12 - 3 * allowed and results.count(200) >= 1, results
+        refused = results.count(429) + results.count(503)
+        assert refused >= 12 - 3 * allowed and results.count(200) >= 1, results
         forwarded = sum(1 for r in fake.state.requests if r.path.endswith("/chat/completions"))
         assert forwarded == results.count(200)
 
