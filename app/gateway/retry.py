@@ -35,7 +35,7 @@ from app.settings import Settings, UpstreamSettings
 # One attempt: the Authorization value to send (an account's key; None: the caller's, already in the headers).
 SendOnce = Callable[[bytes | None], Awaitable[httpx2.Response]]
 TRANSPORT_ERRORS = (TimeoutError, httpx2.TransportError, aiohttp.ClientError, OSError)
-WHITESPACE = frozenset(b" \t\r\n")
+KEEPALIVE_STARTS = frozenset((b"", b":", b"\n", b"\r", b" ", b"\t"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +167,7 @@ class Retrier:
         self.pool = pool
         self.metrics = metrics
         self.rng = rng
+        self._caller: dict[int, Any] = {}  # the attempts counter's children for the callers' keys, by status
 
     def tries(self, deadline: float) -> Tries:
         return Tries(self.policy, deadline)
@@ -176,9 +177,25 @@ class Retrier:
         that is not retried (unread), or the last error once the retries are spent (read; its message says
         so). Raises the APIError of an unreachable DeepSeek once the retries are spent, ClientHungUp if the
         client goes away between attempts."""
+        first: httpx2.Response | APIError | None = None
+        if self.pool is None:  # the common case, one attempt that answers: no more than it costs
+            tries: Tries = ex.tries
+            tries.count = 1
+            try:
+                first = await send(None)
+            except APIError as error:
+                first = error
+            else:
+                if first.status_code not in self.policy.statuses:
+                    counted = self._caller.get(first.status_code)
+                    if counted is None:
+                        counted = self._caller[first.status_code] = self.metrics.upstream_attempts.labels(
+                            "caller", str(first.status_code))
+                    counted.inc()
+                    return first
         hangup = Hangup(receive)
         try:
-            return await self._attempts(ex, send, hangup)
+            return await self._attempts(ex, send, hangup, first)
         finally:
             hangup.close()
 
@@ -202,20 +219,32 @@ class Retrier:
         content = await read_whole(resp, tries.deadline)
         raise error_of(resp.status_code, content, tries)
 
-    async def _attempts(self, ex: Any, send: SendOnce, hangup: Hangup) -> httpx2.Response:
+    async def _attempts(self, ex: Any, send: SendOnce, hangup: Hangup,
+                        first: httpx2.Response | APIError | None = None) -> httpx2.Response:
+        """The attempts (`first`: the first one's outcome, when `open` made it already)."""
         tries: Tries = ex.tries
         last: httpx2.Response | APIError | None = None
         while True:
-            lease = await self._lease(tries, hangup, last)
-            if isinstance(lease, httpx2.Response):
-                return lease
-            tries.count += 1
-            ex.attempts = tries.count
-            ex.lease = lease
-            ex.account = lease.account.name if lease is not None else None
+            lease: Lease | None = None
+            if first is None:
+                taken = await self._lease(tries, hangup, last)
+                if isinstance(taken, httpx2.Response):
+                    return taken
+                lease = taken
+                tries.count += 1
+                ex.attempts = tries.count
+                ex.lease = lease
+                ex.account = lease.account.name if lease is not None else None
             authorization = lease.account.authorization if lease is not None else None
             try:
-                resp = await (send(authorization) if tries.count == 1 else hangup.race(send(authorization)))
+                if first is not None:
+                    outcome, first = first, None
+                    if isinstance(outcome, APIError):
+                        raise outcome
+                    resp = outcome
+                else:
+                    resp = await (send(authorization) if tries.count == 1
+                                  else hangup.race(send(authorization)))
             except APIError as error:  # unreachable, refused, reset or timed out before the headers
                 reason = "timeout" if error.status == 504 else "connect"
                 self._release(ex)
@@ -379,6 +408,8 @@ async def read_answer(resp: httpx2.Response, deadline: float, retryable: bool) -
 
 def only_keepalives(data: bytes) -> bool:
     """Whether these stream bytes (a last line may be incomplete) are SSE comments and blank lines only."""
+    if data[:1] not in KEEPALIVE_STARTS:  # the common case: the first chunk opens with an event
+        return False
     for line in data.split(b"\n"):
         stripped = line.strip()
         if stripped and not stripped.startswith(b":"):
