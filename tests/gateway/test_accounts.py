@@ -150,3 +150,40 @@ def test_admin_accounts_route_shows_names_and_variables_never_keys(pool: tuple[R
     assert [(r["name"], r["key_env"], r["state"]) for r in answer["data"]] == [
         ("one", "DEEPSEEK_KEY_ONE", "available"), ("two", "DEEPSEEK_KEY_TWO", "available")]
     assert not any(key in str(answer) for key in KEYS.values())
+
+
+def test_config_check_lists_the_accounts_never_their_keys(tmp_path: Path) -> None:
+    from tests.config.test_cli_config import chatgate
+
+    config = tmp_path / "chatgate.toml"
+    config.write_text('[auth]\nmode = "managed"\n'
+                      '[[upstream.accounts]]\nname = "one"\nkey_env = "DEEPSEEK_KEY_ONE"\n'
+                      '[[upstream.accounts]]\nname = "two"\nkey_env = "DEEPSEEK_KEY_TWO"\nweight = 2\n')
+    out = chatgate("config", "check", "--config", str(config), env={"DEEPSEEK_KEY_ONE": KEYS["one"]})
+    assert out.returncode == 0, out.stderr
+    assert "#   one: key in $DEEPSEEK_KEY_ONE (set), weight 1" in out.stdout
+    assert "#   two: key in $DEEPSEEK_KEY_TWO (NOT SET), weight 2" in out.stdout
+    assert KEYS["one"] not in out.stdout + out.stderr
+
+
+def test_an_account_without_its_key_variable_makes_the_replica_not_ready(
+        tmp_path: Path, fake: RunningFake, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DEEPSEEK_KEY_ONE", KEYS["one"])
+    monkeypatch.delenv("DEEPSEEK_KEY_TWO", raising=False)
+    accounts = [{"name": name, "key_env": f"DEEPSEEK_KEY_{name.upper()}"} for name in KEYS]
+    settings = make_settings(tmp_path, fake.url, auth={"mode": "managed"}, upstream={"accounts": accounts})
+    with run_chatgate(settings) as gate:
+        resp = httpx2.get(gate.url + "/readyz")
+    assert resp.status_code == 503
+    assert "upstream account two: its key variable DEEPSEEK_KEY_TWO is not set" in resp.json()["problems"]
+    assert {r["name"]: r["state"] for r in resp.json()["accounts"]} == {"one": "available", "two": "no_key"}
+
+
+def test_a_passthrough_retry_uses_the_callers_own_key(start_gate: Any, fake: RunningFake) -> None:
+    gate = start_gate(upstream={"retries": 2, "retry_base_ms": 10})
+    body = {"model": "deepseek-flash", "messages": MESSAGES}
+    resp = httpx2.post(gate.url + "/v1/chat/completions", json=body,
+                       headers={"authorization": "Bearer sk-callers-own-0042", "x-fake-fault": "http_503",
+                                "x-fake-fault-attempts": "1"})
+    assert resp.status_code == 200 and resp.headers["x-chatgate-attempts"] == "2"
+    assert [r.auth_key for r in fake.state.requests] == ["sk-callers-own-0042"] * 2
