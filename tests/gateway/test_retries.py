@@ -287,3 +287,16 @@ def test_keepalives_then_drops_past_the_retries_end_in_one_error_event(sdk: open
         stream_text(sdk.chat.completions.create(model="deepseek-flash", messages=MESSAGES, stream=True,
                                                 extra_headers=headers))
     assert len(attempts_of(fake, rid)) == 3
+
+
+def test_responses_stream_keepalives_then_a_drop(gate: RunningChatgate, fake: RunningFake) -> None:
+    fake.state.configure(keepalive_count=2, fault_after_chunks=0)
+    rid, headers = faults("reset_mid_stream", 1)
+    with httpx2.stream("POST", gate.url + "/v1/responses", headers={**JSON_HEADERS, **headers}, timeout=20,
+                       json={"model": "deepseek-flash", "input": "Say hello", "stream": True}) as resp:
+        raw = b"".join(resp.iter_bytes())
+    events = [e for e in raw.split(b"\n\n") if e.strip() and not e.startswith(b":")]
+    names = [e.split(b"\n", 1)[0] for e in events]
+    assert names[0] == b"event: response.created" and names[-1] == b"event: response.completed", names
+    assert names.count(b"event: response.created") == 1 and b"event: error" not in names
+    assert len(attempts_of(fake, rid)) == 2
