@@ -1,4 +1,4 @@
-"""`chatgate serve | keys | usage | refusals | config check | lint`."""
+"""`chatgate serve | keys | usage | refusals | cache | config check | lint`."""
 
 from __future__ import annotations
 
@@ -101,6 +101,18 @@ def build_parser() -> argparse.ArgumentParser:
     _config_arg(usage)
     _store_arg(usage)
     usage.set_defaults(func=cmd_usage)
+
+    cache = sub.add_parser("cache", help="context-cache report: hit rates, savings, prefix breaks",
+                           description="Per caller: DeepSeek context-cache hit rate, the money hits saved, "
+                           "and the prompt-prefix breaks that cost money (estimated; docs/cache.md).")
+    cache.add_argument("--by", choices=["key", "team", "model"], default="key")
+    cache.add_argument("--since", help="from this date/datetime (UTC), inclusive")
+    cache.add_argument("--until", help="to this date/datetime (UTC), exclusive")
+    cache.add_argument("--format", choices=["table", "json"], default="table",
+                       help="json: the document GET /admin/cache answers")
+    _config_arg(cache)
+    _store_arg(cache)
+    cache.set_defaults(func=cmd_cache)
 
     config = sub.add_parser("config", help="configuration tools", description="Configuration tools.")
     config_sub = config.add_subparsers(metavar="ACTION")
@@ -472,6 +484,27 @@ def cmd_usage(args: argparse.Namespace) -> int:
         sys.stdout.write(render_csv(report))
     else:
         sys.stdout.write(render_table(report))
+    return 0
+
+
+def cmd_cache(args: argparse.Namespace) -> int:
+    from app.metering.cache_report import build_cache_report, cache_query, render_cache_table
+    from app.metering.recorder import replay_spools
+    from app.metering.reports import ReportError
+
+    store, loaded = _store(args)
+    try:
+        by, since, until = cache_query(args.by, args.since, args.until)
+    except ReportError as exc:
+        print(f"chatgate: {exc}", file=sys.stderr)
+        return 2
+    replay_spools(store, loaded.settings.store.spool_dir)
+    report = build_cache_report(store, by, since, until)
+    store.close()
+    if args.format == "json":
+        print(json.dumps(report))
+    else:
+        sys.stdout.write(render_cache_table(report))
     return 0
 
 

@@ -276,6 +276,17 @@ class AlertSettings(Section):
         return value
 
 
+class CacheSettings(Section):
+    """The cache advisor (docs/cache.md): prefix fingerprints of each caller's recent requests, to find what
+    breaks DeepSeek's context cache. Only hashes and sizes are kept, never text."""
+
+    breaks: bool = True  # fingerprint requests and record prefix breaks
+    memory_per_caller: int = Field(default=8, ge=1, le=256)  # recent requests remembered per caller
+    # all callers' fingerprints together (16 bytes per part, 8 per tool, ~300 per request); the callers
+    # not seen for longest are forgotten first
+    memory_bytes: int = Field(default=16 * 1024 * 1024, ge=0)
+
+
 class Settings(Section):
     server: ServerSettings = ServerSettings()
     upstream: UpstreamSettings = UpstreamSettings()
@@ -287,6 +298,7 @@ class Settings(Section):
     limits: LimitsSettings = LimitsSettings()
     alerts: AlertSettings = AlertSettings()
     tracing: TracingSettings = TracingSettings()
+    cache: CacheSettings = CacheSettings()
     models: dict[str, ModelSettings] = {}
 
     def profiles(self) -> dict[str, ModelProfile]:
@@ -320,7 +332,8 @@ class ConfigError(Exception):
 
 Source = Literal["default", "file", "env", "flag"]
 SECTIONS = ("server", "upstream", "auth", "store", "validation", "repair", "pricing", "limits", "alerts",
-            "tracing")
+            "tracing",
+            "cache")
 SPECIAL_ENV = {"DEEPSEEK_API_KEY": "auth.upstream_api_key", "CHATGATE_ADMIN_KEY": "auth.admin_key"}
 IGNORED_ENV = {"CHATGATE_CONFIG"}
 SECRETS = {"auth.upstream_api_key", "auth.admin_key", "alerts.webhook_url"}  # webhook URLs carry tokens

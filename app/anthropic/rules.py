@@ -68,7 +68,7 @@ def check_body(body: bytes, profiles: dict[str, ModelProfile], options: Options)
     warnings = sorted((p for p in found if p.warning), key=_position)
     client_tools = any((t.get("type") or "custom") == "custom" for t in request.tools or ())
     return Verdict(problems, warnings, request.model, request.stream is True, thinking, client_tools,
-                   request.max_tokens, profile)
+                   request.max_tokens, profile, request=request)
 
 
 _MSG = re.compile(r"^messages\[(\d+)\](?:\.content\[(\d+)\])?")

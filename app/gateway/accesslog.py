@@ -59,6 +59,8 @@ def access_line(rec: UsageRecord, status: int) -> dict[str, Any]:
         "reasoning_tokens": rec.reasoning_tokens, "tokens_exact": rec.tokens_exact,
         "latency_ms": rec.latency_ms, "ttfb_ms": rec.ttfb_ms, "repairs": rec.repairs,
         "attempts": rec.attempts, "account": rec.account,
+        **({"cache_break": rec.cache_break, "cache_lost_tokens": rec.cache_lost_tokens}
+           if rec.cache_break is not None else {}),
     }
     if rec.unpriced:
         line["unpriced"] = True

@@ -46,6 +46,7 @@ class Exchange:
     attempts: int = 1
     account: str | None = None
     lease: Any = None
+    checked: Any = None  # the family's validated request (Verdict.request), for the cache advisor's parts
     _json: dict[str, Any] | None = None
 
     def json(self) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from typing import Any
 from app.gateway.accesslog import AccessLog, access_line
 from app.gateway.exchange import Exchange
 from app.ids import new_id
+from app.metering.cache import Advisor, discount_picousd
 from app.metering.metrics import Metrics
 from app.metering.pricing import cost_picousd
 from app.metering.recorder import Recorder
@@ -26,6 +27,8 @@ class Ledger:
         self.recorder = recorder
         self.metrics = metrics
         self.access_log = AccessLog() if settings.server.access_log else None
+        c = settings.cache
+        self.advisor = Advisor(c.breaks, c.memory_per_caller, c.memory_bytes)
         # Called with each exchange's record once it is made (the gateway settles quotas there).
         self.on_record: Callable[[Exchange, UsageRecord], None] | None = None
 
@@ -52,8 +55,17 @@ class Ledger:
         tokens = tokens or TokenCounts()
         profile = self.profiles.get(ex.model)
         pricing = self.settings.pricing
-        cost = cost_picousd(tokens, profile.prices if profile else None, ex.ts, pricing.peak_hours_utc,
-                            pricing.off_peak_multiplier)
+        prices = profile.prices if profile else None
+        cost = cost_picousd(tokens, prices, ex.ts, pricing.peak_hours_utc, pricing.off_peak_multiplier)
+        saved = discount_picousd(tokens.prompt_cache_hit_tokens, prices, ex.ts, pricing.peak_hours_utc,
+                                 pricing.off_peak_multiplier)
+        broke = None
+        if outcome == "ok":
+            caller = ex.identity.caller or ex.identity.key_id
+            broke = self.advisor.assess(ex.route.upstream_path, caller, ex.checked, ex.json,
+                                        tokens.prompt_tokens, tokens.prompt_cache_hit_tokens, ex.request_id)
+        lost = 0 if broke is None else discount_picousd(broke.lost_tokens, prices, ex.ts,
+                                                        pricing.peak_hours_utc, pricing.off_peak_multiplier)
         record = UsageRecord(
             record_id=new_id(), ts=ex.ts, request_id=ex.request_id, key_id=ex.identity.key_id,
             key_name=ex.identity.key_name, team=ex.identity.team, model=_storable(ex.model),
@@ -69,7 +81,9 @@ class Ledger:
             else None,
             unpriced=(profile is None or profile.prices is None)
             and tokens.prompt_tokens + tokens.completion_tokens > 0,
-            attempts=ex.attempts, account=ex.account)
+            attempts=ex.attempts, account=ex.account, cache_saved_picousd=saved,
+            cache_break=broke.param if broke is not None else None,
+            cache_lost_tokens=broke.lost_tokens if broke is not None else 0, cache_lost_picousd=lost)
         if self.recorder is not None:
             self.recorder.record(record)
         if self.on_record is not None:

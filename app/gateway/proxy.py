@@ -119,6 +119,7 @@ class Gateway:
         if verdict is not None and verdict.warnings:
             ex.warnings.extend(self.notices.warnings(route.label, identity.key_id, verdict.warnings))
         ex.remember = self._remembers(ex, family, verdict)
+        ex.checked = verdict.request if verdict is not None else None
         if self.auth.managed and may_name_files(ex.body):
             foreign = await self._foreign_file(ex)
             if foreign is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
@@ -34,6 +35,14 @@ class Metrics:
                               registry=r)
         self.cost = Counter("chatgate_cost_usd", "Cost in USD by model and team", ["model", "team"],
                             registry=r)
+        self.cache_saved = Counter("chatgate_cache_saved_usd", "USD DeepSeek's context cache saved (the hits "
+                                   "as misses minus as billed), by model and team", ["model", "team"],
+                                   registry=r)
+        self.cache_lost = Counter("chatgate_cache_lost_usd", "USD estimated lost to prompt-prefix breaks "
+                                  "(docs/cache.md), by model and team", ["model", "team"], registry=r)
+        self.cache_breaks = Counter("chatgate_cache_breaks", "Prompt-prefix breaks, by where the prefix "
+                                    "first differed (indexes past 0 as [*]) and team", ["param", "team"],
+                                    registry=r)
         self.upstream_latency = Histogram("chatgate_upstream_latency_seconds", "Whole upstream exchange",
                                           ["model"], buckets=LATENCY_BUCKETS, registry=r)
         self.limited = Counter("chatgate_limited", "Requests refused by a budget, rate or concurrency limit, "
@@ -100,6 +109,12 @@ class Metrics:
             self._child(self.cost, model, rec.team).inc(rec.cost_picousd / 1e12)
         elif rec.unpriced:
             self._child(self.unpriced, model).inc()
+        if rec.cache_saved_picousd:
+            self._child(self.cache_saved, model, rec.team).inc(rec.cache_saved_picousd / 1e12)
+        if rec.cache_break is not None:
+            self._child(self.cache_breaks, param_label(rec.cache_break), rec.team).inc()
+            if rec.cache_lost_picousd:
+                self._child(self.cache_lost, model, rec.team).inc(rec.cache_lost_picousd / 1e12)
         self._child(self.upstream_latency, model).observe(rec.latency_ms / 1000)
         if rec.ttfb_ms is not None:
             self._child(self.ttfb, model).observe(rec.ttfb_ms / 1000)
@@ -119,6 +134,14 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+_INDEX = re.compile(r"\[(?!0\])\d+\]")
+
+
+def param_label(param: str) -> str:
+    """A break's path as a bounded label: `messages[7]` -> `messages[*]` (`messages[0]` stays: the top)."""
+    return _INDEX.sub("[*]", param) if "[" in param else param
 
 
 class RecorderCounts(Protocol):

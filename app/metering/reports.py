@@ -16,7 +16,9 @@ GROUP_FIELDS: dict[str, tuple[str, ...]] = {
     "key": ("key_id", "key_name", "team"), "team": ("team",), "model": ("model",), "day": ("day",),
     "rule": ("rule_code",), "repair": ("repair",), "account": ("account",),
 }
-OUTPUT_COUNTERS = tuple(c for c in COUNTERS if c != "cost_picousd")
+PICO_COUNTERS = ("cost_picousd", "cache_saved_picousd", "cache_lost_picousd")
+OUTPUT_COUNTERS = tuple(c for c in COUNTERS if c not in PICO_COUNTERS)
+DERIVED = ("cache_hit_rate", "cost_usd", "cache_saved_usd", "cache_lost_usd")  # computed from the counters
 
 
 class ReportError(ValueError):
@@ -59,10 +61,19 @@ def _usd(pico: int) -> float:
     return float(picousd_to_usd(pico).quantize(Decimal("0.000000001")))
 
 
+def hit_rate(hit_tokens: int, prompt_tokens: int) -> float | None:
+    """The share of prompt tokens DeepSeek served from its context cache (None with no prompt tokens)."""
+    return round(hit_tokens / prompt_tokens, 6) if prompt_tokens > 0 else None
+
+
 def _counters(counters: dict[str, int]) -> dict[str, Any]:
     out: dict[str, Any] = {name: int(counters.get(name, 0)) for name in OUTPUT_COUNTERS}
+    out["cache_hit_rate"] = hit_rate(out["prompt_cache_hit_tokens"], out["prompt_tokens"])
     out["cost_usd"] = _usd(int(counters.get("cost_picousd", 0)))
-    out["cost_picousd"] = int(counters.get("cost_picousd", 0))
+    out["cache_saved_usd"] = _usd(int(counters.get("cache_saved_picousd", 0)))
+    out["cache_lost_usd"] = _usd(int(counters.get("cache_lost_picousd", 0)))
+    for name in PICO_COUNTERS:
+        out[name] = int(counters.get(name, 0))
     return out
 
 
@@ -90,7 +101,7 @@ def build_report(store: UsageStore, query: ReportQuery) -> dict[str, Any]:
 
 
 def render_csv(report: dict[str, Any]) -> str:
-    fields = [*GROUP_FIELDS[report["group_by"]], *OUTPUT_COUNTERS, "cost_usd"]
+    fields = [*GROUP_FIELDS[report["group_by"]], *OUTPUT_COUNTERS, *DERIVED]
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore", lineterminator="\n")
     writer.writeheader()
@@ -101,11 +112,11 @@ def render_csv(report: dict[str, Any]) -> str:
 
 def render_table(report: dict[str, Any]) -> str:
     group = list(GROUP_FIELDS[report["group_by"]])
-    heads = [*group, "requests", "rejected", "prompt", "completion", "cache_hit", "cache_miss", "reasoning",
-             "cost_usd", "estimated", "unpriced"]
+    heads = [*group, "requests", "rejected", "prompt", "completion", "cache_hit", "cache_miss", "hit_rate",
+             "reasoning", "cost_usd", "saved_usd", "estimated", "unpriced"]
     keys = [*group, "requests", "rejected", "prompt_tokens", "completion_tokens", "prompt_cache_hit_tokens",
-            "prompt_cache_miss_tokens", "reasoning_tokens", "cost_usd", "estimated_requests",
-            "unpriced_requests"]
+            "prompt_cache_miss_tokens", "cache_hit_rate", "reasoning_tokens", "cost_usd", "cache_saved_usd",
+            "estimated_requests", "unpriced_requests"]
     lines = [[_cell(row.get(k)) for k in keys] for row in report["rows"]]
     total = {**report["totals"], group[0]: "TOTAL"}
     lines.append([_cell(total.get(k)) for k in keys])

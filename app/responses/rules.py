@@ -156,7 +156,7 @@ def check_request(request: ResponsesRequest, profiles: Mapping[str, ModelProfile
     warnings = sorted((p for p in found if p.warning), key=_position)
     client_tools = any(t["type"] in ("function", "custom") for t in request.tools or ())
     return Verdict(problems, warnings, request.model, request.stream is True, thinking, client_tools,
-                   request.max_output_tokens, profile)
+                   request.max_output_tokens, profile, request=request)
 
 
 _ITEM = re.compile(r"^input\[(\d+)\]")

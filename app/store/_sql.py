@@ -149,6 +149,13 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "ALTER TABLE usage ADD COLUMN attempts BIGINT NOT NULL DEFAULT 1",
         "ALTER TABLE usage ADD COLUMN account TEXT",
     ),
+    # 9: the context cache (issue 37): what each request's hits saved, and its prefix break if it had one.
+    (
+        "ALTER TABLE usage ADD COLUMN cache_saved_picousd BIGINT NOT NULL DEFAULT 0",
+        "ALTER TABLE usage ADD COLUMN cache_break TEXT",
+        "ALTER TABLE usage ADD COLUMN cache_lost_tokens BIGINT NOT NULL DEFAULT 0",
+        "ALTER TABLE usage ADD COLUMN cache_lost_picousd BIGINT NOT NULL DEFAULT 0",
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -185,6 +192,10 @@ USAGE_COLUMNS = (
     "unpriced",
     "attempts",
     "account",
+    "cache_saved_picousd",
+    "cache_break",
+    "cache_lost_tokens",
+    "cache_lost_picousd",
 )
 FILE_OWNER_COLUMNS = ("file_id", "team", "key_id", "created_at")
 FILE_IDS_PER_QUERY = 500  # below every SQLite's limit on a statement's parameters (999 before 3.32)
@@ -201,6 +212,13 @@ _GROUP_FIELDS: dict[GroupBy, tuple[tuple[str, str], ...]] = {
     # one row per combination of repairs; `report_rows` splits them into one row per repair code
     "repair": (("repairs", "coalesce(repairs, '')"),),
     "account": (("account", "coalesce(account, '')"),),  # '' for passthrough and unanswered requests
+    # the cache report's breaks: one row per group and break path, with one request that had it
+    "break_key": (("key_id", "key_id"), ("cache_break", "cache_break"), ("key_name", "max(key_name)"),
+                  ("team", "max(team)"), ("example_request_id", "max(request_id)")),
+    "break_team": (("team", "team"), ("cache_break", "cache_break"),
+                   ("example_request_id", "max(request_id)")),
+    "break_model": (("model", "model"), ("cache_break", "cache_break"),
+                    ("example_request_id", "max(request_id)")),
 }
 _COUNTER_SQL = {
     "requests": "count(*)",
@@ -214,6 +232,10 @@ _COUNTER_SQL = {
     "cost_picousd": "sum(cost_picousd)",
     "estimated_requests": "sum(CASE WHEN tokens_exact THEN 0 ELSE 1 END)",
     "unpriced_requests": "sum(CASE WHEN unpriced THEN 1 ELSE 0 END)",
+    "cache_saved_picousd": "sum(cache_saved_picousd)",
+    "cache_breaks": "sum(CASE WHEN cache_break IS NULL THEN 0 ELSE 1 END)",
+    "cache_lost_tokens": "sum(cache_lost_tokens)",
+    "cache_lost_picousd": "sum(cache_lost_picousd)",
 }
 _COUNTER_SELECT = ", ".join(_COUNTER_SQL[name] for name in COUNTERS)
 
@@ -404,9 +426,13 @@ class Queries:
         if query.until is not None:
             conditions.append(f"ts < {self.placeholder}")
             params.append(query.until)
+        group = fields[0][0]
+        if query.group_by.startswith("break_"):
+            conditions.append("cache_break IS NOT NULL")
+            group = f"{group}, cache_break"
         where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
         select = ", ".join(expr for _, expr in fields)
-        sql = f"SELECT {select}, {_COUNTER_SELECT} FROM usage{where} GROUP BY {fields[0][0]}"
+        sql = f"SELECT {select}, {_COUNTER_SELECT} FROM usage{where} GROUP BY {group}"
         return sql, params
 
 

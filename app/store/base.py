@@ -13,8 +13,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-GroupBy = Literal["key", "team", "model", "day", "rule", "repair", "account"]
+GroupBy = Literal["key", "team", "model", "day", "rule", "repair", "account", "break_key", "break_team",
+                  "break_model"]
 GROUP_BYS: tuple[GroupBy, ...] = ("key", "team", "model", "day", "rule", "repair", "account")
+# the cache report's: the requests with a prefix break, per caller (or team, model) and break path
+BREAK_GROUP_BYS: tuple[GroupBy, ...] = ("break_key", "break_team", "break_model")
 
 OUTCOMES = ("ok", "rejected", "limited", "upstream_error", "client_disconnected", "upstream_failed",
             "aborted")
@@ -51,6 +54,11 @@ class UsageRecord:
     unpriced: bool = False  # tokens were used but the model has no price: its cost 0 is not a price
     attempts: int = 1  # upstream attempts made for it (app/gateway/retry.py)
     account: str | None = None  # the pool's DeepSeek account of the attempt that answered (managed mode)
+    # the context cache (app/metering/cache.py): what the hits saved; a prefix break, if the request had one
+    cache_saved_picousd: int = 0  # the hits as misses minus the hits as billed
+    cache_break: str | None = None  # where the prefix first differed (`messages[0].content`, `tools`)
+    cache_lost_tokens: int = 0  # estimated tokens the cache could have served but for the break
+    cache_lost_picousd: int = 0  # those tokens as misses minus as hits, at this request's prices
 
     @property
     def day(self) -> str:
@@ -177,6 +185,10 @@ COUNTERS = (
     "cost_picousd",
     "estimated_requests",
     "unpriced_requests",
+    "cache_saved_picousd",
+    "cache_breaks",
+    "cache_lost_tokens",
+    "cache_lost_picousd",
 )
 
 

@@ -6,6 +6,7 @@ sessionStorage and sends it as `Authorization: Bearer <admin key>` to:
 - `GET /admin/usage?by=...` (app.web.routes) for totals,
 - `GET /admin/usage/timeseries?by=team|key|model&bucket=day|hour[&since=&until=]`: tokens and cost
   per group per time bucket, built from `app.metering.reports.build_report` over each bucket,
+- `GET /admin/cache?by=team` (app.web.routes): the Cache card's costliest prefix breaks,
 - `GET /admin/rejections`: rejected requests by rule code and the keys with the most rejected
   requests, both from the store (all time, every replica),
 - `GET /admin/accounts`: the DeepSeek accounts of the pool and each one's state (app/gateway/accounts.py),
@@ -27,7 +28,7 @@ from starlette.responses import Response
 from app.errors import APIError
 from app.gateway.auth import require_admin
 from app.gateway.responses import json_response
-from app.metering.reports import ReportError, build_report, parse_time
+from app.metering.reports import ReportError, build_report, hit_rate, parse_time
 from app.store.base import ReportQuery, Store, UsageStore
 
 if TYPE_CHECKING:
@@ -148,7 +149,8 @@ def _label(by: str, row: dict[str, Any]) -> str:
 
 
 def build_timeseries(store: UsageStore, by: str, bucket: str, starts: list[float]) -> dict[str, Any]:
-    """Tokens (prompt + completion), cost and requests per group for each bucket, zero-filled."""
+    """Tokens (prompt + completion), cost, requests and the context cache's hit rate (None without prompt
+    tokens) per group for each bucket, zero-filled."""
     width = BUCKETS[bucket]
     series: dict[str, dict[str, Any]] = {}
     for i, start in enumerate(starts):
@@ -158,12 +160,17 @@ def build_timeseries(store: UsageStore, by: str, bucket: str, starts: list[float
             entry = series.setdefault(label, {
                 "label": label, "team": row.get("team"), "key_id": row.get("key_id"),
                 "tokens": [0] * len(starts), "cost_usd": [0.0] * len(starts),
-                "requests": [0] * len(starts), "rejected": [0] * len(starts)})
+                "requests": [0] * len(starts), "rejected": [0] * len(starts),
+                "prompt_tokens": [0] * len(starts), "cache_hit_tokens": [0] * len(starts)})
             entry["tokens"][i] += row["prompt_tokens"] + row["completion_tokens"]
+            entry["prompt_tokens"][i] += row["prompt_tokens"]
+            entry["cache_hit_tokens"][i] += row["prompt_cache_hit_tokens"]
             entry["cost_usd"][i] = round(entry["cost_usd"][i] + row["cost_usd"], 9)
             entry["requests"][i] += row["requests"]
             entry["rejected"][i] += row["rejected"]
     for entry in series.values():
+        entry["hit_rate"] = [hit_rate(h, p) for h, p in zip(entry["cache_hit_tokens"], entry["prompt_tokens"],
+                                                             strict=True)]
         entry["total_tokens"] = sum(entry["tokens"])
         entry["total_cost_usd"] = round(sum(entry["cost_usd"]), 9)
     fmt = "%Y-%m-%d" if bucket == "day" else "%Y-%m-%dT%H:00Z"

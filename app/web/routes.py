@@ -24,6 +24,7 @@ from app.gateway.proxy import Endpoint
 from app.gateway.responses import JSON, RawResponse, error_response, json_response
 from app.gateway.state import State
 from app.gateway.upstream import response_headers
+from app.metering.cache_report import build_cache_report, cache_query
 from app.metering.reports import ReportError, build_report, make_query
 from app.web.admin import add_admin
 from app.web.compaction import add_compaction
@@ -58,6 +59,8 @@ def add_routes(app: FastAPI, state: State) -> None:
     app.router.add_route("/readyz", _readyz_handler(state), methods=["GET"], include_in_schema=False)
     app.router.add_route("/metrics", _metrics_handler(state), methods=["GET"], include_in_schema=False)
     app.router.add_route("/admin/usage", _admin_usage_handler(state), methods=["GET"],
+                         include_in_schema=False)
+    app.router.add_route("/admin/cache", _admin_cache_handler(state), methods=["GET"],
                          include_in_schema=False)
     for path in (BALANCE_ROUTE, "/v1" + BALANCE_ROUTE):
         app.router.add_route(path, _balance_handler(state), methods=["GET"], include_in_schema=False)
@@ -227,6 +230,21 @@ def _log_balance(state: State, request_id: str, ts: float, t0: float, status: in
             "event": "request", "ts": ts, "request_id": request_id, "route": BALANCE_ROUTE, "key_id": key_id,
             "status": status, "outcome": outcome, "code": code,
             "latency_ms": round((time.perf_counter() - t0) * 1000, 3)})
+
+
+def _admin_cache_handler(state: State) -> Any:
+    async def admin_cache(request: Request) -> Response:
+        require_admin(state.gw.auth, request.headers.get("authorization"))
+        if state.store is None:
+            raise APIError(503, "Metering is off (store.url = none).", "server_error", None, "no_store")
+        q = request.query_params
+        try:
+            by, since, until = cache_query(q.get("by") or "key", q.get("since"), q.get("until"))
+        except ReportError as exc:
+            raise APIError(400, str(exc), "invalid_request_error", "by", "invalid_value") from None
+        report = await asyncio.to_thread(build_cache_report, state.store, by, since, until)
+        return json_response(200, report, {"cache-control": "no-store"})
+    return admin_cache
 
 
 def _admin_usage_handler(state: State) -> Any:

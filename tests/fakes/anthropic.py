@@ -187,11 +187,10 @@ def make_plan(body: dict[str, Any], script: ToolScript | None = None) -> Message
     return MessagePlan([*plan, Block("text", text)] if text else plan, stop_reason)
 
 
-def make_usage(raw_body: bytes, plan: MessagePlan) -> dict[str, Any]:
+def make_usage(raw_body: bytes, plan: MessagePlan, cached: tuple[int, int] | None = None) -> dict[str, Any]:
     """The usage as DeepSeek sends it on this route: `input_tokens` excludes the cache reads
     (docs/rules-anthropic.md)."""
-    prompt = len(raw_body) // 4 + 1
-    hit = prompt // 3
+    prompt, hit = cached if cached is not None else (len(raw_body) // 4 + 1, (len(raw_body) // 4 + 1) // 3)
     return {
         "input_tokens": prompt - hit,
         "cache_creation_input_tokens": 0,
@@ -338,7 +337,7 @@ async def answer(app: FakeDeepSeek, rec: RecordedRequest, conn: Conn, fault: str
         await app.send_error(rec, conn, 400, error_bytes(problem or "Invalid request", INVALID))
         return
     plan = make_plan(body, ToolScript.of(app.state))
-    usage = make_usage(rec.body, plan)
+    usage = make_usage(rec.body, plan, app.state.cached(rec, "anthropic", body))
     rec.usage = recorded_usage(usage, plan)
     rec.status = 200
     message_id = str(uuid.uuid4())

@@ -42,6 +42,7 @@ from urllib.parse import parse_qs
 
 import orjson
 
+from tests.fakes.prefix_cache import PrefixCache
 from tests.fakes.rules import DESERIALIZE, deepseek_error, is_thinking, kind
 
 Scope = MutableMapping[str, Any]
@@ -82,6 +83,7 @@ CONFIG_FIELDS = (
     "fault_after_chunks", "slow_delay", "hang_seconds", "error_content_type", "valid_keys", "validate",
     "tool_rounds", "tool_name", "tool_arguments",
     "fault_attempts", "fault_ratio", "retry_after", "key_concurrency", "no_balance_keys",
+    "prefix_cache",
 )  # fmt: skip
 HTML_GARBAGE = b"<html><head><title>502 Bad Gateway</title></head><body><center>nginx</center></body></html>"
 
@@ -178,6 +180,8 @@ class FakeState:
     retry_after: str | None = None  # a Retry-After header on the error faults
     key_concurrency: dict[str, int] = field(default_factory=dict)  # key -> requests in flight it may have
     no_balance_keys: list[str] = field(default_factory=list)  # keys whose account has run out of balance
+    prefix_cache: bool = False  # hits from a context cache like DeepSeek's (tests.fakes.prefix_cache)
+    cache: PrefixCache = field(default_factory=PrefixCache, repr=False)
     requests: list[RecordedRequest] = field(default_factory=list)
     issued_usage: dict[str, dict[str, int]] = field(default_factory=dict)  # per Authorization key
     active: int = 0  # requests being handled right now
@@ -219,7 +223,12 @@ class FakeState:
             self.files.clear()
             self.attempts.clear()
             self.peak_active = self.active
+        self.cache.clear()
         self.configure(**self._defaults)
+
+    def cached(self, rec: RecordedRequest, kind: str, body: dict[str, Any]) -> tuple[int, int] | None:
+        """(prompt tokens, hits) from the context cache when `prefix_cache` is on, else None."""
+        return self.cache.usage(rec.auth_key or "", kind, body) if self.prefix_cache else None
 
     def take_fault(self) -> str | None:
         with self._lock:
@@ -409,9 +418,8 @@ def make_plan(body: dict[str, Any]) -> Plan:
     return Plan(thinking, reasoning, content, None, "stop")
 
 
-def make_usage(raw_body: bytes, plan: Plan) -> dict[str, Any]:
-    prompt = len(raw_body) // 4 + 1
-    hit = prompt // 3
+def make_usage(raw_body: bytes, plan: Plan, cached: tuple[int, int] | None = None) -> dict[str, Any]:
+    prompt, hit = cached if cached is not None else (len(raw_body) // 4 + 1, (len(raw_body) // 4 + 1) // 3)
     completion = plan.completion_tokens
     return {
         "prompt_tokens": prompt,
@@ -749,7 +757,7 @@ class FakeDeepSeek:
             await self.send_error(rec, conn, 400, error_bytes(problem or "Invalid request", INVALID))
             return
         plan = make_plan(body)
-        rec.usage = make_usage(rec.body, plan)
+        rec.usage = make_usage(rec.body, plan, self.state.cached(rec, "chat", body))
         rec.status = 200
         if fault == "non_json_200":
             rec.outcome = "completed"

@@ -404,9 +404,8 @@ def make_plan(body: dict[str, Any], script: ToolScript | None = None) -> Respons
     return ResponsePlan([*plan, OutItem("message", text)] if text else plan, incomplete)
 
 
-def make_usage(raw_body: bytes, plan: ResponsePlan) -> dict[str, Any]:
-    prompt = len(raw_body) // 4 + 1
-    hit = prompt // 3
+def make_usage(raw_body: bytes, plan: ResponsePlan, cached: tuple[int, int] | None = None) -> dict[str, Any]:
+    prompt, hit = cached if cached is not None else (len(raw_body) // 4 + 1, (len(raw_body) // 4 + 1) // 3)
     output = plan.completion_tokens
     return {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": hit}, "output_tokens": output,
             "output_tokens_details": {"reasoning_tokens": plan.reasoning_tokens},
@@ -578,7 +577,7 @@ async def answer(app: FakeDeepSeek, rec: RecordedRequest, conn: Conn, fault: str
     if served := rec.headers.get("x-fake-served-model"):  # the model DeepSeek says it served, for a test
         body = {**body, "model": served}
     plan = make_plan(body, ToolScript.of(app.state))
-    usage = make_usage(rec.body, plan)
+    usage = make_usage(rec.body, plan, app.state.cached(rec, "responses", body))
     rec.usage = recorded_usage(usage)
     rec.status = 200
     response_id = f"resp_{uuid.uuid4().hex}"

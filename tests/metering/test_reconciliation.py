@@ -21,7 +21,7 @@ import openai
 import pytest
 
 from app.gateway.auth import fingerprint
-from app.metering.reports import OUTPUT_COUNTERS
+from app.metering.reports import DERIVED, OUTPUT_COUNTERS, PICO_COUNTERS
 from tests.fakes.server import RunningFake, run_fake_deepseek
 from tests.harness import make_settings, run_chatgate
 from tests.metering.helpers import CHAT, WEATHER_TOOL, chat_body, cli, send_chat, usage_json, wait_for
@@ -30,7 +30,7 @@ KEYS = ("sk-alpha-0001", "sk-beta-0002", "sk-gamma-0003")
 TOKEN_FIELDS = ("prompt_tokens", "completion_tokens", "prompt_cache_hit_tokens", "prompt_cache_miss_tokens",
                 "reasoning_tokens")
 REPORT_KEYS = {"group_by", "since", "until", "rows", "totals"}
-COUNTER_KEYS = {*OUTPUT_COUNTERS, "cost_usd", "cost_picousd"}
+COUNTER_KEYS = {*OUTPUT_COUNTERS, *DERIVED, *PICO_COUNTERS}
 GROUP_KEYS = {"key": {"key_id", "key_name", "team"}, "team": {"team"}, "model": {"model"}, "day": {"day"},
               "rule": {"rule_code"}}
 
@@ -265,7 +265,7 @@ def test_usage_csv_has_a_header_the_rows_and_a_totals_row(traffic: Traffic) -> N
     report = usage_json(traffic.store, "team")
     out = cli("usage", "--by", "team", "--format", "csv", "--store", traffic.store).stdout
     rows = list(csv.DictReader(io.StringIO(out)))
-    assert list(rows[0]) == ["team", *OUTPUT_COUNTERS, "cost_usd"]
+    assert list(rows[0]) == ["team", *OUTPUT_COUNTERS, *DERIVED]
     assert [r["team"] for r in rows] == ["default", "TOTAL"]
     assert int(rows[-1]["requests"]) == report["totals"]["requests"]
     assert int(rows[-1]["prompt_tokens"]) == report["totals"]["prompt_tokens"]

@@ -605,7 +605,7 @@ def test_migration_from_version_1_drops_the_unused_indexes(tmp_path: Path) -> No
     conn.close()
     store = SQLiteStore(db)
     store.migrate()
-    assert store.schema_version() == SCHEMA_VERSION == 8
+    assert store.schema_version() == SCHEMA_VERSION == 9
     rows = sqlite3.connect(db).execute("SELECT name FROM sqlite_master WHERE type = 'index'")
     names = {row[0] for row in rows}
     assert "usage_ts" in names and not names & {"usage_team", "usage_key_id", "usage_model", "usage_day"}
@@ -620,7 +620,7 @@ def test_migration_from_version_2_keeps_old_records_and_adds_repairs_and_turns(t
         for statement in MIGRATIONS[version - 1]:
             conn.execute(statement)
         conn.execute("INSERT INTO schema_version VALUES (?, 0)", (version,))
-    columns = [c for c in USAGE_COLUMNS if c not in ("repairs", "unpriced", "attempts", "account")]
+    columns = list(USAGE_COLUMNS[:USAGE_COLUMNS.index("repairs")])  # the columns of version 2
     old = record("old-1")
     values = {**{c: getattr(old, c, None) for c in columns}, "day": old.day}
     conn.execute(f"INSERT INTO usage ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})",

@@ -173,6 +173,90 @@
     container.append(table);
   }
 
+  // Lines: the cache hit rate (0-100%) of each series per bucket; a bucket without prompt tokens has no point.
+  function hitRateLines(container, buckets, series) {
+    container.replaceChildren();
+    const shown = series.filter((s) => s.hit_rate.some((r) => r !== null));
+    container.dataset.series = String(shown.length);
+    container.dataset.rates = JSON.stringify(shown.map((s) => [s.label, s.hit_rate]));
+    if (!shown.length) {
+      const p = document.createElement("p");
+      p.className = "empty";
+      p.textContent = "No prompt tokens in this range.";
+      container.append(p);
+      return;
+    }
+    const W = 640, H = 200, L = 56, R = 10, T = 10, B = 34, plotW = W - L - R, plotH = H - T - B;
+    const svg = el("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": "cache hit rate" });
+    for (let t = 0; t <= 4; t++) {
+      const y = T + plotH - (plotH * t) / 4;
+      svg.append(el("line", { x1: L, x2: W - R, y1: y, y2: y, stroke: "#e2e5ea" }));
+      svg.append(el("text", { x: L - 6, y: y + 4, "text-anchor": "end" }, `${25 * t}%`));
+    }
+    const slot = plotW / buckets.length, every = Math.ceil(buckets.length / 8);
+    const xAt = (i) => L + slot * i + slot / 2, yAt = (r) => T + plotH - plotH * r;
+    shown.forEach((s, k) => {
+      const color = COLORS[k % COLORS.length];
+      const points = s.hit_rate.map((r, i) => (r === null ? null : [xAt(i), yAt(r)])).filter((p) => p);
+      if (points.length > 1) {
+        svg.append(el("polyline", { points: points.map((p) => p.join(",")).join(" "), fill: "none",
+                                    stroke: color, "stroke-width": 2 }));
+      }
+      s.hit_rate.forEach((r, i) => {
+        if (r === null) return;
+        const dot = el("circle", { cx: xAt(i), cy: yAt(r), r: 3, fill: color, class: "point",
+                                   "data-series": s.label });
+        dot.append(el("title", {}, `${s.label} ${buckets[i]}: ${(100 * r).toFixed(1)}% of prompt tokens from the cache`));
+        svg.append(dot);
+      });
+    });
+    buckets.forEach((b, i) => {
+      if (i % every !== 0) return;
+      const label = b.length > 10 ? b.slice(5, 13).replace("T", " ") + "h" : b.slice(5);
+      svg.append(el("text", { x: xAt(i), y: H - B + 16, "text-anchor": "middle" }, label));
+    });
+    container.append(svg);
+    legend(container, shown.map((s) => {
+      const p = s.prompt_tokens.reduce((a, b) => a + b, 0), h = s.cache_hit_tokens.reduce((a, b) => a + b, 0);
+      return `${s.label} (${p ? ((100 * h) / p).toFixed(1) : 0}%)`;
+    }));
+  }
+
+  // The costliest prefix breaks of every team (GET /admin/cache?by=team): where, how often, what they cost.
+  function breaksTable(container, report) {
+    container.replaceChildren();
+    const rows = [];
+    for (const r of report.rows) for (const b of r.breaks) rows.push({ team: r.team, ...b });
+    rows.sort((a, b) => b.lost_picousd - a.lost_picousd || b.count - a.count);
+    container.dataset.rows = String(rows.length);
+    if (!rows.length) {
+      const p = document.createElement("p");
+      p.className = "empty";
+      p.textContent = "No prefix break seen: prompts keep their prefix.";
+      container.append(p);
+      return;
+    }
+    const table = document.createElement("table");
+    const head = table.createTHead().insertRow();
+    for (const [h, cls] of [["team", ""], ["break at", ""], ["requests", "num"], ["tokens lost ~", "num"],
+                            ["lost ~", "num"], ["usual cause and fix", ""]]) {
+      const th = document.createElement("th");
+      th.textContent = h;
+      th.className = cls;
+      head.append(th);
+    }
+    const tbody = table.createTBody();
+    for (const b of rows.slice(0, 10)) {
+      const tr = tbody.insertRow();
+      tr.className = "break-row";
+      Object.assign(tr.dataset, { team: b.team, param: b.param, lost: String(b.lost_usd), count: String(b.count) });
+      [[b.team, ""], [b.param, "code"], [b.count, "num"], [fmt(b.lost_tokens, "tokens"), "num"],
+       [fmt(b.lost_usd, "cost_usd"), "num"], [b.hint, "hint"]]
+        .forEach(([v, cls]) => { const td = tr.insertCell(); td.textContent = String(v); td.className = cls; });
+    }
+    container.append(table);
+  }
+
   const usd = (v) => fmt(v, "cost_usd");
 
   // The pool of DeepSeek accounts: each one's state (available, set aside and why, no key), never a key.
@@ -336,7 +420,9 @@
     const t = report.totals;
     for (const [label, value] of [["requests", t.requests], ["rejected", t.rejected],
                                   ["prompt tokens", t.prompt_tokens], ["completion tokens", t.completion_tokens],
-                                  ["cost (USD)", "$" + t.cost_usd.toFixed(4)]]) {
+                                  ["cost (USD)", "$" + t.cost_usd.toFixed(4)],
+                                  ["cache hit rate", t.cache_hit_rate === null ? "-" : (100 * t.cache_hit_rate).toFixed(1) + "%"],
+                                  ["saved by the cache (USD)", "$" + t.cache_saved_usd.toFixed(4)]]) {
       const d = document.createElement("div");
       d.className = "total";
       const b = document.createElement("b");
@@ -361,10 +447,11 @@
     const q = `bucket=${bucket}&since=${Math.floor(since.getTime() / 1000)}`;
     setStatus("loading", "Loading…");
     try {
-      const [team, key, model, totals, rejections, repairs, teams, accounts] = await Promise.all([
+      const [team, key, model, totals, rejections, repairs, teams, accounts, cache] = await Promise.all([
         api(`/admin/usage/timeseries?by=team&${q}`), api(`/admin/usage/timeseries?by=key&${q}`),
         api(`/admin/usage/timeseries?by=model&${q}`), api("/admin/usage?by=team"), api("/admin/rejections"),
-        api("/admin/repairs"), api("/admin/teams"), api("/admin/accounts")]);
+        api("/admin/repairs"), api("/admin/teams"), api("/admin/accounts"),
+        api(`/admin/cache?by=team&since=${Math.floor(since.getTime() / 1000)}`)]);
       const byName = { team, key, model };
       document.querySelectorAll(".chart[data-by]").forEach((c) => {
         const data = byName[c.dataset.by];
@@ -378,6 +465,8 @@
       budgetsTable($("budgets"), teams.data);
       accountsTable($("accounts"), accounts);
       await loadRefusals();
+      hitRateLines($("chart-cache-team"), team.buckets, team.series.slice(0, COLORS.length));
+      breaksTable($("cache-breaks"), cache);
       setStatus("ready", `Last ${span} ${bucket}(s), UTC. Updated ${new Date().toLocaleTimeString()}.`);
     } catch (err) {
       if (err.status === 401) sessionStorage.removeItem(KEY);
