@@ -282,7 +282,7 @@ class CacheSettings(Section):
 
     breaks: bool = True  # fingerprint requests and record prefix breaks
     memory_per_caller: int = Field(default=8, ge=1, le=256)  # recent requests remembered per caller
-    # all callers' fingerprints together (16 bytes per part, 8 per tool, ~300 per request); the callers
+    # all callers' fingerprints together (8 bytes per part and per tool, ~300 per request); the callers
     # not seen for longest are forgotten first
     memory_bytes: int = Field(default=16 * 1024 * 1024, ge=0)
 
