@@ -53,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", args.port), Handler)
+    server.daemon_threads = True  # an exporter's kept-alive connection does not hold the exit
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
 
     def report() -> None:
