@@ -7,8 +7,9 @@ is refused here too, so that what chatgate checked (limits, file owners, rules) 
   body (the file-owner check among them), cannot read them.
 - containers nested deeper than 128 (serde_json's recursion limit), a NUL in `model`.
 
-Cost on a plain request: one Rust parse that reports duplicates (jiter), a few byte searches; the rest runs
-only when those searches cannot rule its case out.
+Cost on a plain request: one Rust parse that reports duplicates (jiter) and one pass over the bytes (a
+translate, a count, two searches); orjson's parse and the depth walk run only when those cannot rule their
+case out.
 """
 
 from __future__ import annotations
@@ -22,10 +23,11 @@ from app.errors import Problem
 
 MAX_DEPTH = 128  # serde_json's recursion limit: objects and arrays
 OVERFLOW_DIGITS = 309  # an integer or mantissa this long is beyond a double, whatever follows it
-# Every byte to itself but digits to "0" and "E" to "e": a number that may overflow a double then shows as
-# "0e000" or "0e+000" (an exponent of three digits or more), or a run of OVERFLOW_DIGITS zeros.
-_NUMBERS = bytes.maketrans(b"123456789E", b"000000000e")
-_BRACKETS = (b"[", b"{")
+# One pass over the body for both byte checks: digits to "0", "E" to "e", "{" to "[", "+" dropped. A number
+# that may overflow a double then shows as "0e000" (an exponent of three digits or more) or a run of
+# OVERFLOW_DIGITS zeros; "[" counts every container's opening (with any in strings: an upper bound).
+_SCAN = bytes.maketrans(b"123456789E{", b"000000000e[")
+_LONG_NUMBER = b"0" * OVERFLOW_DIGITS
 
 
 def body_problem(body: bytes) -> Problem | None:
@@ -35,12 +37,13 @@ def body_problem(body: bytes) -> Problem | None:
         data = jiter.from_json(body, allow_inf_nan=False, catch_duplicate_keys=True, cache_mode="keys")
     except ValueError as exc:
         return _not_json(str(exc), body)
-    if _may_overflow(body):
+    scan = body.translate(_SCAN, b"+")
+    if b"0e000" in scan or _LONG_NUMBER in scan:  # may overflow a double: orjson says whether one does
         try:
             orjson.loads(body)
         except orjson.JSONDecodeError as exc:
             return _unreadable(str(exc))
-    if sum(body.count(b) for b in _BRACKETS) > MAX_DEPTH and too_deep(data):
+    if scan.count(b"[") > MAX_DEPTH and too_deep(data):
         return _too_deep()
     if isinstance(data, dict) and isinstance(model := data.get("model"), str) and "\x00" in model:
         return Problem("invalid_model", "model", "'model' contains a NUL character (\\u0000), which DeepSeek "
@@ -76,11 +79,6 @@ def _unreadable(message: str) -> Problem:
     return Problem("invalid_json", None,
                    f"Request body is not valid JSON: {message}. JSON has no NaN or Infinity, and DeepSeek "
                    "refuses numbers beyond a double (such as 1e400); send finite numbers.", "R1")
-
-
-def _may_overflow(body: bytes) -> bool:
-    digits = body.translate(_NUMBERS)
-    return b"0e000" in digits or b"0e+000" in digits or b"0" * OVERFLOW_DIGITS in digits
 
 
 def too_deep(data: Any, limit: int = MAX_DEPTH) -> bool:
