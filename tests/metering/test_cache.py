@@ -53,6 +53,8 @@ SCENARIOS = {
     "user": ("sk-cache-user", "user_id"),
     "anthropic": ("sk-cache-anthropic", "system"),
     "responses": ("sk-cache-responses", "instructions"),
+    "anthropic-stable": ("sk-cache-anthropic-stable", None),
+    "responses-stable": ("sk-cache-responses-stable", None),
 }
 
 
@@ -108,21 +110,21 @@ def agent_loop(client: openai.OpenAI, *, clock: bool = False, rotate: bool = Fal
             history.append({"role": "tool", "tool_call_id": call["id"], "content": f"{MARKER} ok: 12 passed"})
 
 
-def anthropic_loop(client: anthropic.Anthropic) -> None:
+def anthropic_loop(client: anthropic.Anthropic, clock: bool = True) -> None:
     messages: list[dict[str, Any]] = []
     for r in range(ROUNDS):
         messages.append({"role": "user", "content": f"Round {r}: {MARKER} summarise build {r}."})
-        resp = client.messages.create(model="deepseek-flash", max_tokens=200, system=system_prompt(r, True),
+        resp = client.messages.create(model="deepseek-flash", max_tokens=200, system=system_prompt(r, clock),
                                       messages=messages)  # type: ignore[arg-type]
         text = "".join(b.text for b in resp.content if b.type == "text")
         messages.append({"role": "assistant", "content": text})
 
 
-def responses_loop(client: openai.OpenAI) -> None:
+def responses_loop(client: openai.OpenAI, clock: bool = True) -> None:
     items: list[dict[str, Any]] = []
     for r in range(ROUNDS):
         items.append({"role": "user", "content": f"Round {r}: {MARKER} summarise build {r}."})
-        resp = client.responses.create(model="deepseek-flash", instructions=system_prompt(r, True),
+        resp = client.responses.create(model="deepseek-flash", instructions=system_prompt(r, clock),
                                        input=items)  # type: ignore[arg-type]
         items.append({"role": "assistant", "content": resp.output_text})
 
@@ -189,10 +191,12 @@ def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
             gate.state.gw.ledger.access_log = AccessLog(os.open(access, os.O_WRONLY | os.O_CREAT, 0o600))
             for scenario, (key, _) in SCENARIOS.items():
                 base = gate.url + "/v1"
-                if scenario == "anthropic":
-                    anthropic_loop(anthropic.Anthropic(base_url=gate.url + "/anthropic", api_key=key))
-                elif scenario == "responses":
-                    responses_loop(openai.OpenAI(base_url=base, api_key=key))
+                if scenario.startswith("anthropic"):
+                    anthropic_loop(anthropic.Anthropic(base_url=gate.url + "/anthropic", api_key=key),
+                                   clock=not scenario.endswith("stable"))
+                elif scenario.startswith("responses"):
+                    responses_loop(openai.OpenAI(base_url=base, api_key=key),
+                                   clock=not scenario.endswith("stable"))
                 else:
                     agent_loop(openai.OpenAI(base_url=base, api_key=key), clock=scenario.startswith("clock"),
                                rotate=scenario == "tools", per_round_user=scenario == "user",
@@ -270,10 +274,11 @@ def test_the_cli_reports_match_the_http_ones(run: Run) -> None:
 # --- breaks ---------------------------------------------------------------------------------------------
 
 
-def test_a_stable_conversation_has_a_high_hit_rate_and_no_break(run: Run) -> None:
-    row = run.row("stable")
+@pytest.mark.parametrize("scenario", ["stable", "anthropic-stable", "responses-stable"])
+def test_a_stable_conversation_has_a_high_hit_rate_and_no_break(run: Run, scenario: str) -> None:
+    row = run.row(scenario)
     assert row["breaks"] == [] and row["lost_usd"] == 0
-    assert row["hit_rate"] > 0.6
+    assert row["hit_rate"] > 0.5
 
 
 @pytest.mark.parametrize("scenario", [s for s, (_, param) in SCENARIOS.items() if param is not None])
