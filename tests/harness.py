@@ -23,6 +23,7 @@ import uvicorn
 from app.server import protocol_options
 from app.settings import Settings
 from app.web.app import create_app
+from tests import lifeline
 from tests.fakes.server import bind_socket
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -139,9 +140,9 @@ def spawn_chatgate(tmp_path: Path, *args: str, env: dict[str, str] | None = None
     full_env.update(env or {})
     with open(log_path, "wb") as log:
         # its own process group: `--workers N` forks workers that outlive a killed supervisor otherwise
-        process = subprocess.Popen([sys.executable, "-m", module, "serve", "--port", str(port), *args],
-                                   cwd=cwd or tmp_path, env=full_env, stdout=log, stderr=subprocess.STDOUT,
-                                   start_new_session=True)
+        process = lifeline.Popen([sys.executable, "-m", module, "serve", "--port", str(port), *args],
+                                 cwd=cwd or tmp_path, env=full_env, stdout=log, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
     spawned = SpawnedChatgate(f"http://127.0.0.1:{port}", port, process, log_path)
     try:
         wait_healthy(spawned)
@@ -150,6 +151,7 @@ def spawn_chatgate(tmp_path: Path, *args: str, env: dict[str, str] | None = None
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)  # the server and any worker it left behind
         process.wait(10)
+        lifeline.unwatch(process.pid, group=True)
 
 
 def wait_healthy(spawned: SpawnedChatgate, timeout: float = 20) -> None:

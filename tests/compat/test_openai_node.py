@@ -13,6 +13,7 @@ import pytest
 from tests.ci import missing
 from tests.compat.conftest import CLIENT_KEY, MODEL, Gate
 from tests.harness import REPO_ROOT
+from tests.lifeline import die_with_parent
 
 NODE_DIR = REPO_ROOT / "tests" / "compat" / "node"
 
@@ -35,7 +36,7 @@ def node_run(gate_server: Gate) -> dict[str, Any]:
     env = {**os.environ, "CHATGATE_BASE_URL": gate_server.base_url, "CHATGATE_CLIENT_KEY": CLIENT_KEY,
            "CHATGATE_MODEL": MODEL}
     proc = subprocess.run([node, "compat.mjs"], cwd=NODE_DIR, env=env, capture_output=True, text=True,
-                          timeout=60)
+                          timeout=60, preexec_fn=die_with_parent())
     assert proc.returncode == 0, proc.stderr
     result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     result["upstream"] = gate_server.upstream_bodies()

@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from app.settings import load_settings
+from tests import lifeline
 from tests.ci import missing
 from tests.fakes.server import run_fake_deepseek
 from tests.harness import REPO_ROOT, free_port
@@ -185,7 +186,7 @@ def test_entrypoint_serves_healthz_and_the_healthcheck_agrees(tmp_path: Path) ->
         env["CHATGATE_SERVER_PORT"] = str(port)
         health = [sys.executable if healthcheck_argv()[0] == "python" else "", *healthcheck_argv()[1:]]
         log = (tmp_path / "serve.log").open("wb")
-        proc = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT)
+        proc = lifeline.Popen(argv, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
             url = f"http://127.0.0.1:{port}"
             deadline = time.monotonic() + 20

@@ -25,6 +25,7 @@ from typing import Any
 import httpx2
 import uvicorn
 
+from tests import lifeline
 from tests.fakes.deepseek import USAGE_MODES, FakeState, create_fake_app
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -155,7 +156,7 @@ def spawn_fake_deepseek(*args: str, timeout: float = 20.0) -> Iterator[SpawnedFa
     command = [sys.executable, "-m", "tests.fakes.server", "--port", "0", *args]
     python_path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "PYTHONPATH": python_path}
-    process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, text=True)
+    process = lifeline.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, text=True)
     try:
         url = _read_url(process, timeout)
         control = FakeControl(url)

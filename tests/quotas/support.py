@@ -22,6 +22,7 @@ import openai
 from app.gateway.auth import fingerprint
 from app.store import open_store
 from app.store.base import LimitRow
+from tests import lifeline
 from tests.ci import missing
 from tests.harness import free_port
 
@@ -121,7 +122,7 @@ class RedisServer:
 
     def start(self) -> None:
         assert self.binary is not None
-        self.process = subprocess.Popen(
+        self.process = lifeline.Popen(
             [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
              "--dir", str(self.dir)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 10

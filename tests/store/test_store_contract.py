@@ -34,6 +34,7 @@ from app.store._sql import CREATE_SCHEMA_VERSION, MIGRATIONS, SCHEMA_VERSION, US
 from app.store.base import FileOwner, Hold, LeaseAsk, LeaseGrant, LimitRow, TurnRow
 from app.store.postgres import PostgresStore
 from app.store.sqlite import SQLiteStore, _chunk_sizes
+from tests import lifeline
 from tests.store.conftest import TcpProxy
 
 REPO = Path(__file__).resolve().parents[3]
@@ -146,7 +147,7 @@ def run_all(*targets: Callable[[], object]) -> None:
 
 def run_processes(code: str, *args: str, count: int) -> None:
     procs = [
-        subprocess.Popen([sys.executable, "-c", code, *args, str(i)], cwd=REPO, stderr=subprocess.PIPE)
+        lifeline.Popen([sys.executable, "-c", code, *args, str(i)], cwd=REPO, stderr=subprocess.PIPE)
         for i in range(count)
     ]
     for proc in procs:

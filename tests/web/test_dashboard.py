@@ -14,6 +14,7 @@ import pytest
 
 from tests.ci import missing
 from tests.harness import REPO_ROOT, make_settings, run_chatgate
+from tests.lifeline import die_with_parent
 from tests.web.traffic import ADMIN_KEY, BUDGETS, PLAN, Traffic, dashboard_traffic
 
 ARTIFACTS = REPO_ROOT / "tests" / "artifacts"
@@ -38,7 +39,7 @@ def chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
             "--disable-background-networking", "--disable-component-update", "--disable-sync",
             "--disable-default-apps", "--disable-extensions", f"--user-data-dir={tmp_path / 'profile'}",
             "--window-size=1280,1400", "--virtual-time-budget=10000", *args]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=90)
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=90, preexec_fn=die_with_parent())
     assert proc.returncode == 0, proc.stderr[-2000:]
     return proc
 

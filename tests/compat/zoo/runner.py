@@ -24,6 +24,7 @@ from tests.compat.zoo.model import (
 )
 from tests.compat.zoo.recorder import Exchange, Recorder, loopback_only
 from tests.fakes.deepseek import FakeState, RecordedRequest
+from tests.lifeline import die_with_parent
 
 NODE_DIR = Path(__file__).resolve().parents[1] / "node"
 NODE_PACKAGES = ("openai", "ai", "@ai-sdk/deepseek", "@ai-sdk/openai-compatible", "zod")
@@ -98,7 +99,7 @@ def run_subprocess(client: str, jobs: list[Job], runtime: str) -> Batch:
     try:
         proc = subprocess.run([*command, f.name], cwd=NODE_DIR if runtime == "node" else None,
                               capture_output=True, text=True, timeout=120,
-                              env={**os.environ, "NO_COLOR": "1"})
+                              env={**os.environ, "NO_COLOR": "1"}, preexec_fn=die_with_parent())
     finally:
         os.unlink(f.name)
     if proc.returncode != 0 or not proc.stdout.strip():
