@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Bootstrap: `python3 run.py serve [ARGS…]` starts chatgate, `python3 run.py test [PYTEST ARGS…]` runs the
-tests. The first run creates .venv and installs chatgate into it; later runs reinstall only when
-pyproject.toml changed. Needs nothing but Python 3.11+."""
+"""Bootstrap: `python3 run.py serve [ARGS…]` starts chatgate, `python3 run.py test [--quick] [PYTEST ARGS…]`
+runs the tests (on every core, pytest-xdist; `--quick` leaves out the tests marked slow; docs/development.md).
+The first run creates .venv and installs chatgate into it; later runs reinstall only when pyproject.toml
+changed. Needs nothing but Python 3.11+."""
 
 from __future__ import annotations
 
@@ -34,12 +35,45 @@ def ensure_venv(extras: str) -> None:
         STAMP.write_text(f"{have} {want}".strip())
 
 
+def in_workers(args: list[str]) -> bool:
+    """Whether `run.py test ARGS` should spread the tests over pytest-xdist workers: not when ARGS choose
+    the workers themselves (-n, --dist, --tx), turn xdist off (-p no:xdist), or need the tests in this
+    process (--pdb, --trace, -s / --capture=no: a worker's output is not the terminal)."""
+    for at, arg in enumerate(args):
+        if arg.startswith(("-n", "--numprocesses", "--dist", "--tx", "--pdb", "--trace", "--capture=no")):
+            return False
+        if arg in ("-p", "--capture") and args[at + 1:at + 2] in (["no:xdist"], ["no"]):
+            return False
+        short_flags = arg[1:] if arg[:1] == "-" and arg[1:].isalpha() else ""  # -s, -xs, -sv …
+        if arg == "-pno:xdist" or ("s" in short_flags and args[at - 1:at] not in (["-m"], ["-k"])):
+            return False
+    return True
+
+
+def pytest_args(args: list[str], cores: int) -> list[str]:
+    """pytest's arguments for `run.py test ARGS`: `--quick` becomes `-m "not slow"` (and-ed with a `-m` of
+    the caller's), and the tests are spread over `cores` pytest-xdist workers, whole modules at a time
+    (module-scoped fixtures are set up once), unless ARGS say otherwise (`in_workers`)."""
+    quick = "--quick" in args
+    args = [a for a in args if a != "--quick"]
+    if quick:
+        if "-m" in args[:-1]:
+            at = len(args) - 1 - args[::-1].index("-m")  # pytest uses the last -m
+            args[at + 1] = f"({args[at + 1]}) and not slow"
+        else:
+            args = ["-m", "not slow", *args]
+    if cores > 1 and in_workers(args):
+        args = ["-n", str(cores), "--dist", "loadscope", *args]
+    return args
+
+
 def main() -> None:
     command, args = (sys.argv[1], sys.argv[2:]) if len(sys.argv) > 1 else ("serve", [])
     if command == "test":
         ensure_venv("[test]")
         os.chdir(ROOT)
-        os.execv(BIN / "python", [str(BIN / "python"), "-m", "pytest", *args])
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        os.execv(BIN / "python", [str(BIN / "python"), "-m", "pytest", *pytest_args(args, cores)])
     ensure_venv("")
     os.execv(BIN / "chatgate", [str(BIN / "chatgate"), command, *args])
 

@@ -22,9 +22,9 @@ from tests.ci import missing
 from tests.fakes.server import run_fake_deepseek
 from tests.harness import SpawnedChatgate, spawn_chatgate
 from tests.metering.helpers import complete, wait_for
-from tests.pgutil import fresh_database
+from tests.pgutil import fresh_database, server_to_itself
 
-pytestmark = pytest.mark.postgres
+pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
 
 def cluster() -> tuple[str, str] | None:
@@ -48,9 +48,11 @@ def pg_request_ids(url: str) -> list[str]:
 
 
 @pytest.fixture
-def restartable() -> None:
+def restartable() -> Iterator[None]:
     if cluster() is None:
         missing("needs root and pg_ctlcluster to stop and start the local PostgreSQL server")
+    with server_to_itself():  # no other test (a parallel worker's) has a database on it meanwhile
+        yield
 
 
 @pytest.fixture
