@@ -45,7 +45,7 @@ from tests.compat.zoo.runner import ScenarioRun, Unavailable, Zoo
 from tests.fakes.deepseek import RecordedRequest
 
 # litellm's TypedDicts use ReadOnly, which pydantic notes with a UserWarning on first use.
-pytestmark = pytest.mark.filterwarnings("ignore:.*`ReadOnly` qualifier:UserWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore:.*`ReadOnly` qualifier:UserWarning"), pytest.mark.slow]
 
 SCENARIOS = list(scenarios())
 COMPLETING = [s for s in SCENARIOS if s.expected == COMPLETES]

@@ -19,6 +19,8 @@ from tests.harness import spawn_chatgate
 from tests.metering.helpers import chat_body, cli, send_chat
 from tests.pgutil import fresh_database
 
+pytestmark = pytest.mark.slow  # the CLI as processes, a running server
+
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 
 

@@ -169,6 +169,7 @@ def test_default_config_file_in_the_image_is_valid_with_the_image_env(tmp_path: 
 # --- the image's commands, run here ----------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_entrypoint_serves_healthz_and_the_healthcheck_agrees(tmp_path: Path) -> None:
     """The exact ENTRYPOINT argv (bind 127.0.0.1 instead of 0.0.0.0, a temp config), with the image's
     ENV pointed at a temp /data; then the HEALTHCHECK command, before and after the server stops."""

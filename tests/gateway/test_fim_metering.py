@@ -22,6 +22,8 @@ from tests.fakes.server import RunningFake, run_fake_deepseek
 from tests.harness import make_settings, run_chatgate
 from tests.metering.helpers import chat_body, send_chat, usage_json, wait_for
 
+pytestmark = pytest.mark.slow  # a module of metered traffic
+
 KEYS = ("sk-fim-alpha-0001", "sk-fim-beta-0002", "sk-fim-gamma-0003")
 TOKEN_FIELDS = ("prompt_tokens", "completion_tokens", "prompt_cache_hit_tokens", "prompt_cache_miss_tokens",
                 "reasoning_tokens")

@@ -10,10 +10,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx2
+import pytest
 
 from tests.fakes.server import run_fake_deepseek
 from tests.harness import spawn_chatgate
 from tests.metering.helpers import chat_body, complete, send_chat, sqlite_request_ids, wait_for
+
+pytestmark = pytest.mark.slow  # chatgate processes killed and restarted
 
 
 def restart_and_collect(tmp_path: Path, upstream: str, db: Path, expected: int) -> list[str]:

@@ -18,6 +18,8 @@ from tests.fakes.server import RunningFake, run_fake_deepseek
 from tests.harness import RunningChatgate, SpawnedChatgate, make_settings, run_chatgate, spawn_chatgate
 from tests.metering.helpers import chat_body, cli, create_key, send_chat
 
+pytestmark = pytest.mark.slow  # the CLI as processes
+
 MANAGED_ENV = {"DEEPSEEK_API_KEY": "sk-upstream", "CHATGATE_AUTH_KEY_CACHE_SECONDS": "0"}
 
 

@@ -8,10 +8,13 @@ import time
 from pathlib import Path
 
 import httpx2
+import pytest
 
 from tests.fakes.server import run_fake_deepseek
 from tests.harness import spawn_chatgate
 from tests.metering.helpers import CHAT, chat_body, complete, sqlite_request_ids, wait_for
+
+pytestmark = pytest.mark.slow  # chatgate processes stopped by signals
 
 
 def test_sigterm_drains_the_stream_in_flight_and_flushes_every_record(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ from tests.metering.forwarder import TcpForwarder, forwarder
 from tests.metering.helpers import complete, wait_for
 from tests.pgutil import fresh_database
 
-pytestmark = pytest.mark.postgres
+pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
 
 def pg_request_ids(url: str) -> list[str]:

@@ -28,6 +28,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -41,6 +42,8 @@ from app.openai.rules import (
     rule_tool_sequence,
 )
 from tests.openai.conversations import TOOLS, call, calls, check, policy, request, summary, tool, user
+
+pytestmark = pytest.mark.slow  # hypothesis
 
 FUZZ_EXAMPLES = int(os.environ.get("CHATGATE_FUZZ_EXAMPLES", "0") or 0)
 

@@ -22,6 +22,8 @@ from tests.fakes.server import RunningFake, run_fake_deepseek
 from tests.harness import RunningChatgate, make_settings, run_chatgate
 from tests.quotas.support import ask, client, key_subject, set_limits, usd, webhook_receiver
 
+pytestmark = pytest.mark.slow  # limits waited out in real time
+
 
 @pytest.fixture(scope="module")
 def fake_server() -> Iterator[RunningFake]:

@@ -22,6 +22,8 @@ from tests.harness import RunningChatgate, make_settings, run_chatgate
 from tests.pgutil import fresh_database
 from tests.quotas.support import RedisServer, ask, client, key_subject, set_limits, usd
 
+pytestmark = pytest.mark.slow  # replicas on PostgreSQL and a redis-server of its own
+
 
 @pytest.fixture(scope="module")
 def fake() -> Iterator[RunningFake]:

@@ -130,6 +130,7 @@ def test_tpm_reserves_then_settles_to_the_actual_tokens(make_rates: RatesFactory
     check(make_rates, body)
 
 
+@pytest.mark.slow
 def test_a_window_that_expires_20000_entries_at_once_is_pruned(make_rates: RatesFactory) -> None:
     """A subject busy for a minute, then idle: its next request finds every entry expired at once (Redis's
     Lua `unpack` stops at about 8,000 values, so the script prunes in batches)."""

@@ -9,10 +9,13 @@ import time
 from pathlib import Path
 
 import openai
+import pytest
 
 from tests.fakes.server import run_fake_deepseek
 from tests.harness import spawn_chatgate
 from tests.quotas.support import ask, key_subject, set_limits, usd
+
+pytestmark = pytest.mark.slow  # chatgate with two worker processes
 
 
 def test_two_worker_processes_share_one_budget(tmp_path: Path) -> None:

@@ -13,6 +13,8 @@ from tests.harness import make_settings, run_chatgate, spawn_chatgate
 from tests.pgutil import fresh_database
 from tests.repair.clients import DroppingAgent, post
 
+pytestmark = pytest.mark.slow  # chatgate processes on one store
+
 
 @pytest.mark.postgres
 @pytest.mark.parametrize("stream", [False, True], ids=["buffered", "streamed"])

@@ -9,6 +9,7 @@ import copy
 from typing import Any
 
 import orjson
+import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -261,6 +262,7 @@ EXTRAS = st.fixed_dictionaries({}, optional={
 })
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(items=histories(), extra=EXTRAS)
 def test_a_valid_request_is_never_changed_and_deepseek_accepts_it(items: list[dict[str, Any]],
@@ -308,6 +310,7 @@ def mutate(items: list[dict[str, Any]], how: str, rnd: Any) -> tuple[list[dict[s
     return items, {}
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(items=histories(), how=st.sampled_from(MUTATIONS), rnd=st.randoms(use_true_random=False))
 def test_what_deepseek_refuses_chatgate_refuses_and_the_repairs_fix_it(items: list[dict[str, Any]], how: str,

@@ -29,6 +29,8 @@ from hypothesis import strategies as st
 from tests.fakes import server as fake_server
 from tests.harness import RunningChatgate, make_settings, run_chatgate
 
+pytestmark = pytest.mark.slow  # fuzzing a running server
+
 BUDGET = int(os.environ.get("CHATGATE_FUZZ_REQUESTS", "2000"))
 MAX_BODY = 8 * 1024 * 1024  # limits.max_body_bytes of the chatgate under test
 CHAT = "/v1/chat/completions"

@@ -15,6 +15,8 @@ import pytest
 from app.server import listeners
 from tests.harness import free_port, spawn_chatgate
 
+pytestmark = pytest.mark.slow  # `chatgate serve` as a process
+
 
 def test_listeners_are_duplicates_of_one_listening_socket() -> None:
     sock = socket.create_server(("127.0.0.1", 0))

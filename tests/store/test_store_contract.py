@@ -224,6 +224,7 @@ def test_concurrent_migrate_from_threads(make_store: Callable[[], Store]) -> Non
     assert total_requests(stores[-1]) == 1
 
 
+@pytest.mark.slow
 def test_concurrent_migrate_from_processes(store_url: str, make_store: Callable[[], Store]) -> None:
     code = ("import sys; from app.store import open_store; s = open_store(sys.argv[1]); "
             "s.migrate(); s.close()")
@@ -449,6 +450,7 @@ def test_sqlite_statement_sizes_cover_any_batch() -> None:
     assert list(_chunk_sizes(0, 256)) == []
 
 
+@pytest.mark.slow
 def test_sqlite_two_stores_on_one_file_both_writing(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'shared.db'}"
     one, two = open_store(url), open_store(url)
@@ -522,6 +524,7 @@ def _eventually(call: Callable[[], object], attempts: int = 2) -> None:
     call()
 
 
+@pytest.mark.slow
 @pytest.mark.postgres
 def test_postgres_recovers_after_its_connections_are_killed(pg_url: str) -> None:
     store = PostgresStore(pg_url, timeout=2)
@@ -537,6 +540,7 @@ def test_postgres_recovers_after_its_connections_are_killed(pg_url: str) -> None
         store.close()
 
 
+@pytest.mark.slow
 @pytest.mark.postgres
 def test_postgres_outage_raises_store_error_then_recovers(pg_proxy_url: tuple[TcpProxy, str]) -> None:
     proxy, url = pg_proxy_url
@@ -557,6 +561,7 @@ def test_postgres_outage_raises_store_error_then_recovers(pg_proxy_url: tuple[Tc
         store.close()
 
 
+@pytest.mark.slow
 @pytest.mark.postgres
 def test_postgres_dead_network_path_times_out_then_recovers(pg_proxy_url: tuple[TcpProxy, str]) -> None:
     proxy, url = pg_proxy_url

@@ -17,6 +17,8 @@ from tests.harness import REPO_ROOT, make_settings, run_chatgate
 from tests.lifeline import die_with_parent
 from tests.web.traffic import ADMIN_KEY, BUDGETS, PLAN, Traffic, dashboard_traffic
 
+pytestmark = pytest.mark.slow  # headless Chromium
+
 ARTIFACTS = REPO_ROOT / "tests" / "artifacts"
 
 
