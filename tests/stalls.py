@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx2
 
+from tests import lifeline
 from tests.harness import REPO_ROOT
 
 STREAM_DELAY = 0.05  # seconds between the fake's events
@@ -50,8 +51,7 @@ class Beside:
     def __enter__(self) -> Beside:
         self._memory.start()
         command = [sys.executable, "-m", "tests.stalls", self.url, self.key, self.path]
-        self._clients = subprocess.Popen(command, cwd=REPO_ROOT, stdin=subprocess.PIPE,
-                                         stdout=subprocess.PIPE)
+        self._clients = lifeline.Popen(command, cwd=REPO_ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         assert self._clients.stdout is not None
         assert self._clients.stdout.readline().strip() == b"started", "the clients did not start"
         return self

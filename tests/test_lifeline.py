@@ -68,9 +68,7 @@ def marked(token: str, pids: list[int]) -> dict[int, str]:
     return found
 
 
-pytestmark = pytest.mark.slow
-
-
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 @pytest.mark.parametrize(("sig", "xdist"), [
     (signal.SIGTERM, False), (signal.SIGINT, False), (signal.SIGKILL, True),
@@ -110,3 +108,13 @@ def test_killed_run_leaves_nothing(tmp_path: Path, sig: signal.Signals, xdist: b
     finally:
         for pid in marked(token, pids):
             os.kill(pid, signal.SIGKILL)
+
+
+def test_tests_start_their_processes_through_the_lifeline() -> None:
+    """A process a test leaves running (a server, a client it waits for) is a lifeline.Popen: a plain
+    subprocess.Popen would outlive a killed run. Short `subprocess.run` calls pass die_with_parent()."""
+    plain = [f"{path.relative_to(REPO_ROOT)}:{n}"
+             for path in sorted((REPO_ROOT / "tests").rglob("*.py")) if "node_modules" not in path.parts
+             for n, line in enumerate(path.read_text().splitlines(), 1) if "subprocess.Popen(" in line
+             and path.name not in ("lifeline.py", "test_lifeline.py")]
+    assert not plain, f"use tests.lifeline.Popen instead: {plain}"

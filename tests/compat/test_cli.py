@@ -35,6 +35,9 @@ from tests.compat.zoo.recorder import Recorder
 from tests.fakes.deepseek import FakeState, RecordedRequest
 from tests.fakes.server import run_fake_deepseek
 from tests.harness import REPO_ROOT, make_settings, run_chatgate
+from tests.lifeline import die_with_parent
+
+pytestmark = pytest.mark.slow  # the real CLIs, node processes
 
 CLI_DIR = REPO_ROOT / "tests" / "compat" / "cli"
 ARTIFACTS = REPO_ROOT / "tests" / "artifacts"
@@ -168,7 +171,7 @@ def sandbox(tmp_path: Path) -> tuple[Path, dict[str, str]]:
 def run(args: list[str], cwd: Path, env: dict[str, str], key: str) -> Run:
     try:
         done = subprocess.run(args, cwd=cwd, env=env, stdin=subprocess.DEVNULL, capture_output=True,
-                              text=True, timeout=RUN_TIMEOUT, check=False)
+                              text=True, timeout=RUN_TIMEOUT, check=False, preexec_fn=die_with_parent())
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"{args[0]} did not finish in {RUN_TIMEOUT:g} s: {exc.stdout!r} {exc.stderr!r}")
     return Run(key, done.returncode, done.stdout, done.stderr)
