@@ -17,6 +17,8 @@ from tests.fakes.server import RunningFake
 from tests.harness import RunningChatgate
 from tests.stalls import Beside
 
+pytestmark = pytest.mark.slow  # multi-megabyte bodies, stalls measured (tests/stalls.py)
+
 KEY = "sk-test-client-0001"
 
 

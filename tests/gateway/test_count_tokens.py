@@ -20,6 +20,8 @@ from tests.harness import RunningChatgate
 from tests.quotas.support import key_subject, set_limits
 from tests.stalls import Beside
 
+pytestmark = pytest.mark.slow  # large bodies, stalls measured (tests/stalls.py)
+
 KEY = "sk-test-client-0001"
 PATH = "/anthropic/v1/messages/count_tokens"
 HEADERS = {"x-api-key": KEY, "content-type": "application/json"}

@@ -12,6 +12,8 @@ from tests.harness import spawn_chatgate
 from tests.metering.helpers import chat_body, cli, create_key, send_chat, usage_json, wait_for
 from tests.pgutil import fresh_database
 
+pytestmark = pytest.mark.slow  # two chatgate processes on one store
+
 pytestmark = pytest.mark.postgres
 
 MANAGED_ENV = {"DEEPSEEK_API_KEY": "sk-upstream", "CHATGATE_AUTH_KEY_CACHE_SECONDS": "0"}

@@ -19,6 +19,8 @@ from tests.fakes.server import RunningFake, run_fake_deepseek
 from tests.harness import make_settings, run_chatgate
 from tests.stalls import Beside
 
+pytestmark = pytest.mark.slow  # attacks measured against a running server (tests/stalls.py)
+
 IDLE = 300  # sockets that never send a byte
 
 
