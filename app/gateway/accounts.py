@@ -2,9 +2,9 @@
 
 DeepSeek limits concurrency per account, not per key, so the accounts are separate accounts. Each request
 goes to the available account with the fewest requests in flight for its weight. An account that answers
-429 is set aside for DeepSeek's Retry-After; without one, while other requests of it are in flight, until
-one of them ends (DeepSeek's 429 means the account's concurrency is used up) or at most
-RATE_LIMIT_ASIDE_MAX_S, else for a short back-off. One that answers 401 or 402 (a revoked
+429 is set aside for DeepSeek's Retry-After; without one, while other requests of it are in flight, it takes
+no more requests at once than those (DeepSeek's 429 means the account's concurrency is used up: its limit,
+learned) for RATE_LIMIT_ASIDE_MAX_S; else it is set aside for a short back-off. One that answers 401 or 402 (a revoked
 key, no balance) for `upstream.account_cooldown_s`, and `on_unavailable` is told (the webhook). A pool of
 one account is never set aside for 401/402: there is nowhere else to go, and each request then gets
 DeepSeek's own answer (a top-up takes effect at once).
@@ -25,6 +25,7 @@ import httpx2
 from app.settings import Settings
 
 DEFAULT = "default"  # the one account of a pool made from DEEPSEEK_API_KEY
+FILES = "files"  # DEEPSEEK_API_KEY beside a pool it is not part of: requests that name uploaded files
 RATE_LIMIT_ASIDE_MAX_S = 5.0  # a 429 without Retry-After: aside at most this long (doubling from the base)
 
 
@@ -41,10 +42,16 @@ class Account:
     last_error: tuple[int, list[tuple[bytes, bytes]], bytes] | None = None
     requests: int = 0
     keyless: bool = False  # the implicit account: without DEEPSEEK_API_KEY it goes without a key, as before
-    until_release: bool = False  # set aside by a 429 until one of its requests in flight ends
+    # A 429 with requests of it in flight: DeepSeek's concurrency limit for it, learned, until cap_until
+    cap: int = 0
+    cap_until: float = 0.0
 
     def available(self, now: float) -> bool:
-        return (self.authorization is not None or self.keyless) and self.aside_until <= now
+        return (self.authorization is not None or self.keyless) and self.aside_until <= now \
+            and not self.full(now)
+
+    def full(self, now: float) -> bool:
+        return self.cap > 0 and self.cap_until > now and self.in_flight >= self.cap
 
 
 @dataclass(slots=True)
@@ -58,12 +65,8 @@ class Lease:
     def release(self) -> None:
         if not self.released:
             self.released = True
-            account = self.account
-            account.in_flight -= 1
-            if account.until_release:  # a request of a full account ended: there is room again
-                account.until_release = False
-                account.aside_until = 0.0
-            self.pool.changed()
+            self.account.in_flight -= 1
+            self.pool.changed()  # a request of a full account ended: there is room again
 
     def succeeded(self) -> None:
         self.account.strikes = 0
@@ -78,6 +81,9 @@ class Pool:
     on_unavailable: Callable[[str, int, float], None] | None = None
     # called when an account's availability may have changed (the metrics gauge reads `states`)
     on_change: Callable[[], None] | None = None
+    # The account that holds the Files API's uploads (its key is DEEPSEEK_API_KEY, which the Files routes
+    # use): a request naming an uploaded file goes there, whatever its load. None: the first account.
+    files: Account | None = None
     _turn: int = field(default=0, repr=False)
     _event: asyncio.Event | None = field(default=None, repr=False)
 
@@ -88,18 +94,27 @@ class Pool:
             return None
         env = os.environ if env is None else env
         up = settings.upstream
-        if up.accounts:
-            accounts = [Account(a.name, a.key_env, _bearer(env.get(a.key_env)), a.weight)
-                        for a in up.accounts]
-        else:
-            key = settings.auth.upstream_api_key
-            secret = key.get_secret_value() if key else None
-            accounts = [Account(DEFAULT, "DEEPSEEK_API_KEY", _bearer(secret), keyless=True)]
-        return cls(accounts, up.account_cooldown_s)
+        key = settings.auth.upstream_api_key
+        secret = _bearer(key.get_secret_value() if key else None)
+        if not up.accounts:
+            return cls([Account(DEFAULT, "DEEPSEEK_API_KEY", secret, keyless=True)], up.account_cooldown_s)
+        accounts = [Account(a.name, a.key_env, _bearer(env.get(a.key_env)), a.weight) for a in up.accounts]
+        files = next((a for a in accounts if secret is not None and a.authorization == secret), None)
+        if files is None and secret is not None:  # DEEPSEEK_API_KEY is an account of its own, for files only
+            files = Account(FILES, "DEEPSEEK_API_KEY", secret)
+        return cls(accounts, up.account_cooldown_s, files=files)
 
-    def acquire(self) -> Lease | None:
-        """The available account with the fewest requests in flight for its weight (ties in turn)."""
+    def acquire(self, files: bool = False) -> Lease | None:
+        """The available account with the fewest requests in flight for its weight (ties in turn); for a
+        request that names uploaded files (`files`), the account that holds them."""
         now = self.clock()
+        if files:
+            holder = self.files or self.accounts[0]
+            if not holder.available(now):
+                return None
+            holder.in_flight += 1
+            holder.requests += 1
+            return Lease(self, holder)
         best: Account | None = None
         n = len(self.accounts)
         self._turn = (self._turn + 1) % n
@@ -124,26 +139,30 @@ class Pool:
 
     def awaiting_release(self) -> bool:
         """Whether an account set aside comes back as soon as one of its requests ends."""
-        return any(a.until_release for a in self.accounts)
+        now = self.clock()
+        return any(a.full(now) for a in self.accounts)
 
     def next_free(self) -> float:
         """When the first account set aside comes back (clock time); far away if none has a key."""
-        keyed = [a.aside_until for a in self.accounts if a.authorization is not None or a.keyless]
-        return min(keyed) if keyed else self.clock() + 1e9
+        now = self.clock()
+        keyed = [max(a.aside_until, a.cap_until if a.full(now) else 0.0) for a in self.accounts
+                 if a.authorization is not None or a.keyless]
+        return min(keyed) if keyed else now + 1e9
 
     def rate_limited(self, account: Account, retry_after: float | None, base_s: float,
                      answer: httpx2.Response) -> None:
-        """A 429 (the attempt's lease already released): set aside for Retry-After; else until one of the
-        account's requests in flight ends (at most RATE_LIMIT_ASIDE_MAX_S), or, with none in flight, for a
-        back-off that doubles with each 429 in a row."""
+        """A 429 (the attempt's lease already released): set aside for Retry-After; else, with requests of
+        it in flight, it takes no more than those at once (DeepSeek's concurrency limit, learned) for
+        RATE_LIMIT_ASIDE_MAX_S; with none in flight, set aside for a back-off that doubles with each 429."""
         account.strikes += 1
         if retry_after is not None:
-            aside = retry_after
+            self._set_aside(account, retry_after, "429", answer)
         elif account.in_flight > 0:
-            aside, account.until_release = RATE_LIMIT_ASIDE_MAX_S, True
+            account.cap, account.cap_until = account.in_flight, self.clock() + RATE_LIMIT_ASIDE_MAX_S
+            self._set_aside(account, 0.0, "429", answer)
         else:
             aside = min(max(base_s, 0.05) * 2 ** (account.strikes - 1), RATE_LIMIT_ASIDE_MAX_S)
-        self._set_aside(account, aside, "429", answer)
+            self._set_aside(account, aside, "429", answer)
 
     def unavailable(self, account: Account, status: int) -> None:
         """A 401 (the key is refused) or 402 (no balance): set aside for the cooldown, and say so."""
@@ -187,14 +206,17 @@ class Pool:
         """Each account's state (never its key), for /readyz, the dashboard and the metrics."""
         now = self.clock()
         out = []
-        for a in self.accounts:
+        separate = self.files is not None and all(self.files is not a for a in self.accounts)
+        for a in [*self.accounts, *([self.files] if separate and self.files is not None else [])]:
             state = ("no_key" if a.authorization is None and not a.keyless
                      else "available" if a.available(now) else "set_aside")
             row: dict[str, Any] = {"name": a.name, "key_env": a.key_env, "weight": a.weight, "state": state,
                                    "in_flight": a.in_flight, "requests": a.requests}
             if state == "set_aside":
                 row["why"] = a.why
-                row["back_in_s"] = round(a.aside_until - now, 3)
+                row["back_in_s"] = round(max(a.aside_until, a.cap_until if a.full(now) else 0.0) - now, 3)
+            if a.cap and a.cap_until > now:
+                row["concurrency_limit"] = a.cap
             out.append(row)
         return out
 

@@ -47,6 +47,7 @@ class Exchange:
     account: str | None = None
     lease: Any = None
     checked: Any = None  # the family's validated request (Verdict.request), for the cache advisor's parts
+    files: bool = False  # it names uploaded files: the pool sends it to the account that holds them
     _json: dict[str, Any] | None = None
 
     def json(self) -> dict[str, Any]:

@@ -322,6 +322,7 @@ class Gateway:
             refs = await self.checkers.run(len(ex.body), functools.partial(named_files, ex.body))
         except APIError as error:
             return error
+        ex.files = bool(refs)
         if not refs or self.files is None:
             return None
         return await foreign_file(self.files, ex.identity.team, refs)

@@ -227,7 +227,7 @@ class Retrier:
         while True:
             lease: Lease | None = None
             if first is None:
-                taken = await self._lease(tries, hangup, last)
+                taken = await self._lease(tries, hangup, last, ex.files)
                 if isinstance(taken, httpx2.Response):
                     return taken
                 lease = taken
@@ -280,14 +280,14 @@ class Retrier:
             last = failed
             await self._retry(ex, hangup, str(status), wait)
 
-    async def _lease(self, tries: Tries, hangup: Hangup, last: httpx2.Response | APIError | None
-                     ) -> Lease | httpx2.Response | None:
+    async def _lease(self, tries: Tries, hangup: Hangup, last: httpx2.Response | APIError | None,
+                     files: bool = False) -> Lease | httpx2.Response | None:
         """The account for the next attempt (None: passthrough, the caller's key). While every account is
         set aside, wait for the first to come back within the retry budget; else DeepSeek's last error."""
         if self.pool is None:
             return None
         while True:
-            lease = self.pool.acquire()
+            lease = self.pool.acquire(files)
             if lease is not None:
                 return lease
             back = max(self.pool.next_free() - time.monotonic(), 0.0) + 0.001

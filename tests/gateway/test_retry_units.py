@@ -41,3 +41,23 @@ def test_keepalives_are_comments_and_blank_lines_only() -> None:
     assert only_keepalives(b"\r\n")
     assert not only_keepalives(b": keep-alive\n\ndata: {")
     assert not only_keepalives(b"event: message_start\n")
+
+
+def test_requests_naming_files_go_to_the_account_that_holds_them() -> None:
+    from app.gateway.accounts import Pool
+    from app.settings import Settings
+
+    accounts = [{"name": "one", "key_env": "K1"}, {"name": "two", "key_env": "K2"}]
+    settings = Settings.model_validate({"auth": {"mode": "managed", "upstream_api_key": "sk-2"},
+                                        "upstream": {"accounts": accounts}})
+    pool = Pool.from_settings(settings, env={"K1": "sk-1", "K2": "sk-2"})
+    assert pool is not None
+    held = [pool.acquire(files=True) for _ in range(3)]  # however busy "two" gets
+    assert [lease.account.name for lease in held if lease is not None] == ["two"] * 3
+    assert pool.acquire().account.name == "one"  # type: ignore[union-attr]
+    # DEEPSEEK_API_KEY outside the pool: an account of its own, for files only, shown with the others
+    apart = Pool.from_settings(settings, env={"K1": "sk-1", "K2": "sk-3"})
+    assert apart is not None
+    assert apart.acquire(files=True).account.name == "files"  # type: ignore[union-attr]
+    assert [row["name"] for row in apart.states()] == ["one", "two", "files"]
+    assert {apart.acquire().account.name for _ in range(4)} == {"one", "two"}  # type: ignore[union-attr]
