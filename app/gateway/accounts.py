@@ -4,8 +4,9 @@ DeepSeek limits concurrency per account, not per key, so the accounts are separa
 goes to the available account with the fewest requests in flight for its weight. An account that answers
 429 is set aside for DeepSeek's Retry-After; without one, while other requests of it are in flight, it takes
 no more requests at once than those (DeepSeek's 429 means the account's concurrency is used up: its limit,
-learned) for RATE_LIMIT_ASIDE_MAX_S; else it is set aside for a short back-off. One that answers 401 or 402 (a revoked
-key, no balance) for `upstream.account_cooldown_s`, and `on_unavailable` is told (the webhook). A pool of
+learned) for RATE_LIMIT_ASIDE_MAX_S; else it is set aside for a short back-off. One that answers 401 or 402
+(a revoked key, no balance) is set aside for `upstream.account_cooldown_s`, and `on_unavailable` is told (the
+webhook). A pool of
 one account is never set aside for 401/402: there is nowhere else to go, and each request then gets
 DeepSeek's own answer (a top-up takes effect at once).
 """
