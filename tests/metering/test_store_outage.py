@@ -80,8 +80,8 @@ def test_store_outage_spools_then_writes_everything_once(
 
 def test_a_model_name_postgresql_cannot_hold_is_metered_and_metering_goes_on(tmp_path: Path) -> None:
     """A client's model name with a NUL (valid JSON; PostgreSQL's text cannot hold it; refused locally, as
-    DeepSeek refuses it: R1): its record (model "unknown": the body is refused before it is read) is stored,
-    and the records after it are stored too (once, such a record wedged the usage writer: it retried it for
+    DeepSeek refuses it: R1): its rejected record is stored with U+FFFD in the NUL's place, and the records
+    after it are stored too (once, such a record wedged the usage writer: it retried it for
     ever as if PostgreSQL were down)."""
     with fresh_database() as db_url, run_fake_deepseek() as fake, \
             spawn_chatgate(tmp_path, "--upstream", fake.url, "--store", db_url) as cg:
@@ -96,5 +96,5 @@ def test_a_model_name_postgresql_cannot_hold_is_metered_and_metering_goes_on(tmp
         with psycopg.connect(db_url, connect_timeout=5) as conn:
             (model, outcome) = conn.execute(
                 "SELECT model, outcome FROM usage WHERE request_id = 'nul-model'").fetchone()
-        assert (model, outcome) == ("unknown", "rejected")
+        assert (model, outcome) == ("deepseek-chat\ufffdv2", "rejected")
         assert readyz(cg).status_code == 200
