@@ -228,10 +228,12 @@ def _absorb_replayed_stop_signals() -> None:
 
 def app_from_env() -> Any:
     """uvicorn's factory, also in worker processes: the same sources, loaded again."""
+    from app import server
     from app.web.app import create_app
 
     spec = json.loads(os.environ.get(FLAGS_ENV, "{}"))
     loaded = load_settings(spec.get("config"), os.environ, spec.get("flags") or {})
+    server.configure(loaded.settings.server)  # in a worker process, the protocol's class is a fresh import
     _configure_logging()
     app = create_app(loaded.settings)
     tune_gc()

@@ -137,11 +137,16 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 def protocol_options(limits: LimitsSettings, server: ServerSettings | None = None) -> dict[str, Any]:
     """uvicorn.Config's protocol and the bound on a request's head: the app's header limit (its 431 in the
     OpenAI shape), plus room for the request line; the head timeout and the connection cap of `server`."""
-    server = server or ServerSettings()
-    protocol = type("BoundedHttpToolsProtocol", (BoundedHttpToolsProtocol,), {
-        "head_timeout": server.head_timeout_seconds,
-        "max_connections": server.max_connections or auto_max_connections()})
-    return {"http": protocol, "h11_max_incomplete_event_size": 2 * limits.max_header_bytes + HEAD_ROOM}
+    configure(server or ServerSettings())
+    return {"http": BoundedHttpToolsProtocol,
+            "h11_max_incomplete_event_size": 2 * limits.max_header_bytes + HEAD_ROOM}
+
+
+def configure(server: ServerSettings) -> None:
+    """The head timeout and the connection cap, on the protocol class: uvicorn pickles its Config (and the
+    class in it, by name) into `--workers` processes, which call this again from the app factory."""
+    BoundedHttpToolsProtocol.head_timeout = server.head_timeout_seconds
+    BoundedHttpToolsProtocol.max_connections = server.max_connections or auto_max_connections()
 
 
 def auto_max_connections() -> int:
