@@ -7,9 +7,9 @@ is refused here too, so that what chatgate checked (limits, file owners, rules) 
   body (the file-owner check among them), cannot read them.
 - containers nested deeper than 128 (serde_json's recursion limit), a NUL in `model`.
 
-Cost on a plain request: one Rust parse that reports duplicates (jiter) and one pass over the bytes (a
-translate, a count, two searches); orjson's parse and the depth walk run only when those cannot rule their
-case out.
+Cost on a plain request: one Rust parse that reports duplicates (jiter), whose result the family's check then
+validates (app/wire.py `parsed`), and one pass over the bytes (a translate, a count, two searches); orjson's
+parse and the depth walk run only when those cannot rule their case out.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import jiter
 import orjson
 
 from app.errors import Problem
+from app.wire import parsed
 
 MAX_DEPTH = 128  # serde_json's recursion limit: objects and arrays
 OVERFLOW_DIGITS = 309  # an integer or mantissa this long is beyond a double, whatever follows it
@@ -37,6 +38,7 @@ def body_problem(body: bytes) -> Problem | None:
         data = jiter.from_json(body, allow_inf_nan=False, catch_duplicate_keys=True, cache_mode="keys")
     except ValueError as exc:
         return _not_json(str(exc), body)
+    parsed(body, data)  # the family's check validates this parse instead of reading the bytes again
     scan = body.translate(_SCAN, b"+")
     if b"0e000" in scan or _LONG_NUMBER in scan:  # may overflow a double: orjson says whether one does
         try:
