@@ -10,6 +10,10 @@ depends on the client and upstream sharing the cores).
     python -m bench.instructions limits        # scenario 13's twins: limits on / off
     python -m bench.instructions restore       # scenario 11's twins: restore on (round 2 without reasoning)
                                                # / off (round 2 sends it back); one loop = two requests
+    python -m bench.instructions plain [--tree DIR ...] [--stream]
+                                               # the plain request (6 KB agent body, default settings) of
+                                               # each tree: a checkout or a `git archive` of a commit
+                                               # (`ref` is bench/reference.py); default: this checkout
 Needs valgrind (`apt-get install valgrind`).
 """
 
@@ -100,14 +104,22 @@ def _total(outfile: Path) -> int:
 
 
 def measure(name: str, env: dict[str, str], store: str, upstream: str, send: Send, warm: int, count: int,
-            workdir: Path) -> float:
+            workdir: Path, tree: str | None = None) -> float:
+    """Instructions per request of chatgate (from `tree` when given; "ref": bench/reference.py)."""
     port = free_port()
     out = workdir / f"{name}.callgrind"
     argv = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}",
-            str(VENV_BIN / "python"), "-m", "app", "serve", "--host", "127.0.0.1", "--port", str(port),
-            "--upstream", upstream, "--auth", "passthrough", "--workers", "1", "--store", store]
+            str(VENV_BIN / "python"), "-m"]
+    if tree == "ref":
+        argv += ["bench.reference", "--port", str(port), "--upstream", upstream]
+    else:
+        argv += ["app", "serve", "--host", "127.0.0.1", "--port", str(port), "--upstream", upstream,
+                 "--auth", "passthrough", "--workers", "1", "--store", store]
+    if tree not in (None, "ref"):
+        env = {**env, "PYTHONPATH": str(Path(tree).resolve())}
     log = (workdir / f"{name}.log").open("wb")
-    proc = subprocess.Popen(argv, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT)
+    cwd = Path(tree).resolve() if tree not in (None, "ref") else None
+    proc = subprocess.Popen(argv, env={**os.environ, **env}, cwd=cwd, stdout=log, stderr=subprocess.STDOUT)
     try:
         _wait(port, proc, 600)
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
@@ -135,7 +147,8 @@ def measure(name: str, env: dict[str, str], store: str, upstream: str, send: Sen
 def main() -> None:
     raw = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=raw)
-    parser.add_argument("twins", choices=["limits", "restore"])
+    parser.add_argument("twins", choices=["limits", "restore", "plain"])
+    parser.add_argument("--tree", action="append", help="plain: a tree to measure (repeat to compare)")
     parser.add_argument("--stream", action="store_true")
     parser.add_argument("--count", type=int, default=200, help="requests (loops) counted per twin")
     parser.add_argument("--warm", type=int, default=100)
@@ -153,7 +166,15 @@ def main() -> None:
         time.sleep(1.0)
         url = f"http://127.0.0.1:{up_port}"
         twins: list[tuple[str, dict[str, str], str, Send]]
-        if args.twins == "limits":
+        if args.twins == "plain":
+            for k, tree in enumerate(args.tree or [None]):
+                name = f"{k}-{Path(tree).name if tree else 'this'}"
+                results[name] = measure(name, {}, f"sqlite:///{workdir / (name + '.db')}", url,
+                                        plain(args.stream), args.warm, args.count, workdir, tree)
+                print(f"{name} ({tree or 'this checkout'}): {results[name]:,.0f} instructions per request",
+                      flush=True)
+            twins = []
+        elif args.twins == "limits":
             on_db, off_db = f"sqlite:///{workdir / 'on.db'}", f"sqlite:///{workdir / 'off.db'}"
             set_key_limits(on_db, SECRET)
             twins = [("limits-on", {}, on_db, plain(args.stream)),
