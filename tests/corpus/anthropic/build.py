@@ -209,7 +209,7 @@ CASES: list[tuple[str, str, dict[str, Any]]] = [
     ),
     (
         "compacted history: results split over two messages",
-        "refused:tool_use_unanswered",
+        "repaired:split_tool_results",
         base(
             messages=[
                 *base()["messages"],
@@ -234,7 +234,7 @@ CASES: list[tuple[str, str, dict[str, Any]]] = [
     ),
     (
         "mid-conversation system message (Claude Code 2.1.154)",
-        "refused:invalid_role",
+        "repaired:system_messages",
         base(
             messages=[
                 *history(1),
@@ -245,7 +245,7 @@ CASES: list[tuple[str, str, dict[str, Any]]] = [
     ),
     (
         "reasoning-only assistant turn lowered to an empty array",
-        "refused:empty_content",
+        "repaired:empty_assistant",
         base(
             messages=[
                 *base()["messages"],
