@@ -61,9 +61,10 @@ def body_text(body: bytes, keep_content: bool) -> tuple[str, bool]:
         data = orjson.loads(body)
     except orjson.JSONDecodeError:
         data = body.decode("utf-8", "replace")  # not JSON: kept as one string
-    if not keep_content:
-        data = redact(data)
-    text = orjson.dumps(data).decode()
+    try:
+        text = orjson.dumps(data if keep_content else redact(data)).decode()
+    except (RecursionError, orjson.JSONEncodeError):  # nested deeper than redact or orjson go (R1 refuses it)
+        text = orjson.dumps(f"[a body nested too deep to keep: {len(body)} bytes]").decode()
     if len(text) > MAX_BODY_CHARS:
         text = orjson.dumps(text[:MAX_BODY_CHARS] + f"…[{len(text)} chars in all]").decode()
     return text, not keep_content

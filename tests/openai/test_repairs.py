@@ -46,7 +46,7 @@ def test_the_catalog_and_the_handlers_agree() -> None:
     assert set(HANDLES) == chat
     assert {spec.name for spec in CATALOG if spec.default} == {
         "restore_reasoning", "restore_thinking", "thinking_conflict", "responses_output_order",
-        "responses_reasoning"}
+        "responses_reasoning", "system_messages", "split_tool_results", "empty_assistant", "model_suffix"}
 
 
 def test_restore_reasoning_puts_back_what_was_recalled_r17() -> None:

@@ -13,7 +13,7 @@ import pytest
 
 from app.cli import main
 from app.refusals.log import Pending, RefusalLog
-from app.refusals.record import redact
+from app.refusals.record import body_text, redact
 from app.refusals.store import RefusalQuery, SQLiteRefusals, open_refusal_store
 from tests.fakes.server import RunningFake, run_fake_deepseek
 from tests.harness import RunningChatgate, make_settings, run_chatgate
@@ -155,6 +155,13 @@ def test_redaction_cuts_every_long_string_keys_included() -> None:
     assert redact({"a" * 70: ["b" * 65, "c" * 64, 3, None, {"d": "e" * 100}]}) == {
         f"{'a' * 32}…[70 chars]": [f"{'b' * 32}…[65 chars]", "c" * 64, 3, None,
                                    {"d": f"{'e' * 32}…[100 chars]"}]}
+
+
+def test_a_body_nested_too_deep_to_redact_is_kept_as_a_note() -> None:
+    body = b'{"model":"deepseek-flash","x":' + b"[" * 800 + b"]" * 800 + b"}"
+    for keep in (False, True):
+        text, _ = body_text(body, keep)
+        assert text == f'"[a body nested too deep to keep: {len(body)} bytes]"'
 
 
 def _pending(request_id: str, ts: float) -> Pending:
