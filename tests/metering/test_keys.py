@@ -154,8 +154,8 @@ def test_a_revocation_takes_effect_within_the_key_cache_time(
     assert status(gate, secret) == 200
     assert store.lookups == 1, "the second request was answered from the cache"
     assert store.revoke_key(key_id)
-    took = until_status(gate, secret, 401, limit=CACHE_SECONDS + 2)
-    assert took <= CACHE_SECONDS + 0.3, f"the revocation took {took:.2f} s with a {CACHE_SECONDS} s cache"
+    took = until_status(gate, secret, 401, limit=CACHE_SECONDS + 3)
+    assert took <= CACHE_SECONDS + 1.0, f"the revocation took {took:.2f} s with a {CACHE_SECONDS} s cache"
     assert store.lookups >= 2
     assert {r.auth_key for r in fake.state.requests} == {"sk-upstream"}
 
@@ -169,5 +169,5 @@ def test_an_unknown_key_is_cached_too_and_works_once_the_cache_expires(
     assert status(gate, secret) == 401
     assert store.lookups == 1, "the unknown key's second request was answered from the cache"
     store.create_key(key_id, digest, prefix, "payments", "late")
-    took = until_status(gate, secret, 200, limit=CACHE_SECONDS + 2)
-    assert took <= CACHE_SECONDS + 0.3
+    took = until_status(gate, secret, 200, limit=CACHE_SECONDS + 3)
+    assert took <= CACHE_SECONDS + 1.0
