@@ -37,7 +37,7 @@ from app.store.sqlite import SQLiteStore, _chunk_sizes
 from tests import lifeline
 from tests.store.conftest import TcpProxy
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 T0 = 1_700_000_000.0  # 2023-11-14T22:13:20Z
 DAY = 86_400.0
 KEYS = {"k1": ("alpha", "red"), "k2": ("beta", "red"), "k3": ("gamma", "blue")}
