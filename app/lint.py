@@ -69,24 +69,23 @@ class Item:
 class Source:
     path: str
     items: list[Item]
-    one_document: bool
 
 
 def read_source(path: str, beta: bool) -> Source:
     try:
         data = Path(path).read_bytes()
     except OSError as exc:
-        return Source(path, [Item(path, None, b"", beta, f"cannot read file: {exc.strerror}")], True)
+        return Source(path, [Item(path, None, b"", beta, f"cannot read file: {exc.strerror}")])
     data = data.removeprefix(b"\xef\xbb\xbf")  # a UTF-8 BOM some editors add
     stripped = data.strip()
     if not stripped:
-        return Source(path, [Item(path, None, b"", beta, "empty file")], True)
+        return Source(path, [Item(path, None, b"", beta, "empty file")])
     if b"\n" not in stripped or _is_one_document(stripped):
         first = len(data[: data.index(stripped[:1])].splitlines()) + 1
-        return Source(path, [_item(path, first, stripped, beta)], True)
+        return Source(path, [_item(path, first, stripped, beta)])
     items = [_item(path, n, line.rstrip(b"\r"), beta) for n, line in enumerate(data.splitlines(), 1)
              if line.strip()]
-    return Source(path, items, False)
+    return Source(path, items)
 
 
 def items_of(path: str, beta: bool) -> Iterator[Item]:

@@ -9,7 +9,7 @@ keep working. `param` paths use chatgate's style (`messages[3].content[1]`).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -356,7 +356,3 @@ RULES: tuple[Rule, ...] = (
     rule_blocks, rule_thinking_passed_back, rule_thinking_params, rule_tool_choice, rule_sampling,
     rule_user_id, rule_server_tools,
 )
-
-
-def all_problems(verdict: Verdict) -> Iterable[Problem]:
-    return [*verdict.problems, *verdict.warnings]

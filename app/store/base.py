@@ -21,7 +21,6 @@ BREAK_GROUP_BYS: tuple[GroupBy, ...] = ("break_key", "break_team", "break_model"
 
 OUTCOMES = ("ok", "rejected", "limited", "upstream_error", "client_disconnected", "upstream_failed",
             "aborted")
-LIMIT_SCOPES = ("team", "key")
 BUDGET_PERIODS = ("day", "week", "month", "total")
 
 
