@@ -520,6 +520,8 @@ def cmd_config_check(args: argparse.Namespace) -> int:
     width = max(len(r[0]) for r in rows)
     for dotted, value, source in rows:
         print(f"{dotted.ljust(width)}  = {value}  [{source}]")
+    for warning in loaded.deprecated:
+        print(f"# {warning}")
     settings = loaded.settings
     if settings.auth.mode == "managed":
         # the pool of DeepSeek accounts: names and the variables that hold their keys, never a key

@@ -6,6 +6,7 @@ A bad setting raises ConfigError naming it; `serve` turns that into one line and
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import tomllib
@@ -120,7 +121,6 @@ class StoreSettings(Section):
     spool_dir: str = "data/spool"
     batch_max: int = Field(default=1000, ge=1)
     flush_interval_ms: float = Field(default=100.0, ge=0)
-    turn_flush_interval_ms: float = Field(default=1000.0, ge=0)  # unused: older config files still load
     retry_seconds: float = Field(default=1.0, gt=0)
 
     @field_validator("url")
@@ -336,6 +336,11 @@ SECTIONS = ("server", "upstream", "auth", "store", "validation", "repair", "pric
             "cache")
 SPECIAL_ENV = {"DEEPSEEK_API_KEY": "auth.upstream_api_key", "CHATGATE_ADMIN_KEY": "auth.admin_key"}
 IGNORED_ENV = {"CHATGATE_CONFIG"}
+# Settings that no longer do anything: still accepted, with a warning, so that older configuration files and
+# environments load; then dropped.
+DEPRECATED = {
+    "store.turn_flush_interval_ms": "no longer used (relayed turns are not spooled): remove it",
+}
 SECRETS = {"auth.upstream_api_key", "auth.admin_key", "alerts.webhook_url"}  # webhook URLs carry tokens
 
 
@@ -344,6 +349,7 @@ class LoadedSettings:
     settings: Settings
     sources: dict[str, Source]
     config_path: str | None
+    deprecated: tuple[str, ...] = ()  # a warning for each deprecated setting given (DEPRECATED)
 
 
 def load_settings(config_path: str | None = None, env: Mapping[str, str] | None = None,
@@ -359,11 +365,25 @@ def load_settings(config_path: str | None = None, env: Mapping[str, str] | None 
     sources: dict[str, Source] = {}
     for source, layer in layers:
         _merge(merged, layer, source, sources, "")
+    deprecated = _drop_deprecated(merged, sources)
     try:
         settings = Settings.model_validate(merged)
     except pydantic.ValidationError as exc:
         raise ConfigError(_describe(exc, sources)) from None
-    return LoadedSettings(settings, sources, config_path)
+    return LoadedSettings(settings, sources, config_path, deprecated)
+
+
+def _drop_deprecated(merged: dict[str, Any], sources: dict[str, Source]) -> tuple[str, ...]:
+    warnings = []
+    for dotted, why in DEPRECATED.items():
+        section, _, key = dotted.partition(".")
+        values = merged.get(section)
+        if isinstance(values, dict) and key in values:
+            del values[key]
+            warning = f"{dotted} (from {sources.pop(dotted, 'file')}) is deprecated: {why}"
+            logging.getLogger("chatgate").warning("config: %s", warning)
+            warnings.append(warning)
+    return tuple(warnings)
 
 
 def _read_file(path: str) -> dict[str, Any]:

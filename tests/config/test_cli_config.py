@@ -70,6 +70,15 @@ def test_config_check_without_a_file_shows_defaults() -> None:
     assert re.search(r"^auth\.admin_key\s+= None  \[default\]$", out.stdout, re.M)
 
 
+def test_config_check_names_a_deprecated_setting(tmp_path: Path) -> None:
+    config = tmp_path / "old.toml"
+    config.write_text("[store]\nturn_flush_interval_ms = 1000.0\n")
+    out = chatgate("config", "check", "--config", str(config))
+    assert out.returncode == 0, out.stderr
+    assert "# store.turn_flush_interval_ms (from file) is deprecated" in out.stdout
+    assert "configuration is valid" in out.stdout
+
+
 # --- bad configs ---------------------------------------------------------------------------------------
 
 BAD_FILES = {

@@ -141,3 +141,18 @@ def test_a_bad_peak_window_is_a_config_error_naming_it(window: str, says: str) -
         load_settings(None, env={"CHATGATE_PRICING_PEAK_HOURS_UTC": f'["01:00-04:00", "{window}"]'}, flags={})
     assert str(exc.value).startswith("pricing.peak_hours_utc: ") and says in str(exc.value)
     assert str(exc.value).endswith("(from env)") and "\n" not in str(exc.value)
+
+
+def test_a_deprecated_setting_loads_with_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "old.toml"
+    path.write_text("[store]\nturn_flush_interval_ms = 500.0\nbatch_max = 7\n")
+    with caplog.at_level("WARNING", logger="chatgate"):
+        loaded = load_settings(str(path), env={})
+    assert loaded.settings.store.batch_max == 7
+    assert loaded.deprecated == ("store.turn_flush_interval_ms (from file) is deprecated: no longer used "
+                                 "(relayed turns are not spooled): remove it",)
+    assert "store.turn_flush_interval_ms" in caplog.text
+    assert "store.turn_flush_interval_ms" not in [row[0] for row in effective(loaded)]
+    from_env = load_settings(None, env={"CHATGATE_STORE_TURN_FLUSH_INTERVAL_MS": "1000"})
+    assert from_env.deprecated[0].startswith("store.turn_flush_interval_ms (from env) is deprecated")
+    assert load_settings(None, env={}).deprecated == ()
