@@ -70,6 +70,13 @@ ERROR_FAULTS: dict[str, tuple[int, str, str]] = {
     "http_429": (429, RATE_LIMIT_MESSAGE, "rate_limit_error"),
     "http_500": (500, "Internal Server Error", "unknown_error"),
     "http_503": (503, "Server Overloaded: too much traffic, please retry later", "unknown_error"),
+    # not in DeepSeek's error guide, but what a proxy in front of it (or a wrong path) answers: the retry
+    # tests need each status chatgate retries or never retries
+    "http_502": (502, "Bad Gateway", "unknown_error"),
+    "http_504": (504, "Gateway Timeout", "unknown_error"),
+    "http_403": (403, "Forbidden", "unknown_error"),
+    "http_404": (404, "Not Found", INVALID),
+    "http_413": (413, "Request Entity Too Large", INVALID),
 }
 BAD_GZIP = b"\x1f\x8b\x08\x00not gzip at all"
 PLAIN_422 = f"{DESERIALIZE} missing field `messages` at line 4 column 1".encode()

@@ -674,6 +674,11 @@ STATUS_FAULTS = [
     ("http_401", openai.AuthenticationError, 401),
     ("http_400", openai.BadRequestError, 400),
     ("http_422", openai.UnprocessableEntityError, 422),
+    ("http_502", openai.InternalServerError, 502),
+    ("http_504", openai.InternalServerError, 504),
+    ("http_403", openai.PermissionDeniedError, 403),
+    ("http_404", openai.NotFoundError, 404),
+    ("http_413", openai.APIStatusError, 413),
 ]
 
 
@@ -688,7 +693,7 @@ def test_status_faults(
             extra_headers={"x-fake-fault": fault},
         )
     assert caught.value.status_code == status
-    assert type(caught.value) is error or status == 402
+    assert type(caught.value) is error or status in (402, 413)
 
 
 def test_error_bodies_are_deepseeks(http: httpx2.Client, fake: RunningFake) -> None:
