@@ -156,3 +156,17 @@ def test_a_deprecated_setting_loads_with_a_warning(tmp_path: Path, caplog: pytes
     from_env = load_settings(None, env={"CHATGATE_STORE_TURN_FLUSH_INTERVAL_MS": "1000"})
     assert from_env.deprecated[0].startswith("store.turn_flush_interval_ms (from env) is deprecated")
     assert load_settings(None, env={}).deprecated == ()
+
+
+def test_upstream_retries_defaults_and_environment() -> None:
+    """Issue 35: two retries by default (three attempts), CHATGATE_UPSTREAM_RETRIES=0 turns them off, and a
+    status no retry can change is refused in retry_statuses."""
+    up = load_settings(None, env={}, flags={}).settings.upstream
+    assert (up.retries, up.retry_statuses, up.retry_base_ms, up.retry_max_wait_s) == (
+        2, [429, 500, 502, 503, 504], 200.0, 20.0)
+    assert (up.accounts, up.account_cooldown_s) == ([], 300.0)
+    loaded = load_settings(None, env={"CHATGATE_UPSTREAM_RETRIES": "0"}, flags={})
+    assert loaded.settings.upstream.retries == 0 and loaded.sources["upstream.retries"] == "env"
+    with pytest.raises(ConfigError) as exc:
+        load_settings(None, env={"CHATGATE_UPSTREAM_RETRY_STATUSES": "[503, 402]"}, flags={})
+    assert "upstream.retry_statuses" in str(exc.value) and "[402] can never be retried" in str(exc.value)

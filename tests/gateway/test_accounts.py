@@ -5,6 +5,7 @@ concurrency text beyond) or have no balance (402)."""
 from __future__ import annotations
 
 import concurrent.futures
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -187,3 +188,134 @@ def test_a_passthrough_retry_uses_the_callers_own_key(start_gate: Any, fake: Run
                                 "x-fake-fault-attempts": "1"})
     assert resp.status_code == 200 and resp.headers["x-chatgate-attempts"] == "2"
     assert [r.auth_key for r in fake.state.requests] == ["sk-callers-own-0042"] * 2
+
+
+def test_a_refused_account_key_is_set_aside_after_its_first_401(
+        pool: tuple[RunningChatgate, str], fake: RunningFake, hook: Webhook) -> None:
+    """The key is chatgate's: the client sees chatgate's 502 upstream_auth_failed, never DeepSeek's text."""
+    gate, secret = pool
+    fake.state.configure(valid_keys=[KEYS["one"]])
+    statuses = []
+    for _ in range(5):
+        resp = httpx2.post(gate.url + "/v1/chat/completions", headers={"authorization": f"Bearer {secret}"},
+                           json={"model": "deepseek-flash", "messages": MESSAGES}, timeout=30)
+        statuses.append((resp.status_code, resp.json().get("error", {}).get("code")))
+        assert KEYS["two"][-4:] not in resp.text
+    assert sorted(statuses, key=str) == [(200, None)] * 4 + [(502, "upstream_auth_failed")]
+    assert len([r for r in fake.state.requests if r.auth_key == KEYS["two"]]) == 1  # not retried, then aside
+    state = accounts_state(gate)["two"]
+    assert (state["state"], state["why"]) == ("set_aside", "401") and state["back_in_s"] > 250
+    (event,) = hook.wait(1)
+    assert (event["event"], event["account"], event["status"]) == ("account_unavailable", "two", 401)
+    assert event["aside_seconds"] == 300
+
+
+def test_every_account_set_aside_a_request_waits_for_the_first_back(
+        pool: tuple[RunningChatgate, str], fake: RunningFake, tmp_path: Path) -> None:
+    """Both accounts answer 429 with Retry-After: 1: the third attempt waits for the first one back (within
+    the 15 s budget) and is answered."""
+    gate, secret = pool
+    headers = {"authorization": f"Bearer {secret}", "x-fake-fault": "http_429", "x-fake-fault-attempts": "2",
+               "x-fake-retry-after": "1", "x-request-id": "waits-for-an-account"}
+    t0 = time.monotonic()
+    resp = httpx2.post(gate.url + "/v1/chat/completions", headers=headers,
+                       json={"model": "deepseek-flash", "messages": MESSAGES}, timeout=30)
+    waited = time.monotonic() - t0
+    assert resp.status_code == 200, resp.text
+    assert resp.headers["x-chatgate-attempts"] == "3" and 0.9 < waited < 5, waited
+    tries = [(r.auth_key, r.status) for r in fake.state.requests]
+    assert [s for _, s in tries] == [429, 429, 200] and {k for k, _ in tries[:2]} == set(KEYS.values())
+    (row,) = usage_rows(tmp_path, 1)
+    assert (row["attempts"], row["account"]) == (3, {v: k for k, v in KEYS.items()}[tries[2][0]])
+
+
+def test_weights_share_requests_in_flight(tmp_path: Path, fake: RunningFake,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Weight 3 against 1: four streams at once go three to one, whichever account the first took."""
+    monkeypatch.setenv("DEEPSEEK_KEY_ONE", KEYS["one"])
+    monkeypatch.setenv("DEEPSEEK_KEY_TWO", KEYS["two"])
+    accounts = [{"name": "one", "key_env": "DEEPSEEK_KEY_ONE", "weight": 3},
+                {"name": "two", "key_env": "DEEPSEEK_KEY_TWO"}]
+    settings = make_settings(tmp_path, fake.url, auth={"mode": "managed", "admin_key": ADMIN},
+                             upstream={"accounts": accounts})
+    store = SQLiteStore(tmp_path / "usage.db")
+    with run_chatgate(settings, store=store) as gate:
+        key_id, secret, digest, prefix = new_key()
+        store.create_key(key_id, digest, prefix, "search", "crawler")
+        fake.state.configure(chunk_delay=0.3)
+        opened = threading.Barrier(5)
+
+        def one_stream(n: int) -> None:
+            with client(gate, secret) as c:
+                stream = c.chat.completions.create(model="deepseek-flash", stream=True, messages=[
+                    {"role": "user", "content": f"Question {n}"}])
+                chunks = iter(stream)
+                next(chunks)
+                opened.wait(10)  # all four in flight at once
+                for _ in chunks:
+                    pass
+
+        workers = [threading.Thread(target=one_stream, args=(n,)) for n in range(4)]
+        for w in workers:
+            w.start()
+        opened.wait(10)
+        in_flight = {r["name"]: r["in_flight"] for r in accounts_state(gate).values()}
+        for w in workers:
+            w.join(30)
+    assert in_flight == {"one": 3, "two": 1}
+    assert Counter(r.auth_key for r in fake.state.requests) == {KEYS["one"]: 3, KEYS["two"]: 1}
+
+
+def test_usage_by_account_reconciles_with_each_accounts_bill(
+        pool: tuple[RunningChatgate, str], fake: RunningFake, tmp_path: Path) -> None:
+    """`chatgate usage --by account` and GET /admin/usage?by=account against what the fake served each
+    account's key, with retries in between (a third of first attempts answered 503)."""
+    from tests.metering.helpers import usage_json
+
+    gate, secret = pool
+    fake.state.configure(fault="http_503", fault_ratio=0.34, fault_attempts=1)
+    with client(gate, secret) as c:
+        for n in range(9):
+            if n % 2:
+                c.chat.completions.create(model="deepseek-flash", messages=MESSAGES, max_tokens=64,
+                                          extra_headers={"x-request-id": f"by-account-{n}"})
+            else:
+                for _ in c.chat.completions.create(model="deepseek-flash", messages=MESSAGES, stream=True,
+                                                   extra_headers={"x-request-id": f"by-account-{n}"}):
+                    pass
+    rows = usage_rows(tmp_path, 9)
+    assert sum(r["attempts"] for r in rows) == len(fake.state.requests) > 9  # some were retried
+    served = fake.state.issued_report()["per_key"]
+    expected = {name: served[key] for name, key in KEYS.items() if key in served}
+    http = httpx2.get(gate.url + "/admin/usage?by=account", headers={"authorization": f"Bearer {ADMIN}"})
+    cli = usage_json(f"sqlite:///{tmp_path}/usage.db", "account")
+    for report in (http.json(), cli):
+        got = {r["account"]: r for r in report["rows"]}
+        assert set(got) == set(expected), report
+        for name, bill in expected.items():
+            for field in ("requests", "prompt_tokens", "completion_tokens"):
+                assert got[name][field] == bill[field], (name, field, got[name], bill)
+
+
+@pytest.mark.slow  # headless Chromium
+def test_the_dashboard_shows_each_accounts_state(pool: tuple[RunningChatgate, str], fake: RunningFake,
+                                                 tmp_path: Path) -> None:
+    import re
+
+    from tests.web.test_dashboard import chromium
+
+    gate, secret = pool
+    fake.state.configure(no_balance_keys=[KEYS["two"]])
+    for _ in range(3):
+        httpx2.post(gate.url + "/v1/chat/completions", headers={"authorization": f"Bearer {secret}"},
+                    json={"model": "deepseek-flash", "messages": MESSAGES}, timeout=30)
+    dom = chromium(tmp_path, "--dump-dom", f"{gate.url}/admin/dashboard#key={ADMIN}").stdout
+    assert 'data-state="ready"' in dom, dom[:3000]
+    card = re.search(r'<div id="accounts"[^>]*>(.*?)</div>', dom, re.S)
+    assert card is not None and 'data-rows="2"' in card.group(0), dom[:3000]
+    rows = re.findall(r"<tr>(.*?)</tr>", card.group(1), re.S)
+    cells = [re.findall(r"<td[^>]*>(.*?)</td>", row) for row in rows[1:]]
+    assert [c[:2] for c in cells] == [["one", "DEEPSEEK_KEY_ONE"], ["two", "DEEPSEEK_KEY_TWO"]], cells
+    assert cells[0][2] == "available" and cells[0][4] == "2"  # requests
+    assert re.fullmatch(r"set aside \(402, back in 2\d\d s\)", cells[1][2]) and cells[1][4] == "1", cells
+    assert not any(key in dom for key in KEYS.values()) and ADMIN not in dom
