@@ -330,3 +330,25 @@ def test_a_limits_reservation_is_held_once_across_the_attempts(start_gate: Calla
     assert raw.http_response.status_code == 200 and raw.headers["x-chatgate-attempts"] == "2"
     rows = usage_rows(tmp_path, 2)
     assert sorted((r["outcome"], r["attempts"]) for r in rows) == [("limited", 1), ("ok", 2)]
+
+
+def test_a_client_hanging_up_while_a_kept_alive_stream_waits_to_be_retried(
+        start_gate: Callable[..., RunningChatgate], fake: RunningFake, tmp_path: Path) -> None:
+    """The stream's head and keep-alives went out, DeepSeek dropped it, chatgate waits its back-off (3 s here:
+    the jitter fixed at its ceiling) and the client goes away meanwhile: no second attempt."""
+    gate = start_gate(upstream={**RETRYING, "retry_base_ms": 3000})
+    gate.state.gateway.retrier.rng = lambda: 1.0
+    fake.state.configure(keepalive_count=2, fault_after_chunks=0)
+    rid, headers = faults("reset_mid_stream", 99)
+    received = b""
+    with pytest.raises(httpx2.ReadTimeout), httpx2.stream(
+            "POST", gate.url + "/v1/chat/completions", json=chat_body(stream=True), timeout=0.7,
+            headers={**JSON_HEADERS, **headers}) as resp:
+        assert resp.status_code == 200
+        for chunk in resp.iter_raw():
+            received += chunk
+    assert received.startswith(b":") and b"data:" not in received  # only the keep-alives
+    (row,) = usage_rows(tmp_path, 1, timeout=3)
+    assert row["outcome"] == "client_disconnected"
+    time.sleep(3.5)  # past the back-off: nothing more was sent upstream for it
+    assert len(attempts_of(fake, rid)) == 1
