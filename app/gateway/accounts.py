@@ -152,12 +152,14 @@ class Pool:
 
     def rate_limited(self, account: Account, retry_after: float | None, base_s: float,
                      answer: httpx2.Response) -> None:
-        """A 429 (the attempt's lease already released): set aside for Retry-After; else, with requests of
+        """A 429 (the attempt's lease already released): set aside for Retry-After (capped at the cooldown
+        of a 401/402, or RATE_LIMIT_ASIDE_MAX_S if that is lower); else, with requests of
         it in flight, it takes no more than those at once (DeepSeek's concurrency limit, learned) for
         RATE_LIMIT_ASIDE_MAX_S; with none in flight, set aside for a back-off that doubles with each 429."""
         account.strikes += 1
-        if retry_after is not None:
-            self._set_aside(account, retry_after, "429", answer)
+        if retry_after is not None:  # a far HTTP date is no reason for more
+            aside = min(retry_after, max(self.cooldown_s, RATE_LIMIT_ASIDE_MAX_S))
+            self._set_aside(account, aside, "429", answer)
         elif account.in_flight > 0:
             account.cap, account.cap_until = account.in_flight, self.clock() + RATE_LIMIT_ASIDE_MAX_S
             self._set_aside(account, 0.0, "429", answer)
