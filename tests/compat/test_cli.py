@@ -30,6 +30,7 @@ from typing import Any
 import pytest
 
 from app.gateway.auth import fingerprint
+from app.settings import Settings
 from tests.ci import missing
 from tests.compat.zoo.recorder import Recorder
 from tests.fakes.deepseek import FakeState, RecordedRequest
@@ -123,7 +124,11 @@ def cli_gate(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gate]:
     tmp = tmp_path_factory.mktemp("cli-gate")
     recorder = Recorder()
     with run_fake_deepseek() as fake:
-        settings = make_settings(tmp, fake.url)  # chatgate's defaults; only the store and spool are in tmp
+        # chatgate's defaults (make_settings turns retries and the access log off for other tests: back on
+        # here); only the store and spool are in tmp, flushed every 5 ms
+        defaults = Settings()
+        settings = make_settings(tmp, fake.url, upstream={"retries": defaults.upstream.retries},
+                                 server={"access_log": defaults.server.access_log})
         with run_chatgate(settings, wrap=recorder.wrap) as running:
             g = Gate(running.url, fake.state, recorder, tmp / "usage.db", bins, versions)
             yield g
@@ -237,7 +242,11 @@ def check_run(gate: Gate, done: Run, client: str, scenario: str, route: str) -> 
     gate.results.append({"client": client, "version": gate.versions[client], "scenario": scenario,
                          "exit": done.exit, "requests": len(upstream), "repairs": repairs,
                          "warnings": warnings, "unserved": unserved,
-                         "models": sorted({r["model"] for r in rows})})
+                         "models": sorted({r["model"] for r in rows}),
+                         "queries": sorted({x.query for x in sent})})
+    # quiet where nothing is wrong: what the client cannot change is a notice, never a warning per request
+    assert not warnings, f"x-chatgate-warning on {client}'s requests: {warnings}"
+    assert sorted(x.query for x in sent) == sorted(r.query for r in upstream), "the query string goes on"
     return upstream
 
 
@@ -262,6 +271,7 @@ def tool_results_sent(upstream: list[RecordedRequest]) -> int:
 
 @pytest.mark.parametrize(("scenario", "flags", "served"), [
     ("default model", [], "deepseek-v4-pro"),
+    ("--model opus", ["--model", "opus"], "deepseek-v4-pro"),
     ("--model sonnet", ["--model", "sonnet"], "deepseek-flash"),
     ("--model haiku", ["--model", "haiku"], "deepseek-flash"),
 ])
@@ -273,6 +283,7 @@ def test_claude_code_on_each_model(fresh: Gate, tmp_path: Path, scenario: str, f
     assert served in {r["model"] for r in fresh.records(key)}
     for body in bodies(upstream):
         assert all(m["role"] in ("user", "assistant") for m in body["messages"])
+    assert {r.query for r in upstream} == {"beta=true"}, "Claude Code's ?beta=true reached DeepSeek"
 
 
 def test_claude_code_thinking_tool_loop(fresh: Gate, tmp_path: Path) -> None:
@@ -293,24 +304,30 @@ def test_claude_code_thinking_tool_loop(fresh: Gate, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("scenario", "flags"), [
     ("MAX_THINKING_TOKENS=0, default model", []),
-    ("MAX_THINKING_TOKENS=0, --model claude-sonnet-4-5", ["--model", "claude-sonnet-4-5"]),
+    ("MAX_THINKING_TOKENS=0, --model claude-sonnet-4-6", ["--model", "claude-sonnet-4-6"]),
 ])
 def test_claude_code_with_thinking_off(fresh: Gate, tmp_path: Path, scenario: str, flags: list[str]) -> None:
     """Claude Code 2.1.332 keeps adaptive thinking on its 5.5 models whatever MAX_THINKING_TOKENS says; on
-    the models it may turn thinking off for, it sends `thinking: disabled`. Either way DeepSeek never gets a
-    disabled thinking with an effort (it refuses that; thinking_conflict drops the effort)."""
+    the 4.6 models it turns thinking off for, it sends `thinking: disabled` with `output_config.effort`
+    "high", which DeepSeek refuses: thinking_conflict drops the effort, so DeepSeek never gets both."""
     fresh.fake.configure(tool_rounds=2)
     key = "sk-cli-claude-thinking-off-" + str(len(flags))
     done = claude(fresh, tmp_path, key, "list the files here", *flags, MAX_THINKING_TOKENS="0")
     upstream = check_run(fresh, done, "claude", scenario, "/anthropic/")
     sent = bodies(upstream)
-    fresh.results[-1]["thinking"] = sorted({str((b.get("thinking") or {}).get("type")) for b in sent})
+    asked = [json.loads(bytes(x.body)) for x in fresh.recorder.exchanges  # what Claude Code sent chatgate
+             if x.method == "POST" and x.path.startswith("/anthropic/") and x.auth_key == key]
+    fresh.results[-1]["thinking"] = sorted({str((b.get("thinking") or {}).get("type")) for b in asked})
+    fresh.results[-1]["client effort"] = sorted({str((b.get("output_config") or {}).get("effort"))
+                                                 for b in asked})
     for body in sent:
         if (body.get("thinking") or {}).get("type") == "disabled":
             assert "effort" not in (body.get("output_config") or {}), body.get("output_config")
     if flags:
-        assert all((b.get("thinking") or {}).get("type") == "disabled" for b in sent), [
-            (b.get("model"), b.get("thinking"), b.get("output_config")) for b in sent]
+        shapes = [(b.get("model"), b.get("thinking"), b.get("output_config")) for b in asked]
+        assert all(thinking == {"type": "disabled"} and "effort" in (config or {})
+                   for _, thinking, config in shapes), shapes
+        assert "thinking_conflict" in fresh.results[-1]["repairs"]
     assert tool_results_sent(upstream) >= 2
 
 
@@ -333,6 +350,25 @@ def test_claude_code_three_sessions_at_once(fresh: Gate, tmp_path: Path) -> None
                              range(3)))
     for done in runs:
         check_run(fresh, done, "claude", f"3 sessions at once ({done.key[-1]})", "/anthropic/")
+
+
+def test_claude_code_subagent(fresh: Gate, tmp_path: Path) -> None:
+    """The main agent calls the Agent tool (an Explore subagent in the foreground: it has no Agent tool
+    itself, so the fake's loop ends); the subagent's requests go through chatgate like the main agent's."""
+    prompt = "list the files of this directory"
+    fresh.fake.configure(tool_rounds=1, tool_name="Agent", tool_arguments=json.dumps({
+        "description": "look around", "prompt": prompt, "subagent_type": "Explore",
+        "run_in_background": False}))
+    key = "sk-cli-claude-subagent"
+    done = claude(fresh, tmp_path, key, "use a subagent to list the files")
+    upstream = check_run(fresh, done, "claude", "subagent (Agent tool, Explore)", "/anthropic/")
+    sub = [b for b in bodies(upstream) if prompt in json.dumps(b["messages"][0])]
+    assert sub, "the subagent's requests reached DeepSeek"
+    main = [b for b in bodies(upstream) if "use a subagent" in json.dumps(b["messages"][0])]
+    assert tool_results_sent(upstream) >= 2, "the subagent's tool round and the Agent call's result"
+    calls = [block for m in main[-1]["messages"] if isinstance(m["content"], list) for block in m["content"]
+             if block.get("type") == "tool_use" and block.get("name") == "Agent"]
+    assert calls, "the main agent's last request carries its Agent call (and its result after it)"
 
 
 # ----------------------------------------------------------------------------------------------- Codex

@@ -28,6 +28,7 @@ class Exchange:
     status: int | None = None
     response_headers: dict[str, str] = field(default_factory=dict)
     response: bytearray = field(default_factory=bytearray)
+    query: str = ""  # the query string as sent (without the "?")
 
     @property
     def auth_key(self) -> str | None:
@@ -48,7 +49,8 @@ class Recorder:
                 await app(scope, receive, send)
                 return
             headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-            exchange = Exchange(scope["method"], scope["path"], headers)
+            exchange = Exchange(scope["method"], scope["path"], headers,
+                                query=scope.get("query_string", b"").decode("latin-1"))
             self.exchanges.append(exchange)
 
             async def receive_recorded() -> Message:
