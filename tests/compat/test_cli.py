@@ -274,6 +274,8 @@ def tool_results_sent(upstream: list[RecordedRequest]) -> int:
     ("--model opus", ["--model", "opus"], "deepseek-v4-pro"),
     ("--model sonnet", ["--model", "sonnet"], "deepseek-flash"),
     ("--model haiku", ["--model", "haiku"], "deepseek-flash"),
+    ("--model fable", ["--model", "fable"], "deepseek-flash"),
+    ("--model opusplan", ["--model", "opusplan"], "deepseek-flash"),  # sonnet outside plan mode
 ])
 def test_claude_code_on_each_model(fresh: Gate, tmp_path: Path, scenario: str, flags: list[str],
                                    served: str) -> None:
