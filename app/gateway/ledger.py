@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from app.gateway.accesslog import AccessLog, access_line
@@ -15,22 +15,25 @@ from app.metering.recorder import Recorder
 from app.metering.tokens import count_async, count_text
 from app.metering.usage import TokenCounts
 from app.profiles import ModelProfile
+from app.quotas.gate import Quotas
+from app.quotas.model import Admission
 from app.settings import Settings
 from app.store.base import UsageRecord
 
 
 class Ledger:
     def __init__(self, settings: Settings, profiles: dict[str, ModelProfile], recorder: Recorder | None,
-                 metrics: Metrics) -> None:
+                 metrics: Metrics, quotas: Quotas | None = None,
+                 spawn: Callable[[Coroutine[Any, Any, None]], None] | None = None) -> None:
         self.settings = settings
         self.profiles = profiles
         self.recorder = recorder
         self.metrics = metrics
+        self.quotas = quotas  # an admitted exchange's reservations are settled by its record
+        self.spawn = spawn  # runs a settlement that needs I/O (shared counters) off the request
         self.access_log = AccessLog() if settings.server.access_log else None
         c = settings.cache
         self.advisor = Advisor(c.breaks, c.memory_per_caller, c.memory_bytes)
-        # Called with each exchange's record once it is made (the gateway settles quotas there).
-        self.on_record: Callable[[Exchange, UsageRecord], None] | None = None
 
     async def estimate(self, ex: Exchange, prompt_text: Callable[[], str], completion_text: str,
                        reasoning_text: str = "") -> TokenCounts:
@@ -86,8 +89,8 @@ class Ledger:
             cache_lost_tokens=broke.lost_tokens if broke is not None else 0, cache_lost_picousd=lost)
         if self.recorder is not None:
             self.recorder.record(record)
-        if self.on_record is not None:
-            self.on_record(ex, record)
+        if ex.admission is not None:
+            self._settle(ex.admission, record)
         if (trace := ex.trace) is not None:
             capture = trace.tracing.capture_content
             trace.finish(record, status, ex.json() if capture else None,
@@ -99,6 +102,17 @@ class Ledger:
                 line["request_body"] = ex.body.decode("utf-8", "replace")
                 line["completion"] = ex.completion_text
             self.access_log.write(line)
+
+    def _settle(self, admission: Admission, record: UsageRecord) -> None:
+        """The reservations made at admission give way to what the exchange used (app/quotas/gate.py)."""
+        quotas = self.quotas
+        assert quotas is not None  # an exchange is admitted only when there are quotas
+        tokens = record.prompt_tokens + record.completion_tokens
+        if quotas.in_process:
+            quotas.settle_now(admission, tokens, record.cost_picousd)
+        else:
+            assert self.spawn is not None
+            self.spawn(quotas.settle(admission, tokens, record.cost_picousd))
 
     def refused(self, route: str, request_id: str, status: int, code: str | None, ts: float) -> None:
         """A request refused before it had an exchange (auth, body size, content type): no usage record."""

@@ -45,7 +45,7 @@ from app.refusals.log import Pending, RefusalLog
 from app.repair.base import Applied, Repaired, TurnCalls
 from app.repair.memory import TurnMemory
 from app.settings import Settings
-from app.store.base import FileOwnerStore, TurnRow, UsageRecord
+from app.store.base import FileOwnerStore, TurnRow
 from app.tracing.spans import ExchangeTrace, Tracing
 from app.verdict import Verdict
 
@@ -76,7 +76,7 @@ class Gateway:
         self.auth = auth
         self.metrics = metrics
         auth.on_refused = metrics.auth_failure
-        self.ledger = Ledger(settings, self.profiles, recorder, metrics)
+        self.ledger = Ledger(settings, self.profiles, recorder, metrics, quotas, self.spawn)
         self.notices = Notices(metrics)
         self.repairs = settings.repair.options()
         self.memory = memory or TurnMemory(None, settings.repair.reasoning_ttl_seconds,
@@ -88,8 +88,6 @@ class Gateway:
         self.tracing: Tracing | None = None  # set by State when tracing is on (app.tracing)
         self.refusals: RefusalLog | None = None  # the refusal inspector (server.capture_refusals)
         self.keep_text = settings.server.log_content or settings.tracing.capture_content
-        if quotas is not None:
-            self.ledger.on_record = self._settle
         self.pool, self.retrier = retrying(settings, metrics, quotas.alerts if quotas is not None else None)
 
     # --- entry points ---------------------------------------------------------------
@@ -367,14 +365,6 @@ class Gateway:
         self.ledger.finish(ex, "limited", error.status, rule_code=refusal.code)
         self.metrics.limited.labels(refusal.code).inc()
         return error_response(error, ex.request_id, family)
-
-    def _settle(self, ex: Exchange, record: UsageRecord) -> None:
-        if ex.admission is not None and self.quotas is not None:
-            tokens = record.prompt_tokens + record.completion_tokens
-            if self.quotas.in_process:
-                self.quotas.settle_now(ex.admission, tokens, record.cost_picousd)
-            else:
-                self.spawn(self.quotas.settle(ex.admission, tokens, record.cost_picousd))
 
     def _reject(self, ex: Exchange, family: Family, error: APIError) -> Response:
         if ex.trace is not None:
