@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from app.errors import Problem
 from app.profiles import ModelProfile
@@ -26,3 +26,11 @@ class Verdict:
         """The same verdict with no problems left (what `dataclasses.replace` does, for a fraction of it)."""
         return Verdict([], self.warnings, self.model, self.stream, self.thinking, self.tools, self.max_tokens,
                        self.profile, self.media, self.request)
+
+
+class Rules(Protocol):
+    """An API family's checks (app/gateway/family.py: what else a family provides)."""
+
+    name: str
+
+    def check(self, body: bytes, *, beta: bool, origin: str | None) -> Verdict: ...

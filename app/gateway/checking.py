@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 from app.gateway.family import Family
 from app.gateway.strict import body_problem
 from app.settings import Settings
-from app.verdict import Verdict
+from app.verdict import Rules, Verdict
 
 OFF_LOOP_BYTES = 1024 * 1024  # about 20 ms of checks on the loop
 # One core left to the event loop: beside two checkers on two cores, /healthz waited up to 1.4 s
@@ -39,7 +39,7 @@ T = TypeVar("T")
 log = logging.getLogger("chatgate")
 
 
-def check_now(family: Family, body: bytes, beta: bool, origin: str | None) -> Verdict:
+def check_now(family: Rules, body: bytes, beta: bool, origin: str | None) -> Verdict:
     strict = body_problem(body)  # R1 as DeepSeek reads JSON: duplicate keys, NaN, 1e400, depth
     if strict is not None:
         return Verdict([strict])
@@ -54,13 +54,13 @@ class Checkers:
         self._pool: ProcessPoolExecutor | None = None
         self._lock = threading.Lock()
 
-    async def check(self, family: Family, body: bytes, beta: bool, origin: str | None) -> Verdict:
+    async def check(self, family: Rules, body: bytes, beta: bool, origin: str | None) -> Verdict:
         if len(body) <= OFF_LOOP_BYTES:
             return check_now(family, body, beta, origin)
         return await self._run(functools.partial(_check_in_worker, family.name, body, beta, origin),
                                functools.partial(check_now, family, body, beta, origin))
 
-    async def recheck(self, family: Family, body: bytes, beta: bool, origin: str | None) -> Verdict:
+    async def recheck(self, family: Rules, body: bytes, beta: bool, origin: str | None) -> Verdict:
         """The family's rules alone (a body chatgate repaired), where `check` would run them."""
         if len(body) <= OFF_LOOP_BYTES:
             return family.check(body, beta=beta, origin=origin)

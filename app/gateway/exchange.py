@@ -14,6 +14,7 @@ from app.gateway.upstream import response_headers
 from app.quotas.model import Admission
 from app.repair.base import Repaired
 from app.tracing.spans import ExchangeTrace
+from app.verdict import Verdict
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +59,14 @@ class Exchange:
 
     def replace_body(self, body: bytes, data: dict[str, Any] | None) -> None:
         self.body, self._json = body, data
+
+    def describe(self, verdict: Verdict) -> None:
+        """The model and the stream flag it is metered by, as the family's check read them."""
+        if verdict.model is not None:
+            self.model, self.stream = verdict.model, verdict.stream
+        else:
+            model = self.json().get("model", "unknown")
+            self.model = (model if isinstance(model, str) else "unknown")[:200]
 
     def response_headers(self, resp: httpx2.Response) -> list[tuple[bytes, bytes]]:
         headers = response_headers(resp.headers, self.request_id)

@@ -7,12 +7,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from app.errors import APIError, Problem
+from app.errors import APIError
 from app.metering.usage import TokenCounts
-from app.profiles import ModelProfile
-from app.repair.base import Applied, InPlace, RepairOptions, Turn
+from app.repair.base import Turn
+from app.repair.loop import Repairable
 from app.sse import LineWatcher
-from app.verdict import Verdict
 
 
 class StreamMeter(Protocol):
@@ -55,32 +54,12 @@ class ChunkFilter(Protocol):
     def feed(self, chunk: bytes) -> bytes: ...
 
 
-class Family(Protocol):
-    name: str
-    turn_kind: str  # the kind of turn it remembers (TurnMemory)
-    restore_codes: frozenset[str]  # problem codes a remembered turn can fix
-    restore_repair: str | None  # the repair that uses remembered turns (they are remembered while it is on)
+class Family(Repairable, Protocol):
+    """An API family: its checks (Rules) and repairs (Repairable), and what follows."""
+
     # (path chatgate serves, label in records and metrics, DeepSeek's path, is it a /beta route)
     routes: Sequence[tuple[str, str, str, bool]]
     validate_routes: Sequence[tuple[str, bool]]  # the dry-run paths (and whether they check as /beta)
-
-    def check(self, body: bytes, *, beta: bool, origin: str | None) -> Verdict: ...
-
-    def repairable(self, found: Sequence[Problem], options: RepairOptions) -> bool: ...
-
-    def turns_to_restore(self, data: dict[str, Any], found: Sequence[Problem], options: RepairOptions
-                         ) -> dict[int, tuple[tuple[str, ...], tuple[str, ...]]]:
-        """For each message a restore repair would fix: (call ids, tool names) of its turn."""
-
-    def restore_in_place(self, body: bytes, verdict: Verdict, options: RepairOptions) -> InPlace | None:
-        """The common case of a restore (every problem is one, nothing else to repair), done on the body's
-        bytes, when the family can say for certain where each piece goes; None: parse, repair and dump."""
-
-    def turn_of(self, data: dict[str, Any], problem: Problem) -> tuple[str, ...] | None:
-        """The call ids of the turn a restore problem is about (to say why it was not restored)."""
-
-    def repair(self, data: dict[str, Any], found: Sequence[Problem], options: RepairOptions,
-               profile: ModelProfile | None, recalled: dict[int, str]) -> list[Applied]: ...
 
     def render_error(self, error: APIError, request_id: str | None) -> tuple[bytes, dict[str, str]]:
         """The error in this family's shape: body and extra headers."""

@@ -8,7 +8,6 @@ request that reaches the handler ends in exactly one call to `Ledger.finish`, wh
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import logging
 import time
@@ -42,15 +41,14 @@ from app.metering.tokens import context_overflow, count_async
 from app.quotas.gate import Quotas, refusal_error
 from app.quotas.model import Refusal
 from app.refusals.log import Pending, RefusalLog
-from app.repair.base import Applied, Repaired, TurnCalls
+from app.repair.loop import Repairer, refusal
 from app.repair.memory import TurnMemory
 from app.settings import Settings
-from app.store.base import FileOwnerStore, TurnRow
+from app.store.base import FileOwnerStore
 from app.tracing.spans import ExchangeTrace, Tracing
 from app.verdict import Verdict
 
 log = logging.getLogger("chatgate")
-REPAIR_PASSES = 3  # fixing a type can reveal a sequence problem (the sequence rules need the types right)
 # A token covers at least one byte of the body, but an image costs up to 384 tokens (docs/rules-chat.md, R9):
 # the prompt bound.
 IMAGE_TOKENS = 384
@@ -81,6 +79,8 @@ class Gateway:
         self.repairs = settings.repair.options()
         self.memory = memory or TurnMemory(None, settings.repair.reasoning_ttl_seconds,
                                            settings.repair.reasoning_cache_bytes)
+        self.repairer = Repairer(self.checkers, self.memory, self.repairs,
+                                 settings.repair.reasoning_ttl_seconds, metrics)
         self.background: set[asyncio.Task[None]] = set()
         self.quotas = quotas
         self.files = files  # who owns the uploaded files a request may name (managed mode)
@@ -111,12 +111,12 @@ class Gateway:
         if trace is not None and verdict is not None:
             trace.max_tokens = verdict.max_tokens
         if verdict is not None and (verdict.problems or verdict.warnings) and self.repairs.enabled:
-            verdict = await self._repair(ex, family, verdict, origin)
+            verdict = await self.repairer.repair(ex, family, verdict, origin)
         if verdict is not None and verdict.problems:
-            return self._reject(ex, family, self._refusal(ex, family, verdict))
+            return self._reject(ex, family, refusal(ex, family, verdict))
         if verdict is not None and verdict.warnings:
             ex.warnings.extend(self.notices.warnings(route.label, identity.key_id, verdict.warnings))
-        ex.remember = self._remembers(ex, family, verdict)
+        ex.remember = self.repairer.remembers(family, verdict, ex.identity.caller)
         ex.checked = verdict.request if verdict is not None else None
         if self.auth.managed and may_name_files(ex.body):
             foreign = await self._foreign_file(ex)
@@ -162,9 +162,9 @@ class Gateway:
         origin = origin_of(request)
         verdict = await self.checkers.check(family, body, route.beta, origin)
         if (verdict.problems or verdict.warnings) and self.repairs.enabled:
-            verdict = await self._repair(ex, family, verdict, origin)
+            verdict = await self.repairer.repair(ex, family, verdict, origin)
         if verdict.problems:
-            return error_response(self._refusal(ex, family, verdict), ex.request_id, family)
+            return error_response(refusal(ex, family, verdict), ex.request_id, family)
         overflow = await self._context_guard(ex, family, verdict)
         if overflow is not None and self.settings.validation.strict:
             return error_response(APIError.from_problems([overflow]), ex.request_id, family)
@@ -183,15 +183,8 @@ class Gateway:
             ex.model, ex.stream = str(hint.get("model", "unknown"))[:200], hint.get("stream") is True
             return None
         verdict = await self.checkers.check(family, ex.body, ex.route.beta, origin)
-        self._describe(ex, verdict)
+        ex.describe(verdict)
         return verdict
-
-    def _describe(self, ex: Exchange, verdict: Verdict) -> None:
-        if verdict.model is not None:
-            ex.model, ex.stream = verdict.model, verdict.stream
-        else:
-            model = ex.json().get("model", "unknown")
-            ex.model = (model if isinstance(model, str) else "unknown")[:200]
 
     async def _context_guard(self, ex: Exchange, family: Family, verdict: Verdict | None) -> Problem | None:
         """R40, when validation.context_guard is on: only bodies larger than the window are counted."""
@@ -213,105 +206,6 @@ class Gateway:
                        f"{verdict.max_tokens or 0} in the completion). Please reduce the length of the "
                        "messages or completion.", "R40")
 
-    # --- repairs ---------------------------------------------------------------------
-
-    async def _repair(self, ex: Exchange, family: Family, verdict: Verdict, origin: str) -> Verdict:
-        """Apply the enabled repairs that fix some of the problems found and check the result again, up to
-        REPAIR_PASSES times. The common case, turns whose reasoning a client dropped and chatgate relayed,
-        is done on the body's bytes when the family can (no parse, no dump, no check again)."""
-        in_place = family.restore_in_place(ex.body, verdict, self.repairs)
-        if in_place is not None:
-            recalled, missed = await self._recall(ex, family.turn_kind, in_place.wanted)
-            if not missed and len(recalled) == len(in_place.wanted):
-                # Every problem was a turn's missing reasoning, put back as relayed: nothing else changed,
-                # so checking the body again could only find what it found before, minus those.
-                body, done = in_place.apply(recalled)
-                ex.replace_body(body, None)
-                ex.repaired = Repaired(done, {})
-                return verdict.without_problems()
-        applied: list[Applied] = []
-        misses: dict[str, str] = {}
-        for _ in range(REPAIR_PASSES):
-            found = [*verdict.problems, *verdict.warnings]
-            if not family.repairable(found, self.repairs):
-                break
-            try:
-                data = orjson.loads(ex.body)  # a fresh copy to change
-            except orjson.JSONDecodeError:
-                break
-            if not isinstance(data, dict):
-                break
-            recalled, missed = await self._recall(ex, family.turn_kind,
-                                                  family.turns_to_restore(data, found, self.repairs))
-            misses.update(missed)
-            done = family.repair(data, found, self.repairs, verdict.profile, recalled)
-            if not done:
-                break
-            applied += done
-            body = orjson.dumps(data)
-            ex.replace_body(body, data)
-            if _only_restored(family, verdict, done, len(recalled), missed):
-                # Each problem was a turn's missing reasoning, put back as relayed: nothing else changed,
-                # so checking the whole body again could only find what it found before, minus those.
-                verdict = verdict.without_problems()
-                break
-            verdict = await self.checkers.recheck(family, body, ex.route.beta, origin)
-        if misses:
-            self.metrics.restore_misses.inc(len(misses))
-        if applied or misses:
-            ex.repaired = Repaired(applied, misses)
-        if applied:
-            self._describe(ex, verdict)
-        return verdict
-
-    async def _recall(self, ex: Exchange, kind: str, wanted: dict[int, TurnCalls]
-                      ) -> tuple[dict[int, str], dict[str, str]]:
-        """A restore repair's look-up of the turns it wants (message index -> (call ids, tool names)): the
-        remembered turn of each, if it is this caller's and its tool calls are the ones chatgate relayed;
-        else why not (by call ids)."""
-        if not wanted:
-            return {}, {}
-        if not ex.identity.caller:
-            why = "chatgate restores turns only for callers that send a key"
-            return {}, {",".join(ids): why for ids, _ in wanted.values()}
-        all_ids = [call_id for ids, _ in wanted.values() for call_id in ids]
-        rows = await self.memory.recall(ex.identity.caller, kind, all_ids)
-        recalled: dict[int, str] = {}
-        misses: dict[str, str] = {}
-        for i, (ids, names) in wanted.items():
-            payload = _payload(rows, ids, names)
-            if payload is not None:
-                recalled[i] = payload
-                continue
-            ttl = _duration(self.settings.repair.reasoning_ttl_seconds)
-            misses[",".join(ids)] = (
-                "the tool calls differ from the answer chatgate relayed with these ids"
-                if any(call_id in rows for call_id in ids) else
-                "it has no record of this turn for your key (it restores only what it relayed to the same "
-                f"key, for {ttl})")
-        return recalled, misses
-
-    def _refusal(self, ex: Exchange, family: Family, verdict: Verdict) -> APIError:
-        """The 400 for what is left, saying which turns could not be restored and why."""
-        problems = verdict.problems
-        repaired = ex.repaired
-        if repaired is not None and repaired.notes:
-            data = ex.json()
-            problems = [self._with_miss(family, data, p, repaired.notes) for p in problems]
-        error = APIError.from_problems(problems)
-        if repaired is not None and repaired.applied:
-            error.repairs = [a.as_dict() for a in repaired.applied]
-        return error
-
-    @staticmethod
-    def _with_miss(family: Family, data: dict[str, Any], problem: Problem, notes: dict[str, str]) -> Problem:
-        ids = family.turn_of(data, problem) if problem.code in family.restore_codes else None
-        why = notes.get(",".join(ids)) if ids is not None else None
-        if why is None:
-            return problem
-        return dataclasses.replace(problem, message=f"{problem.message} chatgate could not restore it: "
-                                                    f"{why}.")
-
     async def _foreign_file(self, ex: Exchange) -> APIError | None:
         """Managed mode: a request may name only files its key's team uploaded through chatgate
         (app/files/owners.py). Every file id in the body counts, wherever it is (app/files/file_ids.py); a
@@ -324,12 +218,6 @@ class Gateway:
         if not refs or self.files is None:
             return None
         return await foreign_file(self.files, ex.identity.team, refs)
-
-    def _remembers(self, ex: Exchange, family: Family, verdict: Verdict | None) -> bool:
-        """Whether the answer's tool-call turn is worth remembering for the family's restore repair."""
-        return (family.restore_repair is not None and self.repairs.on(family.restore_repair)
-                and verdict is not None and verdict.thinking and verdict.tools
-                and bool(ex.identity.caller))
 
     # --- quotas ---------------------------------------------------------------------
 
@@ -512,30 +400,3 @@ class Gateway:
         if self.ledger.access_log is not None:
             self.ledger.access_log.flush()
 
-
-def _duration(seconds: float) -> str:
-    if seconds >= 3600 and seconds % 3600 == 0:
-        return f"{int(seconds // 3600)} h"
-    if seconds >= 60 and seconds % 60 == 0:
-        return f"{int(seconds // 60)} min"
-    return f"{seconds:g} s"
-
-
-def _payload(rows: dict[str, TurnRow], ids: tuple[str, ...], names: tuple[str, ...]) -> str | None:
-    """The remembered payload of the turn with these calls, if `rows` has every call of one relayed turn,
-    with these tool names."""
-    got = [rows.get(call_id) for call_id in ids]
-    first = got[0] if got else None
-    if first is not None and all(r is not None and r.turn == first.turn for r in got) \
-            and first.names == ",".join(names):
-        return first.payload
-    return None
-
-
-def _only_restored(family: Family, verdict: Verdict, done: list[Applied], recalled: int,
-                   missed: dict[str, str]) -> bool:
-    """Whether the repairs just applied were restores alone, each of what chatgate relayed, one for each
-    problem (all of them restore problems): the repaired body is then valid but for the warnings it had."""
-    return (not missed and len(done) == len(verdict.problems) == recalled > 0
-            and all(a.code == family.restore_repair for a in done)
-            and all(p.code in family.restore_codes for p in verdict.problems))

@@ -11,12 +11,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.gateway.proxy import REPAIR_PASSES
 from app.openai.chat import ChatFamily
 from app.openai.repairs import HANDLES, repair_chat
 from app.openai.rules import Checked, Policy
 from app.profiles import DEFAULT_PROFILES
 from app.repair.base import CATALOG, NAMES, RepairOptions
+from app.repair.loop import REPAIR_PASSES
 from tests.openai.conversations import TOOLS, assistant, call, calls, check, request, tool, user
 from tests.openai.test_properties import examples
 
