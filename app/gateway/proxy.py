@@ -35,10 +35,10 @@ from app.gateway.responses import RawResponse, error_response, is_event_stream, 
 from app.gateway.retry import ClientHungUp, KeptAliveOnly, SendOnce, read_answer, retrying
 from app.gateway.upstream import Upstream, forward_headers
 from app.metering.metrics import Metrics
-from app.metering.pricing import cost_bound_picousd
 from app.metering.recorder import Recorder
 from app.metering.tokens import context_overflow, count_async
-from app.quotas.gate import Quotas, refusal_error
+from app.quotas.admission import Admitter, limit_error
+from app.quotas.gate import Quotas
 from app.quotas.model import Refusal
 from app.refusals.log import Pending, RefusalLog
 from app.repair.loop import Repairer, refusal
@@ -49,10 +49,6 @@ from app.tracing.spans import ExchangeTrace, Tracing
 from app.verdict import Verdict
 
 log = logging.getLogger("chatgate")
-# A token covers at least one byte of the body, but an image costs up to 384 tokens (docs/rules-chat.md, R9):
-# the prompt bound.
-IMAGE_TOKENS = 384
-IMAGE_MARKERS = (b'"image_url"', b'"input_image"', b'"type":"image"', b'"type": "image"')
 # DeepSeek's 4xx answers kept by the refusal inspector: those about the request (not its key, balance, rate)
 KEPT_UPSTREAM = frozenset({400, 404, 409, 413, 415, 422})
 
@@ -83,6 +79,7 @@ class Gateway:
                                  settings.repair.reasoning_ttl_seconds, metrics)
         self.background: set[asyncio.Task[None]] = set()
         self.quotas = quotas
+        self.admitter = Admitter(quotas, settings, self.profiles) if quotas is not None else None
         self.files = files  # who owns the uploaded files a request may name (managed mode)
         self.clock: Callable[[], float] = time.time  # a request's start: its usage record's time
         self.tracing: Tracing | None = None  # set by State when tracing is on (app.tracing)
@@ -129,8 +126,8 @@ class Gateway:
             return self._reject(ex, family, APIError.from_problems([overflow]))
         if overflow is not None:
             ex.warnings.append(overflow.message)
-        if self.quotas is not None:
-            refused = await self._admit(ex, verdict)
+        if self.admitter is not None:
+            refused = await self.admitter.admit(ex, verdict)
             if refused is not None:
                 return self._limit(ex, family, refused)
         try:
@@ -219,37 +216,10 @@ class Gateway:
             return None
         return await foreign_file(self.files, ex.identity.team, refs)
 
-    # --- quotas ---------------------------------------------------------------------
-
-    async def _admit(self, ex: Exchange, verdict: Verdict | None) -> Refusal | None:
-        """Reserve the request's upper bounds against its caller's limits (issue 15)."""
-        assert self.quotas is not None
-
-        def bounds(at: float) -> tuple[int, int]:  # only asked when the caller has limits
-            profile = verdict.profile if verdict is not None else self.profiles.get(ex.model)
-            media = verdict is None or verdict.media
-            images = sum(ex.body.count(m) for m in IMAGE_MARKERS) if media and b"image" in ex.body else 0
-            prompt = len(ex.body) + IMAGE_TOKENS * images
-            top = profile.max_tokens_max if profile is not None else self.settings.limits.default_max_tokens
-            wanted = verdict.max_tokens if verdict is not None and verdict.max_tokens is not None else None
-            completion = min(wanted if wanted is not None else self.settings.limits.default_max_tokens, top)
-            pricing, prices = self.settings.pricing, profile.prices if profile is not None else None
-            cost = cost_bound_picousd(prompt, completion, prices, at, pricing.peak_hours_utc,
-                                      pricing.off_peak_multiplier)
-            return prompt + completion, cost
-
-        # at the request's start, as its usage record will be priced and counted: a wait for admission that
-        # crosses into the peak hours, or into the next budget period, must not reserve by the later time
-        admitted = await self.quotas.admit(ex.identity.team, ex.identity.key_id, bounds, started_at=ex.ts)
-        if isinstance(admitted, Refusal):
-            return admitted
-        ex.admission = admitted
-        return None
+    # --- refusals --------------------------------------------------------------------
 
     def _limit(self, ex: Exchange, family: Family, refusal: Refusal) -> Response:
-        error = refusal_error(refusal)
-        if refusal.info is not None:
-            error.headers.update((k.decode(), v.decode()) for k, v in refusal.info.headers())
+        error = limit_error(refusal)
         self.ledger.finish(ex, "limited", error.status, rule_code=refusal.code)
         self.metrics.limited.labels(refusal.code).inc()
         return error_response(error, ex.request_id, family)

@@ -26,7 +26,7 @@ from app.gateway.responses import error_response, json_response
 from app.gateway.state import State
 from app.gateway.strict import body_problem
 from app.metering.tokens import count_async, count_text
-from app.quotas.gate import refusal_error
+from app.quotas.admission import limit_error
 from app.quotas.model import Admission, Refusal
 
 PATHS = ("/anthropic/v1/messages/count_tokens", "/anthropic/messages/count_tokens")
@@ -49,9 +49,7 @@ def add_count_tokens(app: FastAPI, state: State) -> None:
         if gw.quotas is not None:
             admitted = await gw.quotas.admit(identity.team, identity.key_id, lambda at: (0, 0), started_at=ts)
             if isinstance(admitted, Refusal):
-                limited = refusal_error(admitted)
-                if admitted.info is not None:
-                    limited.headers.update((k.decode(), v.decode()) for k, v in admitted.info.headers())
+                limited = limit_error(admitted)
                 gw.metrics.limited.labels(admitted.code).inc()
                 return _refused(state, limited, request_id, family)
             admission = admitted
