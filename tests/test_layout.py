@@ -16,6 +16,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("app.web",),
     ("app.files",),  # the Files API: its routes and relay, above the gateway they use
     ("app.gateway",),
+    # the gateway's file-ownership step, which asks the owners and the file ids below
+    ("app.files.ownership",),
     # who owns each uploaded file, and which files a request names: asked by the Files routes and the gateway
     ("app.files.owners", "app.files.file_ids"),
     ("app.tracing", "app.refusals"),  # OpenTelemetry spans; the refusal inspector (its store, its views)

@@ -21,8 +21,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from app.errors import NOT_OWNED, APIError, Problem, bad_gateway, upstream_auth_failed
-from app.files.file_ids import may_name_files, named_files
-from app.files.owners import foreign_file
+from app.files.file_ids import may_name_files
+from app.files.ownership import Ownership
 from app.gateway.auth import Authenticator
 from app.gateway.bodies import origin_of, read_json_body, request_id_of
 from app.gateway.checking import Checkers
@@ -80,7 +80,7 @@ class Gateway:
         self.background: set[asyncio.Task[None]] = set()
         self.quotas = quotas
         self.admitter = Admitter(quotas, settings, self.profiles) if quotas is not None else None
-        self.files = files  # who owns the uploaded files a request may name (managed mode)
+        self.ownership = Ownership(self.checkers, files)  # the files a request may name (managed mode)
         self.clock: Callable[[], float] = time.time  # a request's start: its usage record's time
         self.tracing: Tracing | None = None  # set by State when tracing is on (app.tracing)
         self.refusals: RefusalLog | None = None  # the refusal inspector (server.capture_refusals)
@@ -116,7 +116,7 @@ class Gateway:
         ex.remember = self.repairer.remembers(family, verdict, ex.identity.caller)
         ex.checked = verdict.request if verdict is not None else None
         if self.auth.managed and may_name_files(ex.body):
-            foreign = await self._foreign_file(ex)
+            foreign = await self.ownership.foreign(ex)
             if foreign is not None:
                 code = NOT_OWNED if foreign.status == 404 else foreign.code
                 self.ledger.finish(ex, "rejected", foreign.status, rule_code=code)
@@ -202,19 +202,6 @@ class Gateway:
                        f"you requested about {total} tokens ({prompt} in the messages by chatgate's count, "
                        f"{verdict.max_tokens or 0} in the completion). Please reduce the length of the "
                        "messages or completion.", "R40")
-
-    async def _foreign_file(self, ex: Exchange) -> APIError | None:
-        """Managed mode: a request may name only files its key's team uploaded through chatgate
-        (app/files/owners.py). Every file id in the body counts, wherever it is (app/files/file_ids.py); a
-        body that cannot be read whole is refused, never forwarded unchecked."""
-        try:
-            refs = await self.checkers.run(len(ex.body), functools.partial(named_files, ex.body))
-        except APIError as error:
-            return error
-        ex.files = bool(refs)
-        if not refs or self.files is None:
-            return None
-        return await foreign_file(self.files, ex.identity.team, refs)
 
     # --- refusals --------------------------------------------------------------------
 
