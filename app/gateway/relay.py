@@ -10,6 +10,14 @@ client's concern).
 Before the first data event (only `: keep-alive` comments relayed, as DeepSeek sends while a request is
 queued), a failure of the upstream is retried when `reopen` is given: the new attempt's events follow on the
 same client response, which stays one well-formed stream (app/gateway/retry.py).
+
+The end of a stream goes through `_end(outcome, status)`, which finishes the meter and calls `on_end` (the
+gateway's `_stream_ended`: remember the turn, make the record). It is called from one of four places:
+- `_relay_chunk`: the meter sees the stream's last event: ("ok", 200), before that event is relayed;
+- `_pump`: DeepSeek's body ended without a last event: ("ok", 200), or ("upstream_error", 200) when it ended
+  with DeepSeek's own error event;
+- `_broken`: the stream broke (or no attempt answered): ("upstream_failed", status), before the error event;
+- `__call__`: the client went away first: ("client_disconnected", 499), in a task of its own.
 """
 
 from __future__ import annotations
@@ -32,7 +40,8 @@ from app.gateway.retry import KeptAliveOnly, only_keepalives
 from app.gateway.upstream import map_transport_error
 from app.gateway.watch import ClientGone, ClientWatch
 
-# Called once when the upstream side of the stream has ended: (exchange, meter, outcome, status).
+# Called once when the upstream side of the stream has ended: (exchange, meter, outcome, status); it makes
+# the exchange's record (the gateway's `_stream_ended`).
 OnEnd = Callable[[Exchange, StreamMeter, str, int], Awaitable[None]]
 Spawn = Callable[[Coroutine[Any, Any, None]], None]
 ErrorEvent = Callable[[APIError], bytes]
@@ -161,8 +170,7 @@ class SSERelay(Response):
         if not self.ex.finished:
             # No final event: a stream DeepSeek ended with its own error event is its error, relayed as is.
             self.meter.finish()
-            self.end = ("upstream_error", 200) if self.meter.ended_with_error else ("ok", 200)
-            await self._end(*self.end)
+            await self._end("upstream_error" if self.meter.ended_with_error else "ok", 200)
 
     async def _relay_chunk(self, send: Send, raw: bytes) -> None:
         if self._pristine and not only_keepalives(self._partial + raw):
@@ -174,7 +182,6 @@ class SSERelay(Response):
         if self.filter is not None:
             chunk = self.filter.feed(chunk)
         if self.end is None and self.meter.final_in(chunk):
-            self.end = ("ok", 200)
             self._final = True
             await self._end("ok", 200)
         if chunk:
@@ -210,6 +217,8 @@ class SSERelay(Response):
         self._open_data = rest.startswith(b"data:") or b"\ndata:" in rest
 
     async def _end(self, outcome: str, status: int) -> None:
+        """The upstream side has ended so: the meter finishes, the exchange gets its record (`on_end`)."""
+        self.end = (outcome, status)
         self.meter.finish()
         await self.on_end(self.ex, self.meter, outcome, status)
 
@@ -221,8 +230,7 @@ class SSERelay(Response):
                    else "the connection to DeepSeek broke")
             error.message = f"The answer is incomplete: {why} after the stream started. Retry the request."
             error.code = "upstream_stream_broken"
-        self.end = ("upstream_failed", error.status)
-        await self._end(*self.end)
+        await self._end("upstream_failed", error.status)
         # End an event the client holds with data lines so ours stands alone; one with no data line yet
         # (only `event:`) takes our lines as its own (the last `event:` line names it), or the SDKs would
         # parse an event without data.
