@@ -66,11 +66,18 @@ def parsed(body: bytes, data: Any) -> None:
     _parse.body, _parse.data = body, data
 
 
-def _taken(body: bytes) -> Any:
+def taken(body: bytes) -> Any:
+    """R1's parse of `body` if it is the one `parsed` holds (and it no longer does), else None."""
     if getattr(_parse, "body", None) is not body:
         return None
     data, _parse.body, _parse.data = _parse.data, None, None
     return data
+
+
+def forget_parsed() -> None:
+    """Drop R1's parse, whoever did not take it: a 19 MB body's parse is 150 MB, and a thread (a checker
+    process's) would keep it until the next body's."""
+    _parse.body = _parse.data = None
 
 
 def validate_body(model: type[Model], body: bytes) -> Model:
@@ -80,7 +87,7 @@ def validate_body(model: type[Model], body: bytes) -> Model:
     1.3 GB of errors while pydantic collected them. When it is invalid, its errors are those of the body with
     every array cut to its first CUT_ITEMS items if that copy is at most FULL_CHECK_BYTES (the first
     problems, all listed), else its first error alone."""
-    data = _taken(body)
+    data = taken(body)
     if len(body) <= FULL_CHECK_BYTES:
         if isinstance(data, dict):
             try:  # what R1 parsed; an invalid one is validated again from its bytes for today's exact errors

@@ -16,6 +16,7 @@ a last resort.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import functools
 import importlib
 import logging
@@ -31,6 +32,7 @@ from app.gateway.family import Family
 from app.gateway.strict import body_problem
 from app.settings import Settings
 from app.verdict import Rules, Verdict
+from app.wire import forget_parsed
 
 OFF_LOOP_BYTES = 1024 * 1024  # about 20 ms of checks on the loop
 # One core left to the event loop: beside two checkers on two cores, /healthz waited up to 1.4 s
@@ -43,7 +45,10 @@ def check_now(family: Rules, body: bytes, beta: bool, origin: str | None) -> Ver
     strict = body_problem(body)  # R1 as DeepSeek reads JSON: duplicate keys, NaN, 1e400, depth
     if strict is not None:
         return Verdict([strict])
-    return family.check(body, beta=beta, origin=origin)
+    try:
+        return family.check(body, beta=beta, origin=origin)
+    finally:
+        forget_parsed()  # a check that refused before validating R1's parse does not keep it
 
 
 class Checkers:
@@ -72,7 +77,7 @@ class Checkers:
         ordinary body, in a checker process for a large one."""
         if size <= OFF_LOOP_BYTES:
             return work()
-        return await self._run(work, work)
+        return await self._run(functools.partial(_trimmed, work), work)
 
     async def _run(self, remote: Callable[[], T], local: Callable[[], T]) -> T:
         loop = asyncio.get_running_loop()
@@ -116,4 +121,29 @@ def _check_in_worker(name: str, body: bytes, beta: bool, origin: str | None, str
     verdict = check_now(family, body, beta, origin) if strict else \
         family.check(body, beta=beta, origin=origin)
     verdict.request = None  # a copy of it back would cost the loop what the process saved it
+    _give_back()
     return verdict
+
+
+def _trimmed(work: Callable[[], T]) -> T:
+    result = work()
+    _give_back()
+    return result
+
+
+def _give_back() -> None:
+    """Return the freed heap of a large body's parse to the system: glibc's malloc keeps it (a checker
+    stayed at 380 MB after a 28 MB body of 470,000 messages; after malloc_trim, near where it started)."""
+    if _malloc_trim is not None:
+        _malloc_trim(0)
+
+
+def _libc_malloc_trim() -> Callable[[int], int] | None:
+    try:
+        trim: Callable[[int], int] = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to trim
+        return None
+    return trim
+
+
+_malloc_trim = _libc_malloc_trim()

@@ -38,7 +38,6 @@ def body_problem(body: bytes) -> Problem | None:
         data = jiter.from_json(body, allow_inf_nan=False, catch_duplicate_keys=True, cache_mode="keys")
     except ValueError as exc:
         return _not_json(str(exc), body)
-    parsed(body, data)  # the family's check validates this parse instead of reading the bytes again
     scan = body.translate(_SCAN, b"+")
     if b"0e000" in scan or _LONG_NUMBER in scan:  # may overflow a double: orjson says whether one does
         try:
@@ -50,6 +49,7 @@ def body_problem(body: bytes) -> Problem | None:
     if isinstance(data, dict) and isinstance(model := data.get("model"), str) and "\x00" in model:
         return Problem("invalid_model", "model", "'model' contains a NUL character (\\u0000), which DeepSeek "
                        "refuses; send the model's name.", "R1")
+    parsed(body, data)  # the family's check validates this parse instead of reading the bytes again
     return None
 
 

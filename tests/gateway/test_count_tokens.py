@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx2
+import orjson
 import pytest
 
 from tests.fakes.server import RunningFake
@@ -53,6 +54,47 @@ def test_a_large_count_does_not_stall_other_requests(gate: RunningChatgate, fake
     print(beside.report())
     beside.assert_unstalled()
     assert beside.memory_gained < 400 << 20, beside.report()  # before: 3.2 GB for 20 MB, ~600 MB for this
+
+
+def many_messages(mb: float) -> bytes:
+    pair = [{"role": "user", "content": "hi hi hi hi hi"}, {"role": "assistant", "content": "ok ok ok"}]
+    return orjson.dumps({"model": "deepseek-flash", "max_tokens": 10,
+                         "messages": pair * int(mb * 1024 * 1024 / 120)})
+
+
+def rss_of(pid: int) -> int:
+    with open(f"/proc/{pid}/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+
+def test_a_huge_count_costs_bounded_memory_and_gives_it_back(gate: RunningChatgate, fake: RunningFake
+                                                              ) -> None:
+    """A 28 MB body of 470,000 messages (the parse is what costs: its text, 13 MB, is over the exact limit).
+    Before, a checker process kept R1's parse of its last body (a thread-local) and glibc's freed heap:
+    +250 MB after such a count, growing with each larger one; the server gained the text sent back."""
+    warm = httpx2.post(gate.url + PATH, content=many_messages(2), headers=HEADERS, timeout=60)
+    assert warm.status_code == 200, warm.text  # the checkers start (not measured)
+    pool = gate.state.gw.checkers._pool
+    pids = list(pool._processes)
+    before = {pid: rss_of(pid) for pid in pids}
+    with Beside(gate.url) as beside:
+        resp = httpx2.post(gate.url + PATH, content=many_messages(28), headers=HEADERS, timeout=300)
+    assert resp.status_code == 200, resp.text
+    assert "upper bound" in resp.headers["x-chatgate-warning"]
+    kept = {pid: (rss_of(pid) - before[pid]) >> 20 for pid in pids}
+    print(beside.report(), "checkers kept (MB):", kept)
+    assert all(mb < 64 for mb in kept.values()), kept
+    assert beside.memory_gained < 300 << 20, beside.report()
+    beside.assert_unstalled()
+
+
+def test_a_count_over_the_body_limit_is_413(start_gate: Callable[..., RunningChatgate], fake: RunningFake
+                                            ) -> None:
+    gate = start_gate(limits={"max_body_bytes": 1 << 20})
+    resp = httpx2.post(gate.url + PATH, content=many_messages(2), headers=HEADERS, timeout=60)
+    assert resp.status_code == 413, resp.text
+    assert resp.json()["type"] == "error" and resp.json()["error"]["code"] == "request_too_large"
+    assert "limits.max_body_bytes" in resp.json()["error"]["message"]
 
 
 def test_above_the_exact_limit_the_answer_is_an_upper_bound(start_gate: Callable[..., RunningChatgate],

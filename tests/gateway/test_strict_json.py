@@ -141,3 +141,20 @@ def test_with_validation_off_an_unreadable_body_naming_a_file_is_refused(
         resp = post(gate, "/v1/chat/completions", body[:-3], teams.keys["a1"][1])  # cut short: unreadable
         assert resp.status_code == 400 and resp.json()["error"]["code"] == "invalid_json", resp.text
         assert len(fake.state.requests) == before
+
+
+def test_no_thread_keeps_a_parse_nobody_took() -> None:
+    """R1's parse waits on its thread for the family's check to validate it; a refused body, or a check that
+    did not take it, must not leave it there (a checker process kept a 19 MB body's 150 MB until the next)."""
+    from app import wire
+    from app.gateway.checking import check_now
+    from app.gateway.endpoints import families
+    from app.settings import Settings
+    from app.web.count_tokens import _prompt_of
+    chat = next(f for f in families(Settings()) if f.name == "openai-chat")
+    wire.forget_parsed()  # what an earlier test's body_problem alone left
+    for body in (CHAT + b',"max_tokens":1,"max_tokens":2}', CHAT + b',"messages":7}', CHAT + b"}"):
+        check_now(chat, body, False, None)
+        assert getattr(wire._parse, "data", None) is None, body
+    assert _prompt_of(ANTHROPIC + b"}", 1 << 20).startswith("user")
+    assert getattr(wire._parse, "data", None) is None
