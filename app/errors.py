@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,9 +95,13 @@ def bad_gateway(message: str, code: str = "upstream_unreachable") -> APIError:
     return APIError(502, message, "upstream_error", None, code)
 
 
-def upstream_auth_failed() -> APIError:
-    """Managed mode: DeepSeek refused chatgate's own upstream key (401). The client's key is fine, and
-    DeepSeek's text names the last four characters of chatgate's key: neither goes to the client."""
+def upstream_auth_failed(request_id: str | None) -> APIError:
+    """Managed mode: DeepSeek refused chatgate's own upstream key (401), logged for the operator. The client's
+    key is fine, and DeepSeek's text names the last four characters of chatgate's key: neither goes to the
+    client."""
+    logging.getLogger("chatgate").error(
+        "DeepSeek refused the upstream API key with 401 (request %s): check DEEPSEEK_API_KEY / "
+        "upstream.accounts", request_id)
     return APIError(502, "DeepSeek refused chatgate's upstream API key (401): the operator must check "
                     "DEEPSEEK_API_KEY / upstream.accounts. Your chatgate key is fine.", "upstream_error",
                     None, "upstream_auth_failed")

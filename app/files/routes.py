@@ -150,7 +150,7 @@ async def _exchange(state: State, request: Request, path: str, upload: Upload, i
         return error_response(failure, rid, family)
     if resp.status_code == 401 and gw.auth.managed:  # chatgate's own key refused: never DeepSeek's text
         await resp.aclose()
-        failure = upstream_auth_failed()
+        failure = upstream_auth_failed(rid)
         done("upstream_error", failure.status, failure.code)
         return error_response(failure, rid, family)
     if request.method == "DELETE" and gw.auth.managed and 200 <= resp.status_code < 300:
@@ -233,8 +233,13 @@ async def _team_list(state: State, request: Request, owners: Owners, headers: li
 
 
 def _relayed(resp: httpx2.Response, content: bytes, rid: str, done: OnEnd) -> Response:
-    """A list answer that is not a list: DeepSeek's error as it sent it; a 200 that is not a list is a 502
-    (relayed, it could show another team's files)."""
+    """A list answer that is not a list (managed mode, a team's list): DeepSeek's error as it sent it, but its
+    401 to chatgate's key (chatgate's 502); a 200 that is not a list is a 502 (relayed, it could show another
+    team's files)."""
+    if resp.status_code == 401:  # managed mode: chatgate's own key refused, never DeepSeek's text
+        failure = upstream_auth_failed(rid)
+        done("upstream_error", failure.status, failure.code)
+        return error_response(failure, rid)
     if resp.status_code == 200:
         failure = bad_gateway("DeepSeek answered a file list with 200 but not a list of files (upstream "
                               "broke the protocol).", "upstream_bad_response")

@@ -273,9 +273,7 @@ class Gateway:
         """DeepSeek's 401 to chatgate's own key (managed mode): logged for the operator, chatgate's 502 to the
         client. The account pool sets the account aside and sends its `account_unavailable` webhook
         (app/gateway/accounts.py) before this answer is made."""
-        log.error("DeepSeek refused the upstream API key with 401 (request %s): check DEEPSEEK_API_KEY / "
-                  "upstream.accounts", ex.request_id)
-        error = upstream_auth_failed()
+        error = upstream_auth_failed(ex.request_id)
         self.ledger.finish(ex, "upstream_error", error.status, upstream_status=401)
         return error_response(error, ex.request_id, family)
 

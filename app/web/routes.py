@@ -133,7 +133,7 @@ def _models_handler(state: State) -> Any:
         except APIError:
             return _configured_models(state, rid)
         if resp.status_code == 401 and state.gw.auth.managed:  # chatgate's own key: never DeepSeek's text
-            return error_response(upstream_auth_failed(), rid)
+            return error_response(upstream_auth_failed(rid), rid)
         if resp.status_code == 200:
             if not _is_json(content):
                 return error_response(bad_gateway("DeepSeek answered /models with 200 but a body that is not "

@@ -58,6 +58,15 @@ def test_a_passthrough_caller_with_a_bad_authorization_is_its_x_api_key(
     assert fake.state.requests[0].headers["authorization"] == f"Bearer {KEY}", "DeepSeek reads that key"
 
 
+@pytest.mark.parametrize("path", ["/v1/models", "/v1/files", "/user/balance"])
+def test_every_passthrough_route_sends_deepseek_the_callers_x_api_key(
+        gate: RunningChatgate, fake: RunningFake, path: str) -> None:
+    resp = httpx2.get(gate.url + path, timeout=20, headers={"authorization": "Basic dXNlcjpwYXNz",
+                                                            "x-api-key": KEY})
+    assert resp.status_code == 200, resp.text
+    assert fake.state.requests[-1].headers["authorization"] == f"Bearer {KEY}"
+
+
 def test_a_managed_key_in_x_api_key_beside_a_basic_authorization_is_the_caller(
         start_gate: Callable[..., RunningChatgate], fake: RunningFake, tmp_path: Path) -> None:
     gate = start_gate(auth={"mode": "managed", "upstream_api_key": "sk-house"})

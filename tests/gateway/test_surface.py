@@ -57,6 +57,27 @@ def test_deepseeks_401_to_chatgates_key_is_chatgates_own_error(
     assert "9999" not in models.text
 
 
+def test_deepseeks_401_to_chatgates_key_on_files_is_chatgates_own_error(
+        start_gate: Callable[..., RunningChatgate], fake: RunningFake, caplog: pytest.LogCaptureFixture
+) -> None:
+    from tests.gateway.test_files import multipart
+    gate = start_gate(auth={"mode": "managed", "upstream_api_key": UPSTREAM})
+    key_id, secret, digest, prefix = new_key()
+    gate.state.store.create_key(key_id, digest, prefix, "search", "a1")
+    auth = {"authorization": f"Bearer {secret}"}
+    content, headers = multipart()
+    with caplog.at_level(logging.ERROR, logger="chatgate"):
+        answers = [httpx2.post(gate.url + "/v1/files", content=content, timeout=20,
+                               headers={**headers, **auth}),
+                   httpx2.get(gate.url + "/v1/files", headers=auth, timeout=20)]
+    assert [r.status_code for r in answers] == [502, 502], [r.text for r in answers]
+    for resp in answers:
+        assert resp.json()["error"]["code"] == "upstream_auth_failed"
+        assert "9999" not in resp.text and "Your api key" not in resp.text
+    assert any("refused the upstream API key" in r.getMessage() for r in caplog.records)
+    assert len(fake.state.requests) == 2, "both reached DeepSeek, which refused chatgate's key"
+
+
 @pytest.mark.parametrize(("path", "method", "anthropic"), [
     ("/v1/chat/completions/", "POST", False), ("/anthropic/v1/messages/", "POST", True),
     ("/v1/models/", "GET", False), ("/healthz/", "GET", False),
