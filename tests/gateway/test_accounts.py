@@ -96,8 +96,9 @@ def test_eight_streams_over_two_accounts_capped_at_three_all_complete(
     served = fake.state.issued_report()["per_key"]
     by_account = Counter(r["account"] for r in rows)
     assert by_account == {name: served[key]["requests"] for name, key in KEYS.items() if key in served}
-    assert sum(r["completion_tokens"] for r in rows if r["account"] == "one") == \
-        served.get(KEYS["one"], {}).get("completion_tokens", 0)
+    for name, key in KEYS.items():
+        for field in ("prompt_tokens", "completion_tokens"):
+            assert sum(r[field] for r in rows if r["account"] == name) == served.get(key, {}).get(field, 0)
     assert sum(r["attempts"] for r in rows) == len(fake.state.requests)
     metrics = httpx2.get(gate.url + "/metrics").text
     assert 'chatgate_upstream_attempts_total{account="one",status="200"}' in metrics
