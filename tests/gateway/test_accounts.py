@@ -320,3 +320,19 @@ def test_the_dashboard_shows_each_accounts_state(pool: tuple[RunningChatgate, st
     assert cells[0][2] == "available" and cells[0][4] == "2"  # requests
     assert re.fullmatch(r"set aside \(402, back in 2\d\d s\)", cells[1][2]) and cells[1][4] == "1", cells
     assert not any(key in dom for key in KEYS.values()) and ADMIN not in dom
+
+
+def test_a_client_hanging_up_while_waiting_for_an_account_gets_no_further_attempt(
+        pool: tuple[RunningChatgate, str], fake: RunningFake, tmp_path: Path) -> None:
+    """Both accounts answered 429 with Retry-After: 3; the request waits for the first back and its client
+    goes away meanwhile: nothing more is sent upstream for it."""
+    gate, secret = pool
+    headers = {"authorization": f"Bearer {secret}", "x-fake-fault": "http_429", "x-fake-fault-attempts": "2",
+               "x-fake-retry-after": "3", "x-request-id": "hangs-up-waiting"}
+    with pytest.raises(httpx2.ReadTimeout):
+        httpx2.post(gate.url + "/v1/chat/completions", headers=headers,
+                    json={"model": "deepseek-flash", "messages": MESSAGES}, timeout=0.8)
+    (row,) = usage_rows(tmp_path, 1, timeout=3)
+    assert row["outcome"] == "client_disconnected"
+    time.sleep(3.5)  # both accounts are back: the request that waited for one sent nothing more
+    assert [r.status for r in fake.state.requests] == [429, 429]
