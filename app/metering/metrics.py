@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import re
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from app.store.base import UsageRecord
@@ -27,24 +28,17 @@ class Metrics:
         self.registry = CollectorRegistry()
         self.known_models = frozenset(known_models)
         r = self.registry
-        self.requests = Counter("chatgate_requests", "Requests by route, status and model",
-                                ["route", "status", "model"], registry=r)
-        self.rejections = Counter("chatgate_rejections", "Requests rejected locally, by rule code",
-                                  ["code"], registry=r)
-        self.tokens = Counter("chatgate_tokens", "Tokens by kind, model and team", ["kind", "model", "team"],
-                              registry=r)
-        self.cost = Counter("chatgate_cost_usd", "Cost in USD by model and team", ["model", "team"],
-                            registry=r)
-        self.cache_saved = Counter("chatgate_cache_saved_usd", "USD DeepSeek's context cache saved (the hits "
-                                   "as misses minus as billed), by model and team", ["model", "team"],
-                                   registry=r)
+        # The counters every request moves are plain dicts, turned into metric families when /metrics is
+        # scraped (_Tally): prometheus_client's children take a lock and a check per inc, ~11 a request.
+        self.tally = _Tally()
+        r.register(self.tally)
         self.cache_lost = Counter("chatgate_cache_lost_usd", "USD estimated lost to prompt-prefix breaks "
                                   "(docs/cache.md), by model and team", ["model", "team"], registry=r)
         self.cache_breaks = Counter("chatgate_cache_breaks", "Prompt-prefix breaks, by where the prefix "
                                     "first differed (indexes past 0 as [*]) and team", ["param", "team"],
                                     registry=r)
-        self.upstream_latency = Histogram("chatgate_upstream_latency_seconds", "Whole upstream exchange",
-                                          ["model"], buckets=LATENCY_BUCKETS, registry=r)
+        self.rejections = Counter("chatgate_rejections", "Requests rejected locally, by rule code",
+                                  ["code"], registry=r)
         self.limited = Counter("chatgate_limited", "Requests refused by a budget, rate or concurrency limit, "
                                "by limit (e.g. rpm:team)", ["limit"], registry=r)
         self.repairs = Counter("chatgate_repairs", "Repairs applied to requests, by repair code", ["code"],
@@ -57,8 +51,6 @@ class Metrics:
         self.restore_misses = Counter("chatgate_reasoning_restore_misses",
                                       "Turns restore_reasoning could not restore (not relayed to that "
                                       "caller, or expired)", registry=r)
-        self.ttfb = Histogram("chatgate_time_to_first_byte_seconds", "Upstream time to first byte",
-                              ["model"], buckets=LATENCY_BUCKETS, registry=r)
         self.auth_failures = Counter(
             "chatgate_auth_failures", "Requests refused with 401 (a missing, unknown or revoked key), by "
             f"client address (the first {AUTH_SOURCES} seen; later ones as \"other\")",
@@ -91,7 +83,10 @@ class Metrics:
 
     def observe(self, rec: UsageRecord, status: int) -> None:
         model = self.model_label(rec.model)
-        self._child(self.requests, rec.route, str(status), model).inc()
+        tally = self.tally
+        key = (rec.route, status, model)
+        requests = tally.requests
+        requests[key] = requests.get(key, 0) + 1
         if rec.repairs:
             for code in rec.repairs.split(","):
                 self._child(self.repairs, code).inc()
@@ -99,25 +94,28 @@ class Metrics:
             if rec.outcome == "rejected":
                 self._child(self.rejections, rec.rule_code or "unknown").inc()
             return
-        for kind, n in (("prompt", rec.prompt_tokens), ("completion", rec.completion_tokens),
-                        ("cache_hit", rec.prompt_cache_hit_tokens),
-                        ("cache_miss", rec.prompt_cache_miss_tokens),
-                        ("reasoning", rec.reasoning_tokens)):
-            if n:
-                self._child(self.tokens, kind, model, rec.team).inc(n)
+        group = (model, rec.team)
+        usage = tally.usage.get(group)
+        if usage is None:
+            usage = tally.usage[group] = [0.0] * len(USAGE_FIELDS)
+        usage[0] += rec.prompt_tokens
+        usage[1] += rec.completion_tokens
+        usage[2] += rec.prompt_cache_hit_tokens
+        usage[3] += rec.prompt_cache_miss_tokens
+        usage[4] += rec.reasoning_tokens
         if rec.cost_picousd:
-            self._child(self.cost, model, rec.team).inc(rec.cost_picousd / 1e12)
+            usage[5] += rec.cost_picousd / 1e12
         elif rec.unpriced:
             self._child(self.unpriced, model).inc()
         if rec.cache_saved_picousd:
-            self._child(self.cache_saved, model, rec.team).inc(rec.cache_saved_picousd / 1e12)
+            usage[6] += rec.cache_saved_picousd / 1e12
         if rec.cache_break is not None:
             self._child(self.cache_breaks, param_label(rec.cache_break), rec.team).inc()
             if rec.cache_lost_picousd:
                 self._child(self.cache_lost, model, rec.team).inc(rec.cache_lost_picousd / 1e12)
-        self._child(self.upstream_latency, model).observe(rec.latency_ms / 1000)
+        tally.observe(tally.latency, model, rec.latency_ms / 1000)
         if rec.ttfb_ms is not None:
-            self._child(self.ttfb, model).observe(rec.ttfb_ms / 1000)
+            tally.observe(tally.ttfb, model, rec.ttfb_ms / 1000)
 
     def watch_recorder(self, recorder: RecorderCounts) -> None:
         self.registry.register(RecorderCollector(recorder))
@@ -130,10 +128,74 @@ class Metrics:
         self.registry.register(_AccountsCollector(states))
 
     def observe_status(self, route: str, status: int) -> None:
-        self._child(self.requests, route, str(status), "").inc()
+        key = (route, status, "")
+        requests = self.tally.requests
+        requests[key] = requests.get(key, 0) + 1
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+# (kind label of chatgate_tokens, or None for the money columns), in the order of a _Tally.usage row
+USAGE_FIELDS = ("prompt", "completion", "cache_hit", "cache_miss", "reasoning", None, None)
+
+
+class _Tally(Collector):
+    """chatgate_requests, chatgate_tokens, chatgate_cost_usd, chatgate_cache_saved_usd and the two latency
+    histograms, kept as dicts of numbers. Everything runs on the event loop's thread; a scrape reads
+    copies."""
+
+    def __init__(self) -> None:
+        self.requests: dict[tuple[str, int, str], int] = {}
+        self.usage: dict[tuple[str, str], list[float]] = {}  # (model, team) -> USAGE_FIELDS + cost, saved
+        # model -> counts per bucket (LATENCY_BUCKETS, then +Inf), then the sum
+        self.latency: dict[str, list[float]] = {}
+        self.ttfb: dict[str, list[float]] = {}
+
+    @staticmethod
+    def observe(histogram: dict[str, list[float]], model: str, seconds: float) -> None:
+        row = histogram.get(model)
+        if row is None:
+            row = histogram[model] = [0.0] * (len(LATENCY_BUCKETS) + 2)
+        row[bisect_left(LATENCY_BUCKETS, seconds)] += 1
+        row[-1] += seconds
+
+    def collect(self) -> Iterator[Metric]:
+        requests = CounterMetricFamily("chatgate_requests", "Requests by route, status and model",
+                                       labels=["route", "status", "model"])
+        for (route, status, model), n in list(self.requests.items()):
+            requests.add_metric([route, str(status), model], n)
+        yield requests
+        tokens = CounterMetricFamily("chatgate_tokens", "Tokens by kind, model and team",
+                                     labels=["kind", "model", "team"])
+        cost = CounterMetricFamily("chatgate_cost_usd", "Cost in USD by model and team",
+                                   labels=["model", "team"])
+        saved = CounterMetricFamily("chatgate_cache_saved_usd", "USD DeepSeek's context cache saved (the "
+                                    "hits as misses minus as billed), by model and team",
+                                    labels=["model", "team"])
+        for (model, team), row in list(self.usage.items()):
+            for kind, amount in zip(USAGE_FIELDS, row, strict=True):
+                if kind is not None and amount:
+                    tokens.add_metric([kind, model, team], amount)
+            if row[5]:
+                cost.add_metric([model, team], row[5])
+            if row[6]:
+                saved.add_metric([model, team], row[6])
+        yield from (tokens, cost, saved)
+        yield self._histogram("chatgate_upstream_latency_seconds", "Whole upstream exchange", self.latency)
+        yield self._histogram("chatgate_time_to_first_byte_seconds", "Upstream time to first byte", self.ttfb)
+
+    @staticmethod
+    def _histogram(name: str, documentation: str, rows: dict[str, list[float]]) -> Metric:
+        family = HistogramMetricFamily(name, documentation, labels=["model"])
+        bounds = [*(str(float(b)) for b in LATENCY_BUCKETS), "+Inf"]
+        for model, row in list(rows.items()):
+            running, buckets = 0.0, []
+            for bound, count in zip(bounds, row[:-1], strict=True):
+                running += count
+                buckets.append((bound, running))
+            family.add_metric([model], buckets, row[-1])
+        return family
 
 
 _INDEX = re.compile(r"\[(?!0\])\d+\]")
