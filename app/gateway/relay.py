@@ -37,7 +37,7 @@ from app.gateway.exchange import Exchange
 from app.gateway.family import ChunkFilter, StreamMeter
 from app.gateway.responses import is_event_stream
 from app.gateway.retry import KeptAliveOnly, only_keepalives
-from app.gateway.upstream import map_transport_error
+from app.gateway.upstream import aiohttp_reader, map_transport_error
 from app.gateway.watch import ClientGone, ClientWatch
 
 # Called once when the upstream side of the stream has ended: (exchange, meter, outcome, status); it makes
@@ -237,9 +237,3 @@ class SSERelay(Response):
         boundary = b"\n" if self._open_data else b""
         await self._send(send, boundary + self.error_event(error))
         await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-
-def aiohttp_reader(resp: httpx2.Response) -> aiohttp.StreamReader | None:
-    """The aiohttp body reader under httpx-aiohttp's response stream, when that is the transport."""
-    content = getattr(getattr(resp.stream, "_aiohttp_response", None), "content", None)
-    return content if isinstance(content, aiohttp.StreamReader) else None

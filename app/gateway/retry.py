@@ -27,7 +27,7 @@ from starlette.types import Receive
 
 from app.errors import APIError
 from app.gateway.accounts import Lease, Pool
-from app.gateway.upstream import map_transport_error, read_whole
+from app.gateway.upstream import aiohttp_reader, map_transport_error, read_whole
 from app.metering.metrics import Metrics
 from app.quotas.alerts import Alerts
 from app.settings import Settings, UpstreamSettings
@@ -388,10 +388,15 @@ async def read_answer(resp: httpx2.Response, deadline: float, retryable: bool) -
     except httpx2.ResponseNotRead:
         pass
     chunks: list[bytes] = []
+    reader = aiohttp_reader(resp)  # read under httpx2's stream wrapper when it is aiohttp's
     try:
         async with asyncio.timeout(max(deadline - time.perf_counter(), 0.001)):
-            async for chunk in resp.aiter_raw():
-                chunks.append(chunk)
+            if reader is not None:
+                while chunk := await reader.readany():
+                    chunks.append(chunk)
+            else:
+                async for chunk in resp.aiter_raw():
+                    chunks.append(chunk)
     except TRANSPORT_ERRORS as exc:
         error = map_transport_error(exc)
         if all(not chunk.strip() for chunk in chunks):

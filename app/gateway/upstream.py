@@ -158,6 +158,12 @@ async def read_whole(resp: httpx2.Response, deadline: float) -> bytes:
         await resp.aclose()
 
 
+def aiohttp_reader(resp: httpx2.Response) -> aiohttp.StreamReader | None:
+    """The aiohttp body reader under httpx-aiohttp's response stream, when that is the transport."""
+    content = getattr(getattr(resp.stream, "_aiohttp_response", None), "content", None)
+    return content if isinstance(content, aiohttp.StreamReader) else None
+
+
 def _left(deadline: float) -> float:
     return max(deadline - time.perf_counter(), 0.001)
 
