@@ -10,6 +10,10 @@ depends on the client and upstream sharing the cores).
     python -m bench.instructions limits        # scenario 13's twins: limits on / off
     python -m bench.instructions restore       # scenario 11's twins: restore on (round 2 without reasoning)
                                                # / off (round 2 sends it back); one loop = two requests
+    python -m bench.instructions tracing [--stream]
+                                               # the plain request with tracing on (every request sampled,
+                                               # a live OTLP/HTTP receiver: bench/otlp_sink.py) / off;
+                                               # warm-up and count in whole export batches of 256
     python -m bench.instructions plain [--tree DIR ...] [--stream]
                                                # the plain request (6 KB agent body, default settings) of
                                                # each tree: a checkout or a `git archive` of a commit
@@ -104,8 +108,10 @@ def _total(outfile: Path) -> int:
 
 
 def measure(name: str, env: dict[str, str], store: str, upstream: str, send: Send, warm: int, count: int,
-            workdir: Path, tree: str | None = None) -> float:
-    """Instructions per request of chatgate (from `tree` when given; "ref": bench/reference.py)."""
+            workdir: Path, tree: str | None = None, settle: float = 0.5) -> float:
+    """Instructions per request of chatgate (from `tree` when given; "ref": bench/reference.py). `settle`:
+    seconds left before the count (the warm-up's background work done) and after it (the counted requests'
+    background work, such as the trace exporter's batch every 5 s, done and counted)."""
     port = free_port()
     out = workdir / f"{name}.callgrind"
     argv = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}",
@@ -126,10 +132,11 @@ def measure(name: str, env: dict[str, str], store: str, upstream: str, send: Sen
         made = 0
         for i in range(warm):
             send(conn, i)
+        time.sleep(settle - 0.5)
         subprocess.run(["callgrind_control", "-i", "on", str(proc.pid)], check=True, capture_output=True)
         for i in range(warm, warm + count):
             made += send(conn, i)
-        time.sleep(0.5)  # what the last answer left to do (a flush, a settlement) is counted as well
+        time.sleep(settle)  # what the last answer left to do (a flush, a settlement) is counted as well
         subprocess.run(["callgrind_control", "-i", "off", str(proc.pid)], check=True, capture_output=True)
         subprocess.run(["callgrind_control", "-d", str(proc.pid)], check=True, capture_output=True)
         conn.close()
@@ -147,7 +154,7 @@ def measure(name: str, env: dict[str, str], store: str, upstream: str, send: Sen
 def main() -> None:
     raw = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=raw)
-    parser.add_argument("twins", choices=["limits", "restore", "plain"])
+    parser.add_argument("twins", choices=["limits", "restore", "plain", "tracing"])
     parser.add_argument("--tree", action="append", help="plain: a tree to measure (repeat to compare)")
     parser.add_argument("--stream", action="store_true")
     parser.add_argument("--count", type=int, default=200, help="requests (loops) counted per twin")
@@ -161,6 +168,8 @@ def main() -> None:
     up_argv = [sys.executable, "-m", "bench.upstream", "--port", str(up_port)]
     up_argv += ["--tool-loop"] if args.twins == "restore" else []
     upstream = subprocess.Popen(up_argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    sink: subprocess.Popen[bytes] | None = None
+    settle = 0.5
     results: dict[str, float] = {}
     try:
         time.sleep(1.0)
@@ -174,6 +183,22 @@ def main() -> None:
                 print(f"{name} ({tree or 'this checkout'}): {results[name]:,.0f} instructions per request",
                       flush=True)
             twins = []
+        elif args.twins == "tracing":
+            sink_port = free_port()
+            sink = subprocess.Popen([sys.executable, "-m", "bench.otlp_sink", "--port", str(sink_port)],
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            # the batch processor exports a full batch (256 requests, 512 spans) at once, and the rest every
+            # 5 s: under callgrind's slowness that timer would send a POST every few dozen requests, where
+            # under load nearly every POST is a full batch. So the timer is off, and the warm-up and the
+            # count are whole batches, each POSTed as it fills (settle: its export done before the count
+            # starts, and counted at its end)
+            on_env = {"CHATGATE_TRACING_ENABLED": "true",
+                      "CHATGATE_TRACING_ENDPOINT": f"http://127.0.0.1:{sink_port}",
+                      "OTEL_BSP_SCHEDULE_DELAY": "600000"}
+            args.warm, args.count = (-(-max(n, 1) // 256) * 256 for n in (args.warm, args.count))
+            settle = 6.0
+            twins = [("tracing-on", on_env, f"sqlite:///{workdir / 'on.db'}", plain(args.stream)),
+                     ("tracing-off", {}, f"sqlite:///{workdir / 'off.db'}", plain(args.stream))]
         elif args.twins == "limits":
             on_db, off_db = f"sqlite:///{workdir / 'on.db'}", f"sqlite:///{workdir / 'off.db'}"
             set_key_limits(on_db, SECRET)
@@ -186,11 +211,14 @@ def main() -> None:
         for name, env, store, send in twins:
             if args.only and not name.endswith("-" + args.only):
                 continue
-            results[name] = measure(name, env, store, url, send, args.warm, args.count, workdir)
+            results[name] = measure(name, env, store, url, send, args.warm, args.count, workdir,
+                                    settle=settle)
             print(f"{name}: {results[name]:,.0f} instructions per request", flush=True)
     finally:
-        upstream.terminate()
-        upstream.wait(10)
+        for proc in (upstream, sink):
+            if proc is not None:
+                proc.terminate()
+                proc.wait(10)
     if len(results) == 2:
         (a, x), (b, y) = results.items()
         print(f"{a} / {b}: {x / y:.3f} ({x - y:+,.0f} instructions per request); files in {workdir}")
