@@ -146,7 +146,7 @@ class TracingSettings(Section):
     service_name: str | None = None
     sample_ratio: float | None = Field(default=None, ge=0, le=1)  # None: OTEL_TRACES_SAMPLER, else all
     capture_content: bool = False  # prompts and answers on spans: sensitive, off unless asked for
-    max_queue_size: int = Field(default=2048, ge=1)  # spans waiting for export; beyond, dropped (counted)
+    max_queue_size: int = Field(default=2048, ge=1)  # spans waiting (a request's two as one); beyond, dropped
     export_timeout_seconds: float = Field(default=10.0, gt=0)
 
 

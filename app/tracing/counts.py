@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, Metric
@@ -13,25 +14,27 @@ log = logging.getLogger("chatgate.tracing")
 
 
 class CountingExporter:
-    """The OTLP exporter, counting the spans of the exports that failed (the exporter was down)."""
+    """The OTLP exporter, counting the spans of the exports that failed (the exporter was down). Its items
+    are requests' traces: `count` says how many spans they are."""
 
-    def __init__(self, inner: Any) -> None:
+    def __init__(self, inner: Any, count: Callable[[Sequence[Any]], int] = len) -> None:
         self.inner = inner
+        self.count = count
         self.failed = 0
         self.exported = 0
 
-    def export(self, spans: Sequence[Any]) -> Any:
+    def export(self, items: Sequence[Any]) -> Any:
         from opentelemetry.sdk.trace.export import SpanExportResult
 
         try:
-            result = self.inner.export(spans)
+            result = self.inner.export(items)
         except Exception as exc:  # an exporter bug must not kill the processor's thread
-            log.warning("exporting %d span(s) failed: %s", len(spans), exc)
+            log.warning("exporting %d trace(s) failed: %s", len(items), exc)
             result = SpanExportResult.FAILURE
         if result == SpanExportResult.SUCCESS:
-            self.exported += len(spans)
+            self.exported += self.count(items)
         else:
-            self.failed += len(spans)
+            self.failed += self.count(items)
         return result
 
     def shutdown(self) -> None:
@@ -57,10 +60,12 @@ class TraceCounts:
         self._max = getattr(inner, "_max_queue_size", None)
 
     def before_queue(self) -> None:
-        """Called before each span is queued: counts the one the SDK drops for it when the queue is full."""
+        """Called before each trace is queued: counts the spans of the one the SDK drops for it when the
+        queue is full (the oldest, at its right end)."""
         queue = self._queue
         if queue is not None and len(queue) == self._max:
-            self.queue_full += 1
+            with contextlib.suppress(IndexError):  # the export thread took them all meanwhile: no drop
+                self.queue_full += self.exporter.count([queue[-1]])
 
     @property
     def dropped(self) -> int:

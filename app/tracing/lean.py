@@ -1,84 +1,227 @@
-"""chatgate's spans as plain records, and their OTLP protobuf encoding.
+"""A finished request's spans, and their OTLP protobuf encoding, done by the export thread.
 
-The SDK's `Span` validates every attribute as it is set (~38 µs a span of twenty attributes) and its OTLP
-encoder builds a protobuf object per attribute (~90 µs a span): together more than half of what chatgate
-spends on a request. chatgate knows its attributes' types, so the request path records a `LeanSpan` (ids,
-times, a dict) and hands it to the SDK's BatchSpanProcessor; its thread exports the batch, encoded here
-(about a tenth of the SDK encoder's cost) and POSTed by the official OTLP/HTTP exporter's client, or, for
-any other exporter (gRPC), as the SDK's own `ReadableSpan`s.
+The request path records one `ExchangeTrace` per request (app.tracing.spans): ids, times, references to
+what it already has (its usage record, the answer's id, model and finish reasons) and no attribute of its
+own. The SDK's BatchSpanProcessor queues it as it is, and its thread turns it into spans here: `spans_of`
+says what each span is (the reference, and what the gRPC exporter gets as the SDK's `ReadableSpan`s), and
+`encode_request` writes the same spans straight into an OTLP ExportTraceServiceRequest, with every
+attribute entry that repeats from request to request (the route, the model, the team, a status, a finish
+reason) encoded once and kept (tests/tracing/test_encoding.py holds the two to each other).
+
+Why not the SDK's own spans: its `Span` validates every attribute as it is set (~38 µs a span of twenty
+attributes) and its OTLP encoder builds a protobuf object per attribute (~90 µs a span), together more
+than half of what chatgate spends on a request.
 """
 
 from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple, Protocol
+
+from app.store.base import UsageRecord
 
 SERVER, CLIENT = 2, 3  # OTLP's Span.SpanKind
 STATUS_UNSET, STATUS_ERROR = 0, 2
 FLAG_SAMPLED = 0x01
 FLAG_HAS_REMOTE, FLAG_REMOTE = 0x100, 0x200  # Span.flags: whether the parent is known to be remote
+MASK64 = 0xFFFFFFFFFFFFFFFF
 
 
-class _Sampled:
+class Sampled:
     """What the SDK's BatchSpanProcessor asks of a span before it queues it (`span.context.trace_flags`)."""
 
     class trace_flags:
         sampled = True
 
 
-class LeanSpan:
-    __slots__ = ("attributes", "end", "fixed", "kind", "name", "parent_id", "remote_parent", "span_id",
-                 "start", "status", "trace_id", "trace_state")
-    context = _Sampled  # only sampled spans are recorded
-
-    def __init__(self, name: str, kind: int, trace_id: int, span_id: int, parent_id: int,
-                 remote_parent: bool, trace_state: str, start: int, end: int, attributes: dict[str, Any],
-                 status: int, fixed: Fixed | None = None) -> None:
-        self.name = name
-        self.kind = kind
-        self.trace_id = trace_id
-        self.span_id = span_id
-        self.parent_id = parent_id
-        self.remote_parent = remote_parent
-        self.trace_state = trace_state
-        self.start = start
-        self.end = end
-        self.attributes = attributes
-        self.status = status
-        self.fixed = fixed  # attributes many spans share, encoded once
-
-
 class Fixed:
-    """Attributes that many spans have alike (a route's method, path and server; an attempt's operation and
-    model), with their encoding: made once per distinct set (`fixed`), not per span."""
+    """A span's name and the attributes many spans have alike (a route's method, path and server; an
+    attempt's operation and model), with their encoding: made once per distinct set, not per span."""
 
-    __slots__ = ("attributes", "encoded")
+    __slots__ = ("attributes", "encoded", "name", "name_field")
 
-    def __init__(self, attributes: dict[str, Any]) -> None:
+    def __init__(self, name: str, attributes: dict[str, Any]) -> None:
+        self.name = name
+        self.name_field = _field(0x2A, name.encode("utf-8", "replace"))
         self.attributes = attributes
         self.encoded = _attributes(0x4A, attributes)
 
 
-_FIXED: dict[tuple[Any, ...], Fixed] = {}
 FIXED_MAX = 1024
 
 
-def fixed(key: tuple[Any, ...], make: Callable[[], dict[str, Any]]) -> Fixed:
-    """The Fixed for `key` (made by `make` the first time); bounded, and cleared when full."""
-    found = _FIXED.get(key)
-    if found is None:
-        if len(_FIXED) >= FIXED_MAX:
-            _FIXED.clear()
-        found = _FIXED[key] = Fixed(make())
+def fixed(cache: dict[Any, Fixed], key: Any, make: Callable[..., Fixed]) -> Fixed:
+    """The Fixed made by `make(*key)`, kept in `cache` (bounded, and cleared when full)."""
+    if len(cache) >= FIXED_MAX:
+        cache.clear()
+    found = cache[key] = make(*key)
     return found
 
 
-# --- protobuf, by hand: only the fields chatgate sends --------------------------------------------------
+# --- what the spans are ----------------------------------------------------------------------------
+
+# an attempt that failed: span id, start, end, its Fixed, DeepSeek's status (if any), error.type
+Failed = tuple[int, int, int, Fixed, int | None, str]
+
+
+class ExchangeTrace(Protocol):
+    """What the export thread reads of a request's trace (app.tracing.spans.ExchangeTrace)."""
+
+    trace_id: int
+    span_id: int
+    parent_id: int
+    remote_parent: bool
+    trace_state: str
+    start: int
+    end: int
+    request_id: str
+    server: Fixed | None
+    record: UsageRecord | None
+    status_code: int
+    early_code: str | None
+    rules: tuple[str, ...] | None
+    attempt: tuple[int, int, Fixed] | None
+    attempt_end: int
+    failed: list[Failed] | None
+    resp_id: str | None
+    resp_model: str | None
+    reasons: list[str] | None
+    first_chunk: float | None
+    content: tuple[str | None, str | None] | None
+
+
+class SpanRecord(NamedTuple):
+    name: str
+    kind: int
+    span_id: int
+    parent_id: int
+    remote_parent: bool
+    start: int
+    end: int
+    attributes: dict[str, Any]
+    status: int
+
+
+def span_count(trace: ExchangeTrace) -> int:
+    """The spans of a queued trace: its SERVER span, its failed attempts, its last attempt."""
+    return 1 + (len(trace.failed) if trace.failed else 0) + (trace.attempt is not None)
+
+
+def spans_count(traces: Iterable[ExchangeTrace]) -> int:
+    return sum(map(span_count, traces))
+
+
+def attempt_error(outcome: str, status: int, upstream_status: int | None) -> str | None:
+    if upstream_status is not None and upstream_status >= 400:
+        return str(upstream_status)
+    if outcome == "ok":
+        return None
+    if outcome == "upstream_failed":
+        return "timeout" if status == 504 else "upstream_failed"
+    return outcome
+
+
+def spans_of(t: ExchangeTrace) -> list[SpanRecord]:
+    """The trace's spans, in the order they ended: each failed attempt, the last attempt, the request."""
+    out = []
+    for span_id, start, end, shared, code, error_type in t.failed or ():
+        attrs = dict(shared.attributes)
+        if code is not None:
+            attrs["http.response.status_code"] = code
+        attrs["error.type"] = error_type
+        out.append(SpanRecord(shared.name, CLIENT, span_id, t.span_id, False, start, end, attrs,
+                              STATUS_ERROR))
+    record, status = t.record, t.status_code
+    if t.attempt is not None and record is not None:
+        span_id, start, shared = t.attempt
+        attrs = dict(shared.attributes)
+        outcome = record.outcome
+        if record.upstream_status is not None:
+            attrs["http.response.status_code"] = record.upstream_status
+        if t.resp_id is not None:
+            attrs["gen_ai.response.id"] = t.resp_id
+        if t.resp_model is not None or outcome == "ok":
+            attrs["gen_ai.response.model"] = t.resp_model or record.model
+        if t.reasons:
+            attrs["gen_ai.response.finish_reasons"] = list(t.reasons)
+        if t.first_chunk is not None:
+            attrs["gen_ai.response.time_to_first_chunk"] = t.first_chunk
+        if outcome in ("ok", "client_disconnected") or record.prompt_tokens or record.completion_tokens:
+            attrs["gen_ai.usage.input_tokens"] = record.prompt_tokens
+            attrs["gen_ai.usage.output_tokens"] = record.completion_tokens
+            attrs["gen_ai.usage.cache_read.input_tokens"] = record.prompt_cache_hit_tokens
+            attrs["gen_ai.usage.reasoning.output_tokens"] = record.reasoning_tokens
+            if not record.tokens_exact:
+                attrs["chatgate.tokens_exact"] = False
+        attrs["chatgate.outcome"] = outcome
+        error = attempt_error(outcome, status, record.upstream_status)
+        if error is not None:
+            attrs["error.type"] = error
+        if t.content is not None:
+            if t.content[0] is not None:
+                attrs["gen_ai.input.messages"] = t.content[0]
+            if t.content[1] is not None:
+                attrs["gen_ai.output.messages"] = t.content[1]
+        failed = error is not None and outcome != "client_disconnected"
+        out.append(SpanRecord(shared.name, CLIENT, span_id, t.span_id, False, start, t.attempt_end, attrs,
+                              STATUS_ERROR if failed else STATUS_UNSET))
+    server = t.server
+    assert server is not None  # a sampled trace's
+    attrs = dict(server.attributes)
+    attrs["chatgate.request_id"] = t.request_id
+    attrs["http.response.status_code"] = status
+    if record is None:  # refused before its body was read (ExchangeTrace.early)
+        attrs["error.type"] = str(status)
+        attrs["chatgate.outcome"] = "refused"
+        if t.early_code:
+            attrs["chatgate.rules"] = [t.early_code]
+    else:
+        attrs["chatgate.outcome"] = record.outcome
+        attrs["chatgate.team"] = record.team
+        attrs["chatgate.key_id"] = record.key_id
+        attrs["chatgate.cost_usd"] = record.cost_picousd / 1e12
+        attrs["gen_ai.request.model"] = record.model
+        if record.repairs:
+            attrs["chatgate.repairs"] = record.repairs.split(",")
+        if t.rules:
+            attrs["chatgate.rules"] = list(t.rules)
+        elif record.rule_code:
+            attrs["chatgate.rules"] = [record.rule_code]
+        if status >= 400:
+            attrs["error.type"] = str(status)
+    out.append(SpanRecord(server.name, SERVER, t.span_id, t.parent_id, t.remote_parent, t.start, t.end, attrs,
+                          STATUS_ERROR if status >= 500 else STATUS_UNSET))
+    return out
+
+
+def readable(traces: Sequence[ExchangeTrace], resource: Any, scope: Any) -> list[Any]:
+    """The spans as the SDK's ReadableSpans, for an exporter that encodes them itself (gRPC)."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import ReadableSpan
+
+    kinds = {SERVER: trace.SpanKind.SERVER, CLIENT: trace.SpanKind.CLIENT}
+    flags = trace.TraceFlags(FLAG_SAMPLED)
+    out = []
+    for t in traces:
+        state = trace.TraceState.from_header([t.trace_state]) if t.trace_state else None
+        for s in spans_of(t):
+            ctx = trace.SpanContext(t.trace_id, s.span_id, False, flags, state)
+            parent = trace.SpanContext(t.trace_id, s.parent_id, s.remote_parent, flags, state) \
+                if s.parent_id else None
+            code = trace.StatusCode.ERROR if s.status == STATUS_ERROR else trace.StatusCode.UNSET
+            status = trace.Status(code)
+            out.append(ReadableSpan(s.name, ctx, parent, resource, s.attributes, kind=kinds[s.kind],
+                                    status=status, start_time=s.start, end_time=s.end,
+                                    instrumentation_scope=scope))
+    return out
+
+
+# --- protobuf, by hand: only the fields chatgate sends ---------------------------------------------
 
 _pack_double = struct.Struct("<d").pack
-_pack_fixed64 = struct.Struct("<Q").pack
 _pack_fixed32 = struct.Struct("<I").pack
+_pack_u64 = struct.Struct(">Q").pack
 
 
 def _varint(n: int) -> bytes:
@@ -103,7 +246,7 @@ def _any_value(value: Any) -> bytes:
     if isinstance(value, bool):
         return b"\x10\x01" if value else b"\x10\x00"
     if isinstance(value, int):
-        return b"\x18" + _varint(value & 0xFFFFFFFFFFFFFFFF)
+        return b"\x18" + _varint(value & MASK64)
     if isinstance(value, float):
         return b"\x21" + _pack_double(value)
     if isinstance(value, (list, tuple)):
@@ -111,114 +254,195 @@ def _any_value(value: Any) -> bytes:
     return _field(0x0A, str(value).encode("utf-8", "replace"))
 
 
-_KEYS: dict[str, bytes] = {}
-# KeyValues already encoded, by (key, value) for str and int values: most repeat from span to span (the
-# method, route, team, key, model, status); bounded, and cleared when full.
-_KV: dict[tuple[Any, ...], bytes] = {}
-KV_CACHE_MAX = 8192
-
-
-def _kv(key: str, value: Any) -> bytes:
-    """A KeyValue message, its length first."""
-    head = _KEYS.get(key)
-    if head is None:
-        head = _KEYS[key] = _field(0x0A, key.encode())
+def _entry(tag: int, head: bytes, value: Any) -> bytes:
+    """A KeyValue (`head` its encoded key) in the repeated field `tag`."""
     body = head + _field(0x12, _any_value(value))
-    return _varint(len(body)) + body
-
-
-UNIQUE = frozenset({"chatgate.request_id", "gen_ai.response.id"})  # new with every span: not cached
+    return bytes((tag,)) + _varint(len(body)) + body
 
 
 def _attributes(tag: int, attributes: Mapping[str, Any]) -> bytes:
     """Each attribute as a KeyValue in the repeated field `tag`."""
-    lead = bytes((tag,))
-    cache = _KV
-    out = []
-    for item in attributes.items():
-        value = item[1]
-        kind = type(value)
-        if (kind is str or kind is int) and item[0] not in UNIQUE:
-            kv = cache.get(item)
-            if kv is None:
-                if len(cache) >= KV_CACHE_MAX:
-                    cache.clear()
-                kv = cache[item] = _kv(*item)
-        elif kind is list and len(value) == 1 and type(value[0]) is str:  # a finish reason, a rule, a repair
-            one = (item[0], value[0], list)
-            kv = cache.get(one)
-            if kv is None:
-                if len(cache) >= KV_CACHE_MAX:
-                    cache.clear()
-                kv = cache[one] = _kv(*item)
-        else:
-            kv = _kv(*item)
-        out.append(lead + kv)
-    return b"".join(out)
+    return b"".join(_entry(tag, _field(0x0A, k.encode()), v) for k, v in attributes.items())
 
+
+KV_CACHE_MAX = 1024
+
+
+class _Entries(dict[Any, bytes]):
+    """One span attribute's encoded entries (tag, length, KeyValue) by value, each made the first time it is
+    asked for (`convert` makes the attribute's value from the key); bounded, and cleared when full."""
+
+    __slots__ = ("convert", "head")
+
+    def __init__(self, key: str, convert: Callable[[Any], Any] | None = None) -> None:
+        super().__init__()
+        self.head = _field(0x0A, key.encode())
+        self.convert = convert
+
+    def __missing__(self, value: Any) -> bytes:
+        if len(self) >= KV_CACHE_MAX:
+            self.clear()
+        entry = self[value] = _entry(0x4A, self.head, value if self.convert is None else self.convert(value))
+        return entry
+
+    def fresh(self, value: str) -> bytes:
+        """The entry of a value that is new with every span (a request id, a response id): not kept."""
+        raw = value.encode("utf-8", "replace")
+        n = len(raw)
+        if n < 0x7C - len(self.head):  # every length fits in one byte
+            return (b"\x4a" + bytes((len(self.head) + n + 4,)) + self.head + b"\x12" + bytes((n + 2,))
+                    + b"\x0a" + bytes((n,)) + raw)
+        return _entry(0x4A, self.head, value)
+
+
+def _double_prefix(key: str) -> bytes:
+    """An entry of a float attribute up to its 8 bytes (its length does not depend on the value)."""
+    head = _field(0x0A, key.encode())
+    return b"\x4a" + _varint(len(head) + 11) + head + b"\x12\x09\x21"
+
+
+# the attributes of each span that are not in its Fixed, in the order spans_of sets them
+_HTTP_STATUS = _Entries("http.response.status_code")
+_RESP_ID = _Entries("gen_ai.response.id")
+_RESP_MODEL = _Entries("gen_ai.response.model")
+_REASON = _Entries("gen_ai.response.finish_reasons", lambda r: [r])  # by the one reason
+_REASONS = _Entries("gen_ai.response.finish_reasons", list)  # by the tuple of several
+_FIRST_CHUNK = _double_prefix("gen_ai.response.time_to_first_chunk")
+_INPUT = _Entries("gen_ai.usage.input_tokens")
+_OUTPUT = _Entries("gen_ai.usage.output_tokens")
+_CACHE_READ = _Entries("gen_ai.usage.cache_read.input_tokens")
+_REASONING = _Entries("gen_ai.usage.reasoning.output_tokens")
+_INEXACT = _entry(0x4A, _field(0x0A, b"chatgate.tokens_exact"), False)
+_OUTCOME = _Entries("chatgate.outcome")
+_ERROR = _Entries("error.type")
+_REQUEST_ID = _Entries("chatgate.request_id")
+_TEAM = _Entries("chatgate.team")
+_KEY_ID = _Entries("chatgate.key_id")
+_COST = _double_prefix("chatgate.cost_usd")
+_REQ_MODEL = _Entries("gen_ai.request.model")
+_REPAIRS = _Entries("chatgate.repairs", lambda r: r.split(","))
+_RULES = _Entries("chatgate.rules", list)  # by the tuple of the refusal's rule codes
+_RULE = _Entries("chatgate.rules", lambda r: [r])
+_STATUS_ERROR = _Entries("error.type", str)  # by the status code
+_CONTENT_IN = _Entries("gen_ai.input.messages")
+_CONTENT_OUT = _Entries("gen_ai.output.messages")
+_NO_ERROR_KINDS = frozenset(("ok", "client_disconnected"))
 
 # trace_id, span_id; then (after the optional trace_state, parent, name) kind, start and end times
 _IDS = struct.Struct(">2sQQ2sQ")  # the 16-byte trace id as two big-endian halves
 _TIMES = struct.Struct("<BBBQBQ")
-
-
-def encode_span(span: LeanSpan) -> bytes:
-    trace_id = span.trace_id
-    parts = [_IDS.pack(b"\x0a\x10", trace_id >> 64, trace_id & 0xFFFFFFFFFFFFFFFF, b"\x12\x08", span.span_id)]
-    if span.trace_state:
-        parts.append(_field(0x1A, span.trace_state.encode("ascii", "replace")))
-    if span.parent_id:
-        parts.append(b"\x22\x08" + span.parent_id.to_bytes(8, "big"))
-    name = _NAMES.get(span.name)
-    if name is None:
-        if len(_NAMES) >= 1024:
-            _NAMES.clear()
-        name = _NAMES[span.name] = _field(0x2A, span.name.encode("utf-8", "replace"))
-    parts.append(name)
-    parts.append(_TIMES.pack(0x30, span.kind, 0x39, span.start, 0x41, span.end))
-    if span.fixed is not None:
-        parts.append(span.fixed.encoded)
-    parts.append(_attributes(0x4A, span.attributes))
-    if span.status:
-        parts.append(b"\x7a\x02\x18" + bytes((span.status,)))
-    parts.append(_FLAGS_REMOTE if span.remote_parent else _FLAGS_LOCAL)
-    return b"".join(parts)
-
-
-_NAMES: dict[str, bytes] = {}  # span names: a route's, an operation and model's (bounded by the routes and
-# the models profiled; a client's model name is cut to 200 characters and the dict is cleared past 1024)
 _FLAGS_LOCAL = b"\x85\x01" + _pack_fixed32(FLAG_SAMPLED | FLAG_HAS_REMOTE)
 _FLAGS_REMOTE = b"\x85\x01" + _pack_fixed32(FLAG_SAMPLED | FLAG_HAS_REMOTE | FLAG_REMOTE)
+_STATUS_FIELD = b"\x7a\x02\x18\x02"  # Status{code: ERROR}
+_SPAN_HEADS = [b"\x12" + _varint(n) for n in range(4096)]  # ScopeSpans.spans, by the span's length
 
 
-def encode_request(spans: Iterable[LeanSpan], resource: Mapping[str, Any], scope_name: str,
-                   scope_version: str, schema_url: str) -> bytes:
-    """An ExportTraceServiceRequest: one resource, one instrumentation scope, the spans."""
-    scope = _field(0x0A, scope_name.encode())
-    if scope_version:
-        scope += _field(0x12, scope_version.encode())
-    body = b"".join(_field(0x12, encode_span(s)) for s in spans)
-    scope_spans = _field(0x0A, scope) + body + (_field(0x1A, schema_url.encode()) if schema_url else b"")
-    resource_spans = (_field(0x0A, _attributes(0x0A, resource)) + _field(0x12, scope_spans)
-                      + (_field(0x1A, schema_url.encode()) if schema_url else b""))
-    return _field(0x0A, resource_spans)
+def _add_span(out: list[bytes], parts: list[bytes]) -> None:
+    body = b"".join(parts)
+    n = len(body)
+    out.append(_SPAN_HEADS[n] if n < 4096 else b"\x12" + _varint(n))
+    out.append(body)
 
 
-def readable(spans: Sequence[LeanSpan], resource: Any, scope: Any) -> list[Any]:
-    """The spans as the SDK's ReadableSpans, for an exporter that encodes them itself (gRPC)."""
-    from opentelemetry import trace
-    from opentelemetry.sdk.trace import ReadableSpan
+def _encode_trace(t: ExchangeTrace, out: list[bytes]) -> None:
+    """The trace's spans (as `spans_of` has them) as ScopeSpans.spans fields, appended to `out`."""
+    hi, lo = t.trace_id >> 64, t.trace_id & MASK64
+    state = _field(0x1A, t.trace_state.encode("ascii", "replace")) if t.trace_state else b""
+    parent = b"\x22\x08" + _pack_u64(t.span_id)  # the CLIENT spans'
+    for span_id, start, end, shared, code, error_type in t.failed or ():
+        _add_span(out, [_IDS.pack(b"\x0a\x10", hi, lo, b"\x12\x08", span_id), state, parent,
+                        shared.name_field, _TIMES.pack(0x30, CLIENT, 0x39, start, 0x41, end), shared.encoded,
+                        b"" if code is None else _HTTP_STATUS[code], _ERROR[error_type], _STATUS_FIELD,
+                        _FLAGS_LOCAL])
+    record, status = t.record, t.status_code
+    if t.attempt is not None and record is not None:
+        span_id, start, shared = t.attempt
+        parts = [_IDS.pack(b"\x0a\x10", hi, lo, b"\x12\x08", span_id), state, parent, shared.name_field,
+                 _TIMES.pack(0x30, CLIENT, 0x39, start, 0x41, t.attempt_end), shared.encoded]
+        outcome, upstream = record.outcome, record.upstream_status
+        if upstream is not None:
+            parts.append(_HTTP_STATUS[upstream])
+        if t.resp_id is not None:
+            parts.append(_RESP_ID.fresh(t.resp_id))
+        if t.resp_model is not None or outcome == "ok":
+            parts.append(_RESP_MODEL[t.resp_model or record.model])
+        reasons = t.reasons
+        if reasons:
+            parts.append(_REASON[reasons[0]] if len(reasons) == 1 else _REASONS[tuple(reasons)])
+        if t.first_chunk is not None:
+            parts.append(_FIRST_CHUNK + _pack_double(t.first_chunk))
+        if outcome in _NO_ERROR_KINDS or record.prompt_tokens or record.completion_tokens:
+            parts += (_INPUT[record.prompt_tokens], _OUTPUT[record.completion_tokens],
+                      _CACHE_READ[record.prompt_cache_hit_tokens], _REASONING[record.reasoning_tokens])
+            if not record.tokens_exact:
+                parts.append(_INEXACT)
+        parts.append(_OUTCOME[outcome])
+        if outcome == "ok" and (upstream is None or upstream < 400):
+            failed = False
+        else:
+            error = attempt_error(outcome, status, upstream)
+            failed = error is not None and outcome != "client_disconnected"
+            if error is not None:
+                parts.append(_ERROR[error])
+        if t.content is not None:
+            if t.content[0] is not None:
+                parts.append(_CONTENT_IN.fresh(t.content[0]))
+            if t.content[1] is not None:
+                parts.append(_CONTENT_OUT.fresh(t.content[1]))
+        if failed:
+            parts.append(_STATUS_FIELD)
+        parts.append(_FLAGS_LOCAL)
+        _add_span(out, parts)
+    server = t.server
+    assert server is not None  # a sampled trace's
+    parts = [_IDS.pack(b"\x0a\x10", hi, lo, b"\x12\x08", t.span_id), state]
+    if t.parent_id:
+        parts.append(b"\x22\x08" + _pack_u64(t.parent_id))
+    parts += (server.name_field, _TIMES.pack(0x30, SERVER, 0x39, t.start, 0x41, t.end), server.encoded,
+              _REQUEST_ID.fresh(t.request_id), _HTTP_STATUS[status])
+    if record is None:  # refused before its body was read
+        parts += (_STATUS_ERROR[status], _OUTCOME["refused"])
+        if t.early_code:
+            parts.append(_RULE[t.early_code])
+    else:
+        parts += (_OUTCOME[record.outcome], _TEAM[record.team], _KEY_ID[record.key_id],
+                  _COST + _pack_double(record.cost_picousd / 1e12), _REQ_MODEL[record.model])
+        if record.repairs:
+            parts.append(_REPAIRS[record.repairs])
+        if t.rules:
+            parts.append(_RULES[t.rules])
+        elif record.rule_code:
+            parts.append(_RULE[record.rule_code])
+        if status >= 400:
+            parts.append(_STATUS_ERROR[status])
+    if status >= 500:
+        parts.append(_STATUS_FIELD)
+    parts.append(_FLAGS_REMOTE if t.remote_parent else _FLAGS_LOCAL)
+    _add_span(out, parts)
 
-    kinds = {SERVER: trace.SpanKind.SERVER, CLIENT: trace.SpanKind.CLIENT}
-    out = []
-    for s in spans:
-        state = trace.TraceState.from_header([s.trace_state]) if s.trace_state else None
-        ctx = trace.SpanContext(s.trace_id, s.span_id, False, trace.TraceFlags(FLAG_SAMPLED), state)
-        parent = trace.SpanContext(s.trace_id, s.parent_id, s.remote_parent, trace.TraceFlags(FLAG_SAMPLED),
-                                   state) if s.parent_id else None
-        status = trace.Status(trace.StatusCode.ERROR if s.status == STATUS_ERROR else trace.StatusCode.UNSET)
-        attributes = {**s.fixed.attributes, **s.attributes} if s.fixed is not None else s.attributes
-        out.append(ReadableSpan(s.name, ctx, parent, resource, attributes, kind=kinds[s.kind],
-                                status=status, start_time=s.start, end_time=s.end,
-                                instrumentation_scope=scope))
-    return out
+
+class Head:
+    """What every export request of a process has alike: its resource, its scope, the schema URL."""
+
+    __slots__ = ("resource", "schema", "scope")
+
+    def __init__(self, resource: Mapping[str, Any], scope_name: str, scope_version: str, schema_url: str
+                 ) -> None:
+        scope = _field(0x0A, scope_name.encode())
+        if scope_version:
+            scope += _field(0x12, scope_version.encode())
+        self.scope = _field(0x0A, scope)
+        self.schema = _field(0x1A, schema_url.encode()) if schema_url else b""
+        self.resource = _field(0x0A, _attributes(0x0A, resource))
+
+
+def encode_request(traces: Iterable[ExchangeTrace], head: Head) -> bytes:
+    """An ExportTraceServiceRequest: one resource, one instrumentation scope, the traces' spans."""
+    spans: list[bytes] = []
+    for t in traces:
+        _encode_trace(t, spans)
+    scope_len = len(head.scope) + sum(map(len, spans)) + len(head.schema)
+    scope_head = b"\x12" + _varint(scope_len)  # ResourceSpans.scope_spans
+    resource_len = len(head.resource) + len(scope_head) + scope_len + len(head.schema)
+    return b"".join((b"\x0a", _varint(resource_len), head.resource, scope_head, head.scope, *spans,
+                     head.schema, head.schema))

@@ -17,7 +17,7 @@ from typing import Any
 
 from app.settings import TracingSettings
 from app.tracing.counts import CountingExporter, TraceCounts
-from app.tracing.lean import encode_request, readable
+from app.tracing.lean import Head, encode_request, readable, spans_count
 from app.tracing.spans import Tracing
 
 log = logging.getLogger("chatgate.tracing")
@@ -83,7 +83,8 @@ def build_tracing(settings: TracingSettings, env: Mapping[str, str] | None = Non
         attributes[SERVICE_NAME] = "chatgate"
     resource = Resource.create(attributes)  # + OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME
     scope = InstrumentationScope("chatgate", _version(), SCHEMA_URL)
-    counts = TraceCounts(CountingExporter(LeanExporter(_exporter(settings, env), resource, scope)))
+    exporter = LeanExporter(_exporter(settings, env), resource, scope)
+    counts = TraceCounts(CountingExporter(exporter, spans_count))
     parent_based, ratio = sampler_of(settings, env)
     return Tracing(_processor(counts, settings), counts, settings.capture_content, parent_based, ratio)
 
@@ -98,15 +99,15 @@ def _version() -> str:
 
 
 class LeanExporter:
-    """Exports chatgate's LeanSpans: over OTLP/HTTP encoded by app.tracing.lean and sent by the official
-    exporter's HTTP client (its endpoint, headers, compression, retries and timeout); to any other exporter
-    as the SDK's ReadableSpans."""
+    """Exports chatgate's traces (an ExchangeTrace per request): over OTLP/HTTP encoded by
+    app.tracing.lean and sent by the official exporter's HTTP client (its endpoint, headers, compression,
+    retries and timeout); to any other exporter as the SDK's ReadableSpans."""
 
     def __init__(self, inner: Any, resource: Any, scope: Any) -> None:
         self.inner = inner
         self.resource = resource
-        self.resource_attributes = dict(resource.attributes)
         self.scope = scope
+        self.head = Head(dict(resource.attributes), scope.name, scope.version or "", SCHEMA_URL)
         self._client = getattr(inner, "_client", None) if type(inner).__module__.startswith(
             "opentelemetry.exporter.otlp.proto.http") else None
 
@@ -117,8 +118,7 @@ class LeanExporter:
             return self.inner.export(readable(spans, self.resource, self.scope))
         if getattr(self.inner, "_shutdown", False):
             return SpanExportResult.FAILURE
-        data = encode_request(spans, self.resource_attributes, self.scope.name, self.scope.version or "",
-                              SCHEMA_URL)
+        data = encode_request(spans, self.head)
         result = self._client.export(data)
         return SpanExportResult.SUCCESS if result.success else SpanExportResult.FAILURE
 
@@ -150,11 +150,13 @@ def _exporter(settings: TracingSettings, env: Mapping[str, str]) -> Any:
 
 
 def _processor(counts: TraceCounts, settings: TracingSettings) -> Any:
+    """The SDK's batch processor; its queue holds a request's trace as one item (its SERVER span and a
+    CLIENT span per attempt): `tracing.max_queue_size` spans are as many requests of two spans."""
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-    batch = min(512, settings.max_queue_size)
-    processor = BatchSpanProcessor(counts.exporter, max_queue_size=settings.max_queue_size,  # type: ignore[arg-type]
-                                  max_export_batch_size=batch,
+    queue = max(1, settings.max_queue_size // 2)
+    processor = BatchSpanProcessor(counts.exporter, max_queue_size=queue,  # type: ignore[arg-type]
+                                  max_export_batch_size=min(256, queue),
                                   export_timeout_millis=settings.export_timeout_seconds * 1000)
     counts.watch(processor)
     return processor
