@@ -25,6 +25,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("app.settings",),
     ("app.fim",),  # the FIM completion family, built on the OpenAI family's wire pieces
     ("app.openai", "app.anthropic", "app.responses"),
+    # what the gateway needs from a family, and the base with its defaults that the families build on
+    ("app.gateway.family",),
     ("app.repair",),  # the repairs' vocabulary and the memory of relayed turns, shared by the families
     ("app.metering",),
     ("app.store",),  # where keys, usage, limits, turns, file owners and alerts live: SQLite or PostgreSQL

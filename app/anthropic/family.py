@@ -13,9 +13,10 @@ from app.anthropic.repairs import message_index, repair_messages, thinking_wante
 from app.anthropic.rules import Options, check_body
 from app.anthropic.stream import MessagesMeter, StreamedThinkingTurn, tokens_from_usage, turn_from_message
 from app.errors import APIError, Problem
+from app.gateway.family import FamilyBase
 from app.metering.usage import TokenCounts
 from app.profiles import ModelProfile
-from app.repair.base import Applied, InPlace, RepairOptions, Turn
+from app.repair.base import Applied, RepairOptions, Turn
 from app.sse import LineWatcher
 from app.verdict import Verdict
 
@@ -24,7 +25,7 @@ ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "
                529: "overloaded_error"}
 
 
-class MessagesFamily:
+class MessagesFamily(FamilyBase):
     name = "anthropic-messages"
     turn_kind = "anthropic"
     restore_codes = frozenset({"thinking_block_missing"})
@@ -50,9 +51,6 @@ class MessagesFamily:
     def turns_to_restore(self, data: dict[str, Any], found: Sequence[Problem], options: RepairOptions
                          ) -> dict[int, tuple[tuple[str, ...], tuple[str, ...]]]:
         return thinking_wanted(data, found, options)
-
-    def restore_in_place(self, body: bytes, verdict: Verdict, options: RepairOptions) -> InPlace | None:
-        return None
 
     def turn_of(self, data: dict[str, Any], problem: Problem) -> tuple[str, ...] | None:
         i = message_index(problem)
@@ -101,11 +99,6 @@ class MessagesFamily:
     def prompt_text(self, data: dict[str, Any]) -> str:
         return prompt_text(data)
 
-    def ask_stream_usage(self, data: dict[str, Any]) -> bytes | None:
-        return None  # DeepSeek always sends usage in message_start and message_delta
-
-    def usage_filter(self) -> None:
-        return None
 
 
 def prompt_text(data: dict[str, Any]) -> str:

@@ -8,19 +8,15 @@ are not DeepSeek routes: `not_on_beta` is their 404, saying where FIM is.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-import orjson
-
-from app.errors import APIError, Problem
+from app.errors import APIError
 from app.fim.rules import check_fim
 from app.fim.stream import FimStreamMeter
-from app.metering.usage import TokenCounts, tokens_from_usage
+from app.gateway.family import FamilyBase
+from app.openai.chat import ChatFamily
 from app.openai.rules import Policy
-from app.openai.stream import UsageStripper
-from app.profiles import ModelProfile
-from app.repair.base import Applied, InPlace, RepairOptions, Turn
 from app.sse import LineWatcher
 from app.verdict import Verdict
 
@@ -28,21 +24,9 @@ FIM_ROUTE = "/beta/completions"
 NOT_ON_BETA = ("/v1/completions", "/completions")  # what clients try when base_url lacks /beta
 
 
-class NoTurns:
-    """FIM answers are text, never tool calls: nothing to remember."""
-
-    def lines(self, batch: bytes) -> None:
-        return None
-
-    def turn(self, reasoning: Callable[[], str]) -> Turn | None:
-        return None
-
-
-class FimFamily:
+class FimFamily(FamilyBase):
     name = "openai-fim"
     turn_kind = "fim"
-    restore_codes: frozenset[str] = frozenset()
-    restore_repair: str | None = None
     routes: Sequence[tuple[str, str, str, bool]] = (
         ("/beta/completions", FIM_ROUTE, FIM_ROUTE, True),
         ("/v1/beta/completions", FIM_ROUTE, FIM_ROUTE, True),
@@ -62,55 +46,16 @@ class FimFamily:
         return Verdict(checked.problems, checked.warnings, req.model, req.stream is True, False, False,
                        req.max_tokens, checked.profile)
 
-    def repairable(self, found: Sequence[Problem], options: RepairOptions) -> bool:
-        return False
-
-    def turns_to_restore(self, data: dict[str, Any], found: Sequence[Problem], options: RepairOptions
-                         ) -> dict[int, tuple[tuple[str, ...], tuple[str, ...]]]:
-        return {}
-
-    def restore_in_place(self, body: bytes, verdict: Verdict, options: RepairOptions) -> InPlace | None:
-        return None
-
-    def turn_of(self, data: dict[str, Any], problem: Problem) -> tuple[str, ...] | None:
-        return None
-
-    def repair(self, data: dict[str, Any], found: Sequence[Problem], options: RepairOptions,
-               profile: ModelProfile | None, recalled: dict[int, str]) -> list[Applied]:
-        return []
-
-    def render_error(self, error: APIError, request_id: str | None) -> tuple[bytes, dict[str, str]]:
-        return error.to_json(), {}
-
-    def stream_error(self, error: APIError) -> bytes:
-        return b"data: " + orjson.dumps({"error": error.body()["error"]}) + b"\n\n"
-
-    def usage(self, answer: Any) -> TokenCounts | None:
-        return tokens_from_usage(answer.get("usage")) if isinstance(answer, dict) else None
-
-    def served_model(self, answer: Any) -> str | None:
-        return None
-
-    def answer_turn(self, answer: Any) -> Turn | None:
-        return None
+    # usage is asked for in a stream, and hidden from a client that did not ask, as on the chat route
+    ask_stream_usage = ChatFamily.ask_stream_usage
+    usage_filter = ChatFamily.usage_filter
 
     def meter(self, watcher: LineWatcher | None = None) -> FimStreamMeter:
         return FimStreamMeter()  # FIM answers have no turns to remember: no one else watches its lines
 
-    def stream_turns(self) -> NoTurns:
-        return NoTurns()
-
     def prompt_text(self, data: dict[str, Any]) -> str:
         return prompt_text(data)
 
-    def ask_stream_usage(self, data: dict[str, Any]) -> bytes | None:
-        options = data.get("stream_options") or {}
-        if not data or not isinstance(options, dict) or options.get("include_usage") is True:
-            return None  # asked already, or a body chatgate did not validate: leave it alone
-        return orjson.dumps({**data, "stream_options": {**options, "include_usage": True}})
-
-    def usage_filter(self) -> UsageStripper:
-        return UsageStripper()
 
 
 def prompt_text(body: dict[str, Any]) -> str:

@@ -1,17 +1,25 @@
 """What the gateway needs from an API family (OpenAI chat, Anthropic messages, …): its rules, its repairs,
 its error shape, its usage and stream formats. A family is a package of pure code that provides one object
-of this shape; the gateway does the rest (auth, limits, forwarding, relaying, metering) the same for all."""
+of this shape; the gateway does the rest (auth, limits, forwarding, relaying, metering) the same for all.
+
+`FamilyBase` holds the defaults (no repairs, no turns to remember, OpenAI's error shape and usage object,
+no usage to ask for in a stream): a family's adapter subclasses it and holds only what differs.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from app.errors import APIError
-from app.metering.usage import TokenCounts
-from app.repair.base import Turn
+import orjson
+
+from app.errors import APIError, Problem
+from app.metering.usage import TokenCounts, tokens_from_usage
+from app.profiles import ModelProfile
+from app.repair.base import Applied, InPlace, RepairOptions, Turn
 from app.repair.loop import Repairable
 from app.sse import LineWatcher
+from app.verdict import Verdict
 
 
 class StreamMeter(Protocol):
@@ -87,3 +95,71 @@ class Family(Repairable, Protocol):
 
     def usage_filter(self) -> ChunkFilter | None:
         """Removes from the stream the usage chatgate asked for and the client did not."""
+
+
+class NoTurns:
+    """The turn collector of a family whose answers are never tool-call turns: nothing to remember."""
+
+    def lines(self, batch: bytes) -> None:
+        return None
+
+    def turn(self, reasoning: Callable[[], str]) -> Turn | None:
+        return None
+
+
+class FamilyBase:
+    """The defaults of `Family`; a family sets `name`, `turn_kind`, `routes`, `validate_routes` and defines
+    `check`, `meter` and `prompt_text`, and whatever else differs."""
+
+    restore_codes: frozenset[str] = frozenset()
+    restore_repair: str | None = None
+
+    # --- repairs: none ---
+
+    def repairable(self, found: Sequence[Problem], options: RepairOptions) -> bool:
+        return False
+
+    def turns_to_restore(self, data: dict[str, Any], found: Sequence[Problem], options: RepairOptions
+                         ) -> dict[int, tuple[tuple[str, ...], tuple[str, ...]]]:
+        return {}
+
+    def restore_in_place(self, body: bytes, verdict: Verdict, options: RepairOptions) -> InPlace | None:
+        return None
+
+    def turn_of(self, data: dict[str, Any], problem: Problem) -> tuple[str, ...] | None:
+        return None
+
+    def repair(self, data: dict[str, Any], found: Sequence[Problem], options: RepairOptions,
+               profile: ModelProfile | None, recalled: dict[int, str]) -> list[Applied]:
+        return []
+
+    # --- errors: OpenAI's shape ---
+
+    def render_error(self, error: APIError, request_id: str | None) -> tuple[bytes, dict[str, str]]:
+        return error.to_json(), {}
+
+    def stream_error(self, error: APIError) -> bytes:
+        """A chat-completions chunk holding the error (the openai SDKs raise it)."""
+        return b"data: " + orjson.dumps({"error": error.body()["error"]}) + b"\n\n"
+
+    # --- the answer: OpenAI's usage object, the model asked for, no turn ---
+
+    def usage(self, answer: Any) -> TokenCounts | None:
+        return tokens_from_usage(answer.get("usage")) if isinstance(answer, dict) else None
+
+    def served_model(self, answer: Any) -> str | None:
+        return None
+
+    def answer_turn(self, answer: Any) -> Turn | None:
+        return None
+
+    def stream_turns(self) -> StreamTurns:
+        return NoTurns()
+
+    # --- streams: their usage comes without asking ---
+
+    def ask_stream_usage(self, data: dict[str, Any]) -> bytes | None:
+        return None
+
+    def usage_filter(self) -> ChunkFilter | None:
+        return None

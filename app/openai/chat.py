@@ -7,8 +7,8 @@ from typing import Any
 
 import orjson
 
-from app.errors import APIError, Problem
-from app.metering.usage import TokenCounts, tokens_from_usage
+from app.errors import Problem
+from app.gateway.family import FamilyBase
 from app.openai.answers import StreamedTurn, turn_from_completion
 from app.openai.repairs import (
     calls_of,
@@ -26,7 +26,7 @@ from app.sse import LineWatcher
 from app.verdict import Verdict
 
 
-class ChatFamily:
+class ChatFamily(FamilyBase):
     name = "openai-chat"
     turn_kind = "chat"
     restore_codes = frozenset({"reasoning_content_missing"})
@@ -76,18 +76,6 @@ class ChatFamily:
     def repair(self, data: dict[str, Any], found: Sequence[Problem], options: RepairOptions,
                profile: ModelProfile | None, recalled: dict[int, str]) -> list[Applied]:
         return repair_chat(data, found, options, profile, recalled)
-
-    def render_error(self, error: APIError, request_id: str | None) -> tuple[bytes, dict[str, str]]:
-        return error.to_json(), {}
-
-    def stream_error(self, error: APIError) -> bytes:
-        return b"data: " + orjson.dumps({"error": error.body()["error"]}) + b"\n\n"
-
-    def usage(self, answer: Any) -> TokenCounts | None:
-        return tokens_from_usage(answer.get("usage")) if isinstance(answer, dict) else None
-
-    def served_model(self, answer: Any) -> str | None:
-        return None
 
     def answer_turn(self, answer: Any) -> Turn | None:
         return turn_from_completion(answer)

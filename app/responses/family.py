@@ -10,9 +10,10 @@ from typing import Any
 import orjson
 
 from app.errors import APIError, Problem
+from app.gateway.family import FamilyBase
 from app.metering.usage import TokenCounts
 from app.profiles import ModelProfile
-from app.repair.base import Applied, InPlace, RepairOptions, Turn
+from app.repair.base import Applied, RepairOptions, Turn
 from app.responses.repairs import reasoning_wanted, repair_responses, turn_of, wanted
 from app.responses.rules import Options, check_body
 from app.responses.stream import ResponsesMeter, StreamedTurn, tokens_from_usage, turn_from_response
@@ -23,7 +24,7 @@ ROUTE = "/responses"
 COMPACT_PATHS = ("/responses/compact", "/v1/responses/compact")
 
 
-class ResponsesFamily:
+class ResponsesFamily(FamilyBase):
     name = "openai-responses"
     turn_kind = "responses"
     restore_codes = frozenset({"reasoning_text_missing"})
@@ -49,18 +50,12 @@ class ResponsesFamily:
                          ) -> dict[int, tuple[tuple[str, ...], tuple[str, ...]]]:
         return reasoning_wanted(data, found, options)
 
-    def restore_in_place(self, body: bytes, verdict: Verdict, options: RepairOptions) -> InPlace | None:
-        return None
-
     def turn_of(self, data: dict[str, Any], problem: Problem) -> tuple[str, ...] | None:
         return turn_of(data, problem)
 
     def repair(self, data: dict[str, Any], found: Sequence[Problem], options: RepairOptions,
                profile: ModelProfile | None, recalled: dict[int, str]) -> list[Applied]:
         return repair_responses(data, found, options, recalled)
-
-    def render_error(self, error: APIError, request_id: str | None) -> tuple[bytes, dict[str, str]]:
-        return error.to_json(), {}
 
     def stream_error(self, error: APIError) -> bytes:
         """OpenAI's `error` stream event; its `error` object also makes the openai SDKs raise."""
@@ -88,11 +83,6 @@ class ResponsesFamily:
     def prompt_text(self, data: dict[str, Any]) -> str:
         return prompt_text(data)
 
-    def ask_stream_usage(self, data: dict[str, Any]) -> bytes | None:
-        return None  # response.completed always carries the usage
-
-    def usage_filter(self) -> None:
-        return None
 
 
 def compaction_not_served(path: str) -> APIError:
