@@ -13,7 +13,7 @@ from app.anthropic.repairs import message_index, repair_messages, thinking_wante
 from app.anthropic.rules import Options, check_body
 from app.anthropic.stream import MessagesMeter, StreamedThinkingTurn, tokens_from_usage, turn_from_message
 from app.errors import APIError, Problem
-from app.gateway.family import FamilyBase
+from app.gateway.family import CountRoutes, FamilyBase
 from app.metering.usage import TokenCounts
 from app.profiles import ModelProfile
 from app.repair.base import Applied, RepairOptions, Turn
@@ -23,6 +23,19 @@ from app.verdict import Verdict
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
                529: "overloaded_error"}
+
+
+COUNT_TOKENS_LABEL = "/anthropic/v1/messages/count_tokens"
+COUNT_TOKENS_PATHS = (COUNT_TOKENS_LABEL, "/anthropic/messages/count_tokens")
+
+
+def count_text(data: Any) -> str:
+    """The text `count_tokens` counts (chatgate answers it: DeepSeek documents no such route), or the 400."""
+    if not isinstance(data, dict) or not isinstance(data.get("messages"), list):
+        raise APIError(400, "count_tokens needs a JSON object with 'model' and 'messages', as for "
+                       "/anthropic/v1/messages.", "invalid_request_error", "messages",
+                       "missing_required_parameter")
+    return prompt_text(data)
 
 
 class MessagesFamily(FamilyBase):
@@ -37,6 +50,7 @@ class MessagesFamily(FamilyBase):
     validate_routes: Sequence[tuple[str, bool]] = (
         ("/anthropic/v1/messages/validate", False), ("/anthropic/messages/validate", False),
     )
+    token_counts: CountRoutes = tuple((path, COUNT_TOKENS_LABEL, count_text) for path in COUNT_TOKENS_PATHS)
 
     def __init__(self, profiles: dict[str, ModelProfile], options: Options) -> None:
         self.profiles = profiles

@@ -14,7 +14,7 @@ from typing import Any
 from app.errors import APIError
 from app.fim.rules import check_fim
 from app.fim.stream import FimStreamMeter
-from app.gateway.family import FamilyBase
+from app.gateway.family import FamilyBase, NotServed
 from app.openai.chat import ChatFamily
 from app.openai.rules import Policy
 from app.sse import LineWatcher
@@ -22,6 +22,14 @@ from app.verdict import Verdict
 
 FIM_ROUTE = "/beta/completions"
 NOT_ON_BETA = ("/v1/completions", "/completions")  # what clients try when base_url lacks /beta
+
+
+def not_on_beta(path: str, origin: str | None = None) -> APIError:
+    """The 404 for `/v1/completions` and `/completions`: FIM is a Beta feature, served on /beta."""
+    base = f"{origin}/beta" if origin else "…/beta"
+    return APIError(404, f"Unknown route: {path}. FIM (fill-in-the-middle) completions are a DeepSeek Beta "
+                         f"feature served on /beta only: set base_url to {base} (POST {base}/completions).",
+                    "invalid_request_error", None, "not_found")
 
 
 class FimFamily(FamilyBase):
@@ -34,6 +42,7 @@ class FimFamily(FamilyBase):
     validate_routes: Sequence[tuple[str, bool]] = (
         ("/beta/completions/validate", True), ("/v1/beta/completions/validate", True),
     )
+    not_served: NotServed = tuple((path, not_on_beta) for path in NOT_ON_BETA)  # FIM is on /beta only
 
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
@@ -62,11 +71,3 @@ def prompt_text(body: dict[str, Any]) -> str:
     """What the model reads: the prompt, then the suffix."""
     parts = (body.get("prompt"), body.get("suffix"))
     return "".join(part for part in parts if isinstance(part, str))
-
-
-def not_on_beta(path: str, origin: str | None = None) -> APIError:
-    """The 404 for `/v1/completions` and `/completions`: FIM is a Beta feature, served on /beta."""
-    base = f"{origin}/beta" if origin else "…/beta"
-    return APIError(404, f"Unknown route: {path}. FIM (fill-in-the-middle) completions are a DeepSeek Beta "
-                         f"feature served on /beta only: set base_url to {base} (POST {base}/completions).",
-                    "invalid_request_error", None, "not_found")

@@ -21,6 +21,12 @@ from app.repair.loop import Repairable
 from app.sse import LineWatcher
 from app.verdict import Verdict
 
+# Paths DeepSeek does not serve that a family's clients ask for, each with the error made from (path, origin)
+NotServed = Sequence[tuple[str, Callable[[str, str | None], APIError]]]
+# Paths where chatgate counts a request's prompt tokens itself: (path, label, the text to count from the
+# parsed body, or an APIError raised)
+CountRoutes = Sequence[tuple[str, str, Callable[[Any], str]]]
+
 
 class StreamMeter(Protocol):
     """Watches the relayed stream's bytes: its usage, its end, and its text for a local estimate."""
@@ -68,6 +74,13 @@ class Family(Repairable, Protocol):
     # (path chatgate serves, label in records and metrics, DeepSeek's path, is it a /beta route)
     routes: Sequence[tuple[str, str, str, bool]]
     validate_routes: Sequence[tuple[str, bool]]  # the dry-run paths (and whether they check as /beta)
+    # Paths DeepSeek does not serve that the family's clients ask for (FIM's /v1/completions, Responses'
+    # /compact): answered by chatgate whatever the method, with the error made from (path, origin).
+    not_served: NotServed
+    # Paths where chatgate counts a request's prompt tokens itself (Anthropic's count_tokens): (path, label,
+    # the text to count from the parsed body, or an APIError raised). The function is a module-level one:
+    # it runs in a checker process for a large body (app/web/count_tokens.py).
+    token_counts: CountRoutes
 
     def render_error(self, error: APIError, request_id: str | None) -> tuple[bytes, dict[str, str]]:
         """The error in this family's shape: body and extra headers."""
@@ -113,6 +126,8 @@ class FamilyBase:
 
     restore_codes: frozenset[str] = frozenset()
     restore_repair: str | None = None
+    not_served: NotServed = ()
+    token_counts: CountRoutes = ()
 
     # --- repairs: none ---
 

@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 
 from app.errors import APIError, Problem
-from app.gateway.family import FamilyBase
+from app.gateway.family import FamilyBase, NotServed
 from app.metering.usage import TokenCounts
 from app.profiles import ModelProfile
 from app.repair.base import Applied, RepairOptions, Turn
@@ -24,6 +24,18 @@ ROUTE = "/responses"
 COMPACT_PATHS = ("/responses/compact", "/v1/responses/compact")
 
 
+def compaction_not_served(path: str, origin: str | None = None) -> APIError:
+    """`/responses/compact` (Codex's remote compaction), whatever the method: DeepSeek has no remote
+    compaction (docs/rules-responses.md#compaction); the 404 says how Codex compacts locally instead."""
+    return APIError(
+        404, f"{path} is not served: DeepSeek has no remote compaction (no /responses/compact and no "
+             "compaction items). Codex compacts remotely only when its model provider is named \"OpenAI\" "
+             "(or is Azure); give the provider another name in ~/.codex/config.toml "
+             "([model_providers.deepseek] name = \"deepseek\") and Codex compacts locally with an ordinary "
+             "/responses turn, which chatgate forwards.",
+        "invalid_request_error", None, "compaction_not_supported")
+
+
 class ResponsesFamily(FamilyBase):
     name = "openai-responses"
     turn_kind = "responses"
@@ -35,6 +47,7 @@ class ResponsesFamily(FamilyBase):
     )
     validate_routes: Sequence[tuple[str, bool]] = (("/v1/responses/validate", False),
                                                    ("/responses/validate", False))
+    not_served: NotServed = tuple((path, compaction_not_served) for path in COMPACT_PATHS)
 
     def __init__(self, profiles: Mapping[str, ModelProfile], options: Options) -> None:
         self.profiles = profiles
@@ -84,16 +97,6 @@ class ResponsesFamily(FamilyBase):
         return prompt_text(data)
 
 
-
-def compaction_not_served(path: str) -> APIError:
-    """`/responses/compact`: DeepSeek has no remote compaction (docs/rules-responses.md#compaction)."""
-    return APIError(
-        404, f"{path} is not served: DeepSeek has no remote compaction (no /responses/compact and no "
-             "compaction items). Codex compacts remotely only when its model provider is named \"OpenAI\" "
-             "(or is Azure); give the provider another name in ~/.codex/config.toml "
-             "([model_providers.deepseek] name = \"deepseek\") and Codex compacts locally with an ordinary "
-             "/responses turn, which chatgate forwards.",
-        "invalid_request_error", None, "compaction_not_supported")
 
 
 def prompt_text(data: dict[str, Any]) -> str:

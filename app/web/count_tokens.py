@@ -1,6 +1,7 @@
-"""`POST /anthropic/v1/messages/count_tokens`: answered by chatgate itself with DeepSeek's V4 tokenizer
-(DeepSeek documents no such route). Authenticated and rate-limited like the messages route (a count takes
-one request of the key's rpm and a concurrency slot, no tokens); nothing is forwarded or billed.
+"""The routes where chatgate counts a request's tokens itself, as each family declares them
+(`Family.token_counts`: Anthropic's `POST /anthropic/v1/messages/count_tokens`, which DeepSeek documents
+not), with DeepSeek's V4 tokenizer. Authenticated and rate-limited like the family's forwarded route (a count
+takes one request of the key's rpm and a concurrency slot, no tokens); nothing is forwarded or billed.
 
 What one count may cost is bounded: the body by limits.max_body_bytes (413), the exact count by
 limits.count_tokens_exact_bytes of prompt text. Above that, the answer is an upper bound (the text's UTF-8
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -21,9 +23,9 @@ from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import Response
 
-from app.anthropic.family import prompt_text
 from app.errors import APIError
 from app.gateway.bodies import read_json_body, request_id_of
+from app.gateway.family import Family
 from app.gateway.responses import error_response, json_response
 from app.gateway.state import State
 from app.gateway.strict import body_problem
@@ -32,13 +34,15 @@ from app.quotas.admission import limit_error
 from app.quotas.model import Admission, Refusal
 from app.wire import taken
 
-PATHS = ("/anthropic/v1/messages/count_tokens", "/anthropic/messages/count_tokens")
-LABEL = "/anthropic/v1/messages/count_tokens"
+
+def add_count_tokens(app: FastAPI, state: State, families: list[Family]) -> None:
+    for family in families:
+        for path, label, text_of in family.token_counts:
+            app.router.add_route(path, _counter(state, family, label, text_of), methods=["POST"],
+                                 include_in_schema=False)
 
 
-def add_count_tokens(app: FastAPI, state: State) -> None:
-    family = state.endpoints["/anthropic/v1/messages"].family
-
+def _counter(state: State, family: Family, label: str, text_of: Callable[[Any], str]) -> Any:
     async def count_tokens(request: Request) -> Response:
         request_id, ts = request_id_of(request), time.time()
         gw, limits = state.gw, state.settings.limits
@@ -46,16 +50,16 @@ def add_count_tokens(app: FastAPI, state: State) -> None:
             identity = await gw.auth.identify_request(request)
             body = await read_json_body(request, limits.max_body_bytes, limits.body_timeout_seconds)
             exact_bytes = limits.count_tokens_exact_bytes
-            text = await gw.checkers.run(len(body), functools.partial(_prompt_of, body, exact_bytes))
+            text = await gw.checkers.run(len(body), functools.partial(_prompt_of, text_of, body, exact_bytes))
         except APIError as error:
-            return _refused(state, error, request_id, family)
+            return _refused(state, error, label, request_id, family)
         admission: Admission | None = None
         if gw.quotas is not None:
             admitted = await gw.quotas.admit(identity.team, identity.key_id, lambda at: (0, 0), started_at=ts)
             if isinstance(admitted, Refusal):
                 limited = limit_error(admitted)
                 gw.metrics.limited.labels(admitted.code).inc()
-                return _refused(state, limited, request_id, family)
+                return _refused(state, limited, label, request_id, family)
             admission = admitted
         try:
             tokens, exact = (text, False) if isinstance(text, int) else \
@@ -68,14 +72,13 @@ def add_count_tokens(app: FastAPI, state: State) -> None:
             headers["x-chatgate-warning"] = (
                 f"input_tokens is an upper bound (the prompt's UTF-8 bytes): its text is over "
                 f"{limits.count_tokens_exact_bytes} bytes (limits.count_tokens_exact_bytes)")
-        gw.ledger.note(LABEL, request_id, 200, "counted", ts, input_tokens=tokens, exact=exact)
+        gw.ledger.note(label, request_id, 200, "counted", ts, input_tokens=tokens, exact=exact)
         return json_response(200, {"input_tokens": tokens}, headers)
 
-    for path in PATHS:
-        app.router.add_route(path, count_tokens, methods=["POST"], include_in_schema=False)
+    return count_tokens
 
 
-def _prompt_of(body: bytes, exact_bytes: int) -> str | int:
+def _prompt_of(text_of: Callable[[Any], str], body: bytes, exact_bytes: int) -> str | int:
     """The text to count (in a checker process for a large body), or the refusal. Above `exact_bytes` of
     text, its UTF-8 bytes instead: the upper bound answered (every token covers at least one byte), and the
     text never crosses the pipe back (a 40 MB prompt grew the server by 150 MB, kept after the count)."""
@@ -89,17 +92,13 @@ def _prompt_of(body: bytes, exact_bytes: int) -> str | int:
         except orjson.JSONDecodeError:
             raise APIError(400, "Request body is not valid JSON.", "invalid_request_error", None,
                            "invalid_json") from None
-    if not isinstance(data, dict) or not isinstance(data.get("messages"), list):
-        raise APIError(400, "count_tokens needs a JSON object with 'model' and 'messages', as for "
-                       "/anthropic/v1/messages.", "invalid_request_error", "messages",
-                       "missing_required_parameter")
-    text = prompt_text(data)
+    text = text_of(data)  # the family's (it refuses a body it cannot count)
     if len(text) * 4 <= exact_bytes:  # UTF-8 takes at most 4 bytes a character
         return text
     size = len(text.encode("utf-8", "surrogatepass"))
     return size if size > exact_bytes else text
 
 
-def _refused(state: State, error: APIError, request_id: str, family: Any) -> Response:
-    state.gw.ledger.refused(LABEL, request_id, error.status, error.code, time.time())
+def _refused(state: State, error: APIError, label: str, request_id: str, family: Family) -> Response:
+    state.gw.ledger.refused(label, request_id, error.status, error.code, time.time())
     return error_response(error, request_id, family)

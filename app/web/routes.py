@@ -1,11 +1,13 @@
 """Every route but the forwarded POSTs: models, the account balance, the Files API (app/files/), health,
-readiness, metrics, the admin usage report, and the 404 that sends FIM clients to /beta."""
+readiness, metrics, the admin usage report, and the routes each family declares besides its forwarded ones
+(the paths DeepSeek does not serve, answered with the family's error; chatgate's own token counts)."""
 
 from __future__ import annotations
 
 import asyncio
 import hmac
 import time
+from collections.abc import Callable
 from typing import Any
 
 import httpx2
@@ -17,7 +19,6 @@ from starlette.responses import Response
 from app import __version__
 from app.errors import APIError, bad_gateway, upstream_auth_failed
 from app.files.routes import add_files
-from app.fim.family import NOT_ON_BETA, not_on_beta
 from app.gateway.auth import Authenticator, bearer, client_key, hash_key, require_admin
 from app.gateway.bodies import origin_of, request_id_of
 from app.gateway.proxy import Endpoint
@@ -27,7 +28,6 @@ from app.gateway.upstream import response_headers
 from app.metering.cache_report import build_cache_report, cache_query
 from app.metering.reports import ReportError, build_report, make_query
 from app.web.admin import add_admin
-from app.web.compaction import add_compaction
 from app.web.count_tokens import add_count_tokens
 from app.web.dashboard import add_dashboard
 from app.web.refusals import add_refusals
@@ -65,10 +65,11 @@ def add_routes(app: FastAPI, state: State) -> None:
     for path in (BALANCE_ROUTE, "/v1" + BALANCE_ROUTE):
         app.router.add_route(path, _balance_handler(state), methods=["GET"], include_in_schema=False)
     add_files(app, state)
-    for path in NOT_ON_BETA:  # FIM is on /beta only; the 404 says so, whatever the method
-        app.router.add_route(path, _fim_not_on_beta, methods=ANY_METHOD, include_in_schema=False)
-    add_compaction(app)  # /responses/compact: not served by DeepSeek, the 404 says how Codex compacts
-    add_count_tokens(app, state)
+    families = list({id(e.family): e.family for e in state.endpoints.values()}.values())
+    for family in families:  # FIM's /v1/completions, Responses' /compact: a 404 that says why, any method
+        for path, error in family.not_served:
+            app.router.add_route(path, _not_served(error), methods=ANY_METHOD, include_in_schema=False)
+    add_count_tokens(app, state, families)
     add_dashboard(app, state)
     add_admin(app, state)
     add_refusals(app, state)
@@ -177,8 +178,10 @@ async def _get_upstream(state: State, path: str, request_id: str, authorization:
     return await state.gw.upstream.fetch("GET", path, headers, deadline)
 
 
-async def _fim_not_on_beta(request: Request) -> Response:
-    return error_response(not_on_beta(request.url.path, origin_of(request)))
+def _not_served(error: Callable[[str, str | None], APIError]) -> Any:
+    async def not_served(request: Request) -> Response:
+        return error_response(error(request.url.path, origin_of(request)))
+    return not_served
 
 
 def _balance_handler(state: State) -> Any:

@@ -147,6 +147,7 @@ def test_no_thread_keeps_a_parse_nobody_took() -> None:
     """R1's parse waits on its thread for the family's check to validate it; a refused body, or a check that
     did not take it, must not leave it there (a checker process kept a 19 MB body's 150 MB until the next)."""
     from app import wire
+    from app.anthropic.family import count_text
     from app.gateway.checking import check_now
     from app.gateway.endpoints import families
     from app.settings import Settings
@@ -156,5 +157,5 @@ def test_no_thread_keeps_a_parse_nobody_took() -> None:
     for body in (CHAT + b',"max_tokens":1,"max_tokens":2}', CHAT + b',"messages":7}', CHAT + b"}"):
         check_now(chat, body, False, None)
         assert getattr(wire._parse, "data", None) is None, body
-    assert _prompt_of(ANTHROPIC + b"}", 1 << 20).startswith("user")
+    assert _prompt_of(count_text, ANTHROPIC + b"}", 1 << 20).startswith("user")
     assert getattr(wire._parse, "data", None) is None
