@@ -14,8 +14,8 @@ import pytest
 
 from app.store.sqlite import SQLiteStore
 from tests.fakes.server import RunningFake
+from tests.files.test_files import Teams, start_teams
 from tests.gateway.conftest import JSON_HEADERS, usage_rows
-from tests.gateway.test_files import Teams, start_teams
 from tests.harness import RunningChatgate
 
 CHAT = b'{"model":"deepseek-flash","messages":[{"role":"user","content":"hi"}]'
@@ -124,7 +124,7 @@ def test_a_non_finite_number_does_not_hide_another_teams_file(teams: Teams, fake
 
 def test_with_validation_off_an_unreadable_body_naming_a_file_is_refused(
         tmp_path: Path, fake: RunningFake) -> None:
-    from tests.gateway.test_files import ADMIN, UPSTREAM
+    from tests.files.test_files import ADMIN, UPSTREAM
     from tests.harness import make_settings, run_chatgate
     store = SQLiteStore(tmp_path / "usage.db")
     settings = make_settings(tmp_path, fake.url, validation={"enabled": False}, auth={

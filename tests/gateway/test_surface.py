@@ -60,7 +60,7 @@ def test_deepseeks_401_to_chatgates_key_is_chatgates_own_error(
 def test_deepseeks_401_to_chatgates_key_on_files_is_chatgates_own_error(
         start_gate: Callable[..., RunningChatgate], fake: RunningFake, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from tests.gateway.test_files import multipart
+    from tests.files.test_files import multipart
     gate = start_gate(auth={"mode": "managed", "upstream_api_key": UPSTREAM})
     key_id, secret, digest, prefix = new_key()
     gate.state.store.create_key(key_id, digest, prefix, "search", "a1")

@@ -13,7 +13,7 @@ import pytest
 
 from app.store.sqlite import SQLiteStore
 from tests.fakes.server import RunningFake
-from tests.gateway.test_files import Teams, start_teams
+from tests.files.test_files import Teams, start_teams
 
 Body = Callable[[str], dict[str, Any]]
 BETA = {"anthropic-beta": "files-api-2025-04-14"}
