@@ -1,8 +1,17 @@
-"""The handler every API family's POST routes go through: authenticate, read, check, repair, forward, meter.
+"""The handler every API family's POST routes go through: a pipeline of steps, each in the package of its
+concern (`Gateway.handle`, in this order):
 
-Data flow: `Gateway.handle` -> the family's `check` (and repairs) -> `Upstream.send` -> (non-streaming)
-read the body and meter its usage, or (streaming) hand the upstream response to `relay.SSERelay`. Every
-request that reaches the handler ends in exactly one call to `Ledger.finish`, which writes the usage record.
+1. authenticate (app/gateway/auth.py) and read the body once (app/gateway/bodies.py);
+2. check it with the family's rules (app/gateway/checking.py, the family's package);
+3. repair what the enabled repairs fix, with the turns chatgate relayed (app/repair/loop.py);
+4. managed mode: only files the caller's team uploaded (app/files/ownership.py);
+5. the context guard (R40, `_context_guard`);
+6. admit it against the caller's limits (app/quotas/admission.py);
+7. forward it (app/gateway/upstream.py, retries in app/gateway/retry.py), then read the answer whole
+   (`_buffered`) or relay the stream (app/gateway/relay.py, whose end is `_stream_ended`).
+
+Every request that reaches the handler ends in exactly one call to `Ledger.finish` (app/gateway/ledger.py),
+which writes the usage record and settles the admission.
 """
 
 from __future__ import annotations
