@@ -14,6 +14,10 @@ depends on the client and upstream sharing the cores).
                                                # the plain request with tracing on (every request sampled,
                                                # a live OTLP/HTTP receiver: bench/otlp_sink.py) / off;
                                                # warm-up and count in whole export batches of 256
+    python -m bench.instructions advisor [--loop]
+                                               # the cache advisor's fingerprints on / off
+                                               # (CHATGATE_CACHE_BREAKS): the plain request, or with
+                                               # --loop scenario 11's tool loop (bench.pair's load)
     python -m bench.instructions plain [--tree DIR ...] [--stream]
                                                # the plain request (6 KB agent body, default settings) of
                                                # each tree: a checkout or a `git archive` of a commit
@@ -154,9 +158,10 @@ def measure(name: str, env: dict[str, str], store: str, upstream: str, send: Sen
 def main() -> None:
     raw = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=raw)
-    parser.add_argument("twins", choices=["limits", "restore", "plain", "tracing"])
+    parser.add_argument("twins", choices=["limits", "restore", "plain", "tracing", "advisor"])
     parser.add_argument("--tree", action="append", help="plain: a tree to measure (repeat to compare)")
     parser.add_argument("--stream", action="store_true")
+    parser.add_argument("--loop", action="store_true", help="advisor: the tool loop, not the plain request")
     parser.add_argument("--count", type=int, default=200, help="requests (loops) counted per twin")
     parser.add_argument("--warm", type=int, default=100)
     parser.add_argument("--only", choices=["on", "off"], help="measure one twin only")
@@ -166,7 +171,7 @@ def main() -> None:
     workdir = Path(tempfile.mkdtemp(prefix="chatgate-instr-"))
     up_port = free_port()
     up_argv = [sys.executable, "-m", "bench.upstream", "--port", str(up_port)]
-    up_argv += ["--tool-loop"] if args.twins == "restore" else []
+    up_argv += ["--tool-loop"] if args.twins == "restore" or args.loop else []
     upstream = subprocess.Popen(up_argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     sink: subprocess.Popen[bytes] | None = None
     settle = 0.5
@@ -204,6 +209,11 @@ def main() -> None:
             set_key_limits(on_db, SECRET)
             twins = [("limits-on", {}, on_db, plain(args.stream)),
                      ("limits-off", {}, off_db, plain(args.stream))]
+        elif args.twins == "advisor":
+            load = loop(args.stream, False) if args.loop else plain(args.stream)
+            on, off = f"sqlite:///{workdir / 'on.db'}", f"sqlite:///{workdir / 'off.db'}"
+            twins = [("advisor-on", {"CHATGATE_CACHE_BREAKS": "true"}, on, load),
+                     ("advisor-off", {"CHATGATE_CACHE_BREAKS": "false"}, off, load)]
         else:
             off_env = {"CHATGATE_REPAIR_RESTORE_REASONING": "false"}
             twins = [("restore-on", {}, f"sqlite:///{workdir / 'on.db'}", loop(args.stream, False)),
