@@ -66,18 +66,34 @@ def parsed(body: bytes, data: Any) -> None:
     _parse.body, _parse.data = body, data
 
 
+KEEP_BYTES = 1 << 20  # R1's parse of a body up to this size is kept for `kept` (the cache advisor)
+
+
 def taken(body: bytes) -> Any:
-    """R1's parse of `body` if it is the one `parsed` holds (and it no longer does), else None."""
+    """R1's parse of `body` if it is the one `parsed` holds (and it no longer does), else None. Up to
+    KEEP_BYTES, it is kept for one `kept` after."""
     if getattr(_parse, "body", None) is not body:
         return None
     data, _parse.body, _parse.data = _parse.data, None, None
+    if len(body) <= KEEP_BYTES:
+        _parse.kept_body, _parse.kept = body, data
+    return data
+
+
+def kept(body: bytes) -> Any:
+    """R1's parse of `body` after the family's check took it, handed over once (its objects keep the body's
+    key order, which the validated request does not); None when this thread's last check was of another
+    body, or of one over KEEP_BYTES."""
+    if getattr(_parse, "kept_body", None) is not body:
+        return None
+    data, _parse.kept_body, _parse.kept = _parse.kept, None, None
     return data
 
 
 def forget_parsed() -> None:
     """Drop R1's parse, whoever did not take it: a 19 MB body's parse is 150 MB, and a thread (a checker
     process's) would keep it until the next body's."""
-    _parse.body = _parse.data = None
+    _parse.body = _parse.data = _parse.kept_body = _parse.kept = None
 
 
 def validate_body(model: type[Model], body: bytes) -> Model:

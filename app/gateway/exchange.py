@@ -49,6 +49,7 @@ class Exchange:
     lease: Any = None
     checked: Any = None  # the family's validated request (Verdict.request), for the cache advisor's parts
     files: bool = False  # it names uploaded files: the pool sends it to the account that holds them
+    parsed: Any = None  # R1's parse of `body` (app/wire.py `kept`): where the cache advisor finds items
     _json: dict[str, Any] | None = None
 
     def json(self) -> dict[str, Any]:
@@ -58,7 +59,11 @@ class Exchange:
         return self._json
 
     def replace_body(self, body: bytes, data: dict[str, Any] | None) -> None:
-        self.body, self._json = body, data
+        self.body, self._json, self.parsed = body, data, None
+
+    def own_parse(self) -> Any:
+        """A parse of `body` made already, its objects' keys in the body's order (None: none was made)."""
+        return self._json if self._json is not None else self.parsed
 
     def describe(self, verdict: Verdict) -> None:
         """The model and the stream flag it is metered by, as the family's check read them."""

@@ -66,7 +66,8 @@ class Ledger:
         if outcome == "ok":
             caller = ex.identity.caller or ex.identity.key_id
             broke = self.advisor.assess(ex.route.upstream_path, caller, ex.checked, ex.json,
-                                        tokens.prompt_tokens, tokens.prompt_cache_hit_tokens, ex.request_id)
+                                        tokens.prompt_tokens, tokens.prompt_cache_hit_tokens, ex.request_id,
+                                        ex.body, ex.own_parse())
         lost = 0 if broke is None else discount_picousd(broke.lost_tokens, prices, ex.ts,
                                                         pricing.peak_hours_utc, pricing.off_peak_multiplier)
         record = UsageRecord(

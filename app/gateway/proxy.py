@@ -56,6 +56,7 @@ from app.settings import Settings
 from app.store.base import FileOwnerStore
 from app.tracing.spans import ExchangeTrace, Tracing
 from app.verdict import Verdict
+from app.wire import kept
 
 log = logging.getLogger("chatgate")
 # DeepSeek's 4xx answers kept by the refusal inspector: those about the request (not its key, balance, rate)
@@ -114,6 +115,7 @@ class Gateway:
         ex = Exchange(route, request_id, identity, body=body, ts=self.clock(), trace=trace)
         origin = origin_of(request)
         verdict = await self._check(ex, family, origin)
+        ex.parsed = kept(ex.body)
         if trace is not None and verdict is not None:
             trace.max_tokens = verdict.max_tokens
         if verdict is not None and (verdict.problems or verdict.warnings) and self.repairs.enabled:

@@ -5,8 +5,11 @@ whose prompt repeats an earlier one of the same caller but differs near the top 
 prompt, tools in another order, a new `user_id`) pays the whole repeated part as misses.
 
 Each request is cut into its rendered parts in DeepSeek's order (`parts_*`), each part hashed (nothing of
-its text is kept). `PrefixMemory` keeps, per caller, the last few requests' hashes and measured prompt
-tokens, and `PrefixMemory.observe` applies the rule of docs/cache.md: R breaks the prefix of E when R has
+its text is kept). A request whose body repeats a remembered one's bytes and appends items to its
+messages (an agent round, a retry) takes that request's hashes and hashes only the new items
+(`PrefixMemory.extend`): the body's bytes are read once, by Python's own hash. `PrefixMemory` keeps, per
+caller, the last few requests' hashes and measured prompt tokens, and `PrefixMemory.observe` applies the
+rule of docs/cache.md: R breaks the prefix of E when R has
 at least every part E has, differs from E first at part k, and repeats every part of E after k at the same
 place (k is not E's last part); E is the longest remembered request R extends that way or by appending.
 The estimated loss: E's prompt tokens, rounded down to DeepSeek's 64-token unit, minus R's measured hits.
@@ -15,12 +18,12 @@ The estimated loss: E's prompt tokens, rounded down to DeepSeek's 64-token unit,
 from __future__ import annotations
 
 import functools
-from array import array
+import operator
+import struct
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal
-from itertools import repeat
 from typing import Any
 
 import orjson
@@ -29,7 +32,7 @@ from app.metering.pricing import PICO_PER_USD_PER_MTOK, is_peak
 from app.profiles import Prices
 
 UNIT = 64  # DeepSeek's cache unit, in tokens
-PRINT_OVERHEAD = 300  # bytes of a remembered request besides its hashes (objects, the request id)
+PRINT_OVERHEAD = 400  # bytes of a remembered request besides its hashes (objects, the request id, raw)
 
 _dumps = orjson.dumps
 
@@ -61,7 +64,7 @@ def _h(value: Any) -> int:
     return hash(value) if type(value) is str or value is None else hash(_dumps(value))
 
 
-_get = dict.get
+_role = operator.itemgetter("role")
 
 
 def _json_hashes(items: list[Any]) -> list[int]:
@@ -69,28 +72,65 @@ def _json_hashes(items: list[Any]) -> list[int]:
     return list(map(hash, map(_dumps, items)))
 
 
-@dataclass(slots=True)
-class Parts:
-    """A request's rendered parts in DeepSeek's order, as one 8-byte hash each, and where they are: the
-    first `len(names)` parts are named by `names`; part `len(names) + i` is `seq[seq_offset + i]`.
-    `system` maps the parts that are system prompt to a hash of their `content`; `tools` holds each tool's
-    hash (the `tools` part is at `tools_at`, -1 without tools)."""
+def _pack(hashes: list[int]) -> bytes:
+    return struct.pack(f"{len(hashes)}q", *hashes)
 
-    hashes: bytes
-    names: list[str]
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """Where a request's parts come from: part k < len(names) is `names[k]`; part len(names) + i is
+    `seq[offset + i]`, or `seq[order[i]]` when `order` is given (chat with system messages further down,
+    which DeepSeek renders first). `appends`: an item appended to `seq` is a part appended at the end."""
+
+    names: tuple[str, ...]
     seq: str
-    seq_offset: int
-    system: dict[int, int]
-    tools: list[Any]  # the request's tools themselves: never kept beyond the request (Print keeps hashes)
-    tools_at: int
-
-    def tool_hashes(self) -> list[int]:
-        return _json_hashes(self.tools)
+    offset: int
+    tools_at: int  # -1: no tools
+    order: tuple[int, ...] = ()
+    appends: bool = True
 
     def path(self, k: int) -> str:
         if k < len(self.names):
             return self.names[k]
-        return f"{self.seq}[{self.seq_offset + k - len(self.names)}]"
+        i = k - len(self.names)
+        return f"{self.seq}[{self.order[i] if self.order else self.offset + i}]"
+
+
+@functools.lru_cache(maxsize=256)
+def _chat_layout(systems: int, tools: bool) -> Layout:
+    names = ("model", "user_id", *(f"messages[{i}]" for i in range(systems)), *(("tools",) if tools else ()))
+    return Layout(names, "messages", systems, 2 + systems if tools else -1)
+
+
+@functools.lru_cache(maxsize=16)
+def _named_layout(names: tuple[str, ...], seq: str, appends: bool = True) -> Layout:
+    return Layout(names, seq, 0, names.index("tools") if "tools" in names else -1, (), appends)
+
+
+@dataclass(slots=True)
+class Parts:
+    """A request's rendered parts in DeepSeek's order, one 8-byte hash each, and where they are (`layout`).
+    `system` maps the parts that are system prompt to a hash of their `content`; `request` is the request
+    itself, whose tools are hashed one by one when needed (never kept beyond the request: a print keeps
+    hashes); `count`: the items of `layout.seq` (-1 when it is not a list)."""
+
+    hashes: bytes
+    layout: Layout
+    system: dict[int, int]
+    request: Any
+    count: int = -1
+    tools_hash: bytes | None = None  # the `tools` part's hash (None: read from `hashes` when needed)
+
+    @property
+    def tools_at(self) -> int:
+        return self.layout.tools_at
+
+    def tool_hashes(self) -> list[int]:
+        tools = _field(self.request, "tools")
+        return _json_hashes(tools) if isinstance(tools, list) else []
+
+    def path(self, k: int) -> str:
+        return self.layout.path(k)
 
 
 def _field(request: Any, name: str) -> Any:
@@ -101,16 +141,19 @@ def _list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else []
 
 
-def _tools(request: Any) -> tuple[list[Any], int | None]:
-    """The tools and one hash of them all (each tool's own hash is taken only when they changed)."""
+def _tools(request: Any) -> int | None:
+    """One hash of all the tools (each tool's own hash is taken only when they changed)."""
     tools = _field(request, "tools")
     if not isinstance(tools, list) or not tools:
-        return [], None
-    return tools, hash(_dumps(tools))
+        return None
+    return hash(_dumps(tools))
 
 
-def _pack(hashes: list[int]) -> bytes:
-    return array("q", hashes).tobytes()
+def _roles(messages: list[Any]) -> list[Any]:
+    try:
+        return list(map(_role, messages))
+    except (KeyError, TypeError):  # a message without a role, or not an object: the rules refuse it
+        return [m.get("role") if isinstance(m, dict) else None for m in messages]
 
 
 def parts_chat(request: Any) -> Parts:
@@ -119,32 +162,28 @@ def parts_chat(request: Any) -> Parts:
     messages = _list(_field(request, "messages"))
     user = _field(request, "user_id")
     head = [_h(_field(request, "model")), _h(user) if user is not None else 0]
-    names = ["model", "user_id"]
-    roles = list(map(_get, messages, repeat("role")))
+    roles = _roles(messages)
     n = roles.count("system")
-    tools, tools_hash = _tools(request)
+    tools_hash = _tools(request)
     if roles[:n] == ["system"] * n:  # the usual case: the system messages lead
         hashes = _json_hashes(messages)
-        system = {2 + i: _h(_get(messages[i], "content")) for i in range(n)}
-        names += [f"messages[{i}]" for i in range(n)]
-        tools_at = -1
+        system = {2 + i: _h(_field(messages[i], "content")) for i in range(n)}
         if tools_hash is not None:
-            tools_at = len(names)
-            names.append("tools")
             hashes.insert(n, tools_hash)
-        return Parts(_pack(head + hashes), names, "messages", n, system, tools, tools_at)
+        return Parts(_pack(head + hashes), _chat_layout(n, tools_hash is not None), system, request,
+                     len(messages))
     # system messages further down: DeepSeek still renders them first (rare: spelt out part by part)
     order = [i for i, r in enumerate(roles) if r == "system"]
-    system = {2 + j: _h(_get(messages[i], "content")) for j, i in enumerate(order)}
-    tools_at = -1
-    if tools_hash is not None:
-        tools_at = 2 + len(order)
+    system = {2 + j: _h(_field(messages[i], "content")) for j, i in enumerate(order)}
     rest = [i for i, r in enumerate(roles) if r != "system"]
-    names += [f"messages[{i}]" for i in order] + (["tools"] if tools_hash is not None else [])
-    names += [f"messages[{i}]" for i in rest]
+    names = ["model", "user_id", *(f"messages[{i}]" for i in order)]
+    if tools_hash is not None:
+        names.append("tools")
     hashes = _json_hashes([messages[i] for i in order]) + ([tools_hash] if tools_hash is not None else [])
     hashes += _json_hashes([messages[i] for i in rest])
-    return Parts(_pack(head + hashes), names, "messages", len(messages), system, tools, tools_at)
+    layout = Layout(tuple(names), "messages", 0, 2 + len(order) if tools_hash is not None else -1,
+                    tuple(rest), False)
+    return Parts(_pack(head + hashes), layout, system, request, len(messages))
 
 
 def parts_anthropic(request: Any) -> Parts:
@@ -153,10 +192,8 @@ def parts_anthropic(request: Any) -> Parts:
     user = _field(metadata, "user_id") if metadata is not None else None
     hashes = [_h(_field(request, "model")), _h(user) if user is not None else 0]
     names = ["model", "metadata.user_id"]
-    tools, tools_hash = _tools(request)
-    tools_at = -1
+    tools_hash = _tools(request)
     if tools_hash is not None:
-        tools_at = len(names)
         names.append("tools")
         hashes.append(tools_hash)
     system: dict[int, int] = {}
@@ -165,8 +202,10 @@ def parts_anthropic(request: Any) -> Parts:
         system[len(names)] = _h(prompt)
         names.append("system")
         hashes.append(system[len(names) - 1])
-    hashes += _json_hashes(_list(_field(request, "messages")))
-    return Parts(_pack(hashes), names, "messages", 0, system, tools, tools_at)
+    messages = _list(_field(request, "messages"))
+    hashes += _json_hashes(messages)
+    return Parts(_pack(hashes), _named_layout(tuple(names), "messages"), system, request,
+                 len(messages))
 
 
 def parts_responses(request: Any) -> Parts:
@@ -180,19 +219,86 @@ def parts_responses(request: Any) -> Parts:
         system[len(names)] = _h(instructions)
         names.append("instructions")
         hashes.append(system[len(names) - 1])
-    tools, tools_hash = _tools(request)
-    tools_at = -1
+    tools_hash = _tools(request)
     if tools_hash is not None:
-        tools_at = len(names)
         names.append("tools")
         hashes.append(tools_hash)
     items = _field(request, "input")
+    count = -1
     if isinstance(items, list):
         hashes += _json_hashes(items)
+        count = len(items)
     elif items is not None:
         names.append("input")
         hashes.append(_h(items))
-    return Parts(_pack(hashes), names, "input", 0, system, tools, tools_at)
+    return Parts(_pack(hashes), _named_layout(tuple(names), "input", count >= 0), system, request, count)
+
+
+# --- the body's bytes: a request that repeats an earlier one's bytes reuses its hashes -------------------
+
+
+MAX_CUTS = 8  # segments of a remembered head; beyond, one hash of the whole head again
+
+
+@dataclass(frozen=True, slots=True)
+class Raw:
+    """Where a remembered request's body stood: its head (the body up to the end of the last item of its
+    `seq`) as consecutive segments ending at `cuts`, each with its hash (`sums`), and its tail (the rest of
+    the body, from the `]` that closes `seq`) as a length and a hash. A later request whose body has the
+    same head bytes, then whole items, then the same tail bytes, has the same parts plus one per new item."""
+
+    cuts: tuple[int, ...]
+    sums: tuple[int, ...]
+    tail: int
+    tail_sum: int
+    size: int  # the whole body's
+
+    @property
+    def head(self) -> int:
+        return self.cuts[-1]
+
+
+def raw_of(body: bytes, data: Any, seq: str) -> Raw | None:
+    """Where `seq`'s last item ends in `body`, from the body's own parse (`data`, its objects' keys in the
+    body's order): that item's JSON found from the end of the body and followed by `]`. None when the body
+    is not written as orjson writes it (spaces, escapes of its own) or has no item."""
+    items = data.get(seq) if type(data) is dict else None
+    if not body or not isinstance(items, list) or not items:
+        return None
+    try:
+        needle = _dumps(items[-1])
+    except TypeError:
+        return None
+    at = body.rfind(needle)
+    if at < 0:
+        return None
+    head = at + len(needle)
+    if body[head:head + 1] != b"]":
+        return None
+    return Raw((head,), (hash(body[:head]),), len(body) - head, hash(body[head:]), len(body))
+
+
+def _appendable_chat(items: list[Any]) -> bool:
+    return "system" not in _roles(items)  # a system message is rendered first: not a part at the end
+
+
+def _always(items: list[Any]) -> bool:
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class Family:
+    """How a route's requests are cut into parts; `seq`: the list a new round appends to; `appendable`:
+    whether items appended to it are parts appended at the end."""
+
+    parts: Callable[[Any], Parts]
+    seq: str
+    appendable: Callable[[list[Any]], bool]
+
+
+CHAT = Family(parts_chat, "messages", _appendable_chat)
+ANTHROPIC = Family(parts_anthropic, "messages", _always)
+RESPONSES = Family(parts_responses, "input", _always)
 
 
 # --- the memory and the rule -----------------------------------------------------------------------------
@@ -200,17 +306,23 @@ def parts_responses(request: Any) -> Parts:
 
 @dataclass(slots=True)
 class Print:
-    """One remembered request: its parts' hashes (8 bytes a part), the content hashes of its system parts,
-    its tools' hashes (one list shared by the caller's requests while the tools stay the same), its
-    measured prompt tokens and its id."""
+    """One remembered request: its parts' hashes (8 bytes a part) and layout, the content hashes of its
+    system parts, its tools' hashes (one list shared by the caller's requests while the tools stay the
+    same), its measured prompt tokens and its id; the items of its `seq` and where its body stood (`raw`).
+    `m` is len(hashes) and `last` its last part's hash, read by every later request's comparison."""
 
     hashes: bytes
+    m: int
+    last: bytes
+    layout: Layout
     system: dict[int, int]
     tools: list[int]
     tools_hash: bytes
     prompt_tokens: int
     request_id: str
     size: int
+    count: int
+    raw: Raw | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,6 +344,9 @@ def _first_difference(a: bytes, b: bytes) -> int:
     return lo
 
 
+MAX_TRIES = 2  # remembered requests whose bytes a request is checked against (each check reads its body)
+
+
 class PrefixMemory:
     """Per caller, the last `per_caller` requests' prints; at most `max_bytes` of prints in all (the callers
     seen longest ago are forgotten first). Used on the event loop only (no lock)."""
@@ -246,32 +361,99 @@ class PrefixMemory:
     def callers(self) -> int:
         return len(self._callers)
 
-    def observe(self, caller: str, parts: Parts, prompt_tokens: int, hit_tokens: int,
-                request_id: str) -> Break | None:
-        """R's break against the caller's remembered requests, if it has one; R is remembered."""
-        hashes = parts.hashes
+    def assess(self, caller: str, family: Family, request: Any, body: bytes, parsed: Any, prompt_tokens: int,
+               hit_tokens: int, request_id: str) -> Break | None:
+        """R's break (it is remembered), its parts made by `extend` from R's bytes when it can, else from
+        `request` (TypeError: a part orjson cannot serialise; then nothing was remembered)."""
         prints = self._callers.get(caller)
+        made = self.extend(prints, family, request, body) if prints and body else None
+        if made is None:
+            parts = family.parts(request)
+            raw = raw_of(body, parsed, family.seq) if parts.layout.appends else None
+        else:
+            parts, raw = made
+        return self._remember(caller, prints, parts, prompt_tokens, hit_tokens, request_id, raw)
+
+    def extend(self, prints: list[Print], family: Family, request: Any, body: bytes
+               ) -> tuple[Parts, Raw] | None:
+        """R's parts without hashing what R repeats: when R's body is a remembered request E's body (the same
+        head bytes and tail bytes) with whole items appended to `seq` between them, R's parts are E's plus
+        one per new item (the same hashes the parts of R would have: equal bytes parse to equal requests).
+        None when no remembered request is repeated so (the parts are then made from R itself)."""
+        seq = family.seq
+        items = request.get(seq) if type(request) is dict else getattr(request, seq, None)
+        if type(items) is not list:
+            return None
+        count, size = len(items), len(body)
+        tries = MAX_TRIES
+        for e in reversed(prints):
+            raw = e.raw
+            if raw is None or e.count > count or raw.size > size or (raw.size == size) != (count == e.count):
+                continue
+            if hash(body[size - raw.tail:]) == raw.tail_sum:
+                cuts = raw.cuts
+                if len(cuts) == 1:
+                    if hash(body[:cuts[0]]) == raw.sums[0]:
+                        break
+                elif all(hash(body[a:z]) == h for a, z, h in zip((0, *cuts), cuts, raw.sums, strict=False)):
+                    break
+            tries -= 1
+            if not tries:
+                return None
+        else:
+            return None
+        if count == e.count:  # the same body again (a retry, the same opening of a new conversation)
+            return Parts(e.hashes, e.layout, e.system, request, count, e.tools_hash), raw
+        new = items[e.count:]
+        at, head = raw.cuts[-1], size - raw.tail
+        if body[at:at + 1] != b"," or body[head - 1:head] != b"}" or not family.appendable(new):
+            return None
+        hashes = e.hashes + _pack(_json_hashes(new))
+        if len(raw.cuts) < MAX_CUTS:
+            cut = Raw((*raw.cuts, head), (*raw.sums, hash(body[at:head])), raw.tail, raw.tail_sum, size)
+        else:
+            cut = Raw((head,), (hash(body[:head]),), raw.tail, raw.tail_sum, size)
+        return Parts(hashes, e.layout, e.system, request, count, e.tools_hash), cut
+
+    def observe(self, caller: str, parts: Parts, prompt_tokens: int, hit_tokens: int,
+                request_id: str, raw: Raw | None = None) -> Break | None:
+        """R's break against the caller's remembered requests, if it has one; R is remembered."""
+        return self._remember(caller, self._callers.get(caller), parts, prompt_tokens, hit_tokens, request_id,
+                              raw)
+
+    def _remember(self, caller: str, prints: list[Print] | None, parts: Parts, prompt_tokens: int,
+                  hit_tokens: int, request_id: str, raw: Raw | None) -> Break | None:
+        hashes = parts.hashes
+        callers = self._callers
         found = None
-        tools_hash = hashes[8 * parts.tools_at:8 * parts.tools_at + 8] if parts.tools_at >= 0 else b""
-        if prints is not None:
-            self._callers.move_to_end(caller)
-            found = self._compare(parts, prints, prompt_tokens, hit_tokens)
-        else:
-            prints = self._callers[caller] = []
-        last = prints[-1] if prints else None
-        if last is not None and last.tools_hash == tools_hash:
-            tools, size = last.tools, 0  # the caller's usual tools: one list, counted once
-        else:
+        tools_hash = parts.tools_hash
+        if tools_hash is None:
+            at = parts.layout.tools_at
+            tools_hash = hashes[8 * at:8 * at + 8] if at >= 0 else b""
+        size = len(hashes) + PRINT_OVERHEAD
+        if prints is None:
+            prints = callers[caller] = []
             tools = parts.tool_hashes()
-            size = 8 * len(tools)
-        size += len(hashes) + PRINT_OVERHEAD
-        prints.append(Print(hashes, parts.system, tools, tools_hash, prompt_tokens, request_id, size))
-        self.bytes += size
+            size += 8 * len(tools)
+        else:
+            callers.move_to_end(caller)
+            last = prints[-1]
+            if hashes is not last.hashes:  # (the same hashes as the last request's: R repeats it, no break)
+                found = self._compare(parts, prints, prompt_tokens, hit_tokens)
+            if last.tools_hash == tools_hash:
+                tools = last.tools  # the caller's usual tools: one list, counted once
+            else:
+                tools = parts.tool_hashes()
+                size += 8 * len(tools)
+        prints.append(Print(hashes, len(hashes), hashes[-8:], parts.layout, parts.system, tools, tools_hash,
+                            prompt_tokens, request_id, size, parts.count, raw))
+        total = self.bytes + size
         if len(prints) > self.per_caller:
-            self.bytes -= prints.pop(0).size
-        while self.bytes > self.max_bytes and self._callers:
-            _, gone = self._callers.popitem(last=False)
-            self.bytes -= sum(p.size for p in gone)
+            total -= prints.pop(0).size
+        while total > self.max_bytes and callers:
+            _, gone = callers.popitem(last=False)
+            total -= sum(p.size for p in gone)
+        self.bytes = total
         return found
 
     def _compare(self, parts: Parts, prints: list[Print], prompt_tokens: int, hit_tokens: int
@@ -281,14 +463,14 @@ class PrefixMemory:
         best: Print | None = None
         best_m = best_k = -1
         for e in reversed(prints):  # the most recent first: it wins a tie
-            m = len(e.hashes)
-            if m <= best_m or m > n:
-                continue
-            if hashes.startswith(e.hashes):
+            m = e.m
+            if m <= best_m or m > n or hashes[m - 8:m] != e.last:
+                continue  # shorter than the best so far, longer than R, or its last part not where R has it
+            if hashes[:m] == e.hashes:
                 best, best_m, best_k = e, m, -1  # R appends to E: no break
+                if m == n:
+                    break  # R repeats E whole: no earlier request is longer and extended by R
                 continue
-            if hashes[m - 8:m] != e.hashes[m - 8:]:
-                continue  # E's last part is not where R has it: R does not repeat E after a difference
             k = _first_difference(hashes, e.hashes)
             if 8 * (k + 1) < m and hashes[8 * (k + 1):m] == e.hashes[8 * (k + 1):m]:
                 best, best_m, best_k = e, m, k
@@ -341,15 +523,23 @@ def hint(param: str) -> str:
 # --- the gateway's one call ----------------------------------------------------------------------------
 
 
-def parts_for(upstream_path: str) -> Callable[[Any], Parts] | None:
+def family_of(upstream_path: str) -> Family | None:
     """How a route's requests are cut into parts (None: a route without a prompt cache to advise on)."""
     if upstream_path.endswith("/chat/completions"):
-        return parts_chat
+        return CHAT
     if upstream_path.endswith("/messages"):
-        return parts_anthropic
+        return ANTHROPIC
     if upstream_path.endswith("/responses"):
-        return parts_responses
+        return RESPONSES
     return None
+
+
+def parts_for(upstream_path: str) -> Callable[[Any], Parts] | None:
+    family = family_of(upstream_path)
+    return family.parts if family is not None else None
+
+
+_NO_FAMILY = Family(parts_chat, "", _always)  # a route without advice, in Advisor's cache of routes
 
 
 class Advisor:
@@ -357,29 +547,35 @@ class Advisor:
 
     def __init__(self, enabled: bool, per_caller: int, max_bytes: int) -> None:
         self.memory = PrefixMemory(per_caller, max_bytes) if enabled else None
+        self._families: dict[str, Family] = {}
 
     def assess(self, upstream_path: str, caller: str, checked: Any, data: Callable[[], dict[str, Any]],
-               prompt_tokens: int, hit_tokens: int, request_id: str) -> Break | None:
+               prompt_tokens: int, hit_tokens: int, request_id: str, body: bytes = b"",
+               parsed: Any = None) -> Break | None:
         """A served request's break, if it has one (it is remembered either way). `checked` is the family's
         validated request when there is one (its messages are plain dicts: no second parse of the body);
-        else, or when part of it is not plain JSON data, the body parsed (`data`)."""
-        if self.memory is None or prompt_tokens <= 0:
+        else, or when part of it is not plain JSON data, the body parsed (`data`). `body` is the request's
+        body as sent to DeepSeek, and `parsed` its own parse if one was made (keys in the body's order): a
+        body that repeats a remembered one's bytes reuses its hashes (`PrefixMemory.extend`)."""
+        memory = self.memory
+        if memory is None or prompt_tokens <= 0:
             return None
-        parts_of = parts_for(upstream_path)
-        if parts_of is None:
+        family = self._families.get(upstream_path)
+        if family is None:
+            family = self._families[upstream_path] = family_of(upstream_path) or _NO_FAMILY
+        if family is _NO_FAMILY:
             return None
-        parts = None
         if checked is not None:
             try:
-                parts = parts_of(checked)
+                return memory.assess(caller, family, checked, body, parsed, prompt_tokens, hit_tokens,
+                                     request_id)
             except TypeError:  # a part held as a model object, which orjson does not serialise
-                parts = None
-        if parts is None:
-            body = data()
-            try:
-                parts = parts_of(body) if body else None
-            except TypeError:  # a message that is not an object: the rules refuse it, but never fail here
-                return None
-        if parts is None:
+                pass
+        request = data()
+        if not request:
             return None
-        return self.memory.observe(caller, parts, prompt_tokens, hit_tokens, request_id)
+        try:
+            return memory.assess(caller, family, request, body, request if parsed is None else parsed,
+                                 prompt_tokens, hit_tokens, request_id)
+        except TypeError:  # a message that is not an object: the rules refuse it, but never fail here
+            return None

@@ -3,9 +3,14 @@ the memory's bound."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+import orjson
+
+from app.gateway.strict import body_problem
 from app.metering.cache import (
+    MAX_CUTS,
     PRINT_OVERHEAD,
     Advisor,
     PrefixMemory,
@@ -13,6 +18,8 @@ from app.metering.cache import (
     parts_chat,
     parts_responses,
 )
+from app.openai.protocol import ChatCompletionRequest
+from app.wire import kept, validate_body
 
 TOOLS = [{"type": "function", "function": {"name": f"t{i}", "parameters": {"type": "object"}}}
          for i in range(4)]
@@ -119,3 +126,92 @@ def test_off_records_nothing_and_a_body_that_is_not_json_data_is_no_error() -> N
     assert advisor.assess("/beta/completions", "c", None, dict, 100, 0, "r") is None  # FIM: no advice
     assert advisor.assess("/chat/completions", "c", None, lambda: {"messages": ["not an object"]}, 100, 0,
                           "r") is None
+
+
+# --- parts from the body's bytes (PrefixMemory.extend): the same hashes as parts made from the request ----
+
+
+def _replay(bodies: list[bytes], route: str = "/chat/completions") -> tuple[Advisor, list[Any]]:
+    """Each body assessed twice over: from its bytes (as the gateway does) and from its parse alone."""
+    from_bytes, from_request = Advisor(True, 8, 1 << 24), Advisor(True, 8, 1 << 24)
+    found = []
+    for i, raw in enumerate(bodies):
+        a = from_bytes.assess(route, "c", orjson.loads(raw), dict, 4000 + 100 * i, 500, f"r{i}", raw,
+                              orjson.loads(raw))
+        b = from_request.assess(route, "c", orjson.loads(raw), dict, 4000 + 100 * i, 500, f"r{i}")
+        assert a == b, i
+        assert from_bytes.memory is not None and from_request.memory is not None
+        mine, theirs = from_bytes.memory._callers["c"][-1], from_request.memory._callers["c"][-1]
+        assert (mine.hashes, mine.system, mine.tools, mine.layout) == \
+            (theirs.hashes, theirs.system, theirs.tools, theirs.layout), i
+        found.append(a)
+    return from_bytes, found
+
+
+def _dump(body: dict[str, Any]) -> bytes:
+    return orjson.dumps(body)
+
+
+def test_a_body_that_repeats_or_appends_to_an_earlier_one_reuses_its_hashes() -> None:
+    rounds = [chat(n=n) for n in (1, 3, 3, 5, 7)]
+    rounds.append({**chat(n=9), "messages": [*chat(n=8)["messages"], {"role": "user", "content": [
+        {"type": "text", "text": "a part"}]}]})
+    advisor, found = _replay([_dump(b) for b in rounds])
+    assert found == [None] * len(rounds)
+    assert advisor.memory is not None
+    prints = advisor.memory._callers["c"]
+    assert prints[2].hashes is prints[1].hashes  # the same body again: its hashes, not new ones
+    assert [len(p.raw.cuts) for p in prints if p.raw is not None] == [1, 2, 2, 3, 4, 5]
+
+
+def test_breaks_found_from_bytes_are_the_breaks_of_the_rule() -> None:
+    clock = "Now: 12:01. You are terse."
+    bodies = [chat(n=3), chat(n=5), chat(clock, n=7), chat(clock, n=9), chat(clock, n=11, tools=TOOLS[::-1]),
+              chat(clock, n=13, tools=TOOLS[::-1], user_id="u1"),
+              chat(clock, n=15, tools=TOOLS[::-1], user_id="u2")]
+    _, found = _replay([_dump(b) for b in bodies])
+    assert [f.param if f else None for f in found] == \
+        [None, None, "messages[0].content", None, "tools", "user_id", "user_id"]
+
+
+def test_a_system_message_appended_or_a_body_written_with_spaces_is_cut_from_the_request() -> None:
+    first = chat(n=3)
+    later = {**chat(n=5), "messages": [*chat(n=4)["messages"], {"role": "system", "content": "be brief"}]}
+    advisor, _ = _replay([_dump(first), _dump(later), _dump(chat(n=6))])
+    assert advisor.memory is not None
+    # the system message further down is rendered first by DeepSeek: no layout that appends, no bytes kept
+    assert advisor.memory._callers["c"][1].raw is None
+    spaced = [json.dumps(chat(n=n)).encode() for n in (3, 5)]  # ", " and ": ": not how orjson writes
+    advisor, _ = _replay(spaced)
+    assert advisor.memory is not None and [p.raw for p in advisor.memory._callers["c"]] == [None, None]
+
+
+def test_more_rounds_than_cuts_hash_the_head_again_in_one_piece() -> None:
+    advisor, _ = _replay([_dump(chat(n=n)) for n in range(1, 2 + 2 * MAX_CUTS, 2)])
+    assert advisor.memory is not None
+    cuts = [len(p.raw.cuts) for p in advisor.memory._callers["c"] if p.raw is not None]
+    assert max(cuts) == MAX_CUTS and 1 in cuts[1:]
+
+
+def test_the_other_families_reuse_hashes_from_bytes_too() -> None:
+    msgs = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"q{i}"} for i in range(7)]
+    anthropic = [{"model": "m", "system": "s", "tools": TOOLS, "messages": msgs[:n]} for n in (1, 3, 5)]
+    anthropic.append({**anthropic[-1], "system": "s2", "messages": msgs})
+    advisor, found = _replay([_dump(b) for b in anthropic], "/anthropic/v1/messages")
+    assert [f.param if f else None for f in found] == [None, None, None, "system"]
+    assert advisor.memory is not None and len(advisor.memory._callers["c"][2].raw.cuts) == 3
+    responses = [{"model": "m", "instructions": "i", "input": msgs[:n]} for n in (1, 3, 5)]
+    responses.append({"model": "m", "instructions": "i", "input": "a string"})
+    advisor, found = _replay([_dump(b) for b in responses], "/responses")
+    assert found == [None] * 4
+    assert advisor.memory is not None and len(advisor.memory._callers["c"][2].raw.cuts) == 3
+
+
+def test_r1s_parse_is_handed_over_once_for_the_body_it_read() -> None:
+    body = _dump(chat(n=3))
+    assert body_problem(body) is None
+    validate_body(ChatCompletionRequest, body)
+    assert kept(_dump(chat(n=3))) is None  # another body (equal bytes, another object)
+    data = kept(body)
+    assert isinstance(data, dict) and list(data["messages"][0]) == ["role", "content"]
+    assert kept(body) is None
