@@ -1,11 +1,13 @@
 """Relay an upstream SSE stream to the client chunk by chunk, as it arrives.
 
-A raw ASGI response: it watches for the client's disconnect while relaying, so a client that goes away
-closes the upstream request at once (not at the next chunk). A stream that breaks after it started ends
-with an error event in the family's format (the SDKs raise it), then closes. The family's meter finds the
-usage and the stream's last event; the record is made before that event is sent, and once it is relayed
-whole the answer is complete: the relay stops reading (what the connection does after it is not the
-client's concern).
+A raw ASGI response: it watches for the client's disconnect while it waits on DeepSeek, so a client that
+goes away closes the upstream request at once (not at the next chunk); the watcher and the deadline are
+armed before the first such wait (what has arrived already is relayed without them). The chunk that ends
+the stream's last event goes with `more_body: False` (one write with the chunked body's end). A stream
+that breaks after it started ends with an error event in the family's format (the SDKs raise it), then
+closes. The family's meter finds the usage and the stream's last event; the record is made before that
+event is sent, and once it is relayed whole the answer is complete: the relay stops reading (what the
+connection does after it is not the client's concern).
 
 Before the first data event (only `: keep-alive` comments relayed, as DeepSeek sends while a request is
 queued), a failure of the upstream is retried when `reopen` is given: the new attempt's events follow on the
@@ -78,10 +80,15 @@ class SSERelay(Response):
         self._open_data = False
         self.reopen = reopen
         self._pristine = True  # nothing but keep-alive comments received yet: a failure may be retried
+        self._closed = False  # the client's response is complete (its last chunk went with more_body False)
+        # The deadline and the client watch guard the waits on DeepSeek: both are armed before the first one
+        # (a stream already received whole is relayed without a timer or a watcher task)
+        self._timeout: asyncio.Timeout | None = None
+        self._armed = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            async with self.client.watching(receive):
+            async with self.client.watching(receive, lazy=True):
                 await self._relay(send)
         finally:
             await self.resp.aclose()
@@ -92,8 +99,9 @@ class SSERelay(Response):
     async def _relay(self, send: Send) -> None:
         headers = self.ex.response_headers(self.resp)
         await send({"type": "http.response.start", "status": 200, "headers": headers})
+        self._timeout = asyncio.timeout(None)
         try:
-            async with asyncio.timeout(max(self.deadline - time.perf_counter(), 0.001)):
+            async with self._timeout:
                 while True:
                     try:
                         await self._pump(send)
@@ -115,15 +123,27 @@ class SSERelay(Response):
                 await self._broken(send, map_transport_error(exc))
                 return
             if self._open_data:  # the last event lacked only its blank line
-                await self._send(send, b"\n")
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+                await self._send(send, b"\n", closing=True)
+        if not self._closed:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
         if self._final:
             self.client.relaying = False  # the client has it all: its going away no longer matters
             await self._drain()
 
+    def _arm(self) -> None:
+        """Before a wait on DeepSeek: the deadline is set and the client watched from now on."""
+        if self._armed:
+            return
+        self._armed = True
+        self.client.arm()
+        if self._timeout is not None:
+            left = max(self.deadline - time.perf_counter(), 0.001)
+            self._timeout.reschedule(asyncio.get_running_loop().time() + left)
+
     async def _retry(self, exc: BaseException) -> None:
         """The upstream failed having sent only keep-alives: relay a new attempt in its place."""
         assert self.reopen is not None
+        self._arm()
         error = exc.error if isinstance(exc, KeptAliveOnly) else map_transport_error(exc)
         await self.resp.aclose()
         if self._partial:  # an unfinished comment line: end it for the meter, drop it for the client
@@ -138,6 +158,8 @@ class SSERelay(Response):
         """Read what follows the last event (the end of the chunked body), briefly: the connection then goes
         back to the pool instead of being closed. A reset or a stall here changes nothing."""
         reader = aiohttp_reader(self.resp)
+        if reader is not None and reader.is_eof():  # the body has ended already (its connection is pooled)
+            return
         try:
             async with asyncio.timeout(DRAIN_S):
                 if reader is not None:
@@ -151,12 +173,21 @@ class SSERelay(Response):
 
     async def _pump(self, send: Send) -> None:
         reader = aiohttp_reader(self.resp)
-        if reader is not None:  # the hot path: one await per upstream read, no iterator layers between
-            while raw := await reader.readany():
+        if reader is not None:  # the hot path: what has arrived is taken at once, one await per upstream wait
+            while True:
+                raw = reader.read_nowait()
+                if not raw:
+                    if reader.is_eof():
+                        break
+                    self._arm()
+                    raw = await reader.readany()
+                    if not raw:
+                        break
                 await self._relay_chunk(send, raw)
                 if self._final and self._between:
                     return
         else:
+            self._arm()
             async for raw in self.resp.aiter_raw():
                 await self._relay_chunk(send, raw)
                 if self._final and self._between:
@@ -185,7 +216,7 @@ class SSERelay(Response):
             self._final = True
             await self._end("ok", 200)
         if chunk:
-            await self._send(send, chunk)
+            await self._send(send, chunk, closing=self._final)
 
     def _complete_lines(self, chunk: bytes) -> bytes:
         """Relay whole lines only: if the stream breaks mid-line, the client never gets half an event."""
@@ -194,12 +225,18 @@ class SSERelay(Response):
         self._partial = data[cut:]
         return data[:cut] if cut != len(data) else data
 
-    async def _send(self, send: Send, chunk: bytes) -> None:
+    async def _send(self, send: Send, chunk: bytes, closing: bool = False) -> None:
+        """Relay a chunk; when `closing` (the stream's last event is in it) and it ends that event, it is the
+        response's last (uvicorn writes it and the chunked body's end at once)."""
+        self._track(chunk)
+        last = closing and self._between
         try:
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": chunk, "more_body": not last})
         except OSError as exc:  # uvicorn: the client disconnected
             raise ClientGone() from exc
-        self._track(chunk)
+        if last:
+            self._closed = True
+            self.client.relaying = False  # the client has it all: its going away no longer matters
 
     def _track(self, chunk: bytes) -> None:
         """Note whether the client is now between events (every relayed chunk but a stream's unterminated
