@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 
 from app.openai.stream import ChunkMeter
-from app.sse import JSON_STRING, collect, decode, take_lines
+from app.sse import JSON_STRING, collect, decode
 
 _TEXT = re.compile(rb'"text"' + JSON_STRING)
 
@@ -24,14 +24,13 @@ class FimStreamMeter(ChunkMeter):
 
     @property
     def text(self) -> str:
+        self._settle()
         return decode(self._text_raw)
 
     @property
     def reasoning(self) -> str:
         return ""  # FIM is non-thinking only
 
-    def _drain(self, final: bool) -> None:
-        batch = take_lines(self._buf, final)
-        if batch:
-            collect(self._text_raw, _TEXT.findall(batch))
-            self._scan_end(batch)
+    def _scan(self, batch: bytes) -> None:
+        collect(self._text_raw, _TEXT.findall(batch))
+        self._scan_end(batch)

@@ -33,20 +33,24 @@ _LAST_DATA = re.compile(rb"^data:[ \t]*(\{.*)$", re.MULTILINE)
 class ChunkMeter:
     """What the meters of OpenAI's chunk streams (chat completions, FIM) share: the bytes gathered into
     batches, the chunk carrying `usage`, `data: [DONE]`, whether the last event was an error. A subclass
-    collects its streamed text from each batch in `_drain`, then calls `_scan_end`.
+    collects its streamed text from each batch in `_scan`, then calls `_scan_end`.
 
     Work happens in batches (when 16 KB have gathered, and once at the end), never per chunk, and costs a
-    few regex scans per batch: no event is parsed as JSON unless it carries `usage` or ends the stream.
+    few regex scans per batch: no event is parsed as JSON unless it carries `usage` or ends the stream. The
+    last batch (all of a short stream) is searched for `usage` only, from its end; its text, its `[DONE]`
+    and its last event are scanned when asked for (`_settle`: an estimate, a kept text, a tool-call turn,
+    `done`, `ended_with_error`), which a stream with usage and no tool call never does.
     """
 
-    __slots__ = ("_buf", "_last_event", "_text_raw", "done", "usage")
+    __slots__ = ("_buf", "_done", "_last_event", "_pending", "_text_raw", "usage")
 
     def __init__(self) -> None:
         self._buf = bytearray()
         self._text_raw: list[bytes] = []
         self._last_event = b""  # the payload of the last JSON event seen
+        self._pending = b""  # the last batch, searched for usage only so far
         self.usage: TokenCounts | None = None
-        self.done = False  # saw data: [DONE]
+        self._done = False  # saw data: [DONE]
 
     def feed(self, chunk: bytes) -> None:
         self._buf += chunk
@@ -64,8 +68,15 @@ class ChunkMeter:
         return None
 
     @property
+    def done(self) -> bool:
+        """The stream's `data: [DONE]` line was seen."""
+        self._settle()
+        return self._done
+
+    @property
     def ended_with_error(self) -> bool:
         """The last event was an `error` object (DeepSeek's own)."""
+        self._settle()
         try:
             event = orjson.loads(self._last_event) if self._last_event else None
         except orjson.JSONDecodeError:
@@ -73,27 +84,55 @@ class ChunkMeter:
         return isinstance(event, dict) and "error" in event
 
     def _drain(self, final: bool) -> None:
+        batch = take_lines(self._buf, final)
+        if batch:
+            self._take(batch, final)
+
+    def _take(self, batch: bytes, final: bool) -> None:
+        if b'"usage":{' in batch or b'"usage": {' in batch:
+            self._find_usage(batch)
+        if final:
+            self._pending = batch
+        else:
+            self._scan(batch)
+
+    def _settle(self) -> None:
+        """Scan the last batch, kept for when its text or its end is asked for."""
+        if self._pending:
+            batch, self._pending = self._pending, b""
+            self._scan(batch)
+
+    def _scan(self, batch: bytes) -> None:
         raise NotImplementedError
 
+    def _find_usage(self, batch: bytes) -> None:
+        """The usage of the batch's last `data:` line that carries one (the stream's last chunks)."""
+        at = batch.rfind(b'"usage"')
+        while at >= 0:
+            start = batch.rfind(b"\n", 0, at) + 1
+            end = batch.find(b"\n", at)
+            line = batch[start:end if end >= 0 else len(batch)]
+            if line.startswith(b"data:") and self._usage_line(line[5:]):
+                return
+            at = batch.rfind(b'"usage"', 0, start)
+
     def _scan_end(self, batch: bytes) -> None:
-        """The batch's `usage`, `[DONE]` and last event."""
-        if b'"usage":{' in batch or b'"usage": {' in batch:
-            for payload in data_lines_with(batch, b'"usage"'):
-                self._usage_line(payload)
-        if not self.done and b"[DONE]" in batch:
-            self.done = any(line.strip() == b"[DONE]" for line in data_lines_with(batch, b"[DONE]"))
+        """The batch's `[DONE]` and last event."""
+        if not self._done and b"[DONE]" in batch:
+            self._done = any(line.strip() == b"[DONE]" for line in data_lines_with(batch, b"[DONE]"))
         last = _LAST_DATA.match(batch, max(batch.rfind(b"\ndata: {"), batch.rfind(b"\ndata:{")) + 1)
         if last is not None:
             self._last_event = last.group(1).rstrip()
 
-    def _usage_line(self, payload: bytes) -> None:
+    def _usage_line(self, payload: bytes) -> bool:
         try:
             event = orjson.loads(payload)
         except orjson.JSONDecodeError:
-            return
+            return False
         found = tokens_from_usage(event.get("usage")) if isinstance(event, dict) else None
         if found is not None:
             self.usage = found
+        return found is not None
 
 
 class StreamMeter(ChunkMeter):
@@ -110,16 +149,19 @@ class StreamMeter(ChunkMeter):
         self._reasoning_raw: list[bytes] = []
         self._tool_raw: list[bytes] = []
         self._last_event = b""
+        self._pending = b""
         self.usage: TokenCounts | None = None
-        self.done = False
+        self._done = False
 
     @property
     def text(self) -> str:
         """Content, then tool names and arguments."""
+        self._settle()
         return decode(self._text_raw) + decode(self._tool_raw)
 
     @property
     def reasoning(self) -> str:
+        self._settle()
         return decode(self._reasoning_raw)
 
     def _drain(self, final: bool) -> None:
@@ -128,6 +170,9 @@ class StreamMeter(ChunkMeter):
             return
         if self._watcher is not None:
             self._watcher.lines(batch)
+        self._take(batch, final)
+
+    def _scan(self, batch: bytes) -> None:
         collect(self._text_raw, _CONTENT.findall(batch))
         if b'"reasoning_content"' in batch:
             collect(self._reasoning_raw, _REASONING.findall(batch))
