@@ -14,7 +14,10 @@ JSON = "application/json"
 
 
 def request_id_of(request: Request) -> str:
-    rid = request.headers.get("x-request-id", "")
+    # the scope's own list (names lowercased by the server): Headers.get raises and catches a KeyError for
+    # a header the client did not send, as most do not send this one
+    rid = next((value.decode("latin-1") for name, value in request.scope["headers"]
+                if name == b"x-request-id"), "")
     return rid if 0 < len(rid) <= 200 and rid.isascii() and rid.isprintable() else new_id()
 
 

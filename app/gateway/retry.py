@@ -383,12 +383,13 @@ async def read_answer(resp: httpx2.Response, deadline: float, retryable: bool) -
     blank lines (DeepSeek's keep-alives for a queued request) raises KeptAliveOnly instead."""
     if not retryable or "content-encoding" in resp.headers:
         return await read_whole(resp, deadline)
-    try:
-        return resp.content  # a transport that answers with the body already read
-    except httpx2.ResponseNotRead:
-        pass
-    chunks: list[bytes] = []
     reader = aiohttp_reader(resp)  # read under httpx2's stream wrapper when it is aiohttp's
+    if reader is None:
+        try:
+            return resp.content  # a transport that answers with the body already read
+        except httpx2.ResponseNotRead:
+            pass
+    chunks: list[bytes] = []
     try:
         async with asyncio.timeout(max(deadline - time.perf_counter(), 0.001)):
             if reader is not None:
