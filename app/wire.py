@@ -91,9 +91,10 @@ def kept(body: bytes) -> Any:
 
 
 def forget_parsed() -> None:
-    """Drop R1's parse, whoever did not take it: a 19 MB body's parse is 150 MB, and a thread (a checker
-    process's) would keep it until the next body's."""
-    _parse.body = _parse.data = _parse.kept_body = _parse.kept = None
+    """Drop R1's parse if no check took it: a 19 MB body's parse is 150 MB, and a thread (a checker
+    process's) would keep it until the next body's. What `taken` kept for `kept` stays (a body up to
+    KEEP_BYTES, handed to the request right after its check)."""
+    _parse.body = _parse.data = None
 
 
 def validate_body(model: type[Model], body: bytes) -> Model:

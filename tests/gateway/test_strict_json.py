@@ -159,3 +159,6 @@ def test_no_thread_keeps_a_parse_nobody_took() -> None:
         assert getattr(wire._parse, "data", None) is None, body
     assert _prompt_of(count_text, ANTHROPIC + b"}", 1 << 20).startswith("user")
     assert getattr(wire._parse, "data", None) is None
+    body = CHAT + b"}"  # a check that took the parse keeps it for the request (wire.kept), once
+    assert check_now(chat, body, False, None).problems == []
+    assert wire.kept(body) == orjson.loads(body) and wire.kept(body) is None
