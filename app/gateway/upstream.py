@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import functools
+import os
+import ssl
 import time
 from collections.abc import AsyncIterable
 
@@ -24,12 +27,21 @@ HOP_BY_HOP = frozenset({
 })
 
 
+@functools.cache
+def _ssl_context(cert_file: str | None, cert_dir: str | None) -> ssl.SSLContext:
+    """httpx2's default context (the system's CAs, or SSL_CERT_FILE / SSL_CERT_DIR, passed here so that a
+    change of them is a new context), built once per process: loading the CAs costs ~30 ms of CPU, paid by
+    every app a process creates (the tests start hundreds)."""
+    return httpx2.create_ssl_context()
+
+
 def build_transport(settings: UpstreamSettings) -> httpx2.AsyncBaseTransport:
     limits = httpx2.Limits(max_connections=settings.max_connections,
                            max_keepalive_connections=settings.max_connections, keepalive_expiry=30)
+    ssl_context = _ssl_context(os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR"))
     if settings.transport == "aiohttp":
-        return AiohttpTransport(limits=limits)
-    return httpx2.AsyncHTTPTransport(limits=limits)
+        return AiohttpTransport(verify=ssl_context, limits=limits)
+    return httpx2.AsyncHTTPTransport(verify=ssl_context, limits=limits)
 
 
 class Upstream:
