@@ -8,6 +8,7 @@ from typing import Any
 
 import orjson
 
+from app.gateway.checking import check_now
 from app.gateway.strict import body_problem
 from app.metering.cache import (
     MAX_CUTS,
@@ -18,7 +19,9 @@ from app.metering.cache import (
     parts_chat,
     parts_responses,
 )
+from app.openai.chat import ChatFamily
 from app.openai.protocol import ChatCompletionRequest
+from app.settings import Settings
 from app.wire import kept, validate_body
 
 TOOLS = [{"type": "function", "function": {"name": f"t{i}", "parameters": {"type": "object"}}}
@@ -215,3 +218,17 @@ def test_r1s_parse_is_handed_over_once_for_the_body_it_read() -> None:
     data = kept(body)
     assert isinstance(data, dict) and list(data["messages"][0]) == ["role", "content"]
     assert kept(body) is None
+
+
+def test_the_gateways_check_hands_its_parse_to_the_advisor_which_then_reads_bytes_only() -> None:
+    family = ChatFamily(Settings().policy())
+    advisor = Advisor(True, 8, 1 << 24)
+    for i, n in enumerate((1, 3, 3, 5)):
+        messages = [{"content": m["content"], "role": m["role"]} for m in chat(n=n)["messages"]]
+        body = _dump({**chat(n=n), "messages": messages})  # keys not in the schema's order
+        verdict = check_now(family, body, False, None)
+        parsed = kept(body)
+        assert not verdict.problems and parsed is not None
+        advisor.assess("/chat/completions", "c", verdict.request, dict, 1000, 0, f"r{i}", body, parsed)
+    assert advisor.memory is not None
+    assert [len(p.raw.cuts) if p.raw else 0 for p in advisor.memory._callers["c"]] == [1, 2, 2, 3]
