@@ -111,7 +111,7 @@ class Upstream:
             if cache:  # a route's path; a URL with an id or a query is made per request
                 self._yarl[url] = target
         pairs: list[tuple[str, str]] = [
-            (k.decode("latin-1"), v.decode("latin-1")) if isinstance(k, bytes) and isinstance(v, bytes)
+            (k.decode("latin-1"), _header_text(v)) if isinstance(k, bytes) and isinstance(v, bytes)
             else (str(k), str(v)) for k, v in headers]
         try:
             with map_aiohttp_exceptions():
@@ -168,6 +168,17 @@ async def read_whole(resp: httpx2.Response, deadline: float) -> bytes:
         raise map_transport_error(exc) from None
     finally:
         await resp.aclose()
+
+
+def _header_text(value: bytes) -> str:
+    """A header value as aiohttp takes it (it writes str values as UTF-8): UTF-8 bytes pass unchanged,
+    obs-text that is not UTF-8 goes as its latin-1 reading, as through httpx2's Headers."""
+    if value.isascii():
+        return value.decode("ascii")
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError:
+        return value.decode("latin-1")
 
 
 def aiohttp_reader(resp: httpx2.Response) -> aiohttp.StreamReader | None:
