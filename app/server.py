@@ -33,6 +33,49 @@ DESCRIPTORS_SPARE = 64  # kept for the store, the spool, logs and the listeners
 log = logging.getLogger("chatgate")
 
 
+class OneWriteResponses:
+    """The transport as a request's cycle sees it: a response's head is held until its body's first write in
+    the same turn of the event loop, and both go out in one write (uvicorn writes the head alone, so every
+    buffered answer cost two writes and the client two segments). A head with no body write in that turn (a
+    stream waiting for its first event) goes out at the turn's end; writes keep their order."""
+
+    __slots__ = ("_head", "_hold", "loop", "transport")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self.transport, self.loop = transport, loop
+        self._hold = False
+        self._head: bytes | None = None
+
+    def arm(self) -> None:
+        """The next write is a response's head (or uvicorn's 100 Continue): hold it."""
+        self._hold = True
+
+    def write(self, data: bytes) -> None:
+        head = self._head
+        if head is not None:
+            self._head = None
+            self.transport.writelines((head, data))
+        elif self._hold:
+            self._hold = False
+            self._head = data
+            self.loop.call_soon(self.flush)
+        else:
+            self.transport.write(data)
+
+    def flush(self) -> None:
+        head = self._head
+        if head is not None:
+            self._head = None
+            self.transport.write(head)
+
+    def close(self) -> None:
+        self.flush()
+        self.transport.close()
+
+    def is_closing(self) -> bool:
+        return self.transport.is_closing()
+
+
 class BoundedHttpToolsProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol, with a request head that may cost so much and take so long: httptools
     buffers a head without a bound (an endless header grew a process by 500 MB) and uvicorn waits for it
@@ -60,9 +103,11 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._messages = 0  # requests read whole on this connection
         self._head_timer: asyncio.TimerHandle | None = None
         self._refusing = False
+        self._responses: OneWriteResponses | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        self._responses = OneWriteResponses(transport, self.loop)
         if self.max_connections and len(self.connections) > self.max_connections:
             self._refusing = True  # answered when its request comes, so that it reads the answer
             self._head_timer = self.loop.call_later(1.0, self.transport.close)
@@ -91,6 +136,10 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._in_head = False
         super().on_headers_complete()
+        cycle, responses = self.cycle, self._responses
+        if cycle is not None and responses is not None and cycle.transport is self.transport:
+            responses.arm()
+            cycle.transport = responses  # type: ignore[assignment]
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
