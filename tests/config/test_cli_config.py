@@ -110,6 +110,7 @@ def assert_one_line_exit_2(code: int | None, stdout: str, stderr: str, setting: 
     assert "Traceback" not in stderr and stdout == ""
 
 
+@pytest.mark.slow  # 8 CLI processes; test_every_bad_config_file_case runs the cases in this one
 @pytest.mark.parametrize("command", COMMANDS, ids=" ".join)
 @pytest.mark.parametrize("case", ["unknown key", "wrong type", "bad URL", "not TOML"])
 def test_bad_config_file_process_prints_one_line_and_exits_2(tmp_path: Path, command: list[str],
@@ -123,6 +124,7 @@ def test_bad_config_file_process_prints_one_line_and_exits_2(tmp_path: Path, com
     assert_one_line_exit_2(out.returncode, out.stdout, out.stderr, setting)
 
 
+@pytest.mark.slow  # 4 CLI processes
 @pytest.mark.parametrize("command", COMMANDS, ids=" ".join)
 @pytest.mark.parametrize("case", ["unknown CHATGATE_ env var", "env wrong type"])
 def test_bad_environment_process_prints_one_line_and_exits_2(tmp_path: Path, command: list[str],
@@ -273,6 +275,7 @@ def test_help_works_on_every_command(command: tuple[str, ...], capsys: pytest.Ca
     assert out.startswith("usage: chatgate") and " ".join(command) in out
 
 
+@pytest.mark.slow  # two CLI processes; test_help_works_on_every_command runs --help in this one
 def test_help_as_a_process() -> None:
     out = chatgate("--help")
     assert out.returncode == 0 and "serve" in out.stdout and "lint" in out.stdout

@@ -230,6 +230,7 @@ def test_every_account_set_aside_a_request_waits_for_the_first_back(
     assert (row["attempts"], row["account"]) == (3, {v: k for k, v in KEYS.items()}[tries[2][0]])
 
 
+@pytest.mark.slow  # four streams of 0.3 s chunks: ~5 s of real time
 def test_weights_share_requests_in_flight(tmp_path: Path, fake: RunningFake,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """Weight 3 against 1: four streams at once go three to one, whichever account the first took."""
@@ -322,6 +323,7 @@ def test_the_dashboard_shows_each_accounts_state(pool: tuple[RunningChatgate, st
     assert not any(key in dom for key in KEYS.values()) and ADMIN not in dom
 
 
+@pytest.mark.slow  # waits 3.5 s of real time for an attempt that must not come
 def test_a_client_hanging_up_while_waiting_for_an_account_gets_no_further_attempt(
         pool: tuple[RunningChatgate, str], fake: RunningFake, tmp_path: Path) -> None:
     """Both accounts answered 429 with Retry-After: 3; the request waits for the first back and its client

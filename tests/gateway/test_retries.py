@@ -147,6 +147,7 @@ def test_a_body_cut_after_json_bytes_is_not_retried(sdk: openai.OpenAI, fake: Ru
     assert len(attempts_of(fake, rid)) == 1
 
 
+@pytest.mark.slow  # waits 3.5 s of real time for an attempt that must not come
 def test_client_hanging_up_during_a_back_off_stops_the_attempts(gate: RunningChatgate, fake: RunningFake,
                                                                 tmp_path: Path) -> None:
     rid, headers = faults("http_503", 99, **{"x-fake-retry-after": "3"})

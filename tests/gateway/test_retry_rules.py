@@ -204,6 +204,7 @@ def test_anthropic_sdk_429_retry_after_is_waited(claude: anthropic.Anthropic, fa
 # ----------------------------------------------------------------------------------------- hang-ups
 
 
+@pytest.mark.slow  # waits 3.5 s of real time for an attempt that must not come
 def test_a_stream_whose_client_hangs_up_during_a_back_off_gets_no_further_attempt(
         gate: RunningChatgate, fake: RunningFake, tmp_path: Path) -> None:
     rid, headers = faults("http_503", 99, **{"x-fake-retry-after": "3"})
@@ -217,6 +218,7 @@ def test_a_stream_whose_client_hangs_up_during_a_back_off_gets_no_further_attemp
     assert len(attempts_of(fake, rid)) == 1
 
 
+@pytest.mark.slow  # waits 3.5 s of real time for an attempt that must not come
 def test_an_anthropic_client_hanging_up_during_a_back_off(gate: RunningChatgate, fake: RunningFake,
                                                           tmp_path: Path) -> None:
     rid, headers = faults("http_503", 99, **{"x-fake-retry-after": "3"})
@@ -332,6 +334,7 @@ def test_a_limits_reservation_is_held_once_across_the_attempts(start_gate: Calla
     assert sorted((r["outcome"], r["attempts"]) for r in rows) == [("limited", 1), ("ok", 2)]
 
 
+@pytest.mark.slow  # waits 3.5 s of real time for an attempt that must not come
 def test_a_client_hanging_up_while_a_kept_alive_stream_waits_to_be_retried(
         start_gate: Callable[..., RunningChatgate], fake: RunningFake, tmp_path: Path) -> None:
     """The stream's head and keep-alives went out, DeepSeek dropped it, chatgate waits its back-off (3 s here:

@@ -258,6 +258,7 @@ def test_no_socket_is_opened(
     assert no_network == []
 
 
+@pytest.mark.slow  # the CLI as two processes
 def test_exit_codes_as_a_process(tmp_path: Path) -> None:
     good = jsonl(tmp_path / "good.jsonl", GOOD)
     bad = jsonl(tmp_path / "bad.jsonl", HOT)

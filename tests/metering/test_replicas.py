@@ -12,9 +12,7 @@ from tests.harness import spawn_chatgate
 from tests.metering.helpers import chat_body, cli, create_key, send_chat, usage_json, wait_for
 from tests.pgutil import fresh_database
 
-pytestmark = pytest.mark.slow  # two chatgate processes on one store
-
-pytestmark = pytest.mark.postgres
+pytestmark = [pytest.mark.slow, pytest.mark.postgres]  # two chatgate processes on one store
 
 MANAGED_ENV = {"DEEPSEEK_API_KEY": "sk-upstream", "CHATGATE_AUTH_KEY_CACHE_SECONDS": "0"}
 COUNTED = ("prompt_tokens", "completion_tokens", "prompt_cache_hit_tokens", "prompt_cache_miss_tokens",

@@ -10,12 +10,14 @@ from collections import Counter
 from pathlib import Path
 
 import httpx2
+import pytest
 
 from tests.fakes.server import run_fake_deepseek
 from tests.harness import spawn_chatgate
 from tests.metering.helpers import chat_body, complete, send_chat, sqlite_request_ids
 from tests.metering.test_durability import restart_and_collect
 
+pytestmark = pytest.mark.slow  # chatgate as a process, killed and started again
 
 def test_kill9_during_a_retry_loses_no_record_of_a_completed_request(tmp_path: Path) -> None:
     db = tmp_path / "usage.db"

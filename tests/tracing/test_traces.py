@@ -285,6 +285,7 @@ def test_on_by_the_standard_variables_and_off_otherwise() -> None:
         == "http/protobuf"
 
 
+@pytest.mark.slow  # chatgate as a process
 def test_chatgate_serve_traces_by_the_otel_variables(receiver: Receiver, fake: RunningFake,
                                                      tmp_path: Path) -> None:
     env = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, "OTEL_SERVICE_NAME": "gate-by-env",
