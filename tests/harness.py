@@ -129,12 +129,38 @@ def run_chatgate(settings: Settings, transport: Any = None, store: Any = None, l
         if not thread.is_alive() or time.monotonic() > deadline:
             raise RuntimeError("chatgate did not start")
         time.sleep(0.01)
+    running = RunningChatgate(f"http://127.0.0.1:{port}", port, app, server)
+    _RUNNING.append(running)
     try:
-        yield RunningChatgate(f"http://127.0.0.1:{port}", port, app, server)
+        yield running
     finally:
+        _RUNNING.remove(running)
         server.stop()
         thread.join(15)
         sock.close()
+
+
+_RUNNING: list[RunningChatgate] = []  # the in-process servers of this test process, started and not stopped
+
+
+def _quiet(gate: RunningChatgate) -> bool:
+    """Nothing left that could still make a record: no request in uvicorn's hands, no background task of the
+    gateway, no record spooled and not yet in the store. Asked in the order the work is handed on (a request
+    spawns its background task and spools its record before it ends), so a record in passage is seen."""
+    state = gate.state
+    return (not gate.server.server_state.tasks
+            and (state.gateway is None or not state.gateway.background)
+            and (state.recorder is None or state.recorder.pending == 0))
+
+
+def settle(db: Path, longest: float = 0.1) -> None:
+    """Wait until the in-process chatgate(s) writing to the SQLite file `db` are quiet (`_quiet`), for at most
+    `longest` seconds (a test may hold another request open meanwhile); `longest` when none is found. For a
+    test that counts records: a duplicate would be there once it returns."""
+    gates = [g for g in list(_RUNNING) if g.state.settings.store.url == f"sqlite:///{db}"]
+    deadline = time.monotonic() + longest
+    while time.monotonic() < deadline and not (gates and all(_quiet(g) for g in gates)):
+        time.sleep(0.005)
 
 
 @dataclass

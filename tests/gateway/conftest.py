@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from tests.fakes.server import RunningFake, run_fake_deepseek
-from tests.harness import RunningChatgate, make_settings, run_chatgate
+from tests.harness import RunningChatgate, make_settings, run_chatgate, settle
 
 JSON_HEADERS = {"content-type": "application/json", "authorization": "Bearer sk-test-client-0001"}
 
@@ -81,7 +81,7 @@ def usage_rows(tmp_path: Path, count: int, timeout: float = 10.0) -> list[dict[s
         if len(rows) >= count:
             break
         time.sleep(0.02)
-    time.sleep(0.1)  # a duplicate record would show up in this window
+    settle(db)  # a duplicate record would be there by now
     rows = _read_usage(db)
     assert len(rows) == count, f"expected {count} usage record(s), found {len(rows)}: {rows}"
     return rows
