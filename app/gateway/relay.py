@@ -60,7 +60,13 @@ class SSERelay(Response):
     def __init__(self, ex: Exchange, resp: httpx2.Response, deadline: float, meter: StreamMeter,
                  on_end: OnEnd, spawn: Spawn, error_event: ErrorEvent,
                  chunk_filter: ChunkFilter | None = None, reopen: Reopen | None = None) -> None:
-        super().__init__(status_code=200, media_type="text/event-stream")
+        # Starlette's Response fields, set as its __init__ would (its headers are never sent: `_relay` sends
+        # DeepSeek's)
+        self.status_code = 200
+        self.media_type = "text/event-stream"
+        self.background = None
+        self.body = b""
+        self.raw_headers = [(b"content-type", b"text/event-stream")]
         self.on_end = on_end
         self.spawn = spawn
         self.error_event = error_event
@@ -91,7 +97,7 @@ class SSERelay(Response):
             async with self.client.watching(receive, lazy=True):
                 await self._relay(send)
         finally:
-            await self.resp.aclose()
+            await _close(self.resp)
             if not self.ex.finished:
                 outcome, status = self.end or ("client_disconnected", 499)
                 self.spawn(self._end(outcome, status))
@@ -274,3 +280,14 @@ class SSERelay(Response):
         boundary = b"\n" if self._open_data else b""
         await self._send(send, boundary + self.error_event(error))
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _close(resp: httpx2.Response) -> None:
+    """httpx2's `aclose` of the upstream response; aiohttp's response is closed directly (httpx2's wraps it
+    in two context managers, for errors that closing it does not raise)."""
+    aio = getattr(resp.stream, "_aiohttp_response", None)
+    if isinstance(aio, aiohttp.ClientResponse) and not resp.is_closed:
+        resp.is_closed = True
+        await aio.__aexit__(None, None, None)
+    else:
+        await resp.aclose()
