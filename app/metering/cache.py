@@ -388,7 +388,12 @@ class PrefixMemory:
         tries = MAX_TRIES
         for e in reversed(prints):
             raw = e.raw
-            if raw is None or e.count > count or raw.size > size or (raw.size == size) != (count == e.count):
+            if raw is None:
+                continue
+            if e.count == count:  # the same body again, or nothing
+                if raw.size != size:
+                    continue
+            elif e.count > count or raw.size >= size:
                 continue
             if hash(body[size - raw.tail:]) == raw.tail_sum:
                 cuts = raw.cuts
@@ -406,7 +411,7 @@ class PrefixMemory:
             return Parts(e.hashes, e.layout, e.system, request, count, e.tools_hash), raw
         new = items[e.count:]
         at, head = raw.cuts[-1], size - raw.tail
-        if body[at:at + 1] != b"," or body[head - 1:head] != b"}" or not family.appendable(new):
+        if body[at] != 44 or body[head - 1] != 125 or not family.appendable(new):  # "," and "}"
             return None
         hashes = e.hashes + _pack(_json_hashes(new))
         if len(raw.cuts) < MAX_CUTS:
