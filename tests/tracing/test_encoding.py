@@ -168,3 +168,35 @@ def test_the_sdk_queue_holds_requests_of_two_spans() -> None:
     inner = t.processor._batch_processor
     assert inner._max_queue_size == 50 and inner._max_export_batch_size == 50
     t.processor.shutdown()
+
+
+def test_a_streams_finish_reasons_are_found_whatever_else_its_events_say(
+        tracing: tuple[Tracing, list[ExchangeTrace]]) -> None:
+    """Chat, FIM and Anthropic streams: the last three reads, scanned once at the end (a reason cut between
+    two reads too); the Responses API: each read that has a final event's type."""
+    t, queued = tracing
+    delta = b'data: {"choices":[{"delta":{"content":"a"},"finish_reason":null}]}\n\n'
+    streams: list[tuple[str, list[bytes], list[str]]] = [
+        (ROUTE, [delta] * 20 + [b'data: {"choices":[{"delta":{},"finish_reason":"stop"}]}\n\n',
+                                b'data: {"choices":[],"usage":{}}\n\n', b"data: [DONE]\n\n"], ["stop"]),
+        (ROUTE, [delta, b'data: {"choices":[{"delta":{}, "finish_reason": "len', b'gth"}]}\n\n'], ["length"]),
+        (ROUTE, [delta, b'data: {"choices":[{"index":0,"finish_reason":"stop"},'
+                        b'{"index":1,"finish_reason":null}]}\n\n'
+                        b'data: {"choices":[{"index":1,"finish_reason":"length"}]}\n\n'], ["stop", "length"]),
+        (ROUTE, [delta] * 3, []),
+        ("/anthropic/v1/messages", [b'event: message_start\ndata: {"message":{"stop_reason":null}}\n\n',
+                                    b'data: {"type":"message_delta","delta":{"stop_reason":"end_turn"}}\n\n',
+                                    b'event: message_stop\ndata: {"type":"message_stop"}\n\n'], ["end_turn"]),
+        ("/v1/responses", [b'data: {"type":"response.output_text.delta","delta":"x"}\n\n',
+                           b'data: {"type":"response.incomplete","response":{"output":"' + b"x" * 5000,
+                           b"y" * 5000, b'"}}\n\n', b"z" * 100], ["incomplete"]),
+    ]
+    for route, reads, reasons in streams:
+        tr = t.start("POST", route, route, SCOPE, "req-feed")
+        tr.start_attempt(HEADERS, "deepseek-v4-flash", True)
+        for read in reads:
+            tr.feed(read)
+        tr.finish(replace(OK, stream=True), 200)
+        assert (tr.reasons or []) == reasons, (route, reads[-1])
+    got = decoded(encode_request(queued, t.counts.exporter.inner.head))
+    assert got[0].attributes["gen_ai.response.finish_reasons"] == ["stop"]
