@@ -206,6 +206,25 @@ def test_headless_chromium_renders_every_chart(traffic: Traffic, tmp_path: Path)
     assert shot.stat().st_size > 20_000
 
 
+def test_headless_chromium_lists_the_recent_refusals_and_opens_one_by_its_link(traffic: Traffic,
+                                                                             tmp_path: Path) -> None:
+    kept = traffic.admin("/admin/refusals?limit=50").json()["data"]
+    assert len(kept) == traffic.rejected  # every rejected request of the traffic, each with its request id
+    one = kept[0]["request_id"]
+    dom = chromium(tmp_path, "--dump-dom",
+                   f"{traffic.gate.url}/admin/dashboard#key={ADMIN_KEY}&refusal={one}").stdout
+    assert 'data-state="ready"' in dom, dom[:3000]
+    table = chart_attrs(dom, "refusals")
+    assert table["data-rows"] == str(len(kept))
+    links = re.findall(r'<a href="#refusal=([^"]+)" class="refusal-link">([^<]+)</a>', dom)
+    assert sorted(text for _, text in links) == sorted(r["request_id"] for r in kept)
+    detail = re.search(r'<pre id="refusal-detail">(.*?)</pre>', dom, re.S)
+    assert detail, "the refusal of the link is not shown"
+    shown = traffic.admin(f"/admin/refusals/{one}").json()
+    assert detail.group(1).startswith(f"{one}  400 by chatgate") and "&lt;--" in detail.group(1)
+    assert shown["problems"][0]["message"].split("'")[0] in detail.group(1)
+
+
 def test_headless_chromium_with_a_wrong_key_shows_the_refusal(traffic: Traffic, tmp_path: Path) -> None:
     dom = chromium(tmp_path, "--dump-dom", f"{traffic.gate.url}/admin/dashboard#key=not-the-admin-key").stdout
     assert 'data-state="error"' in dom

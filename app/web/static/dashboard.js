@@ -7,12 +7,15 @@
   const SVGNS = "http://www.w3.org/2000/svg";
   const $ = (id) => document.getElementById(id);
 
+  let openRefusal = null;
+
   // The key may arrive in the URL fragment (#key=...; never sent to the server); keep it for this tab only.
   function readFragment() {
     const params = new URLSearchParams(location.hash.replace(/^#/, ""));
     if (params.get("key")) sessionStorage.setItem(KEY, params.get("key"));
     if (params.get("bucket")) $("bucket").value = params.get("bucket");
     if (params.get("span")) $("span").value = params.get("span");
+    if (params.get("refusal")) openRefusal = params.get("refusal");  // a link to one refusal, opened on load
     if (location.hash) history.replaceState(null, "", location.pathname + location.search);
   }
 
@@ -342,6 +345,10 @@
     try {
       const refusals = await api("/admin/refusals?limit=50");
       refusalsTable($("refusals"), refusals.data);
+      if (openRefusal) {
+        await showRefusal(openRefusal);
+        openRefusal = null;
+      }
     } catch (err) {
       refusalsTable($("refusals"), [], err.message);
     }
