@@ -208,7 +208,10 @@ def test_headless_chromium_renders_every_chart(traffic: Traffic, tmp_path: Path)
 
 def test_headless_chromium_lists_the_recent_refusals_and_opens_one_by_its_link(traffic: Traffic,
                                                                              tmp_path: Path) -> None:
-    kept = traffic.admin("/admin/refusals?limit=50").json()["data"]
+    deadline = time.monotonic() + 10  # the inspector writes its refusals in batches, off the request path
+    while len(kept := traffic.admin("/admin/refusals?limit=50").json()["data"]) < traffic.rejected:
+        assert time.monotonic() < deadline, f"{len(kept)} of {traffic.rejected} refusals kept"
+        time.sleep(0.05)
     assert len(kept) == traffic.rejected  # every rejected request of the traffic, each with its request id
     one = kept[0]["request_id"]
     dom = chromium(tmp_path, "--dump-dom",
