@@ -57,15 +57,16 @@ def data_lines_with(batch: bytes, needle: bytes) -> list[bytes]:
 
 def has_line(lines: bytes, needle: bytes, line: re.Pattern[bytes]) -> bool:
     """Whether a line of `lines` that contains `needle` is, whole, a match of `line` (a pattern without
-    anchors). Cheaper than one `^…$` pattern with re.M, which the regex engine tries at every byte."""
-    at = lines.find(needle)
+    anchors). Cheaper than one `^…$` pattern with re.M, which the regex engine tries at every byte. Searched
+    from the end, where a stream's last line is."""
+    at = lines.rfind(needle)
     while at >= 0:
         start = lines.rfind(b"\n", 0, at) + 1
         end = lines.find(b"\n", at)
         end = len(lines) if end < 0 else end
         if line.fullmatch(lines, start, end):
             return True
-        at = lines.find(needle, end)
+        at = lines.rfind(needle, 0, start)
     return False
 
 

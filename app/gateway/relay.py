@@ -247,7 +247,8 @@ class SSERelay(Response):
     def _track(self, chunk: bytes) -> None:
         """Note whether the client is now between events (every relayed chunk but a stream's unterminated
         last one ends with a newline, so a blank line may also open the chunk)."""
-        lf, crlf = chunk.rfind(b"\n\n"), chunk.rfind(b"\n\r\n")
+        lf = chunk.rfind(b"\n\n")
+        crlf = chunk.rfind(b"\n\r\n") if b"\r" in chunk else -1  # one byte's search (memchr) first
         if lf >= 0 or crlf >= 0:
             rest = chunk[max(lf + 2 if lf >= 0 else 0, crlf + 3 if crlf >= 0 else 0):]
         elif chunk[:1] == b"\n" or chunk[:2] == b"\r\n":

@@ -89,8 +89,7 @@ class ChunkMeter:
             self._take(batch, final)
 
     def _take(self, batch: bytes, final: bool) -> None:
-        if b'"usage":{' in batch or b'"usage": {' in batch:
-            self._find_usage(batch)
+        self._find_usage(batch)
         if final:
             self._pending = batch
         else:
@@ -106,13 +105,15 @@ class ChunkMeter:
         raise NotImplementedError
 
     def _find_usage(self, batch: bytes) -> None:
-        """The usage of the batch's last `data:` line that carries one (the stream's last chunks)."""
+        """The usage of the batch's last `data:` line that carries a usage object (the stream's last chunks;
+        searched from the end, a `"usage":null` line is passed over unparsed)."""
         at = batch.rfind(b'"usage"')
         while at >= 0:
             start = batch.rfind(b"\n", 0, at) + 1
             end = batch.find(b"\n", at)
             line = batch[start:end if end >= 0 else len(batch)]
-            if line.startswith(b"data:") and self._usage_line(line[5:]):
+            if line.startswith(b"data:") and (b'"usage":{' in line or b'"usage": {' in line) \
+                    and self._usage_line(line[5:]):
                 return
             at = batch.rfind(b'"usage"', 0, start)
 
