@@ -7,18 +7,27 @@ or failed when CI is set.
 A test that stops the server itself (test_postgres_restart.py) holds `server_to_itself()`; every throw-away
 database holds the same lock shared, so that test waits for the others, and they for it, across parallel
 test processes (pytest-xdist workers, other checkouts' runs on the same machine).
+
+A throw-away database is dropped by a thread of its own after the test (a DROP DATABASE waits for the server's
+checkpoint: 0.1-1 s a test), with the shared lock held until it is gone; `server_to_itself()` and the end of
+the process wait for what is still being dropped.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import fcntl
 import os
+import queue
 import secrets
+import sys
 import tempfile
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import IO
 from urllib.parse import urlsplit
 
 import psycopg
@@ -29,28 +38,55 @@ from tests.ci import missing
 ADMIN_URL = os.environ.get("CHATGATE_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
 SERVER_LOCK = Path(tempfile.gettempdir()) / "chatgate-test-postgres.lock"
 _held = {"shared": 0, "exclusive": 0}  # by this process: under the exclusive lock its databases need no other
+_held_lock = threading.Lock()
+_drops: queue.Queue[tuple[str, _SharedLock]] = queue.Queue()  # databases to drop, with the lock each holds
+_dropper: list[threading.Thread] = []
+
+
+class _SharedLock:
+    """The shared server lock one throw-away database holds, from its creation until it is dropped."""
+
+    def __init__(self) -> None:
+        self._file: IO[str] | None = None
+        with _held_lock:
+            exclusive = _held["exclusive"] > 0
+        if not exclusive:  # under this process's exclusive lock a database needs no lock of its own
+            self._file = open(SERVER_LOCK, "a")  # noqa: SIM115 (held past this block, closed by release)
+            fcntl.flock(self._file, fcntl.LOCK_SH)
+        with _held_lock:
+            _held["shared"] += 1
+
+    def release(self) -> None:
+        with _held_lock:
+            _held["shared"] -= 1
+        if self._file is not None:
+            fcntl.flock(self._file, fcntl.LOCK_UN)
+            self._file.close()
+            self._file = None
 
 
 @contextmanager
-def _server_lock(mode: str) -> Iterator[None]:
+def _server_to_itself() -> Iterator[None]:
     if _held["exclusive"]:
         yield
         return
-    if mode == "exclusive" and _held["shared"]:
+    _drops.join()  # what this process dropped after its tests is gone
+    if _held["shared"]:
         raise RuntimeError("this process still holds a throw-away database: it would wait for itself")
     with open(SERVER_LOCK, "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX if mode == "exclusive" else fcntl.LOCK_SH)
-        _held[mode] += 1
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _held["exclusive"] += 1
         try:
             yield
         finally:
-            _held[mode] -= 1
+            _drops.join()  # the databases made meanwhile are gone before another test may make its own
+            _held["exclusive"] -= 1
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def server_to_itself() -> contextlib.AbstractContextManager[None]:
     """No other test's database exists on the server while this is held (for a test that stops it)."""
-    return _server_lock("exclusive")
+    return _server_to_itself()
 
 
 def admin_connection() -> psycopg.Connection[tuple[object, ...]]:
@@ -61,15 +97,44 @@ def admin_connection() -> psycopg.Connection[tuple[object, ...]]:
         missing(f"PostgreSQL not reachable at {ADMIN_URL}: {e}")
 
 
+def _drop(name: str) -> None:
+    with admin_connection() as admin:
+        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def _drop_them() -> None:
+    while True:
+        name, lock = _drops.get()
+        try:
+            _drop(name)
+        except BaseException as exc:  # a database left behind is not the next test's failure
+            print(f"tests.pgutil: could not drop the database {name}: {exc!r}", file=sys.stderr)
+        finally:
+            lock.release()
+            _drops.task_done()
+
+
+def _drop_later(name: str, lock: _SharedLock) -> None:
+    if not _dropper:
+        _dropper.append(threading.Thread(target=_drop_them, name="pgutil-dropper", daemon=True))
+        _dropper[0].start()
+        atexit.register(_drops.join)
+    _drops.put((name, lock))
+
+
 @contextmanager
 def fresh_database() -> Iterator[str]:
-    """Create an empty database, yield its URL, then drop it (closing whatever is still connected)."""
+    """Create an empty database, yield its URL, then drop it (closing whatever is still connected), in the
+    background: the next test need not wait for it."""
     name = f"chatgate_t_{secrets.token_hex(6)}"
-    with _server_lock("shared"):
+    lock = _SharedLock()
+    try:
         with admin_connection() as admin:
             admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-        try:
-            yield urlsplit(ADMIN_URL)._replace(path=f"/{name}").geturl()
-        finally:
-            with admin_connection() as admin:
-                admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+    except BaseException:
+        lock.release()
+        raise
+    try:
+        yield urlsplit(ADMIN_URL)._replace(path=f"/{name}").geturl()
+    finally:
+        _drop_later(name, lock)
