@@ -71,6 +71,7 @@ def test_admin_usage_needs_the_admin_key(served: Served) -> None:
         assert "rows" not in resp.json()
 
 
+@pytest.mark.slow  # the CLI as a process, for each grouping
 @pytest.mark.parametrize("by", ["key", "team", "model", "day", "rule"])
 def test_admin_usage_equals_the_cli(served: Served, by: str) -> None:
     resp = admin_get(served, f"Bearer {ADMIN_KEY}", by=by)
@@ -79,6 +80,7 @@ def test_admin_usage_equals_the_cli(served: Served, by: str) -> None:
     assert resp.json()["totals"]["requests"] == 9
 
 
+@pytest.mark.slow  # the CLI as two processes
 def test_admin_usage_filters_match_the_cli(served: Served) -> None:
     split = str(served.split_ts)
     since = admin_get(served, f"Bearer {ADMIN_KEY}", by="key", since=split).json()

@@ -260,6 +260,7 @@ def test_the_usage_report_has_hit_rates_and_savings(run: Run) -> None:
     assert days["rows"][0]["cache_hit_rate"] is not None
 
 
+@pytest.mark.slow  # the CLI as processes
 def test_the_cli_reports_match_the_http_ones(run: Run) -> None:
     out = cli("cache", "--by", "key", "--format", "json", "--store", run.store_url)
     assert json.loads(out.stdout)["rows"] == run.cache_report()["rows"]
@@ -367,6 +368,7 @@ def test_the_timeseries_has_each_teams_hit_rate(run: Run) -> None:
     assert sum(team["cache_hit_tokens"]) == hits and sum(team["prompt_tokens"]) == prompt
 
 
+@pytest.mark.slow  # Chromium
 def test_the_dashboards_cache_card_draws_hit_rates_and_the_costliest_breaks(run: Run, tmp_path: Path) -> None:
     from tests.web.test_dashboard import chart_attrs, chromium
 
