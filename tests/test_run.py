@@ -30,3 +30,8 @@ def test_arguments_that_choose_otherwise_are_left_alone(given: list[str]) -> Non
 
 def test_one_core_runs_in_one_process() -> None:
     assert run.pytest_args(["--quick"], cores=1) == ["-m", "not slow"]
+
+
+def test_the_tests_write_bytecode_caches() -> None:
+    env = {"PATH": "/usr/bin", "PYTHONDONTWRITEBYTECODE": "1", "CI": "true"}
+    assert run.test_env(env) == {"PATH": "/usr/bin", "CI": "true"}
