@@ -105,9 +105,8 @@ class SSERelay(Response):
     async def _relay(self, send: Send) -> None:
         headers = self.ex.response_headers(self.resp)
         await send({"type": "http.response.start", "status": 200, "headers": headers})
-        self._timeout = asyncio.timeout(None)
         try:
-            async with self._timeout:
+            try:
                 while True:
                     try:
                         await self._pump(send)
@@ -116,6 +115,11 @@ class SSERelay(Response):
                         if self.client.gone or not self._pristine or self.reopen is None:
                             raise
                         await self._retry(exc)
+            except BaseException as exc:
+                await self._disarm(exc)  # raises TimeoutError if the deadline cancelled the relay
+                raise
+            else:
+                await self._disarm(None)
         except APIError as error:  # the retries after keep-alives are spent
             await self._broken(send, error, started=False)
             return
@@ -136,20 +140,29 @@ class SSERelay(Response):
             self.client.relaying = False  # the client has it all: its going away no longer matters
             await self._drain()
 
-    def _arm(self) -> None:
-        """Before a wait on DeepSeek: the deadline is set and the client watched from now on."""
-        if self._armed:
-            return
+    async def _arm(self) -> None:
+        """Before the first wait on DeepSeek: the client is watched and the deadline's scope entered (left by
+        `_disarm`) from now on."""
         self._armed = True
         self.client.arm()
-        if self._timeout is not None:
-            left = max(self.deadline - time.perf_counter(), 0.001)
-            self._timeout.reschedule(asyncio.get_running_loop().time() + left)
+        left = max(self.deadline - time.perf_counter(), 0.001)
+        timeout = asyncio.timeout_at(asyncio.get_running_loop().time() + left)
+        await timeout.__aenter__()
+        self._timeout = timeout
+
+    async def _disarm(self, exc: BaseException | None) -> None:
+        """Leave the deadline's scope, as `async with` would; its expiry (the relay cancelled) raises
+        TimeoutError."""
+        timeout, self._timeout = self._timeout, None
+        if timeout is not None:
+            await timeout.__aexit__(type(exc) if exc is not None else None, exc,
+                                    exc.__traceback__ if exc is not None else None)
 
     async def _retry(self, exc: BaseException) -> None:
         """The upstream failed having sent only keep-alives: relay a new attempt in its place."""
         assert self.reopen is not None
-        self._arm()
+        if not self._armed:
+            await self._arm()
         error = exc.error if isinstance(exc, KeptAliveOnly) else map_transport_error(exc)
         await self.resp.aclose()
         if self._partial:  # an unfinished comment line: end it for the meter, drop it for the client
@@ -185,7 +198,8 @@ class SSERelay(Response):
                 if not raw:
                     if reader.is_eof():
                         break
-                    self._arm()
+                    if not self._armed:
+                        await self._arm()
                     raw = await reader.readany()
                     if not raw:
                         break
@@ -193,7 +207,8 @@ class SSERelay(Response):
                 if self._final and self._between:
                     return
         else:
-            self._arm()
+            if not self._armed:
+                await self._arm()
             async for raw in self.resp.aiter_raw():
                 await self._relay_chunk(send, raw)
                 if self._final and self._between:

@@ -280,6 +280,21 @@ def test_stall_mid_stream_past_read_timeout_raises(impatient: openai.OpenAI, fak
     one_record(tmp_path, "upstream_failed", 200)
 
 
+def test_stall_mid_stream_past_the_total_timeout_ends_the_stream(start_gate: Callable[..., RunningChatgate],
+                                                                 fake: RunningFake, tmp_path: Path) -> None:
+    """The deadline of the whole request (upstream.total_timeout) ends a stream that stalls between events
+    although each read is within the read timeout: the relay arms it before its first wait on DeepSeek."""
+    gate = start_gate(upstream={"total_timeout": 1.0, "read_timeout": 30.0, "connect_timeout": 2.0})
+    with openai.OpenAI(base_url=gate.url + "/v1", api_key="sk-fault-tests", max_retries=0, timeout=10) as c:
+        stream = c.chat.completions.create(model="deepseek-flash", messages=MESSAGES, stream=True,
+                                           extra_headers=fault("stall_mid_stream"))
+        with pytest.raises(openai.APIError) as caught:
+            consume(stream)
+    assert "DeepSeek sent nothing for longer than the upstream timeout" in caught.value.message
+    assert fake.state.wait_idle(3.0)  # the stalled upstream request was closed
+    one_record(tmp_path, "upstream_failed", 200)
+
+
 def test_error_event_from_deepseek_mid_stream_raises(sdk: openai.OpenAI, fake: RunningFake,
                                                      tmp_path: Path) -> None:
     stream = sdk.chat.completions.create(model="deepseek-flash", messages=MESSAGES, stream=True,
