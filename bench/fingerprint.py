@@ -1,21 +1,36 @@
 """What the cache advisor's fingerprinting costs per request, on the benchmark's chat bodies (bench.bodies).
 
-Times, in this process, the work `Ledger.finish` adds per served request when `cache.breaks` is on: cut the
-parsed body into parts, hash them, compare with the caller's remembered requests and remember this one
-(`app.metering.cache.Advisor.assess`). Each conversation is replayed as an agent would send it: every
-request extends the previous one by a message, so the comparison runs against a full memory. With
-`--parse`, the body's JSON parse is counted as well (the advisor parses it when no step before it did).
-Compare the figures with a request's CPU in chatgate (`python -m bench.pair`, µs per request): the share is
-the throughput cost. About 10 seconds.
+Times, in this process, the work `Ledger.finish` adds per served request when `cache.breaks` is on
+(`app.metering.cache.Advisor.assess`): as the gateway does it, from the body's bytes (a request that repeats
+a remembered one's bytes and appends messages takes its hashes and hashes only the new messages), and, for
+comparison, from the parsed request alone (every part serialised and hashed: the first request of a
+caller, or a body not written as orjson writes it). Each conversation is replayed as an agent would send
+it: every request extends the previous one by a message, so the comparison runs against a full memory.
+The first request of each replay has no earlier one to extend: it is cut from the request either way.
+With `--parse`, the body's JSON parse is counted as well. Compare the figures with a request's CPU in
+chatgate (`python -m bench.pair`, µs per request): the share is the throughput cost. About 10 seconds.
 
     python -m bench.fingerprint            # µs per request, per body
     python -m bench.fingerprint --parse    # the body's orjson parse included
+    python -m bench.fingerprint --instructions [plain|loop|conv]
+                                           # instructions per request of assess() under callgrind, as the
+                                           # gateway calls it (the chat family's check first, its parse
+                                           # kept): plain = the 6 KB body again and again, loop = scenario
+                                           # 11's two rounds (bench.toolloop), conv = an agent conversation
+                                           # of 8 growing requests (the 6 KB body's history); about 1 min
+                                           # each; --tree DIR: the app of a checkout or git archive
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import os
+import re
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from typing import Any
 
@@ -23,6 +38,7 @@ import orjson
 
 from app.metering.cache import Advisor
 from bench.bodies import agent_body, big_body_bytes, history_body
+from bench.common import REPO_DIR
 
 
 def _rounds(body: dict[str, Any], n: int) -> list[dict[str, Any]]:
@@ -34,34 +50,114 @@ def _rounds(body: dict[str, Any], n: int) -> list[dict[str, Any]]:
 
 def measure(name: str, body: dict[str, Any], parse: bool, repeat: int) -> str:
     """µs per request of assess() on freshly parsed bodies (as a server has them: strings not yet hashed),
-    the parse's own time taken out unless `parse`."""
+    from the bytes and from the request alone; the parse is made before the clock starts unless `parse`."""
     rounds = _rounds(body, 8)
     raws = [orjson.dumps(b) for b in rounds]
-    spent, parsing = [], []
+    spent: dict[bool, list[float]] = {True: [], False: []}
     for _ in range(repeat):
-        advisor = Advisor(True, 8, 64 * 1024 * 1024)
-        started = time.perf_counter()
-        for raw in raws:
-            orjson.loads(raw)
-        parsed = time.perf_counter()
-        for i, raw in enumerate(raws):
-            data = orjson.loads(raw)
-            advisor.assess("/chat/completions", "caller", data, dict, 10_000 + i, 9_000, f"req-{i}")
-        done = time.perf_counter()
-        parsing.append((parsed - started) / len(raws) * 1e6)
-        spent.append((done - parsed) / len(raws) * 1e6)
-    cost = statistics.median(spent) - (0 if parse else statistics.median(parsing))
+        for from_bytes in (True, False):
+            advisor = Advisor(True, 8, 64 * 1024 * 1024)
+            copies = [bytes(bytearray(raw)) for raw in raws]  # fresh objects: no hash cached in them
+            datas = [] if parse else [orjson.loads(raw) for raw in copies]
+            started = time.perf_counter()
+            for i, raw in enumerate(copies):
+                data = orjson.loads(raw) if parse else datas[i]
+                advisor.assess("/chat/completions", "caller", data, dict, 10_000 + i, 9_000, f"req-{i}",
+                               raw if from_bytes else b"", data)
+            spent[from_bytes].append((time.perf_counter() - started) / len(raws) * 1e6)
+    cost = {k: statistics.median(v) for k, v in spent.items()}
     n = len(body["messages"])
-    return (f"{name:<24} {len(raws[-1]) / 1024:>8.1f} KB {n:>5} messages  {cost:>8.1f} µs "
-            f"per request{' (parse included)' if parse else ''}; the parse alone "
-            f"{statistics.median(parsing):.1f} µs (median of {repeat})")
+    return (f"{name:<24} {len(raws[-1]) / 1024:>8.1f} KB {n:>5} messages  {cost[True]:>8.1f} µs per request "
+            f"from bytes, {cost[False]:>8.1f} from the request{' (parse included)' if parse else ''} "
+            f"(median of {repeat})")
+
+
+COUNTED = 400  # requests counted per run of `_counted`
+
+
+def _bodies(scenario: str) -> list[bytes]:
+    from bench.toolloop import round1, round2
+
+    if scenario == "plain":
+        return [orjson.dumps(agent_body(False))]
+    if scenario == "loop":
+        first, bodies = round1(False), []
+        for i in range(8):
+            call = {"id": f"call_{i:08d}", "type": "function",
+                    "function": {"name": "read_file", "arguments": '{"path":"app/server.py"}'}}
+            bodies += [orjson.dumps(first), orjson.dumps(round2(first, call, "thinking " * 20))]
+        return bodies
+    return [orjson.dumps(b) for b in _rounds(agent_body(False), 8)]
+
+
+def _counted(scenario: str, assess: bool) -> None:
+    """COUNTED requests checked by the chat family as the gateway checks them, and assessed if `assess`,
+    inside functools.reduce (what callgrind's --toggle-collect counts)."""
+    import inspect
+
+    from app import wire
+    from app.gateway.checking import check_now
+    from app.metering.cache import Advisor  # the tree's (--tree)
+    from app.openai.chat import ChatFamily
+    from app.settings import Settings
+
+    family, bodies = ChatFamily(Settings().policy()), _bodies(scenario)
+    advisor = Advisor(True, 8, 64 * 1024 * 1024)
+    kept = getattr(wire, "kept", lambda body: None)
+    with_bytes = "body" in inspect.signature(advisor.assess).parameters  # not before the bytes path
+    callers = [f"caller-{k}" for k in range(16)]
+
+    def step(_: None, i: int) -> None:
+        body = bytes(bytearray(bodies[i % len(bodies)]))  # a fresh object, as each request's is
+        verdict = check_now(family, body, False, None)
+        parsed = kept(body)
+        caller, request_id = callers[i // len(bodies) % 16], f"req-{i}"  # the gateway has them made
+        if assess:
+            extra = (body, parsed) if with_bytes else ()
+            advisor.assess("/chat/completions", caller, verdict.request, dict, 10_000 + i, 9_000, request_id,
+                           *extra)
+
+    for i in range(len(bodies) * 16):  # every caller's memory full before the count
+        step(None, i)
+    functools.reduce(step, range(len(bodies) * 16, len(bodies) * 16 + COUNTED), None)
+
+
+def instructions(scenario: str, tree: str | None) -> str:
+    """assess()'s instructions per request: two runs under callgrind, with and without it. `tree`: the app
+    of another checkout or `git archive` (this file runs as a script, its app first on the path)."""
+    paths = [os.path.abspath(tree)] if tree is not None else []
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([*paths, str(REPO_DIR)])}
+    totals = []
+    for assess in (True, False):
+        with tempfile.NamedTemporaryFile(prefix="fingerprint-", suffix=".callgrind") as out:
+            subprocess.run(["valgrind", "--tool=callgrind", "--collect-atstart=no",
+                            "--toggle-collect=functools_reduce", f"--callgrind-out-file={out.name}",
+                            sys.executable, os.path.abspath(__file__), "--counted", scenario,
+                            *(["--assess"] if assess else [])],
+                           check=True, capture_output=True, env=env, cwd=tree or REPO_DIR)
+            found = re.findall(rb"^(?:summary|totals): (\d+)", out.read(), re.M)
+            totals.append(max(int(n) for n in found))
+    return (f"{scenario}: {(totals[0] - totals[1]) / COUNTED:,.0f} instructions per request in assess() "
+            f"(the check alone {totals[1] / COUNTED:,.0f})")
 
 
 def main(argv: list[str] | None = None) -> None:
     raw = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=raw)
     parser.add_argument("--parse", action="store_true", help="count the body's JSON parse too")
+    parser.add_argument("--instructions", nargs="*", choices=["plain", "loop", "conv"], metavar="SCENARIO",
+                        help="instructions per request under callgrind (default: all three)")
+    parser.add_argument("--tree", help="--instructions: the app of this checkout or git archive instead")
+    parser.add_argument("--counted", choices=["plain", "loop", "conv"], help=argparse.SUPPRESS)
+    parser.add_argument("--assess", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.counted:
+        _counted(args.counted, args.assess)
+        return
+    if args.instructions is not None:
+        for scenario in args.instructions or ["plain", "loop", "conv"]:
+            print(instructions(scenario, args.tree), flush=True)
+        return
     bodies = [("agent step (~6 KB)", agent_body(False), 400),
               ("1,000-message history", history_body(1000, 200), 20),
               ("4 MB history", orjson.loads(big_body_bytes()), 3)]
