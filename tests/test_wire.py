@@ -87,6 +87,7 @@ def test_a_large_valid_body_gives_the_model_plain_validation_gives(model_name: s
     assert got == plain and got.model_fields_set == plain.model_fields_set
 
 
+@pytest.mark.slow  # 400,000 items validated: seconds of CPU
 def test_a_large_body_of_bad_items_holds_one_error_not_one_per_item() -> None:
     import pydantic
 

@@ -753,6 +753,7 @@ KEYS = [
 ]
 
 
+@pytest.mark.slow  # a property test over 300 examples
 @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
 @given(base=st.sampled_from(BASES), key=st.sampled_from(KEYS), value=json_values, index=st.integers(0, 3))
 def test_rules_never_raise(base: dict[str, Any], key: str, value: Any, index: int) -> None:

@@ -511,6 +511,7 @@ json_values = st.recursive(
 BASES = [body for _, body in ACCEPTED.values()] + [body for _, body, _ in REFUSED.values()]
 
 
+@pytest.mark.slow  # a property test over hundreds of examples
 @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
 @given(
     base=st.sampled_from(BASES),
@@ -867,6 +868,7 @@ def test_control_endpoints_in_process(http: httpx2.Client, fake: RunningFake) ->
     assert http.get("/_fake/config").json()["fault"] is None
 
 
+@pytest.mark.slow  # the fake as a process
 def test_control_endpoints_in_separate_process() -> None:
     with spawn_fake_deepseek("--keepalive-count", "2") as fake:
         fake.control.config(usage_mode="separate_when_asked")
@@ -891,6 +893,7 @@ def test_control_endpoints_in_separate_process() -> None:
         assert fake.control.config()["validate"] is True
 
 
+@pytest.mark.slow  # the fake as a process
 def test_no_validate_flag_in_separate_process() -> None:
     with spawn_fake_deepseek("--no-validate") as fake:
         assert fake.control.config()["validate"] is False

@@ -302,6 +302,7 @@ def test_oversize_chunked_body_without_length_is_413(small_limit: httpx2.Client,
     assert own_upstream.seen == []
 
 
+@pytest.mark.slow  # two 48 MiB bodies (the small_limit tests check the limit in the quick loop)
 def test_default_body_limit_is_deepseeks_48_mib(start_gate: Callable[..., RunningChatgate],
                                                own_upstream: MockUpstream) -> None:
     """docs/rules-chat.md (R9, U12): DeepSeek refuses bodies over 48 MiB, so chatgate answers 413 and uploads
