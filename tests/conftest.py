@@ -1,10 +1,12 @@
-"""Suite-wide set-up: pytest-xdist workers die with the run that started them (tests/lifeline.py), and the
-HTTP clients of a test process share one default SSL context (`_one_ssl_context`)."""
+"""Suite-wide set-up: pytest-xdist workers die with the run that started them (tests/lifeline.py), the
+HTTP clients of a test process share one default SSL context (`_one_ssl_context`), and a session ends once
+its throw-away PostgreSQL databases are dropped (tests/pgutil.py)."""
 
 from __future__ import annotations
 
 import os
 import ssl
+import sys
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
@@ -38,6 +40,12 @@ def _one_ssl_context(transports: ModuleType) -> None:
 
 _one_ssl_context(httpx._transports.default)
 _one_ssl_context(httpx2._transports.default)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    pgutil = sys.modules.get("tests.pgutil")
+    if pgutil is not None:  # before a worker reports its end (then it may be killed with its controller)
+        pgutil.wait_for_drops()
 
 
 def pytest_configure(config: pytest.Config) -> None:

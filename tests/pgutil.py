@@ -122,6 +122,12 @@ def _drop_later(name: str, lock: _SharedLock) -> None:
     _drops.put((name, lock))
 
 
+def wait_for_drops() -> None:
+    """Return once every database dropped in the background is gone (the end of a session calls it: a
+    pytest-xdist worker is killed with its controller, before its atexit handlers would run)."""
+    _drops.join()
+
+
 @contextmanager
 def fresh_database() -> Iterator[str]:
     """Create an empty database, yield its URL, then drop it (closing whatever is still connected), in the
