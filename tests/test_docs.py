@@ -95,13 +95,16 @@ def test_where_is_what_names_real_paths() -> None:
 
 _HASH = re.compile(r"`(?=[0-9a-f]*[0-9])(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}`")
 _COMMIT = re.compile(r"\bcommits?\s+`?(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b", re.IGNORECASE)
+# a bare abbreviated hash in prose ("at e3bc842", "<0c72d41>"); not in a link's target (a report's file)
+_BARE = re.compile(r"(?<![\w/.-])(?=[0-9a-f]{0,6}[0-9])(?=[0-9a-f]{0,6}[a-f])[0-9a-f]{7}(?![\w-])")
+_LINK_TARGET = re.compile(r"\]\([^)]*\)")
 
 
 @pytest.mark.parametrize("page", [*PAGES, ROOT / "bench" / "README.md"],
                          ids=lambda p: str(p.relative_to(ROOT)))
 def test_no_commit_hashes(page: Path) -> None:
     text = page.read_text()
-    found = _HASH.findall(text) + _COMMIT.findall(text)
+    found = _HASH.findall(text) + _COMMIT.findall(text) + _BARE.findall(_LINK_TARGET.sub("]()", text))
     assert not found, f"{page.relative_to(ROOT)} names commits {found}: history is in git, bench/HISTORY.md"
 
 
@@ -109,6 +112,10 @@ def test_the_hash_check_sees_one() -> None:
     assert _HASH.findall("until `04255af` a request") == ["`04255af`"]
     assert _COMMIT.findall("the latest, commit ab1a04a (2026-11-30)")
     assert not _HASH.findall("max_body_bytes `50331648`, a `d8b79690-…-0` handle, `deadbeef-cafe`")
+    assert _BARE.findall("non-streaming at e3bc842: the reference") == ["e3bc842"]
+    assert _BARE.findall("--tree <0c72d41> --tree") == ["0c72d41"]
+    assert not _BARE.findall("a key id 3f9a1c0d2b7e, a handle d8b79690, the word defaced, 1234567")
+    assert not _BARE.findall(_LINK_TARGET.sub("]()", "([report](../bench/reports/full-ab1a04a.md))"))
 
 
 _CITED = re.compile(r"\bdocs/[\w-]+\.md(?:#[\w-]+)?")
