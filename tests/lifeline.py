@@ -51,6 +51,10 @@ def die_with_parent() -> Callable[[], None]:
     prctl = _PRCTL
 
     def preexec() -> None:
+        # an ignored SIGINT or SIGTERM is inherited across exec (and Python then installs no KeyboardInterrupt
+        # handler): a child must stop when its test stops it, whatever the test process ignores
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         if prctl is not None:
             prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
         if os.getppid() != parent:  # the parent died between fork and prctl: nobody would kill us
