@@ -18,6 +18,10 @@ depends on the client and upstream sharing the cores).
                                                # the cache advisor's fingerprints on / off
                                                # (CHATGATE_CACHE_BREAKS): the plain request, or with
                                                # --loop scenario 11's tool loop (bench.pair's load)
+    python -m bench.instructions all [--stream]
+                                               # scenario 14's everything-on chatgate (managed mode, a key
+                                               # with limits on every kind, DEEPSEEK_API_KEY set) / the
+                                               # default chatgate (passthrough), the plain request
     python -m bench.instructions plain [--tree DIR ...] [--stream]
                                                # the plain request (6 KB agent body, default settings) of
                                                # each tree: a checkout or a `git archive` of a commit
@@ -46,6 +50,7 @@ import orjson
 from bench.bodies import agent_body
 from bench.common import CHAT_PATH, VENV_BIN, free_port
 from bench.scenarios_limits import set_key_limits
+from bench.scenarios_product import create_key
 from bench.toolloop import parse_answer, round1, round2
 
 SECRET = "sk-bench"
@@ -62,11 +67,11 @@ def _post(conn: http.client.HTTPConnection, body: bytes, key: str = SECRET) -> b
     return raw
 
 
-def plain(stream: bool) -> Send:
+def plain(stream: bool, key: str = SECRET) -> Send:
     body = orjson.dumps(agent_body(stream=stream))
 
     def send(conn: http.client.HTTPConnection, i: int) -> int:
-        _post(conn, body)
+        _post(conn, body, key)
         return 1
 
     return send
@@ -112,10 +117,11 @@ def _total(outfile: Path) -> int:
 
 
 def measure(name: str, env: dict[str, str], store: str, upstream: str, send: Send, warm: int, count: int,
-            workdir: Path, tree: str | None = None, settle: float = 0.5) -> float:
+            workdir: Path, tree: str | None = None, settle: float = 0.5, auth: str = "passthrough") -> float:
     """Instructions per request of chatgate (from `tree` when given; "ref": bench/reference.py). `settle`:
     seconds left before the count (the warm-up's background work done) and after it (the counted requests'
-    background work, such as the trace exporter's batch every 5 s, done and counted)."""
+    background work, such as the trace exporter's batch every 5 s, done and counted). `auth`: chatgate's
+    --auth mode."""
     port = free_port()
     out = workdir / f"{name}.callgrind"
     argv = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}",
@@ -124,7 +130,7 @@ def measure(name: str, env: dict[str, str], store: str, upstream: str, send: Sen
         argv += ["bench.reference", "--port", str(port), "--upstream", upstream]
     else:
         argv += ["app", "serve", "--host", "127.0.0.1", "--port", str(port), "--upstream", upstream,
-                 "--auth", "passthrough", "--workers", "1", "--store", store]
+                 "--auth", auth, "--workers", "1", "--store", store]
     if tree not in (None, "ref"):
         env = {**env, "PYTHONPATH": str(Path(tree).resolve())}
     log = (workdir / f"{name}.log").open("wb")
@@ -158,7 +164,7 @@ def measure(name: str, env: dict[str, str], store: str, upstream: str, send: Sen
 def main() -> None:
     raw = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=raw)
-    parser.add_argument("twins", choices=["limits", "restore", "plain", "tracing", "advisor"])
+    parser.add_argument("twins", choices=["limits", "restore", "plain", "tracing", "advisor", "all"])
     parser.add_argument("--tree", action="append", help="plain: a tree to measure (repeat to compare)")
     parser.add_argument("--stream", action="store_true")
     parser.add_argument("--loop", action="store_true", help="advisor: the tool loop, not the plain request")
@@ -209,6 +215,11 @@ def main() -> None:
             set_key_limits(on_db, SECRET)
             twins = [("limits-on", {}, on_db, plain(args.stream)),
                      ("limits-off", {}, off_db, plain(args.stream))]
+        elif args.twins == "all":
+            on_db, off_db = f"sqlite:///{workdir / 'on.db'}", f"sqlite:///{workdir / 'off.db'}"
+            on_env = {"DEEPSEEK_API_KEY": "sk-bench-upstream"}
+            twins = [("all-on", on_env, on_db, plain(args.stream, create_key(on_db))),
+                     ("all-off", {}, off_db, plain(args.stream))]
         elif args.twins == "advisor":
             load = loop(args.stream, False) if args.loop else plain(args.stream)
             on, off = f"sqlite:///{workdir / 'on.db'}", f"sqlite:///{workdir / 'off.db'}"
@@ -222,7 +233,7 @@ def main() -> None:
             if args.only and not name.endswith("-" + args.only):
                 continue
             results[name] = measure(name, env, store, url, send, args.warm, args.count, workdir,
-                                    settle=settle)
+                                    settle=settle, auth="managed" if name == "all-on" else "passthrough")
             print(f"{name}: {results[name]:,.0f} instructions per request", flush=True)
     finally:
         for proc in (upstream, sink):
