@@ -23,7 +23,9 @@ from app.errors import Problem
 from app.wire import parsed
 
 MAX_DEPTH = 128  # serde_json's recursion limit: objects and arrays
-OVERFLOW_DIGITS = 309  # an integer or mantissa this long is beyond a double, whatever follows it
+# An integer part this long may overflow a double with a one- or two-digit exponent (10^209 * 10^99 cannot);
+# an exponent of three digits or more may overflow whatever the mantissa.
+OVERFLOW_DIGITS = 210
 # One pass over the body for both byte checks: digits to "0", "E" to "e", "{" to "[", "+" dropped. A number
 # that may overflow a double then shows as "0e000" (an exponent of three digits or more) or a run of
 # OVERFLOW_DIGITS zeros; "[" counts every container's opening (with any in strings: an upper bound).

@@ -50,6 +50,8 @@ def gate(start_gate: Callable[..., RunningChatgate]) -> RunningChatgate:
     (b',"x":1e400', "invalid_json"),
     (b',"x":-1E+0400', "invalid_json"),
     (b',"x":' + b"9" * 400, "invalid_json"),
+    (b',"x":1' + b"0" * 300 + b"e9", "invalid_json"),  # a one-digit exponent, a long mantissa
+    (b',"x":' + b"9" * 210 + b"e+99", "invalid_json"),
     (b',"x":NaN', "invalid_json"),
     (b',"x":Infinity', "invalid_json"),
     (b',"x":' + b"[" * 129 + b"]" * 129, "nesting_too_deep"),
@@ -82,6 +84,7 @@ def test_a_nul_in_model_is_refused(gate: RunningChatgate, fake: RunningFake) -> 
 @pytest.mark.parametrize("extra", [
     b',"x":' + b"[" * (127) + b"]" * (127),  # 128 levels with the body itself
     b',"x":1.7e308,"y":1e-400,"z":-0.0,"w":123456789012345678901234567890',
+    b',"x":' + b"9" * 209 + b'e99,"y":1' + b"0" * 300 + b'e-9,"z":"e100 E+999 2e-400"',
     b',"x":"1e400 NaN Infinity","y":{"a":1},"z":{"a":2}',  # in strings; the same key in two objects
 ])
 def test_what_deepseek_reads_is_forwarded_as_sent(gate: RunningChatgate, fake: RunningFake, extra: bytes
