@@ -22,6 +22,7 @@ KEY_PREFIX = "cg-"
 ADMIN = "admin"  # the admin key's key id, name and team where a route takes it
 UNKNOWN_KEYS_CACHED = 10_000  # keys the store does not know, remembered (oldest forgotten first)
 KNOWN_KEYS_CACHED = 100_000  # beyond, expired entries are dropped
+PASSTHROUGH_CACHED = 4_096  # passthrough identities kept (beyond, the cache starts over)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +79,7 @@ class Authenticator:
         self.store = store
         self._cache: dict[str, tuple[float, ApiKey]] = {}  # the store's keys, by digest
         self._unknown: OrderedDict[str, float] = OrderedDict()  # digests the store does not know -> until
+        self._passthrough_ids: dict[str, Identity] = {}  # by the Authorization as sent: no hash per request
         self.on_refused: Callable[[str], None] | None = None  # a 401, by its source address (/metrics)
         upstream_key = settings.upstream_api_key.get_secret_value() if settings.upstream_api_key else None
         self._upstream = f"Bearer {upstream_key}" if upstream_key else None
@@ -118,9 +120,17 @@ class Authenticator:
     def _passthrough(self, token: str | None, authorization: str | None) -> Identity:
         if token is None:
             return Identity("anonymous", "anonymous", self.settings.passthrough_team, authorization)
-        digest = hash_key(token)  # once per request: the fingerprint and the turn memory's key both need it
+        assert authorization is not None  # a token comes from it
+        known = self._passthrough_ids.get(authorization)
+        if known is not None:
+            return known
+        digest = hash_key(token)  # the fingerprint and the turn memory's key both need it
         fp = _fingerprint_of(digest)
-        return Identity(fp, fp, self.settings.passthrough_team, authorization, "pt-" + digest)
+        identity = Identity(fp, fp, self.settings.passthrough_team, authorization, "pt-" + digest)
+        if len(self._passthrough_ids) >= PASSTHROUGH_CACHED:
+            self._passthrough_ids.clear()
+        self._passthrough_ids[authorization] = identity
+        return identity
 
     async def _lookup(self, token: str) -> ApiKey | None:
         digest = hash_key(token)

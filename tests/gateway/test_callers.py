@@ -14,7 +14,7 @@ from typing import Any
 import httpx2
 import pytest
 
-from app.gateway.auth import Authenticator, client_key, fingerprint, hash_key, new_key
+from app.gateway.auth import PASSTHROUGH_CACHED, Authenticator, client_key, fingerprint, hash_key, new_key
 from app.metering.metrics import AUTH_SOURCES, Metrics
 from app.settings import AuthSettings
 from app.store.sqlite import SQLiteStore
@@ -127,3 +127,20 @@ def test_the_401_label_set_is_bounded() -> None:
     text = metrics.render().decode()
     assert text.count("chatgate_auth_failures_total{") == AUTH_SOURCES + 1
     assert 'chatgate_auth_failures_total{source="other"} 50.0' in text
+
+
+def test_a_passthrough_identity_is_computed_once_per_key_and_the_memory_is_bounded() -> None:
+    auth = Authenticator(AuthSettings(mode="passthrough"), None)
+
+    async def calls() -> None:
+        first = await auth.identify("Bearer sk-one")
+        assert first.key_id == fingerprint("sk-one") and first.upstream_authorization == "Bearer sk-one"
+        assert await auth.identify("Bearer sk-one") is first
+        other = await auth.identify("Bearer sk-two")
+        assert other.key_id == fingerprint("sk-two") and other.caller != first.caller
+        for i in range(PASSTHROUGH_CACHED + 10):
+            assert (await auth.identify(f"Bearer sk-flood-{i}")).key_id == fingerprint(f"sk-flood-{i}")
+        assert len(auth._passthrough_ids) <= PASSTHROUGH_CACHED
+        assert (await auth.identify("Bearer sk-one")) == first
+
+    asyncio.run(calls())
