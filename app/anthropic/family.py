@@ -51,6 +51,7 @@ class MessagesFamily(FamilyBase):
         ("/anthropic/v1/messages/validate", False), ("/anthropic/messages/validate", False),
     )
     token_counts: CountRoutes = tuple((path, COUNT_TOKENS_LABEL, count_text) for path in COUNT_TOKENS_PATHS)
+    path_prefix = "/anthropic/"
 
     def __init__(self, profiles: dict[str, ModelProfile], options: Options) -> None:
         self.profiles = profiles

@@ -81,6 +81,9 @@ class Family(Repairable, Protocol):
     # the text to count from the parsed body, or an APIError raised). The function is a module-level one:
     # it runs in a checker process for a large body (app/web/count_tokens.py).
     token_counts: CountRoutes
+    # The path prefix whose every route is this family's ("/anthropic/"): a path chatgate does not serve there
+    # is answered in the family's error shape. "" for the families under the OpenAI shape's default paths.
+    path_prefix: str
 
     def render_error(self, error: APIError, request_id: str | None) -> tuple[bytes, dict[str, str]]:
         """The error in this family's shape: body and extra headers."""
@@ -128,6 +131,7 @@ class FamilyBase:
     restore_repair: str | None = None
     not_served: NotServed = ()
     token_counts: CountRoutes = ()
+    path_prefix = ""
 
     # --- repairs: none ---
 

@@ -10,6 +10,7 @@ import httpx2
 
 from app.gateway.auth import Authenticator
 from app.gateway.endpoints import build_endpoints
+from app.gateway.family import Family
 from app.gateway.proxy import Endpoint, Gateway
 from app.gateway.upstream import Upstream
 from app.metering.metrics import Metrics
@@ -43,9 +44,16 @@ class State:
         self.endpoints: dict[str, Endpoint]  # POST routes forwarded to DeepSeek, by path
         self.dry_runs: dict[str, Endpoint]  # POST /validate routes, by path
         self.endpoints, self.dry_runs = build_endpoints(settings)
+        self._prefixed = {e.family.path_prefix: e.family for e in self.endpoints.values()
+                          if e.family.path_prefix}
         self._purger: asyncio.Task[None] | None = None
         self.tracing: Tracing | None = None
         self.refusals: RefusalLog | None = None
+
+    def family_for(self, path: str) -> Family | None:
+        """The family whose path prefix `path` is under (its error shape for a path chatgate does not
+        serve); None: the OpenAI shape."""
+        return next((f for prefix, f in self._prefixed.items() if path.startswith(prefix)), None)
 
     @property
     def gw(self) -> Gateway:

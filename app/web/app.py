@@ -94,8 +94,6 @@ def _note_unmatched(request: Request, status: int) -> None:
 
 
 def _add_error_handlers(app: FastAPI, state: State) -> None:
-    anthropic = state.endpoints["/anthropic/v1/messages"].family
-
     async def on_api_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, APIError)
         return error_response(exc)
@@ -105,8 +103,7 @@ def _add_error_handlers(app: FastAPI, state: State) -> None:
         if exc.status_code in (404, 405):
             _note_unmatched(request, exc.status_code)
         if exc.status_code == 404:
-            family = anthropic if request.url.path.startswith("/anthropic/") else None
-            return error_response(not_found(request.url.path), None, family)
+            return error_response(not_found(request.url.path), None, state.family_for(request.url.path))
         if exc.status_code == 405:
             message = f"Method {request.method} is not allowed on {request.url.path}."
             return error_response(APIError(405, message,

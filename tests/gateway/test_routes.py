@@ -355,6 +355,16 @@ def test_healthz(client: httpx2.Client) -> None:
     assert response.json()["status"] == "ok"
 
 
+def test_an_unknown_path_under_a_familys_prefix_is_a_404_in_its_shape(client: httpx2.Client,
+                                                                    upstream: MockUpstream) -> None:
+    resp = client.get("/anthropic/v1/nothing-here")
+    assert resp.status_code == 404, resp.text
+    body = resp.json()
+    assert body["type"] == "error" and body["error"]["type"] == "not_found_error", body
+    assert body["error"]["code"] == "not_found" and resp.headers["request-id"] == body["request_id"]
+    assert upstream.seen == []
+
+
 def test_readyz_with_writable_store(client: httpx2.Client) -> None:
     response = client.get("/readyz")
     assert response.status_code == 200, response.text
