@@ -141,3 +141,12 @@ def test_citations_in_code_resolve() -> None:
             if not dest.exists() or (anchor and anchor not in anchors(dest)):
                 broken.add(f"{path.relative_to(ROOT)}: {cited}")
     assert not broken, sorted(broken)
+
+
+def test_benchmark_reports_are_named_by_when_they_ran() -> None:
+    """The docs link to reports by date and time (UTC), so that no commit hash reaches them through a link."""
+    names = [p.name for p in (ROOT / "bench" / "reports").glob("*.md")]
+    assert names
+    dated = re.compile(r"20\d\d-\d\d-\d\d-\d{4}-(full|only-[\d-]+)(-[a-z\d-]+)?\.md")
+    odd = [n for n in names if not dated.fullmatch(n)]
+    assert not odd, f"name reports YYYY-MM-DD-HHMM-<scenarios>[-what].md: {odd}"
