@@ -93,6 +93,8 @@ def _meta(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
         ).stdout.strip()
     except OSError:
         commit = "?"
+    # a `git archive` copy (run quietly, apart from a checkout being edited) is named by whoever made it
+    commit = os.environ.get("BENCH_COMMIT") or commit
     cpu = "?"
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
