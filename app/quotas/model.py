@@ -55,14 +55,21 @@ class RateInfo:
 
     def headers(self) -> list[tuple[bytes, bytes]]:
         out = []
+        reset = b""
         if self.limit_requests is not None:
+            remaining = self.remaining_requests or 0
+            reset = duration_bytes(self.reset_requests)
             out += [(b"x-ratelimit-limit-requests", b"%d" % self.limit_requests),
-                    (b"x-ratelimit-remaining-requests", b"%d" % max(self.remaining_requests or 0, 0)),
-                    (b"x-ratelimit-reset-requests", duration(self.reset_requests).encode())]
+                    (b"x-ratelimit-remaining-requests", b"%d" % (remaining if remaining > 0 else 0)),
+                    (b"x-ratelimit-reset-requests", reset)]
         if self.limit_tokens is not None:
+            remaining = self.remaining_tokens or 0
+            # one subject's rpm and tpm share their window's reset: formatted once
+            if not reset or self.reset_tokens != self.reset_requests:
+                reset = duration_bytes(self.reset_tokens)
             out += [(b"x-ratelimit-limit-tokens", b"%d" % self.limit_tokens),
-                    (b"x-ratelimit-remaining-tokens", b"%d" % max(self.remaining_tokens or 0, 0)),
-                    (b"x-ratelimit-reset-tokens", duration(self.reset_tokens).encode())]
+                    (b"x-ratelimit-remaining-tokens", b"%d" % (remaining if remaining > 0 else 0)),
+                    (b"x-ratelimit-reset-tokens", reset)]
         return out
 
 
@@ -110,10 +117,14 @@ class Admission:
 
 def duration(seconds: float) -> str:
     """OpenAI's style for x-ratelimit-reset-*: 20ms, 1.5s, 6m0s."""
-    seconds = max(seconds, 0.0)
+    return duration_bytes(seconds).decode()
+
+
+def duration_bytes(seconds: float) -> bytes:
+    """`duration` as the header value (bytes formatting: no str made and encoded per header)."""
     if seconds < 1:
-        return f"{round(seconds * 1000)}ms"
+        return b"%dms" % round(seconds * 1000) if seconds > 0 else b"0ms"
     if seconds < 60:
-        return f"{seconds:.3g}s"
+        return b"%.3gs" % seconds
     minutes, rest = divmod(round(seconds), 60)
-    return f"{minutes}m{rest}s"
+    return b"%dm%ds" % (minutes, rest)
