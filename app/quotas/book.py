@@ -32,6 +32,13 @@ class LimitBook:
             loading = self._loading[key] = asyncio.ensure_future(self._load(key, now))
         return await asyncio.shield(loading)
 
+    def holds(self, scope: str, subject: str, row: LimitRow | None) -> bool:
+        """Whether `get` would hand out `row` now without a look-up (no await: the hot path)."""
+        if self.store is None:
+            return row is None
+        cached = self._cache.get((scope, subject))
+        return cached is not None and cached[1] is row and cached[0] > self.clock()
+
     async def _load(self, key: tuple[str, str], now: float) -> LimitRow | None:
         assert self.store is not None
         me = asyncio.current_task()

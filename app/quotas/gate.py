@@ -65,6 +65,14 @@ class Quotas:
         self.backend_errors = 0
         self._plans: dict[tuple[str, str], tuple[LimitRow | None, LimitRow | None, Plan]] = {}
 
+    def _known_plan(self, team: str, key_id: str) -> Plan | None:
+        """`plan` without an await when its rows are cached and the plan was worked out from them."""
+        known = self._plans.get((team, key_id))
+        if known is not None and self.book.holds("team", team, known[0]) \
+                and self.book.holds("key", key_id, known[1]):
+            return known[2]
+        return None
+
     async def plan(self, team: str, key_id: str) -> Plan:
         """The caller's limits, worked out again only when the book hands out other rows."""
         rows = (await self.book.get("team", team), await self.book.get("key", key_id))
@@ -89,10 +97,12 @@ class Quotas:
         of tokens and the cost of those tokens at time t (peak or off-peak), in picoUSD. t is `started_at`
         (when the request started: its usage record is priced at that time and counted in the budget
         period that time falls in, so its reservation is too), else now."""
-        try:
-            plan = await self.plan(team, key_id)
-        except BACKEND_ERRORS as exc:
-            return self._backend_down(exc)
+        plan = self._known_plan(team, key_id)
+        if plan is None:
+            try:
+                plan = await self.plan(team, key_id)
+            except BACKEND_ERRORS as exc:
+                return self._backend_down(exc)
         if not plan.subjects:
             return None
         now = self.clock()
@@ -107,7 +117,11 @@ class Quotas:
                         self.settings.server.workers)
         try:
             if plan.rated:
-                refused, admission.info = await self.rates.acquire(plan.rated, ask, now)
+                rates = self.rates
+                if isinstance(rates, LocalRates):  # no I/O: no coroutine either
+                    refused, admission.info = rates.acquire_now(plan.rated, ask, now)
+                else:
+                    refused, admission.info = await rates.acquire(plan.rated, ask, now)
                 if refused is not None:
                     return dataclasses.replace(refused, info=admission.info)
                 admission.rated = plan.rated

@@ -97,29 +97,30 @@ def check(window: Window, subject: Subject, ask: Ask, now: float, info: RateInfo
         return Refusal("concurrency", subject, limits.max_concurrent, 1.0,
                        f"Too many requests in flight for {subject.label}: {len(window.in_flight)} of "
                        f"{limits.max_concurrent} allowed at once. Retry when one has finished.")
-    if limits.rpm is None and limits.tpm is None:
+    rpm, tpm = limits.rpm, limits.tpm
+    if rpm is None and tpm is None:
         return None
-    oldest = window.oldest()
-    reset = oldest + WINDOW - now if oldest is not None else 0.0
-    if limits.rpm is not None:
-        used = window.requests
-        if used >= limits.rpm:
-            info.take(limits.rpm, 0, reset, tokens=False)
-            return Refusal("rpm", subject, limits.rpm, reset,
-                           f"Rate limit reached for {subject.label}: {limits.rpm} requests per minute. "
+    head, tail = window.head, window.tail  # window.oldest() and window.requests, without the calls
+    reset = window.times[head & window.mask] + WINDOW - now if tail > head else 0.0
+    if rpm is not None:
+        used = tail - head - window.gone
+        if used >= rpm:
+            info.take(rpm, 0, reset, tokens=False)
+            return Refusal("rpm", subject, rpm, reset,
+                           f"Rate limit reached for {subject.label}: {rpm} requests per minute. "
                            f"Retry in {reset:.1f} s.")
-        info.take(limits.rpm, limits.rpm - used - 1, reset, tokens=False)
-    if limits.tpm is not None:
-        if window.tokens + ask.tokens > limits.tpm:
-            info.take(limits.tpm, int(limits.tpm - window.tokens), reset, tokens=True)
-            wait = _tokens_free_in(window, limits.tpm - ask.tokens, now)
-            too_big = ask.tokens > limits.tpm
-            return Refusal("tpm", subject, limits.tpm, None if too_big else wait,
-                           f"Rate limit reached for {subject.label}: {limits.tpm} tokens per minute; this "
+        info.take(rpm, rpm - used - 1, reset, tokens=False)
+    if tpm is not None:
+        if window.tokens + ask.tokens > tpm:
+            info.take(tpm, int(tpm - window.tokens), reset, tokens=True)
+            wait = _tokens_free_in(window, tpm - ask.tokens, now)
+            too_big = ask.tokens > tpm
+            return Refusal("tpm", subject, tpm, None if too_big else wait,
+                           f"Rate limit reached for {subject.label}: {tpm} tokens per minute; this "
                            f"request reserves up to {ask.tokens} (its prompt and max_tokens)."
                            + (" It can never fit: lower max_tokens." if too_big
                               else f" Retry in {wait:.1f} s."))
-        info.take(limits.tpm, int(limits.tpm - window.tokens - ask.tokens), reset, tokens=True)
+        info.take(tpm, int(tpm - window.tokens - ask.tokens), reset, tokens=True)
     return None
 
 
@@ -142,6 +143,9 @@ class LocalRates:
 
     async def acquire(self, subjects: list[Subject], ask: Ask, now: float
                       ) -> tuple[Refusal | None, RateInfo]:
+        return self.acquire_now(subjects, ask, now)
+
+    def acquire_now(self, subjects: list[Subject], ask: Ask, now: float) -> tuple[Refusal | None, RateInfo]:
         info = RateInfo()
         windows = []
         for subject in subjects:
@@ -175,7 +179,8 @@ class LocalRates:
         window = self.windows.get((subject.scope, subject.name))
         if window is None:
             window = self.windows[(subject.scope, subject.name)] = Window()
-        window.prune(now)
+        elif window.tail > window.head and window.times[window.head & window.mask] <= now - WINDOW:
+            window.prune(now)  # only when an entry has left the window
         return window
 
     async def close(self) -> None:
