@@ -193,9 +193,28 @@ class Retrier:
                             "caller", str(first.status_code))
                     counted.inc()
                     return first
+        first_lease = None
+        if self.pool is not None and (first_lease := self.pool.acquire(ex.files)) is not None:
+            # managed mode's common case, one account that answers: no retry loop around it
+            tries = ex.tries
+            tries.count = ex.attempts = 1
+            ex.lease, ex.account = first_lease, first_lease.account.name
+            try:
+                first = await send(first_lease.account.authorization)
+            except APIError as error:
+                first = error
+            else:
+                status = first.status_code
+                if status not in self.policy.statuses:
+                    self._count(ex, first_lease, str(status))
+                    if status == 200:
+                        first_lease.succeeded()
+                    elif status in (401, 402):
+                        self.pool_unavailable(first_lease, status, first)
+                    return first
         hangup = Hangup(receive)
         try:
-            return await self._attempts(ex, send, hangup, first)
+            return await self._attempts(ex, send, hangup, first, first_lease)
         finally:
             hangup.close()
 
@@ -220,12 +239,14 @@ class Retrier:
         raise error_of(resp.status_code, content, tries)
 
     async def _attempts(self, ex: Any, send: SendOnce, hangup: Hangup,
-                        first: httpx2.Response | APIError | None = None) -> httpx2.Response:
-        """The attempts (`first`: the first one's outcome, when `open` made it already)."""
+                        first: httpx2.Response | APIError | None = None, first_lease: Lease | None = None
+                        ) -> httpx2.Response:
+        """The attempts (`first`: the first one's outcome when `open` made it already, `first_lease` its
+        account's lease)."""
         tries: Tries = ex.tries
         last: httpx2.Response | APIError | None = None
         while True:
-            lease: Lease | None = None
+            lease, first_lease = first_lease, None
             if first is None:
                 taken = await self._lease(tries, hangup, last, ex.files)
                 if isinstance(taken, httpx2.Response):
