@@ -22,9 +22,12 @@ OPAQUE_KEYS = frozenset({"tools", "parameters", "input_schema", "schema", "json_
 TOOL_CALL_BLOCKS = frozenset({"tool_use", "server_tool_use", "mcp_tool_use"})
 
 
-def may_name_files(body: bytes) -> bool:
-    """Whether the body may name a file: it says `file_id`, or escapes a character (`file\\u005fid`)."""
-    return b"file_id" in body or b"\\u" in body
+def may_name_files(body: bytes, json: bool = False) -> bool:
+    """Whether the body may name a file: it says `file_id`, or escapes a character (`file\\u005fid`). A body
+    known to be JSON (`json`: it passed the checks) is not refused as unreadable by `named_files`, and the
+    letters of `file_id` escape only as `\\u00XX`: the longer needle is the cheaper search (~9K
+    instructions less on a 6 KB body)."""
+    return b"file_id" in body or (b"\\u00" if json else b"\\u") in body
 
 
 def named_files(body: bytes) -> list[tuple[str, str]]:

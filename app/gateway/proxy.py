@@ -126,7 +126,7 @@ class Gateway:
             ex.warnings.extend(self.notices.warnings(route.label, identity.key_id, verdict.warnings))
         ex.remember = self.repairer.remembers(family, verdict, ex.identity.caller)
         ex.checked = verdict.request if verdict is not None else None
-        if self.auth.managed and may_name_files(ex.body):
+        if self.auth.managed and may_name_files(ex.body, json=verdict is not None):
             foreign = await self.ownership.foreign(ex)
             if foreign is not None:
                 code = NOT_OWNED if foreign.status == 404 else foreign.code

@@ -11,6 +11,7 @@ from typing import Any
 import httpx2
 import pytest
 
+from app.files.file_ids import may_name_files, named_files
 from app.store.sqlite import SQLiteStore
 from tests.fakes.server import RunningFake
 from tests.files.test_files import Teams, start_teams
@@ -85,3 +86,15 @@ def test_tool_arguments_and_schemas_are_not_files() -> None:
     assert file_refs(body) == [("messages[1].content[0].file.file_id", "file-sdk"),
                                ("messages[1].content[1].file_id", "file-flat")]
     assert file_refs({"messages": "nope"}) == [] and file_refs([]) == []
+
+
+def test_a_checked_body_may_name_files_only_by_file_id_or_an_ascii_escape() -> None:
+    """The letters of `file_id` escape only as \\u00XX: a checked body with other escapes names no file; an
+    unchecked one may still be unreadable (refused by named_files), so any escape sends it there."""
+    other = b'{"content":"caf\\u00e9 \\u65e5"}'.replace(b"\\u00e9", b"\\u2603")
+    assert not may_name_files(other, json=True) and may_name_files(other)
+    assert named_files(other) == []
+    for key in (b"file_id", b"file\\u005fid", b"\\u0066ile_id", b"file_i\\u0064"):
+        body = b'{"type":"file","' + key + b'":"file-1"}'
+        assert may_name_files(body, json=True) and may_name_files(body)
+        assert named_files(body) == [("file_id", "file-1")]
