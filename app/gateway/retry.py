@@ -168,6 +168,7 @@ class Retrier:
         self.metrics = metrics
         self.rng = rng
         self._caller: dict[int, Any] = {}  # the attempts counter's children for the callers' keys, by status
+        self._accounts: dict[tuple[str, int], Any] = {}  # and for the accounts, by account and status
 
     def tries(self, deadline: float) -> Tries:
         return Tries(self.policy, deadline)
@@ -206,7 +207,11 @@ class Retrier:
             else:
                 status = first.status_code
                 if status not in self.policy.statuses:
-                    self._count(ex, first_lease, str(status))
+                    counted = self._accounts.get((first_lease.account.name, status))
+                    if counted is None:  # what _count's child is, looked up once per account and status
+                        counted = self._accounts[(first_lease.account.name, status)] = self.metrics._child(
+                            self.metrics.upstream_attempts, first_lease.account.name, str(status))
+                    counted.inc()
                     if status == 200:
                         first_lease.succeeded()
                     elif status in (401, 402):
