@@ -23,6 +23,7 @@ ADMIN = "admin"  # the admin key's key id, name and team where a route takes it
 UNKNOWN_KEYS_CACHED = 10_000  # keys the store does not know, remembered (oldest forgotten first)
 KNOWN_KEYS_CACHED = 100_000  # beyond, expired entries are dropped
 PASSTHROUGH_CACHED = 4_096  # passthrough identities kept (beyond, the cache starts over)
+MANAGED_CACHED = 4_096  # managed identities kept by their secret (beyond, the cache starts over)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +81,8 @@ class Authenticator:
         self._cache: dict[str, tuple[float, ApiKey]] = {}  # the store's keys, by digest
         self._unknown: OrderedDict[str, float] = OrderedDict()  # digests the store does not know -> until
         self._passthrough_ids: dict[str, Identity] = {}  # by the Authorization as sent: no hash per request
+        # a known key's identity by its secret, until its key cache entry expires: no hash per request
+        self._managed_ids: dict[str, tuple[float, Identity]] = {}
         self.on_refused: Callable[[str], None] | None = None  # a 401, by its source address (/metrics)
         upstream_key = settings.upstream_api_key.get_secret_value() if settings.upstream_api_key else None
         self._upstream = f"Bearer {upstream_key}" if upstream_key else None
@@ -95,11 +98,20 @@ class Authenticator:
         if token is None:
             raise unauthorized("Missing chatgate API key: send 'Authorization: Bearer cg-…' (create one with "
                                "`chatgate keys create --team T --name N`).")
+        known = self._managed_ids.get(token)
+        if known is not None and known[0] > time.monotonic():
+            return known[1]
         key = await self._lookup(token)
         if key is None or not key.active:
             raise unauthorized("Invalid chatgate API key: unknown or revoked. Check the key, or create a new "
                                "one with `chatgate keys create`.")
-        return Identity(key.key_id, key.name, key.team, self._upstream, key.key_id)
+        identity = Identity(key.key_id, key.name, key.team, self._upstream, key.key_id)
+        cached = self._cache.get(hash_key(token))
+        if cached is not None and cached[1] is key:  # kept as long as the key's cache entry
+            if len(self._managed_ids) >= MANAGED_CACHED:
+                self._managed_ids.clear()
+            self._managed_ids[token] = (cached[0], identity)
+        return identity
 
     async def identify_request(self, request: HTTPConnection) -> Identity:
         """`identify` with the request's key (`client_key`); a 401 is counted by the client's address."""
@@ -165,6 +177,8 @@ class Authenticator:
         auth.key_cache_seconds)."""
         for digest in [d for d, (_, key) in self._cache.items() if key.key_id == key_id]:
             del self._cache[digest]
+        for token in [t for t, (_, identity) in self._managed_ids.items() if identity.key_id == key_id]:
+            del self._managed_ids[token]
 
     def is_admin(self, authorization: str | None) -> bool:
         expected = self.settings.admin_key.get_secret_value() if self.settings.admin_key else None

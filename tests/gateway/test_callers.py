@@ -144,3 +144,27 @@ def test_a_passthrough_identity_is_computed_once_per_key_and_the_memory_is_bound
         assert (await auth.identify("Bearer sk-one")) == first
 
     asyncio.run(calls())
+
+
+def test_a_managed_identity_is_kept_as_long_as_its_key_and_a_revocation_here_ends_it(tmp_path: Path) -> None:
+    store = CountingStore(tmp_path / "keys.db")
+    store.migrate()
+    key_id, secret, digest, prefix = new_key()
+    store.create_key(key_id, digest, prefix, "search", "a1")
+    auth = Authenticator(AuthSettings(mode="managed", key_cache_seconds=600), store)
+    uncached = Authenticator(AuthSettings(mode="managed", key_cache_seconds=0), store)
+
+    async def calls() -> None:
+        first = await auth.identify(f"Bearer {secret}")
+        assert (first.key_id, first.caller) == (key_id, key_id)
+        assert await auth.identify(f"Bearer {secret}") is first
+        for _ in range(2):
+            assert (await uncached.identify(f"Bearer {secret}")).key_id == key_id
+        store.revoke_key(key_id)
+        assert await auth.identify(f"Bearer {secret}") is first  # other replicas: within key_cache_seconds
+        auth.forget_key(key_id)
+        with pytest.raises(Exception, match="Invalid chatgate API key"):
+            await auth.identify(f"Bearer {secret}")
+
+    asyncio.run(calls())
+    assert store.lookups == [digest, digest, digest, digest], "one look-up each, none while cached"
