@@ -210,20 +210,23 @@ def is_timeout(exc: BaseException) -> bool:
     return isinstance(exc, httpx2.TimeoutException)
 
 
-def _hop_by_hop(raw: list[tuple[bytes, bytes]]) -> frozenset[str]:
+def _hop_by_hop(raw: list[tuple[bytes, bytes]], fixed: frozenset[str] = HOP_BY_HOP) -> frozenset[str]:
     """The fixed hop-by-hop set plus every header named by the message's `Connection` (RFC 9110 7.6.1)."""
     named = {token.strip().lower() for k, v in raw if k.lower() == b"connection"
              for token in v.decode("latin-1").split(",") if token.strip()}
-    return HOP_BY_HOP | named
+    return fixed | named if named else fixed
+
+
+NOT_FORWARDED = HOP_BY_HOP | {"authorization", "x-request-id"}
+# managed mode: the client's key is chatgate's, never DeepSeek's: whichever header carries it stays here
+NOT_FORWARDED_MANAGED = NOT_FORWARDED | {"x-api-key", "api-key"}  # api-key: Azure-style SDKs
 
 
 def forward_headers(raw: list[tuple[bytes, bytes]], authorization: str | None, request_id: str,
                     managed: bool = False) -> list[tuple[bytes, bytes]]:
     """The client's headers as raw bytes, minus hop-by-hop ones. (The aiohttp transport writes header values
     as UTF-8: UTF-8 values pass unchanged, obs-text that is not UTF-8 goes as its latin-1 reading.)"""
-    drop = _hop_by_hop(raw) | {"authorization", "x-request-id"}
-    if managed:  # the client's key is chatgate's, never DeepSeek's: whichever header carries it stays here
-        drop |= {"x-api-key", "api-key"}  # api-key: Azure-style SDKs
+    drop = _hop_by_hop(raw, NOT_FORWARDED_MANAGED if managed else NOT_FORWARDED)
     out = [(k, v) for k, v in raw if k.decode("latin-1").lower() not in drop]
     if authorization:
         out.append((b"authorization", authorization.encode("latin-1", "replace")))
@@ -234,10 +237,11 @@ def forward_headers(raw: list[tuple[bytes, bytes]], authorization: str | None, r
 
 # uvicorn adds its own Date and Server: relaying DeepSeek's too would send each header twice.
 OWN_RESPONSE_HEADERS = frozenset({"x-request-id", "date", "server"})
+NOT_RELAYED = HOP_BY_HOP | OWN_RESPONSE_HEADERS
 
 
 def response_headers(headers: httpx2.Headers, request_id: str) -> list[tuple[bytes, bytes]]:
-    drop = _hop_by_hop(headers.raw) | OWN_RESPONSE_HEADERS
+    drop = _hop_by_hop(headers.raw, NOT_RELAYED)
     out = [(k, v) for k, v in headers.raw if k.decode("latin-1").lower() not in drop]
     out.append((b"x-request-id", request_id.encode("latin-1")))
     return out
