@@ -60,17 +60,17 @@ class LocalBudgets:
             del self.ledgers[(scope, subject)]
 
     async def reserve(self, holds: Sequence[Hold], now: float) -> Hold | None:
-        ledgers = []
+        pairs = []  # (hold, its ledger); no zip(strict=True): its keyword is parsed on every call
         for h in holds:
             periods = self.ledgers.get((h.scope, h.subject))  # `_known` inline: the hot path, no await
             ledger = periods.get(h.period_start) if periods is not None else None
-            ledgers.append(ledger if ledger is not None else await self._ledger(h.scope, h.subject,
-                                                                                 h.period_start))
+            pairs.append((h, ledger if ledger is not None else await self._ledger(h.scope, h.subject,
+                                                                                  h.period_start)))
         # From here to the end nothing awaits: the check and the holds are one step for this event loop.
-        for hold, ledger in zip(holds, ledgers, strict=True):
+        for hold, ledger in pairs:
             if ledger.spent + ledger.held + hold.amount_picousd > hold.budget_picousd:
                 return hold
-        for hold, ledger in zip(holds, ledgers, strict=True):
+        for hold, ledger in pairs:
             ledger.holds[hold.hold_id] = hold.amount_picousd
             ledger.held += hold.amount_picousd
         return None

@@ -109,7 +109,9 @@ def check(window: Window, subject: Subject, ask: Ask, now: float, info: RateInfo
             return Refusal("rpm", subject, rpm, reset,
                            f"Rate limit reached for {subject.label}: {rpm} requests per minute. "
                            f"Retry in {reset:.1f} s.")
-        info.take(rpm, rpm - used - 1, reset, tokens=False)
+        remaining = rpm - used - 1  # info.take(rpm, remaining, reset, tokens=False), inline
+        if info.remaining_requests is None or remaining < info.remaining_requests:
+            info.limit_requests, info.remaining_requests, info.reset_requests = rpm, remaining, reset
     if tpm is not None:
         if window.tokens + ask.tokens > tpm:
             info.take(tpm, int(tpm - window.tokens), reset, tokens=True)
@@ -120,7 +122,9 @@ def check(window: Window, subject: Subject, ask: Ask, now: float, info: RateInfo
                            f"request reserves up to {ask.tokens} (its prompt and max_tokens)."
                            + (" It can never fit: lower max_tokens." if too_big
                               else f" Retry in {wait:.1f} s."))
-        info.take(tpm, int(tpm - window.tokens - ask.tokens), reset, tokens=True)
+        remaining = int(tpm - window.tokens - ask.tokens)  # info.take(…, tokens=True), inline
+        if info.remaining_tokens is None or remaining < info.remaining_tokens:
+            info.limit_tokens, info.remaining_tokens, info.reset_tokens = tpm, remaining, reset
     return None
 
 
@@ -147,15 +151,15 @@ class LocalRates:
 
     def acquire_now(self, subjects: list[Subject], ask: Ask, now: float) -> tuple[Refusal | None, RateInfo]:
         info = RateInfo()
-        windows = []
+        checked = []  # (window, limits); no zip(strict=True): its keyword is parsed on every call
         for subject in subjects:
             window = self._window(subject, now)
             refused = check(window, subject, ask, now, info)
             if refused is not None:
                 return refused, info
-            windows.append(window)
-        for window, subject in zip(windows, subjects, strict=True):
-            counted = subject.limits.rpm is not None or subject.limits.tpm is not None
+            checked.append((window, subject.limits))
+        for window, limits in checked:
+            counted = limits.rpm is not None or limits.tpm is not None
             window.in_flight[ask.request_id] = window.add(now, ask.tokens) if counted else -1
         return None, info
 
