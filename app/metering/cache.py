@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import functools
 import operator
-import struct
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,6 +36,8 @@ PRINT_OVERHEAD = 400  # bytes of a remembered request besides its hashes (object
 
 _dumps = orjson.dumps
 _xx = xxhash.xxh3_64_intdigest  # about 0.4 instructions a byte (Python's SipHash: 3)
+_digest = xxhash.xxh3_64_digest  # the same hash as 8 bytes: a part's
+NO_PART = bytes(8)  # the hash of a part that is not there (no user id)
 
 
 # --- money ---------------------------------------------------------------------------------------------
@@ -62,20 +63,22 @@ def discount_picousd(tokens: int, prices: Prices | None, ts: float, windows: lis
 # --- fingerprints --------------------------------------------------------------------------------------
 
 
-def _h(value: Any) -> int:
-    return _xx(_dumps(value))
+def _h(value: Any) -> bytes:
+    return _digest(_dumps(value))
 
 
 _role = operator.itemgetter("role")
 
 
-def _json_hashes(items: list[Any]) -> list[int]:
-    """A hash of each item's JSON, the loop in C (map): an item costs one orjson.dumps and one hash."""
-    return list(map(_xx, map(_dumps, items)))
+def _json_hashes(items: list[Any]) -> bytes:
+    """The hash of each item's JSON, 8 bytes each, the loop in C (map): an item costs one orjson.dumps and
+    one hash."""
+    return b"".join(map(_digest, map(_dumps, items)))
 
 
-def _pack(hashes: list[int]) -> bytes:
-    return struct.pack(f"{len(hashes)}Q", *hashes)
+def _tool_hashes(request: Any) -> list[int]:
+    tools = _field(request, "tools")
+    return list(map(_xx, map(_dumps, tools))) if isinstance(tools, list) else []
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +121,7 @@ class Parts:
 
     hashes: bytes
     layout: Layout
-    system: dict[int, int]
+    system: dict[int, bytes]
     request: Any
     count: int = -1
     tools_hash: bytes | None = None  # the `tools` part's hash (None: read from `hashes` when needed)
@@ -128,8 +131,7 @@ class Parts:
         return self.layout.tools_at
 
     def tool_hashes(self) -> list[int]:
-        tools = _field(self.request, "tools")
-        return _json_hashes(tools) if isinstance(tools, list) else []
+        return _tool_hashes(self.request)
 
     def path(self, k: int) -> str:
         return self.layout.path(k)
@@ -143,12 +145,12 @@ def _list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else []
 
 
-def _tools(request: Any) -> int | None:
+def _tools(request: Any) -> bytes | None:
     """One hash of all the tools (each tool's own hash is taken only when they changed)."""
     tools = _field(request, "tools")
     if not isinstance(tools, list) or not tools:
         return None
-    return _xx(_dumps(tools))
+    return _digest(_dumps(tools))
 
 
 def _roles(messages: list[Any]) -> list[Any]:
@@ -163,7 +165,7 @@ def parts_chat(request: Any) -> Parts:
     other message in order."""
     messages = _list(_field(request, "messages"))
     user = _field(request, "user_id")
-    head = [_h(_field(request, "model")), _h(user) if user is not None else 0]
+    head = _h(_field(request, "model")) + (_h(user) if user is not None else NO_PART)
     roles = _roles(messages)
     n = roles.count("system")
     tools_hash = _tools(request)
@@ -171,9 +173,8 @@ def parts_chat(request: Any) -> Parts:
         hashes = _json_hashes(messages)
         system = {2 + i: _h(_field(messages[i], "content")) for i in range(n)}
         if tools_hash is not None:
-            hashes.insert(n, tools_hash)
-        return Parts(_pack(head + hashes), _chat_layout(n, tools_hash is not None), system, request,
-                     len(messages))
+            hashes = hashes[:8 * n] + tools_hash + hashes[8 * n:]
+        return Parts(head + hashes, _chat_layout(n, tools_hash is not None), system, request, len(messages))
     # system messages further down: DeepSeek still renders them first (rare: spelt out part by part)
     order = [i for i, r in enumerate(roles) if r == "system"]
     system = {2 + j: _h(_field(messages[i], "content")) for j, i in enumerate(order)}
@@ -181,41 +182,40 @@ def parts_chat(request: Any) -> Parts:
     names = ["model", "user_id", *(f"messages[{i}]" for i in order)]
     if tools_hash is not None:
         names.append("tools")
-    hashes = _json_hashes([messages[i] for i in order]) + ([tools_hash] if tools_hash is not None else [])
+    hashes = _json_hashes([messages[i] for i in order]) + (tools_hash if tools_hash is not None else b"")
     hashes += _json_hashes([messages[i] for i in rest])
     layout = Layout(tuple(names), "messages", 0, 2 + len(order) if tools_hash is not None else -1,
                     tuple(rest), False)
-    return Parts(_pack(head + hashes), layout, system, request, len(messages))
+    return Parts(head + hashes, layout, system, request, len(messages))
 
 
 def parts_anthropic(request: Any) -> Parts:
     """The Anthropic route: tools, system, then the messages (the order DeepSeek renders them in)."""
     metadata = _field(request, "metadata")
     user = _field(metadata, "user_id") if metadata is not None else None
-    hashes = [_h(_field(request, "model")), _h(user) if user is not None else 0]
+    hashes = [_h(_field(request, "model")), _h(user) if user is not None else NO_PART]
     names = ["model", "metadata.user_id"]
     tools_hash = _tools(request)
     if tools_hash is not None:
         names.append("tools")
         hashes.append(tools_hash)
-    system: dict[int, int] = {}
+    system: dict[int, bytes] = {}
     prompt = _field(request, "system")
     if prompt is not None:
         system[len(names)] = _h(prompt)
         names.append("system")
         hashes.append(system[len(names) - 1])
     messages = _list(_field(request, "messages"))
-    hashes += _json_hashes(messages)
-    return Parts(_pack(hashes), _named_layout(tuple(names), "messages"), system, request,
-                 len(messages))
+    hashes.append(_json_hashes(messages))
+    return Parts(b"".join(hashes), _named_layout(tuple(names), "messages"), system, request, len(messages))
 
 
 def parts_responses(request: Any) -> Parts:
     """The Responses API: instructions (the first system message), tools, then the input items."""
     user = _field(request, "user")
-    hashes = [_h(_field(request, "model")), _h(user) if user is not None else 0]
+    hashes = [_h(_field(request, "model")), _h(user) if user is not None else NO_PART]
     names = ["model", "user"]
-    system: dict[int, int] = {}
+    system: dict[int, bytes] = {}
     instructions = _field(request, "instructions")
     if instructions is not None:
         system[len(names)] = _h(instructions)
@@ -228,12 +228,12 @@ def parts_responses(request: Any) -> Parts:
     items = _field(request, "input")
     count = -1
     if isinstance(items, list):
-        hashes += _json_hashes(items)
+        hashes.append(_json_hashes(items))
         count = len(items)
     elif items is not None:
         names.append("input")
         hashes.append(_h(items))
-    return Parts(_pack(hashes), _named_layout(tuple(names), "input", count >= 0), system, request, count)
+    return Parts(b"".join(hashes), _named_layout(tuple(names), "input", count >= 0), system, request, count)
 
 
 # --- the body's bytes: a request that repeats an earlier one's bytes reuses its hashes -------------------
@@ -242,18 +242,20 @@ def parts_responses(request: Any) -> Parts:
 MAX_CUTS = 8  # segments of a remembered head; beyond, one hash of the whole head again
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ costs four times as much
 class Raw:
     """Where a remembered request's body stood: its head (the body up to the end of the last item of its
     `seq`) as consecutive segments ending at `cuts`, each with its hash (`sums`), and its tail (the rest of
     the body, from the `]` that closes `seq`) as a length and a hash. A later request whose body has the
-    same head bytes, then whole items, then the same tail bytes, has the same parts plus one per new item."""
+    same head bytes, then whole items, then the same tail bytes, has the same parts plus one per new item.
+    `whole`: the whole body's hash, taken when a later body first repeats it (a repeat is then one hash)."""
 
     cuts: tuple[int, ...]
     sums: tuple[int, ...]
     tail: int
     tail_sum: int
     size: int  # the whole body's
+    whole: int | None = None
 
     @property
     def head(self) -> int:
@@ -281,7 +283,12 @@ def raw_of(body: bytes, data: Any, seq: str) -> Raw | None:
 
 
 def _appendable_chat(items: list[Any]) -> bool:
-    return "system" not in _roles(items)  # a system message is rendered first: not a part at the end
+    for item in items:  # a system message is rendered first: not a part at the end
+        if isinstance(item, dict) and item.get("role") == "system":
+            break
+    else:
+        return True
+    return False
 
 
 def _always(items: list[Any]) -> bool:
@@ -317,7 +324,7 @@ class Print:
     m: int
     last: bytes
     layout: Layout
-    system: dict[int, int]
+    system: dict[int, bytes]
     tools: list[int]
     tools_hash: bytes
     prompt_tokens: int
@@ -351,7 +358,12 @@ MAX_TRIES = 2  # remembered requests whose bytes a request is checked against (e
 
 class PrefixMemory:
     """Per caller, the last `per_caller` requests' prints; at most `max_bytes` of prints in all (the callers
-    seen longest ago are forgotten first). Used on the event loop only (no lock)."""
+    seen longest ago are forgotten first). Used on the event loop only (no lock).
+
+    A request whose body is a remembered request's body again (a retry, the same opening of a new
+    conversation) is remembered by that print itself, again: its prompt tokens and id become this request's.
+    An earlier place of the print in the list then holds those too, which changes nothing: the rule only
+    reads the latest place of equal prints (the most recent wins a tie), and the earliest goes first."""
 
     def __init__(self, per_caller: int, max_bytes: int) -> None:
         self.per_caller = per_caller
@@ -368,19 +380,47 @@ class PrefixMemory:
         """R's break (it is remembered), its parts made by `extend` from R's bytes when it can, else from
         `request` (TypeError: a part orjson cannot serialise; then nothing was remembered)."""
         prints = self._callers.get(caller)
-        made = self.extend(prints, family, request, body) if prints and body else None
-        if made is None:
-            parts = family.parts(request)
-            raw = raw_of(body, parsed, family.seq) if parts.layout.appends else None
+        if prints and body:
+            last = prints[-1]
+            raw = last.raw
+            if raw is not None and raw.size == len(body) and raw.whole is not None and _xx(body) == raw.whole:
+                self._again(caller, prints, last, prompt_tokens, request_id)
+                return None
+            made = self.extend(prints, family, request, body)
+            if made is not None:
+                e, hashes, count, raw = made
+                return self._remember(caller, prints, hashes, e.layout, e.system, e.tools_hash, count, raw,
+                                      request, prompt_tokens, hit_tokens, request_id, e)
+        parts = family.parts(request)
+        return self.observe(caller, parts, prompt_tokens, hit_tokens, request_id,
+                            raw_of(body, parsed, family.seq) if parts.layout.appends else None)
+
+    def _again(self, caller: str, prints: list[Print], last: Print, prompt_tokens: int, request_id: str
+               ) -> None:
+        """R's body is the caller's last request's again (a retry, a client polling with one prompt): R has
+        its parts and tools, so no break (no comparison)."""
+        self._callers.move_to_end(caller)
+        size = last.m + PRINT_OVERHEAD  # its tools counted once, with the first of the caller's to have them
+        if last.size == size:
+            last.prompt_tokens, last.request_id = prompt_tokens, request_id
+            prints.append(last)
         else:
-            parts, raw = made
-        return self._remember(caller, prints, parts, prompt_tokens, hit_tokens, request_id, raw)
+            prints.append(Print(last.hashes, last.m, last.last, last.layout, last.system, last.tools,
+                                last.tools_hash, prompt_tokens, request_id, size, last.count, last.raw))
+        total = self.bytes + size
+        if len(prints) > self.per_caller:
+            total -= prints.pop(0).size
+        while total > self.max_bytes and self._callers:
+            _, gone = self._callers.popitem(last=False)
+            total -= sum(p.size for p in gone)
+        self.bytes = total
 
     def extend(self, prints: list[Print], family: Family, request: Any, body: bytes
-               ) -> tuple[Parts, Raw] | None:
+               ) -> tuple[Print, bytes, int, Raw] | None:
         """R's parts without hashing what R repeats: when R's body is a remembered request E's body (the same
         head bytes and tail bytes) with whole items appended to `seq` between them, R's parts are E's plus
         one per new item (the same hashes the parts of R would have: equal bytes parse to equal requests).
+        (E, R's hashes, R's items, where R's body stands), R's hashes being E's when R's body is E's again;
         None when no remembered request is repeated so (the parts are then made from R itself)."""
         seq = family.seq
         items = request.get(seq) if type(request) is dict else getattr(request, seq, None)
@@ -394,6 +434,13 @@ class PrefixMemory:
                 continue
             if e.count == count:  # the same body again, or nothing
                 if raw.size != size:
+                    continue
+                if raw.whole is not None:
+                    if _xx(body) == raw.whole:
+                        return e, e.hashes, count, raw  # a retry, the same opening of a new conversation
+                    tries -= 1
+                    if not tries:
+                        return None
                     continue
             elif e.count > count or raw.size >= size:
                 continue
@@ -409,51 +456,71 @@ class PrefixMemory:
                 return None
         else:
             return None
-        if count == e.count:  # the same body again (a retry, the same opening of a new conversation)
-            return Parts(e.hashes, e.layout, e.system, request, count, e.tools_hash), raw
+        if count == e.count:  # the same body again: the next repeat is checked by one hash of the whole
+            raw.whole = _xx(body)
+            return e, e.hashes, count, raw
         new = items[e.count:]
         at, head = raw.cuts[-1], size - raw.tail
         if body[at] != 44 or body[head - 1] != 125 or not family.appendable(new):  # "," and "}"
             return None
-        hashes = e.hashes + _pack(_json_hashes(new))
+        hashes = e.hashes + _json_hashes(new)
         if len(raw.cuts) < MAX_CUTS:
             cut = Raw((*raw.cuts, head), (*raw.sums, _xx(body[at:head])), raw.tail, raw.tail_sum, size)
         else:
             cut = Raw((head,), (_xx(body[:head]),), raw.tail, raw.tail_sum, size)
-        return Parts(hashes, e.layout, e.system, request, count, e.tools_hash), cut
+        return e, hashes, count, cut
 
     def observe(self, caller: str, parts: Parts, prompt_tokens: int, hit_tokens: int,
                 request_id: str, raw: Raw | None = None) -> Break | None:
         """R's break against the caller's remembered requests, if it has one; R is remembered."""
-        return self._remember(caller, self._callers.get(caller), parts, prompt_tokens, hit_tokens, request_id,
-                              raw)
-
-    def _remember(self, caller: str, prints: list[Print] | None, parts: Parts, prompt_tokens: int,
-                  hit_tokens: int, request_id: str, raw: Raw | None) -> Break | None:
-        hashes = parts.hashes
-        callers = self._callers
-        found = None
-        tools_hash = parts.tools_hash
+        hashes, tools_hash = parts.hashes, parts.tools_hash
         if tools_hash is None:
             at = parts.layout.tools_at
             tools_hash = hashes[8 * at:8 * at + 8] if at >= 0 else b""
+        return self._remember(caller, self._callers.get(caller), hashes, parts.layout, parts.system,
+                              tools_hash, parts.count, raw, parts.request, prompt_tokens, hit_tokens,
+                              request_id)
+
+    def _remember(self, caller: str, prints: list[Print] | None, hashes: bytes, layout: Layout,
+                  system: dict[int, bytes], tools_hash: bytes, count: int, raw: Raw | None, request: Any,
+                  prompt_tokens: int, hit_tokens: int, request_id: str, like: Print | None = None
+                  ) -> Break | None:
+        """R's break against `prints`, and R remembered. `like`: the print whose body R's repeats or extends
+        (R's tools are its tools: its tools' hashes are not taken again)."""
+        callers = self._callers
+        found = None
         size = len(hashes) + PRINT_OVERHEAD
         if prints is None:
             prints = callers[caller] = []
-            tools = parts.tool_hashes()
+            tools = _tool_hashes(request)
             size += 8 * len(tools)
         else:
             callers.move_to_end(caller)
             last = prints[-1]
-            if hashes is not last.hashes:  # (the same hashes as the last request's: R repeats it, no break)
-                found = self._compare(parts, prints, prompt_tokens, hit_tokens)
+            if like is last and hashes is not last.hashes:
+                # R appends to the last request: the longest R extends is the last one unless a longer one has
+                # its last part where R has it
+                m0, n, end = last.m, len(hashes), hashes[-8:]
+                for e in prints:
+                    m = e.m
+                    if m0 < m <= n and (end if m == n else hashes[m - 8:m]) == e.last:
+                        found = self._compare(hashes, layout, system, count, request, tools_hash, prints,
+                                              prompt_tokens, hit_tokens, like)
+                        break
+            elif hashes is not last.hashes:  # (the same hashes as the last request's: R repeats it, no break)
+                found = self._compare(hashes, layout, system, count, request, tools_hash, prints,
+                                      prompt_tokens, hit_tokens, like)
             if last.tools_hash == tools_hash:
                 tools = last.tools  # the caller's usual tools: one list, counted once
             else:
-                tools = parts.tool_hashes()
+                tools = like.tools if like is not None else _tool_hashes(request)
                 size += 8 * len(tools)
-        prints.append(Print(hashes, len(hashes), hashes[-8:], parts.layout, parts.system, tools, tools_hash,
-                            prompt_tokens, request_id, size, parts.count, raw))
+        if like is not None and like.hashes is hashes and like.size == size:  # R's body is `like`'s again
+            like.prompt_tokens, like.request_id = prompt_tokens, request_id
+            prints.append(like)
+        else:
+            prints.append(Print(hashes, len(hashes), hashes[-8:], layout, system, tools, tools_hash,
+                                prompt_tokens, request_id, size, count, raw))
         total = self.bytes + size
         if len(prints) > self.per_caller:
             total -= prints.pop(0).size
@@ -463,16 +530,26 @@ class PrefixMemory:
         self.bytes = total
         return found
 
-    def _compare(self, parts: Parts, prints: list[Print], prompt_tokens: int, hit_tokens: int
-                 ) -> Break | None:
-        hashes = parts.hashes
+    def _compare(self, hashes: bytes, layout: Layout, system: dict[int, bytes], count: int, request: Any,
+                 tools_hash: bytes, prints: list[Print], prompt_tokens: int, hit_tokens: int,
+                 like: Print | None) -> Break | None:
+        """`like`: a print that R's hashes repeat or extend (`extend` found it by R's bytes)."""
         n = len(hashes)
+        end = hashes[-8:]
         best: Print | None = None
         best_m = best_k = -1
         for e in reversed(prints):  # the most recent first: it wins a tie
             m = e.m
-            if m <= best_m or m > n or hashes[m - 8:m] != e.last:
-                continue  # shorter than the best so far, longer than R, or its last part not where R has it
+            if m <= best_m or m > n:
+                continue  # shorter than the best so far, or longer than R
+            if e.hashes is hashes:
+                best, best_k = e, -1  # R's body is E's again
+                break
+            if e is like:
+                best, best_m, best_k = e, m, -1  # R appends to E
+                continue
+            if (end if m == n else hashes[m - 8:m]) != e.last:
+                continue  # its last part not where R has it
             if hashes[:m] == e.hashes:
                 best, best_m, best_k = e, m, -1  # R appends to E: no break
                 if m == n:
@@ -486,6 +563,7 @@ class PrefixMemory:
         lost = min(best.prompt_tokens, prompt_tokens) // UNIT * UNIT - hit_tokens
         if lost < UNIT:
             return None
+        parts = Parts(hashes, layout, system, request, count, tools_hash)
         return Break(self._path(parts, best, best_k), lost, best.request_id)
 
     @staticmethod
