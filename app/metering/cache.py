@@ -507,6 +507,17 @@ class PrefixMemory:
                         found = self._compare(hashes, layout, system, count, request, tools_hash, prints,
                                               prompt_tokens, hit_tokens, like)
                         break
+            elif like is not None and hashes is like.hashes and hashes is not last.hashes:
+                # R's body is an earlier one's again: only a request since then, of as many parts, can be
+                # the one R breaks instead
+                n = len(hashes)
+                for e in reversed(prints):
+                    if e is like:
+                        break
+                    if e.m == n:
+                        found = self._compare(hashes, layout, system, count, request, tools_hash, prints,
+                                              prompt_tokens, hit_tokens, like)
+                        break
             elif hashes is not last.hashes:  # (the same hashes as the last request's: R repeats it, no break)
                 found = self._compare(hashes, layout, system, count, request, tools_hash, prints,
                                       prompt_tokens, hit_tokens, like)
