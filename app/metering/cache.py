@@ -445,12 +445,18 @@ class PrefixMemory:
             elif e.count > count or raw.size >= size:
                 continue
             if _xx(body[size - raw.tail:]) == raw.tail_sum:
-                cuts = raw.cuts
+                cuts, sums = raw.cuts, raw.sums
                 if len(cuts) == 1:
-                    if _xx(body[:cuts[0]]) == raw.sums[0]:
+                    if _xx(body[:cuts[0]]) == sums[0]:
                         break
-                elif all(_xx(body[a:z]) == h for a, z, h in zip((0, *cuts), cuts, raw.sums, strict=False)):
-                    break
+                else:  # (a plain loop: a generator over zip(..., strict=False) costs about 4K more)
+                    a = 0
+                    for i, z in enumerate(cuts):
+                        if _xx(body[a:z]) != sums[i]:
+                            break
+                        a = z
+                    else:
+                        break
             tries -= 1
             if not tries:
                 return None
