@@ -35,6 +35,10 @@ from app.verdict import Rules, Verdict
 from app.wire import forget_parsed
 
 OFF_LOOP_BYTES = 1024 * 1024  # about 20 ms of checks on the loop
+# A body this large starts the checker processes, if they are not running, while it is checked here: a
+# conversation that grows past it is likely to pass OFF_LOOP_BYTES, whose first body would otherwise wait
+# ~0.5 s for a new interpreter to import chatgate (the pool's processes are spawned).
+WARM_BYTES = OFF_LOOP_BYTES // 4
 # One core left to the event loop: beside two checkers on two cores, /healthz waited up to 1.4 s
 CHECKERS = max(1, min(4, (os.cpu_count() or 2) - 1))
 T = TypeVar("T")
@@ -61,6 +65,8 @@ class Checkers:
 
     async def check(self, family: Rules, body: bytes, beta: bool, origin: str | None) -> Verdict:
         if len(body) <= OFF_LOOP_BYTES:
+            if len(body) > WARM_BYTES and self._pool is None:
+                self.warm()
             return check_now(family, body, beta, origin)
         return await self._run(functools.partial(_check_in_worker, family.name, body, beta, origin),
                                functools.partial(check_now, family, body, beta, origin))
@@ -89,6 +95,14 @@ class Checkers:
                 self._pool = None
             return await asyncio.to_thread(local)
 
+    def warm(self) -> None:
+        """Start the checker processes now (a no-op task spawns them; its result is not waited for)."""
+        try:
+            self._executor().submit(_ready)
+        except (BrokenProcessPool, RuntimeError):  # died, or shut down: the next large body starts another
+            with self._lock:
+                self._pool = None
+
     def _executor(self) -> ProcessPoolExecutor:
         with self._lock:
             if self._pool is None:
@@ -114,6 +128,10 @@ FAMILIES = "app.gateway.endpoints"  # its `families(settings)`: imported by name
 def _start_worker(settings: Settings) -> None:
     families = importlib.import_module(FAMILIES).families
     _families.update((f.name, f) for f in families(settings))
+
+
+def _ready() -> bool:
+    return True
 
 
 def _check_in_worker(name: str, body: bytes, beta: bool, origin: str | None, strict: bool = True) -> Any:

@@ -77,3 +77,23 @@ def test_an_ordinary_body_is_checked_as_before(gate: RunningChatgate, fake: Runn
     resp = httpx2.post(gate.url + "/v1/chat/completions/validate", json=body,
                        headers={"authorization": f"Bearer {KEY}"})
     assert resp.status_code == 200 and resp.json()["valid"] is True
+
+
+def test_a_growing_body_starts_the_checkers_before_one_needs_them(gate: RunningChatgate,
+                                                                  fake: RunningFake) -> None:
+    from app.gateway.checking import OFF_LOOP_BYTES, WARM_BYTES
+
+    checkers = gate.app.state.chatgate.gw.checkers
+    small = {"model": "deepseek-flash", "messages": [{"role": "user", "content": "hi"}]}
+    assert httpx2.post(gate.url + "/v1/chat/completions", json=small, timeout=30,
+                       headers={"authorization": f"Bearer {KEY}"}).status_code == 200
+    assert checkers._pool is None, "ordinary bodies start no process"
+    words = "a growing conversation " * (WARM_BYTES // 20)
+    body = {"model": "deepseek-flash", "messages": [{"role": "user", "content": words}]}
+    assert WARM_BYTES < len(orjson.dumps(body)) <= OFF_LOOP_BYTES
+    resp = httpx2.post(gate.url + "/v1/chat/completions", json=body, timeout=30,
+                       headers={"authorization": f"Bearer {KEY}"})
+    assert resp.status_code == 200, resp.text  # checked here, as before
+    pool = checkers._pool
+    assert pool is not None and pool._processes, "the checker processes are starting"
+    assert pool.submit(sum, [1, 2]).result(timeout=60) == 3
