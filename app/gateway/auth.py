@@ -101,12 +101,13 @@ class Authenticator:
         known = self._managed_ids.get(token)
         if known is not None and known[0] > time.monotonic():
             return known[1]
-        key = await self._lookup(token)
+        digest = hash_key(token)
+        key = await self._lookup(digest)
         if key is None or not key.active:
             raise unauthorized("Invalid chatgate API key: unknown or revoked. Check the key, or create a new "
                                "one with `chatgate keys create`.")
         identity = Identity(key.key_id, key.name, key.team, self._upstream, key.key_id)
-        cached = self._cache.get(hash_key(token))
+        cached = self._cache.get(digest)
         if cached is not None and cached[1] is key:  # kept as long as the key's cache entry
             if len(self._managed_ids) >= MANAGED_CACHED:
                 self._managed_ids.clear()
@@ -144,8 +145,8 @@ class Authenticator:
         self._passthrough_ids[authorization] = identity
         return identity
 
-    async def _lookup(self, token: str) -> ApiKey | None:
-        digest = hash_key(token)
+    async def _lookup(self, digest: str) -> ApiKey | None:
+        """The store's key of this digest (SHA-256 of the secret), cached."""
         now = time.monotonic()
         cached = self._cache.get(digest)
         if cached is not None and cached[0] > now:

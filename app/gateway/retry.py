@@ -167,8 +167,7 @@ class Retrier:
         self.pool = pool
         self.metrics = metrics
         self.rng = rng
-        self._caller: dict[int, Any] = {}  # the attempts counter's children for the callers' keys, by status
-        self._accounts: dict[tuple[str, int], Any] = {}  # and for the accounts, by account and status
+        self._answered: dict[tuple[str, int], Any] = {}  # the attempts counter's children, by account, status
 
     def tries(self, deadline: float) -> Tries:
         return Tries(self.policy, deadline)
@@ -188,11 +187,7 @@ class Retrier:
                 first = error
             else:
                 if first.status_code not in self.policy.statuses:
-                    counted = self._caller.get(first.status_code)
-                    if counted is None:
-                        counted = self._caller[first.status_code] = self.metrics.upstream_attempts.labels(
-                            "caller", str(first.status_code))
-                    counted.inc()
+                    self._count_answer("caller", first.status_code)
                     return first
         first_lease = None
         if self.pool is not None and (first_lease := self.pool.acquire(ex.files)) is not None:
@@ -207,11 +202,7 @@ class Retrier:
             else:
                 status = first.status_code
                 if status not in self.policy.statuses:
-                    counted = self._accounts.get((first_lease.account.name, status))
-                    if counted is None:  # what _count's child is, looked up once per account and status
-                        counted = self._accounts[(first_lease.account.name, status)] = self.metrics._child(
-                            self.metrics.upstream_attempts, first_lease.account.name, str(status))
-                    counted.inc()
+                    self._count_answer(first_lease.account.name, status)
                     if status == 200:
                         first_lease.succeeded()
                     elif status in (401, 402):
@@ -336,6 +327,15 @@ class Retrier:
         tries.reasons.append(reason)
         self.metrics._child(self.metrics.upstream_retries, reason).inc()
         await hangup.sleep(wait)
+
+    def _count_answer(self, account: str, status: int) -> None:
+        """`_count` for a first attempt that answered: its counter looked up once per account and status (no
+        str(status) and no key of the metrics' own per request)."""
+        counter = self._answered.get((account, status))
+        if counter is None:
+            counter = self._answered[(account, status)] = self.metrics._child(self.metrics.upstream_attempts,
+                                                                              account, str(status))
+        counter.inc()
 
     def _count(self, ex: Any, lease: Lease | None, status: str) -> None:
         account = lease.account.name if lease is not None else (ex.account or "caller")

@@ -62,8 +62,7 @@ class LocalBudgets:
     async def reserve(self, holds: Sequence[Hold], now: float) -> Hold | None:
         pairs = []  # (hold, its ledger); no zip(strict=True): its keyword is parsed on every call
         for h in holds:
-            periods = self.ledgers.get((h.scope, h.subject))  # `_known` inline: the hot path, no await
-            ledger = periods.get(h.period_start) if periods is not None else None
+            ledger = self._known(h.scope, h.subject, h.period_start)  # no await when known: the hot path
             pairs.append((h, ledger if ledger is not None else await self._ledger(h.scope, h.subject,
                                                                                   h.period_start)))
         # From here to the end nothing awaits: the check and the holds are one step for this event loop.
@@ -79,8 +78,7 @@ class LocalBudgets:
         """(hold, the ledger's spend after it) for each hold."""
         out = []
         for hold in holds:
-            periods = self.ledgers.get((hold.scope, hold.subject))
-            ledger = periods.get(hold.period_start) if periods is not None else None
+            ledger = self._known(hold.scope, hold.subject, hold.period_start)
             held = ledger.holds.pop(hold.hold_id, None) if ledger is not None else None
             if ledger is not None and held is not None:
                 ledger.held -= held

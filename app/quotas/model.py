@@ -45,13 +45,14 @@ class RateInfo:
     remaining_tokens: int | None = None
     reset_tokens: float = 0.0
 
-    def take(self, limit: int | None, remaining: int, reset: float, tokens: bool) -> None:
-        if limit is None:
-            return
-        if tokens and (self.remaining_tokens is None or remaining < self.remaining_tokens):
-            self.limit_tokens, self.remaining_tokens, self.reset_tokens = limit, remaining, reset
-        if not tokens and (self.remaining_requests is None or remaining < self.remaining_requests):
+    def take_requests(self, limit: int, remaining: int, reset: float) -> None:
+        """A subject's request limit: the headers say the tightest of the request's subjects."""
+        if self.remaining_requests is None or remaining < self.remaining_requests:
             self.limit_requests, self.remaining_requests, self.reset_requests = limit, remaining, reset
+
+    def take_tokens(self, limit: int, remaining: int, reset: float) -> None:
+        if self.remaining_tokens is None or remaining < self.remaining_tokens:
+            self.limit_tokens, self.remaining_tokens, self.reset_tokens = limit, remaining, reset
 
     def headers(self) -> list[tuple[bytes, bytes]]:
         out = []

@@ -100,21 +100,19 @@ def check(window: Window, subject: Subject, ask: Ask, now: float, info: RateInfo
     rpm, tpm = limits.rpm, limits.tpm
     if rpm is None and tpm is None:
         return None
-    head, tail = window.head, window.tail  # window.oldest() and window.requests, without the calls
-    reset = window.times[head & window.mask] + WINDOW - now if tail > head else 0.0
+    oldest = window.oldest()
+    reset = oldest + WINDOW - now if oldest is not None else 0.0
     if rpm is not None:
-        used = tail - head - window.gone
+        used = window.requests
         if used >= rpm:
-            info.take(rpm, 0, reset, tokens=False)
+            info.take_requests(rpm, 0, reset)
             return Refusal("rpm", subject, rpm, reset,
                            f"Rate limit reached for {subject.label}: {rpm} requests per minute. "
                            f"Retry in {reset:.1f} s.")
-        remaining = rpm - used - 1  # info.take(rpm, remaining, reset, tokens=False), inline
-        if info.remaining_requests is None or remaining < info.remaining_requests:
-            info.limit_requests, info.remaining_requests, info.reset_requests = rpm, remaining, reset
+        info.take_requests(rpm, rpm - used - 1, reset)
     if tpm is not None:
         if window.tokens + ask.tokens > tpm:
-            info.take(tpm, int(tpm - window.tokens), reset, tokens=True)
+            info.take_tokens(tpm, int(tpm - window.tokens), reset)
             wait = _tokens_free_in(window, tpm - ask.tokens, now)
             too_big = ask.tokens > tpm
             return Refusal("tpm", subject, tpm, None if too_big else wait,
@@ -122,9 +120,7 @@ def check(window: Window, subject: Subject, ask: Ask, now: float, info: RateInfo
                            f"request reserves up to {ask.tokens} (its prompt and max_tokens)."
                            + (" It can never fit: lower max_tokens." if too_big
                               else f" Retry in {wait:.1f} s."))
-        remaining = int(tpm - window.tokens - ask.tokens)  # info.take(…, tokens=True), inline
-        if info.remaining_tokens is None or remaining < info.remaining_tokens:
-            info.limit_tokens, info.remaining_tokens, info.reset_tokens = tpm, remaining, reset
+        info.take_tokens(tpm, int(tpm - window.tokens - ask.tokens), reset)
     return None
 
 

@@ -117,9 +117,9 @@ class RedisRates:
             treset = tfirst + WINDOW - now if tfirst >= 0 else 0.0
             adding = 0 if verdict != "ok" else 1
             if limits.rpm is not None:
-                info.take(limits.rpm, int(limits.rpm - used - adding), reset, tokens=False)
+                info.take_requests(limits.rpm, int(limits.rpm - used - adding), reset)
             if limits.tpm is not None:
-                info.take(limits.tpm, int(limits.tpm - tokens - adding * ask.tokens), treset, tokens=True)
+                info.take_tokens(limits.tpm, int(limits.tpm - tokens - adding * ask.tokens), treset)
             if verdict != "ok" and n == index:
                 refusal = _refusal(verdict, subject, ask, reset, treset, int(inflight))
         return refusal, info
