@@ -50,6 +50,8 @@ class Exchange:
     checked: Any = None  # the family's validated request (Verdict.request), for the cache advisor's parts
     files: bool = False  # it names uploaded files: the pool sends it to the account that holds them
     parsed: Any = None  # R1's parse of `body` (app/wire.py `kept`): where the cache advisor finds items
+    sketch: Any = None  # the cache advisor's parts of the request (app/metering/cache.py Sketch)
+    sketched: bool = False  # they were taken (Ledger.sketch), as the request was forwarded
     _json: dict[str, Any] | None = None
 
     def json(self) -> dict[str, Any]:

@@ -141,6 +141,7 @@ class Gateway:
             refused = await self.admitter.admit(ex, verdict)
             if refused is not None:
                 return self._limit(ex, family, refused)
+        self.ledger.sketch(ex)
         try:
             return await self._forward(ex, family, request)
         except ClientHungUp:

@@ -76,8 +76,7 @@ def _json_hashes(items: list[Any]) -> bytes:
     return b"".join(map(_digest, map(_dumps, items)))
 
 
-def _tool_hashes(request: Any) -> list[int]:
-    tools = _field(request, "tools")
+def _tool_hashes(tools: Any) -> list[int]:
     return list(map(_xx, map(_dumps, tools))) if isinstance(tools, list) else []
 
 
@@ -115,14 +114,14 @@ def _named_layout(names: tuple[str, ...], seq: str, appends: bool = True) -> Lay
 @dataclass(slots=True)
 class Parts:
     """A request's rendered parts in DeepSeek's order, one 8-byte hash each, and where they are (`layout`).
-    `system` maps the parts that are system prompt to a hash of their `content`; `request` is the request
-    itself, whose tools are hashed one by one when needed (never kept beyond the request: a print keeps
-    hashes); `count`: the items of `layout.seq` (-1 when it is not a list)."""
+    `system` maps the parts that are system prompt to a hash of their `content`; `tools` is the request's
+    `tools`, hashed one by one when needed (never kept beyond the request: a print keeps hashes); `count`:
+    the items of `layout.seq` (-1 when it is not a list)."""
 
     hashes: bytes
     layout: Layout
     system: dict[int, bytes]
-    request: Any
+    tools: Any
     count: int = -1
     tools_hash: bytes | None = None  # the `tools` part's hash (None: read from `hashes` when needed)
 
@@ -131,7 +130,7 @@ class Parts:
         return self.layout.tools_at
 
     def tool_hashes(self) -> list[int]:
-        return _tool_hashes(self.request)
+        return _tool_hashes(self.tools)
 
     def path(self, k: int) -> str:
         return self.layout.path(k)
@@ -174,7 +173,8 @@ def parts_chat(request: Any) -> Parts:
         system = {2 + i: _h(_field(messages[i], "content")) for i in range(n)}
         if tools_hash is not None:
             hashes = hashes[:8 * n] + tools_hash + hashes[8 * n:]
-        return Parts(head + hashes, _chat_layout(n, tools_hash is not None), system, request, len(messages))
+        return Parts(head + hashes, _chat_layout(n, tools_hash is not None), system, _field(request, "tools"),
+                     len(messages))
     # system messages further down: DeepSeek still renders them first (rare: spelt out part by part)
     order = [i for i, r in enumerate(roles) if r == "system"]
     system = {2 + j: _h(_field(messages[i], "content")) for j, i in enumerate(order)}
@@ -186,7 +186,7 @@ def parts_chat(request: Any) -> Parts:
     hashes += _json_hashes([messages[i] for i in rest])
     layout = Layout(tuple(names), "messages", 0, 2 + len(order) if tools_hash is not None else -1,
                     tuple(rest), False)
-    return Parts(head + hashes, layout, system, request, len(messages))
+    return Parts(head + hashes, layout, system, _field(request, "tools"), len(messages))
 
 
 def parts_anthropic(request: Any) -> Parts:
@@ -207,7 +207,8 @@ def parts_anthropic(request: Any) -> Parts:
         hashes.append(system[len(names) - 1])
     messages = _list(_field(request, "messages"))
     hashes.append(_json_hashes(messages))
-    return Parts(b"".join(hashes), _named_layout(tuple(names), "messages"), system, request, len(messages))
+    return Parts(b"".join(hashes), _named_layout(tuple(names), "messages"), system, _field(request, "tools"),
+                 len(messages))
 
 
 def parts_responses(request: Any) -> Parts:
@@ -233,7 +234,8 @@ def parts_responses(request: Any) -> Parts:
     elif items is not None:
         names.append("input")
         hashes.append(_h(items))
-    return Parts(b"".join(hashes), _named_layout(tuple(names), "input", count >= 0), system, request, count)
+    return Parts(b"".join(hashes), _named_layout(tuple(names), "input", count >= 0), system,
+                 _field(request, "tools"), count)
 
 
 # --- the body's bytes: a request that repeats an earlier one's bytes reuses its hashes -------------------
@@ -356,6 +358,37 @@ def _first_difference(a: bytes, b: bytes) -> int:
 MAX_TRIES = 2  # remembered requests whose bytes a request is checked against (each check reads its body)
 
 
+@dataclass(slots=True)
+class Sketch:
+    """A request R's parts, made when R is forwarded, while its body and objects are still in the CPU's
+    caches (`PrefixMemory.sketch`), and compared with its caller's remembered requests once R's usage is
+    known (`PrefixMemory.settle`). `like`: the remembered request whose body R's repeats or extends (R's
+    hashes start with its hashes, and R's tools are its tools); else `tools` is R's `tools`, hashed one by
+    one only when they changed."""
+
+    hashes: bytes
+    layout: Layout
+    system: dict[int, bytes]
+    tools_hash: bytes
+    tools: Any
+    count: int
+    raw: Raw | None
+    like: Print | None = None
+
+    def tool_hashes(self) -> list[int]:
+        return self.like.tools if self.like is not None else _tool_hashes(self.tools)
+
+
+def _appended(body: bytes, at: int, head: int) -> list[Any] | None:
+    """The items a body appends after a remembered head: the JSON between the "," at `at` and the item's
+    end at `head`, read as the items of an array (None: it is not whole items)."""
+    try:
+        items = orjson.loads(b"[" + body[at + 1:head] + b"]")
+    except orjson.JSONDecodeError:
+        return None
+    return items if type(items) is list and items else None
+
+
 class PrefixMemory:
     """Per caller, the last `per_caller` requests' prints; at most `max_bytes` of prints in all (the callers
     seen longest ago are forgotten first). Used on the event loop only (no lock).
@@ -377,72 +410,62 @@ class PrefixMemory:
 
     def assess(self, caller: str, family: Family, request: Any, body: bytes, parsed: Any, prompt_tokens: int,
                hit_tokens: int, request_id: str) -> Break | None:
-        """R's break (it is remembered), its parts made by `extend` from R's bytes when it can, else from
-        `request` (TypeError: a part orjson cannot serialise; then nothing was remembered)."""
+        """R's break (it is remembered): `sketch` and `settle` at once."""
+        sketch = self.sketch(caller, family, request, body, parsed)
+        return None if sketch is None else self.settle(caller, sketch, prompt_tokens, hit_tokens, request_id)
+
+    def sketch(self, caller: str, family: Family, request: Any, body: bytes, parsed: Any = None
+               ) -> Sketch | None:
+        """R's parts, by `extend` from R's bytes when it can, else from `request` (None: `request` is None
+        and R's bytes repeat or extend no remembered request; TypeError: a part orjson cannot serialise).
+        `parsed`: R's own parse, its objects' keys in the body's order, to find where R's items end."""
         prints = self._callers.get(caller)
         if prints and body:
-            last = prints[-1]
-            raw = last.raw
-            if raw is not None and raw.size == len(body) and raw.whole is not None and _xx(body) == raw.whole:
-                self._again(caller, prints, last, prompt_tokens, request_id)
-                return None
             made = self.extend(prints, family, request, body)
             if made is not None:
-                e, hashes, count, raw = made
-                return self._remember(caller, prints, hashes, e.layout, e.system, e.tools_hash, count, raw,
-                                      request, prompt_tokens, hit_tokens, request_id, e)
+                return made
+        if request is None:
+            return None
         parts = family.parts(request)
-        return self.observe(caller, parts, prompt_tokens, hit_tokens, request_id,
-                            raw_of(body, parsed, family.seq) if parts.layout.appends else None)
+        tools_hash = parts.tools_hash
+        if tools_hash is None:
+            at = parts.layout.tools_at
+            tools_hash = parts.hashes[8 * at:8 * at + 8] if at >= 0 else b""
+        return Sketch(parts.hashes, parts.layout, parts.system, tools_hash, parts.tools, parts.count,
+                      raw_of(body, parsed, family.seq) if parts.layout.appends else None)
 
-    def _again(self, caller: str, prints: list[Print], last: Print, prompt_tokens: int, request_id: str
-               ) -> None:
-        """R's body is the caller's last request's again (a retry, a client polling with one prompt): R has
-        its parts and tools, so no break (no comparison)."""
-        self._callers.move_to_end(caller)
-        size = last.m + PRINT_OVERHEAD  # its tools counted once, with the first of the caller's to have them
-        if last.size == size:
-            last.prompt_tokens, last.request_id = prompt_tokens, request_id
-            prints.append(last)
-        else:
-            prints.append(Print(last.hashes, last.m, last.last, last.layout, last.system, last.tools,
-                                last.tools_hash, prompt_tokens, request_id, size, last.count, last.raw))
-        total = self.bytes + size
-        if len(prints) > self.per_caller:
-            total -= prints.pop(0).size
-        while total > self.max_bytes and self._callers:
-            _, gone = self._callers.popitem(last=False)
-            total -= sum(p.size for p in gone)
-        self.bytes = total
-
-    def extend(self, prints: list[Print], family: Family, request: Any, body: bytes
-               ) -> tuple[Print, bytes, int, Raw] | None:
+    def extend(self, prints: list[Print], family: Family, request: Any, body: bytes) -> Sketch | None:
         """R's parts without hashing what R repeats: when R's body is a remembered request E's body (the same
         head bytes and tail bytes) with whole items appended to `seq` between them, R's parts are E's plus
         one per new item (the same hashes the parts of R would have: equal bytes parse to equal requests).
-        (E, R's hashes, R's items, where R's body stands), R's hashes being E's when R's body is E's again;
-        None when no remembered request is repeated so (the parts are then made from R itself)."""
-        seq = family.seq
-        items = request.get(seq) if type(request) is dict else getattr(request, seq, None)
-        if type(items) is not list:
-            return None
-        count, size = len(items), len(body)
+        The new items are `request`'s, or (`request` None: a body too large to be parsed twice) the bytes
+        between E's head and tail, parsed alone. R's hashes are E's when R's body is E's again; None when no
+        remembered request is repeated so (the parts are then made from R itself)."""
+        items: Any = None
+        count = -1
+        if request is not None:
+            seq = family.seq
+            items = request.get(seq) if type(request) is dict else getattr(request, seq, None)
+            if type(items) is not list:
+                return None
+            count = len(items)
+        size = len(body)
         tries = MAX_TRIES
         for e in reversed(prints):
             raw = e.raw
             if raw is None:
                 continue
-            if e.count == count:  # the same body again, or nothing
-                if raw.size != size:
+            if raw.size == size:  # the same body again, or nothing
+                if count >= 0 and e.count != count:
                     continue
                 if raw.whole is not None:
-                    if _xx(body) == raw.whole:
-                        return e, e.hashes, count, raw  # a retry, the same opening of a new conversation
+                    if _xx(body) == raw.whole:  # a retry, the same opening of a new conversation
+                        return Sketch(e.hashes, e.layout, e.system, e.tools_hash, None, e.count, raw, e)
                     tries -= 1
                     if not tries:
                         return None
                     continue
-            elif e.count > count or raw.size >= size:
+            elif raw.size > size or e.count >= count >= 0:
                 continue
             if _xx(body[size - raw.tail:]) == raw.tail_sum:
                 cuts, sums = raw.cuts, raw.sums
@@ -462,19 +485,21 @@ class PrefixMemory:
                 return None
         else:
             return None
-        if count == e.count:  # the same body again: the next repeat is checked by one hash of the whole
+        if raw.size == size:  # the same body again: the next repeat is checked by one hash of the whole
             raw.whole = _xx(body)
-            return e, e.hashes, count, raw
-        new = items[e.count:]
+            return Sketch(e.hashes, e.layout, e.system, e.tools_hash, None, e.count, raw, e)
         at, head = raw.cuts[-1], size - raw.tail
-        if body[at] != 44 or body[head - 1] != 125 or not family.appendable(new):  # "," and "}"
+        if body[at] != 44 or body[head - 1] != 125:  # "," and "}"
+            return None
+        new = items[e.count:] if items is not None else _appended(body, at, head)
+        if new is None or not family.appendable(new):
             return None
         hashes = e.hashes + _json_hashes(new)
         if len(raw.cuts) < MAX_CUTS:
             cut = Raw((*raw.cuts, head), (*raw.sums, _xx(body[at:head])), raw.tail, raw.tail_sum, size)
         else:
             cut = Raw((head,), (_xx(body[:head]),), raw.tail, raw.tail_sum, size)
-        return e, hashes, count, cut
+        return Sketch(hashes, e.layout, e.system, e.tools_hash, None, e.count + len(new), cut, e)
 
     def observe(self, caller: str, parts: Parts, prompt_tokens: int, hit_tokens: int,
                 request_id: str, raw: Raw | None = None) -> Break | None:
@@ -483,22 +508,21 @@ class PrefixMemory:
         if tools_hash is None:
             at = parts.layout.tools_at
             tools_hash = hashes[8 * at:8 * at + 8] if at >= 0 else b""
-        return self._remember(caller, self._callers.get(caller), hashes, parts.layout, parts.system,
-                              tools_hash, parts.count, raw, parts.request, prompt_tokens, hit_tokens,
-                              request_id)
+        return self.settle(caller, Sketch(hashes, parts.layout, parts.system, tools_hash, parts.tools,
+                                          parts.count, raw), prompt_tokens, hit_tokens, request_id)
 
-    def _remember(self, caller: str, prints: list[Print] | None, hashes: bytes, layout: Layout,
-                  system: dict[int, bytes], tools_hash: bytes, count: int, raw: Raw | None, request: Any,
-                  prompt_tokens: int, hit_tokens: int, request_id: str, like: Print | None = None
-                  ) -> Break | None:
-        """R's break against `prints`, and R remembered. `like`: the print whose body R's repeats or extends
-        (R's tools are its tools: its tools' hashes are not taken again)."""
+    def settle(self, caller: str, sk: Sketch, prompt_tokens: int, hit_tokens: int, request_id: str
+               ) -> Break | None:
+        """R's break against the caller's remembered requests, and R remembered. The sketch may be older
+        than the caller's last requests (R was answered after them), or the caller forgotten since."""
         callers = self._callers
+        hashes, tools_hash, like = sk.hashes, sk.tools_hash, sk.like
+        prints = callers.get(caller)
         found = None
         size = len(hashes) + PRINT_OVERHEAD
         if prints is None:
             prints = callers[caller] = []
-            tools = _tool_hashes(request)
+            tools = sk.tool_hashes()
             size += 8 * len(tools)
         else:
             callers.move_to_end(caller)
@@ -510,8 +534,7 @@ class PrefixMemory:
                 for e in prints:
                     m = e.m
                     if m0 < m <= n and (end if m == n else hashes[m - 8:m]) == e.last:
-                        found = self._compare(hashes, layout, system, count, request, tools_hash, prints,
-                                              prompt_tokens, hit_tokens, like)
+                        found = self._compare(sk, prints, prompt_tokens, hit_tokens)
                         break
             elif like is not None and hashes is like.hashes and hashes is not last.hashes:
                 # R's body is an earlier one's again: only a request since then, of as many parts, can be
@@ -521,23 +544,21 @@ class PrefixMemory:
                     if e is like:
                         break
                     if e.m == n:
-                        found = self._compare(hashes, layout, system, count, request, tools_hash, prints,
-                                              prompt_tokens, hit_tokens, like)
+                        found = self._compare(sk, prints, prompt_tokens, hit_tokens)
                         break
             elif hashes is not last.hashes:  # (the same hashes as the last request's: R repeats it, no break)
-                found = self._compare(hashes, layout, system, count, request, tools_hash, prints,
-                                      prompt_tokens, hit_tokens, like)
+                found = self._compare(sk, prints, prompt_tokens, hit_tokens)
             if last.tools_hash == tools_hash:
                 tools = last.tools  # the caller's usual tools: one list, counted once
             else:
-                tools = like.tools if like is not None else _tool_hashes(request)
+                tools = sk.tool_hashes()
                 size += 8 * len(tools)
         if like is not None and like.hashes is hashes and like.size == size:  # R's body is `like`'s again
             like.prompt_tokens, like.request_id = prompt_tokens, request_id
             prints.append(like)
         else:
-            prints.append(Print(hashes, len(hashes), hashes[-8:], layout, system, tools, tools_hash,
-                                prompt_tokens, request_id, size, count, raw))
+            prints.append(Print(hashes, len(hashes), hashes[-8:], sk.layout, sk.system, tools, tools_hash,
+                                prompt_tokens, request_id, size, sk.count, sk.raw))
         total = self.bytes + size
         if len(prints) > self.per_caller:
             total -= prints.pop(0).size
@@ -547,10 +568,8 @@ class PrefixMemory:
         self.bytes = total
         return found
 
-    def _compare(self, hashes: bytes, layout: Layout, system: dict[int, bytes], count: int, request: Any,
-                 tools_hash: bytes, prints: list[Print], prompt_tokens: int, hit_tokens: int,
-                 like: Print | None) -> Break | None:
-        """`like`: a print that R's hashes repeat or extend (`extend` found it by R's bytes)."""
+    def _compare(self, sk: Sketch, prints: list[Print], prompt_tokens: int, hit_tokens: int) -> Break | None:
+        hashes, like = sk.hashes, sk.like
         n = len(hashes)
         end = hashes[-8:]
         best: Print | None = None
@@ -580,20 +599,19 @@ class PrefixMemory:
         lost = min(best.prompt_tokens, prompt_tokens) // UNIT * UNIT - hit_tokens
         if lost < UNIT:
             return None
-        parts = Parts(hashes, layout, system, request, count, tools_hash)
-        return Break(self._path(parts, best, best_k), lost, best.request_id)
+        return Break(self._path(sk, best, best_k), lost, best.request_id)
 
     @staticmethod
-    def _path(parts: Parts, e: Print, k: int) -> str:
-        path = parts.path(k)
-        if k == parts.tools_at:
-            ours = parts.tool_hashes()
+    def _path(sk: Sketch, e: Print, k: int) -> str:
+        path = sk.layout.path(k)
+        if k == sk.layout.tools_at:
+            ours = sk.tool_hashes()
             if sorted(ours) == sorted(e.tools):
                 return "tools"  # the same tools, in another order
             i = next((i for i, (a, b) in enumerate(zip(ours, e.tools, strict=False)) if a != b),
                      min(len(ours), len(e.tools)))
             return f"tools[{i}]"
-        mine = parts.system.get(k)
+        mine = sk.system.get(k)
         if mine is not None and e.system.get(k) != mine and path.startswith("messages["):
             return f"{path}.content"
         return path
@@ -651,33 +669,55 @@ class Advisor:
         self.memory = PrefixMemory(per_caller, max_bytes) if enabled else None
         self._families: dict[str, Family] = {}
 
-    def assess(self, upstream_path: str, caller: str, checked: Any, data: Callable[[], dict[str, Any]],
-               prompt_tokens: int, hit_tokens: int, request_id: str, body: bytes = b"",
-               parsed: Any = None) -> Break | None:
-        """A served request's break, if it has one (it is remembered either way). `checked` is the family's
-        validated request when there is one (its messages are plain dicts: no second parse of the body);
-        else, or when part of it is not plain JSON data, the body parsed (`data`). `body` is the request's
-        body as sent to DeepSeek, and `parsed` its own parse if one was made (keys in the body's order): a
-        body that repeats a remembered one's bytes reuses its hashes (`PrefixMemory.extend`)."""
-        memory = self.memory
-        if memory is None or prompt_tokens <= 0:
-            return None
+    def family(self, upstream_path: str) -> Family | None:
         family = self._families.get(upstream_path)
         if family is None:
             family = self._families[upstream_path] = family_of(upstream_path) or _NO_FAMILY
-        if family is _NO_FAMILY:
+        return None if family is _NO_FAMILY else family
+
+    def sketch(self, upstream_path: str, caller: str, checked: Any, data: Callable[[], dict[str, Any]],
+               body: bytes = b"", parsed: Any = None) -> Sketch | None:
+        """A request's parts, taken as it is forwarded (None: advice is off, or not for this route or body).
+        `checked` is the family's validated request when there is one (its messages are plain dicts: no
+        second parse of the body); else, or when part of it is not plain JSON data, the body parsed (`data`),
+        unless the body's bytes repeat or extend a remembered request's. `body` is the request's body as
+        sent to DeepSeek, and `parsed` its own parse if one was made (keys in the body's order): a body that
+        repeats a remembered one's bytes reuses its hashes (`PrefixMemory.extend`)."""
+        memory = self.memory
+        if memory is None:
             return None
-        if checked is not None:
-            try:
-                return memory.assess(caller, family, checked, body, parsed, prompt_tokens, hit_tokens,
-                                     request_id)
-            except TypeError:  # a part held as a model object, which orjson does not serialise
-                pass
-        request = data()
-        if not request:
+        family = self.family(upstream_path)
+        if family is None:
             return None
         try:
-            return memory.assess(caller, family, request, body, request if parsed is None else parsed,
-                                 prompt_tokens, hit_tokens, request_id)
+            if checked is not None:
+                try:
+                    return memory.sketch(caller, family, checked, body, parsed)
+                except TypeError:  # a part held as a model object, which orjson does not serialise
+                    pass
+            elif body:
+                made = memory.sketch(caller, family, None, body)  # its bytes alone, before any parse
+                if made is not None:
+                    return made
+            request = data()
+            if not request:
+                return None
+            return memory.sketch(caller, family, request, body, request if parsed is None else parsed)
         except TypeError:  # a message that is not an object: the rules refuse it, but never fail here
             return None
+
+    def settle(self, caller: str, sketch: Sketch, prompt_tokens: int, hit_tokens: int, request_id: str
+               ) -> Break | None:
+        """A served request's break, if it has one (it is remembered either way, when it used the prompt)."""
+        if self.memory is None or prompt_tokens <= 0:
+            return None
+        return self.memory.settle(caller, sketch, prompt_tokens, hit_tokens, request_id)
+
+    def assess(self, upstream_path: str, caller: str, checked: Any, data: Callable[[], dict[str, Any]],
+               prompt_tokens: int, hit_tokens: int, request_id: str, body: bytes = b"",
+               parsed: Any = None) -> Break | None:
+        """`sketch` and `settle` at once: a served request's break, if it has one."""
+        if self.memory is None or prompt_tokens <= 0:
+            return None
+        sketch = self.sketch(upstream_path, caller, checked, data, body, parsed)
+        return None if sketch is None else self.settle(caller, sketch, prompt_tokens, hit_tokens, request_id)

@@ -11,6 +11,7 @@ import orjson
 from app.gateway.checking import check_now
 from app.gateway.strict import body_problem
 from app.metering.cache import (
+    CHAT,
     MAX_CUTS,
     PRINT_OVERHEAD,
     Advisor,
@@ -232,3 +233,70 @@ def test_the_gateways_check_hands_its_parse_to_the_advisor_which_then_reads_byte
         advisor.assess("/chat/completions", "c", verdict.request, dict, 1000, 0, f"r{i}", body, parsed)
     assert advisor.memory is not None
     assert [len(p.raw.cuts) if p.raw else 0 for p in advisor.memory._callers["c"]] == [1, 2, 2, 3]
+
+
+# --- the sketch (taken as the request is forwarded) and the settlement (when its usage is known) ---------
+
+
+def test_a_body_too_large_to_parse_twice_is_sketched_from_its_bytes_when_it_repeats_or_appends() -> None:
+    """The checker processes keep their parse (a body over 1 MiB): a body that repeats or extends a
+    remembered one's bytes is cut by them alone; only a body that does neither is parsed."""
+    clock = "Now: 12:01. You are terse."
+    bodies = [_dump(chat(n=3)), _dump(chat(n=3)), _dump(chat(n=5)), _dump(chat(n=7)), _dump(chat(clock, n=9)),
+              _dump(chat(clock, n=11))]
+    _, expected = _replay(bodies)
+    advisor = Advisor(True, 8, 1 << 24)
+    parses: list[int] = []
+    found = []
+    for i, raw in enumerate(bodies):
+        def parse(raw: bytes = raw, i: int = i) -> dict[str, Any]:
+            parses.append(i)
+            return orjson.loads(raw)  # type: ignore[no-any-return]
+        found.append(advisor.assess("/chat/completions", "c", None, parse, 4000 + 100 * i, 500, f"r{i}", raw))
+    assert found == expected
+    assert [f.param if f else None for f in found] == [None, None, None, None, "messages[0].content", None]
+    assert parses == [0, 4]  # the first body, and the one whose system prompt changed
+    assert advisor.memory is not None
+    assert [len(p.raw.cuts) for p in advisor.memory._callers["c"] if p.raw is not None] == [1, 1, 2, 3, 1, 2]
+
+
+def test_bytes_between_a_head_and_a_tail_that_are_not_whole_items_are_parsed_as_a_request() -> None:
+    first = _dump(chat(n=3))
+    memory = PrefixMemory(8, 1 << 24)
+    sketch = memory.sketch("c", CHAT, orjson.loads(first), first, orjson.loads(first))
+    assert sketch is not None and sketch.raw is not None
+    memory.settle("c", sketch, 1000, 0, "r0")
+    head = sketch.raw.head
+    # the same head and tail around bytes that close the list and open another: not items appended
+    odd = first[:head] + b',{"role":"user","content":"x"}],"x":[{"a":1}' + first[head:]
+    assert memory.sketch("c", CHAT, None, odd) is None
+
+
+def test_requests_settled_in_another_order_than_they_were_sketched() -> None:
+    """Two requests of one caller in flight at once: the later one is answered first. Each is compared with
+    what is remembered when it is settled, and its sketch still reuses the hashes it was made from."""
+    memory = PrefixMemory(8, 1 << 24)
+    first = _dump(chat(n=3))
+    opening = memory.sketch("c", CHAT, orjson.loads(first), first, orjson.loads(first))
+    assert opening is not None
+    memory.settle("c", opening, 1000, 0, "r0")
+    longer, rewritten = _dump(chat(n=5)), _dump(chat("Now: 12:01. You are terse.", n=7))
+    a = memory.sketch("c", CHAT, orjson.loads(longer), longer, orjson.loads(longer))
+    b = memory.sketch("c", CHAT, orjson.loads(rewritten), rewritten, orjson.loads(rewritten))
+    assert a is not None and b is not None and a.like is not None and b.like is None
+    found_b = memory.settle("c", b, 1400, 0, "r2")
+    assert found_b is not None and found_b.param == "messages[0].content"
+    assert found_b.earlier_request_id == "r0"
+    assert memory.settle("c", a, 1200, 1000, "r1") is None  # it appends to r0
+    assert [p.request_id for p in memory._callers["c"]] == ["r0", "r2", "r1"]
+    assert memory._callers["c"][-1].hashes == parts_chat(orjson.loads(longer)).hashes
+    tools = memory._callers["c"][0].tools
+    assert len(tools) == len(TOOLS)
+    again = memory.sketch("c", CHAT, orjson.loads(longer), longer)
+    assert again is not None and again.like is memory._callers["c"][-1]
+    memory._callers.clear()  # the caller forgotten between a sketch and its settlement
+    memory.bytes = 0
+    assert memory.settle("c", again, 1200, 1150, "r3") is None
+    (kept,) = memory._callers["c"]
+    assert kept.tools == tools
+    assert memory.bytes == kept.size == len(kept.hashes) + PRINT_OVERHEAD + 8 * len(TOOLS)
