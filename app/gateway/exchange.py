@@ -63,6 +63,13 @@ class Exchange:
     def replace_body(self, body: bytes, data: dict[str, Any] | None) -> None:
         self.body, self._json, self.parsed = body, data, None
 
+    def release(self) -> None:
+        """Let go of what the checks made of the body before the upstream call, rather than hold it until
+        the exchange ends: a 6 KB body's validated request and parses are thousands of objects, and holding
+        them through the wait measured 2% of a plain request's CPU. A later step that needs the body as a
+        dict parses it again (`json`)."""
+        self._json = self.parsed = self.checked = None
+
     def own_parse(self) -> Any:
         """A parse of `body` made already, its objects' keys in the body's order (None: none was made)."""
         return self._json if self._json is not None else self.parsed

@@ -49,12 +49,11 @@ class Ledger:
     def sketch(self, ex: Exchange) -> None:
         """The cache advisor's parts of the request, taken as it is forwarded, while its body and objects are
         still in the CPU's caches (serialising an agent round's two new messages took ~12 µs in a loaded
-        server at the exchange's end, ~7 µs here); what the exchange kept for them is let go."""
+        server at the exchange's end, ~7 µs here); the exchange then lets them go (`Exchange.release`)."""
         ex.sketched = True
         if self.advisor.memory is not None:
             ex.sketch = self.advisor.sketch(ex.route.upstream_path, ex.identity.caller or ex.identity.key_id,
                                             ex.checked, ex.json, ex.body, ex.own_parse())
-        ex.checked = ex.parsed = None
 
     def finish(self, ex: Exchange, outcome: str, status: int, tokens: TokenCounts | None = None, *,
                exact: bool = True, rule_code: str | None = None, upstream_status: int | None = None) -> None:

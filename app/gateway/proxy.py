@@ -142,6 +142,7 @@ class Gateway:
             if refused is not None:
                 return self._limit(ex, family, refused)
         self.ledger.sketch(ex)
+        verdict = None  # let go before the upstream call (Exchange.release), not held until the end
         try:
             return await self._forward(ex, family, request)
         except ClientHungUp:
@@ -258,6 +259,7 @@ class Gateway:
             asked = family.ask_stream_usage(ex.json())
             if asked is not None:
                 body, usage_filter = asked, family.usage_filter()
+        ex.release()
         pooled = self.pool is not None
         headers = forward_headers(request.headers.raw, None if pooled else ex.identity.upstream_authorization,
                                   ex.request_id, managed=self.auth.managed)
