@@ -12,6 +12,9 @@ chatgate (`python -m bench.pair`, µs per request): the share is the throughput 
 
     python -m bench.fingerprint            # µs per request, per body
     python -m bench.fingerprint --parse    # the body's orjson parse included
+    python -m bench.fingerprint --touch 0 1 8
+                                           # scenario 11's tool loop with 0, 1 and 8 MB of other memory
+                                           # touched between requests (a server's caches are cold)
     python -m bench.fingerprint --instructions [plain|loop|conv]
                                            # instructions per request of assess() under callgrind, as the
                                            # gateway calls it (the chat family's check first, its parse
@@ -70,6 +73,47 @@ def measure(name: str, body: dict[str, Any], parse: bool, repeat: int) -> str:
     return (f"{name:<24} {len(raws[-1]) / 1024:>8.1f} KB {n:>5} messages  {cost[True]:>8.1f} µs per request "
             f"from bytes, {cost[False]:>8.1f} from the request{' (parse included)' if parse else ''} "
             f"(median of {repeat})")
+
+
+def touched(megabytes: float, requests: int = 3000) -> str:
+    """µs per request of assess() on scenario 11's tool loop (16 callers, each body checked by the chat
+    family first, as the gateway does), with `megabytes` of other memory written and read between requests,
+    as a request's other work does in a server: only assess() is timed. In a server the advisor's work finds
+    the CPU's caches cold; run back to back (0 MB) it does not."""
+    from app import wire
+    from app.gateway.checking import check_now
+    from app.openai.chat import ChatFamily
+    from app.settings import Settings
+    from bench.toolloop import round1, round2
+    from bench.upstream import TOOL_REASONING
+
+    family, first = ChatFamily(Settings().policy()), round1(False)
+    junk = bytearray(int(megabytes * (1 << 20)))
+    objects = [{"n": i, "s": str(i)} for i in range(int(megabytes * 60_000))]
+    ones = b"\x01" * (len(junk) // 64)
+    spent: dict[int, list[int]] = {1: [], 2: []}
+    advisor = Advisor(True, 8, 64 * 1024 * 1024)
+    for i in range(requests):
+        loop = i // 2
+        if i % 2 == 0:
+            body = orjson.dumps(first)
+        else:
+            call = {"id": f"call_{loop * 7919:016x}", "type": "function",
+                    "function": {"name": "read_file", "arguments": '{"path":"app/server.py"}'}}
+            body = orjson.dumps(round2(first, call, TOOL_REASONING))
+        verdict = check_now(family, body, False, None)
+        parsed = wire.kept(body)
+        if junk:
+            junk[::64] = ones
+            sum(o["n"] for o in objects[::3])
+        started = time.perf_counter_ns()
+        advisor.assess("/chat/completions", f"caller-{loop % 16}", verdict.request, dict, 3000, 2900, f"r{i}",
+                       body, parsed)
+        if i >= 200:
+            spent[1 + i % 2].append(time.perf_counter_ns() - started)
+    one, two = (statistics.mean(spent[k]) / 1000 for k in (1, 2))
+    return (f"tool loop, {megabytes:g} MB touched between requests: {(one + two) / 2:6.1f} µs per request "
+            f"(round 1 {one:.1f}, round 2 {two:.1f}; mean of {requests - 200})")
 
 
 COUNTED = 400  # requests counted per run of `_counted`
@@ -148,11 +192,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--instructions", nargs="*", choices=["plain", "loop", "conv"], metavar="SCENARIO",
                         help="instructions per request under callgrind (default: all three)")
     parser.add_argument("--tree", help="--instructions: the app of this checkout or git archive instead")
+    parser.add_argument("--touch", nargs="+", type=float, metavar="MB",
+                        help="the tool loop with MB of other memory touched between requests (0: none)")
     parser.add_argument("--counted", choices=["plain", "loop", "conv"], help=argparse.SUPPRESS)
     parser.add_argument("--assess", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.counted:
         _counted(args.counted, args.assess)
+        return
+    if args.touch:
+        for megabytes in args.touch:
+            print(touched(megabytes), flush=True)
         return
     if args.instructions is not None:
         for scenario in args.instructions or ["plain", "loop", "conv"]:

@@ -1,4 +1,5 @@
-"""Two chatgate builds side by side on scenario 11's tool loop: is a change to the request path measurable?
+"""Two chatgate builds side by side on scenario 11's tool loop (or, with `--plain`, the 6 KB chat body of
+bench.bodies under wrk at c=16): is a change to the request path measurable?
 
 A is the tree of a commit (extracted with `git archive`, as scenario 12 does), B this checkout with its
 uncommitted edits; or both this checkout, with settings told apart by `--env-a` / `--env-b`. Both serve the
@@ -14,6 +15,9 @@ median of six rounds shows about one percent, in about two minutes, where `bench
     python -m bench.pair --env-a CHATGATE_REPAIR_RESTORE_REASONING=false --send-a
                                                    # this checkout, restore off (the client sending the
                                                    # reasoning back) against on: scenario 11's loop line
+    python -m bench.pair --plain --env-a CHATGATE_CACHE_BREAKS=false
+                                                   # the benchmark's 6 KB chat body (bench.bodies) under wrk
+                                                   # at c=16 instead of the tool loop (--stream: streamed)
 Prints each round and the median; exits 1 when a twin fails to start or a round has errors.
 """
 
@@ -26,8 +30,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from bench.bodies import write_bodies
 from bench.common import REPO_DIR
-from bench.measure import Context, Settings, run_tool, side_by_side, with_cpu
+from bench.measure import Context, Settings, run_tool, side_by_side, with_cpu, wrk_sample
 from bench.report import ScenarioResult
 from bench.scenarios_refactor import imported_from, materialize
 from bench.targets import Cluster, Target, TargetSpec, UpstreamSpec
@@ -53,7 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--env-b", action="append", default=[], metavar="NAME=VALUE", help="B's setting")
     parser.add_argument("--careful", action="store_true", help="both clients send the reasoning back")
     parser.add_argument("--send-a", action="store_true", help="A's client sends the reasoning back")
-    parser.add_argument("--stream", action="store_true", help="the streamed tool loop")
+    parser.add_argument("--stream", action="store_true", help="the streamed tool loop (or plain body)")
+    parser.add_argument("--plain", action="store_true",
+                        help="the 6 KB chat body of bench.bodies under wrk at c=16, not the tool loop")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--seconds", type=int, default=10, help="per round")
     parser.add_argument("--warm", type=int, default=5, help="seconds of loops on each twin first")
@@ -77,14 +84,18 @@ def main(argv: list[str] | None = None) -> int:
     res = ScenarioResult("pair", "A / B", [])
     ready = b'{"model":"deepseek-v4-flash","messages":[{"role":"user","content":"hi"}]}'
 
+    bodies = write_bodies(workdir / "bodies") if args.plain else {}
+
     def loop(t: Target, seconds: int) -> dict[str, Any]:
+        if args.plain:
+            return wrk_sample(t, bodies["small_stream" if args.stream else "small"], 16, seconds)
         sends = args.careful or (args.send_a and t.name == A)
         extra = ["--stream"] if args.stream else []
         extra += ["--send-reasoning"] if sends else []
         return run_tool("bench.toolloop", ["--port", str(t.port), "--duration", str(seconds),
                                            "--concurrency", "16", *extra], seconds + 60)
 
-    with Cluster("pair", UpstreamSpec(tool_loop=True), specs, workdir, ready) as cl:
+    with Cluster("pair", UpstreamSpec(tool_loop=not args.plain), specs, workdir, ready) as cl:
         twins = cl.live([A, B])
         if len(twins) < 2:
             print(f"not started: {cl.skipped([A, B])}", file=sys.stderr)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-from bench.common import AUTH_HEADER, VENV_BIN, Memory, Proc, free_port, wait_ready
+from bench.common import AUTH_HEADER, VENV_BIN, Memory, Proc, free_port, read_status_kb, wait_ready
 
 
 @dataclass(frozen=True)
@@ -74,6 +74,14 @@ class Target:
         if self.proc is None or not self.proc.alive():
             return None
         return self.proc.memory()
+
+    def server_memory(self) -> Memory | None:
+        """The server process's own, without the processes it started (chatgate's checker processes)."""
+        if self.proc is None or not self.proc.alive():
+            return None
+        pid = self.proc.pid
+        rss, hwm = read_status_kb(pid, "VmRSS"), read_status_kb(pid, "VmHWM")
+        return None if rss is None or hwm is None else Memory(rss, hwm)
 
 
 def chatgate_available() -> str | None:
