@@ -1,9 +1,9 @@
 """What the cache advisor's fingerprinting costs per request, on the benchmark's chat bodies (bench.bodies).
 
 Times, in this process, the work `Ledger.sketch` and `Ledger.finish` add per served request when
-`cache.breaks` is on (`app.metering.cache.Advisor.assess`: the sketch and its settlement at once): as the gateway does it, from the body's bytes (a request that repeats
-a remembered one's bytes and appends messages takes its hashes and hashes only the new messages), and, for
-comparison, from the parsed request alone (every part serialised and hashed: the first request of a
+`cache.breaks` is on (`app.metering.cache.Advisor.assess`: the sketch and its settlement at once): as the
+gateway does it, from the body's bytes (a request that repeats a remembered one's bytes and appends
+messages takes its hashes and hashes only the new messages), and, for comparison, from the parsed request alone (every part serialised and hashed: the first request of a
 caller, or a body not written as orjson writes it). Each conversation is replayed as an agent would send
 it: every request extends the previous one by a message, so the comparison runs against a full memory.
 The first request of each replay has no earlier one to extend: it is cut from the request either way.
