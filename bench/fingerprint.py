@@ -2,11 +2,12 @@
 
 Times, in this process, the work `Ledger.sketch` and `Ledger.finish` add per served request when
 `cache.breaks` is on (`app.metering.cache.Advisor.assess`: the sketch and its settlement at once): as the
-gateway does it, from the body's bytes (a request that repeats a remembered one's bytes and appends
-messages takes its hashes and hashes only the new messages), and, for comparison, from the parsed request alone (every part serialised and hashed: the first request of a
-caller, or a body not written as orjson writes it). Each conversation is replayed as an agent would send
-it: every request extends the previous one by a message, so the comparison runs against a full memory.
-The first request of each replay has no earlier one to extend: it is cut from the request either way.
+gateway does it, from the body's bytes (a request that repeats a remembered one's bytes and appends messages
+takes its hashes and hashes only the new messages), and, for comparison, from the parsed request alone
+(every part serialised and hashed: the first request of a caller, or a body not written as orjson writes
+it). Each conversation is replayed as an agent would send it: every request extends the previous one by a
+message, so the comparison runs against a full memory. The first request of each replay has no earlier one
+to extend: it is cut from the request either way.
 With `--parse`, the body's JSON parse is counted as well. Compare the figures with a request's CPU in
 chatgate (`python -m bench.pair`, µs per request): the share is the throughput cost. About 10 seconds.
 
