@@ -140,7 +140,7 @@ class StreamMeter(ChunkMeter):
     """The chat stream's meter: its content, reasoning and tool calls kept for estimates; `watcher` (the
     turn collector) sees each batch of lines."""
 
-    __slots__ = ("_reasoning_raw", "_tool_raw", "_watcher")
+    __slots__ = ("_reasoning_raw", "_reasoning_read", "_tool_raw", "_watcher")
 
     def __init__(self, watcher: LineWatcher | None = None) -> None:
         # the base's fields set here too: one call fewer per streamed request than super().__init__()
@@ -148,6 +148,7 @@ class StreamMeter(ChunkMeter):
         self._watcher = watcher
         self._text_raw: list[bytes] = []
         self._reasoning_raw: list[bytes] = []
+        self._reasoning_read = False  # the last batch's reasoning is collected (its other text is not yet)
         self._tool_raw: list[bytes] = []
         self._last_event = b""
         self._pending = b""
@@ -162,7 +163,13 @@ class StreamMeter(ChunkMeter):
 
     @property
     def reasoning(self) -> str:
-        self._settle()
+        """The streamed reasoning. Of the last batch only the reasoning is read: a tool-call turn (restore's
+        memory) asks for nothing else, and the content and tool scans cost it more than its own."""
+        pending = self._pending
+        if pending and not self._reasoning_read:
+            self._reasoning_read = True
+            if b'"reasoning_content"' in pending:
+                collect(self._reasoning_raw, _REASONING.findall(pending))
         return decode(self._reasoning_raw)
 
     def _drain(self, final: bool) -> None:
@@ -175,7 +182,7 @@ class StreamMeter(ChunkMeter):
 
     def _scan(self, batch: bytes) -> None:
         collect(self._text_raw, _CONTENT.findall(batch))
-        if b'"reasoning_content"' in batch:
+        if not self._reasoning_read and b'"reasoning_content"' in batch:  # (read: the last batch's, already)
             collect(self._reasoning_raw, _REASONING.findall(batch))
         if b'"tool_calls"' in batch:
             collect(self._tool_raw, _TOOL.findall(batch))

@@ -70,6 +70,26 @@ def test_meter_collects_text_reasoning_and_tool_calls_when_usage_is_absent() -> 
     assert meter.done
 
 
+@pytest.mark.parametrize("order", ["reasoning first", "text first"])
+@pytest.mark.parametrize("thoughts", [2, 3000])  # all in the last batch, or most in earlier batches
+def test_the_reasoning_alone_is_read_for_a_turn_and_the_rest_when_asked(order: str, thoughts: int) -> None:
+    """A tool-call turn asks the meter for its reasoning only: the last batch's content and tool calls are
+    read when something asks for them (an estimate, a kept text), and nothing is read twice."""
+    stream = b"".join(sse(chunk({"content": None, "reasoning_content": f"t{i} "})) for i in range(thoughts))
+    stream += sse(chunk({"content": "Sunny"})) + sse(chunk({"tool_calls": [
+        {"index": 0, "id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}))
+    stream += sse(chunk({"content": ""}, "tool_calls")) + b"data: [DONE]\n\n"
+    meter = StreamMeter()
+    feed_split(meter, stream, 700)
+    thought = "".join(f"t{i} " for i in range(thoughts))
+    if order == "reasoning first":
+        assert meter.reasoning == thought
+        assert meter._pending and b"Sunny" not in b"".join(meter._text_raw)  # the content is not read yet
+    assert meter.text == "Sunnyf{}"
+    assert meter.reasoning == thought and meter.reasoning == thought
+    assert meter.text == "Sunnyf{}" and meter.done
+
+
 def test_meter_handles_streams_larger_than_its_compaction_threshold() -> None:
     """Past its threshold the meter parses as it goes; a line cut at a chunk boundary must not be lost."""
     body = b"".join(sse(chunk({"content": f"w{i} "})) for i in range(3000))
