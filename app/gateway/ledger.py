@@ -50,7 +50,6 @@ class Ledger:
         """The cache advisor's parts of the request, taken as it is forwarded, while its body and objects are
         still in the CPU's caches (serialising an agent round's two new messages took ~12 µs in a loaded
         server at the exchange's end, ~7 µs here); the exchange then lets them go (`Exchange.release`)."""
-        ex.sketched = True
         if self.advisor.memory is not None:
             ex.sketch = self.advisor.sketch(ex.route.upstream_path, ex.identity.caller or ex.identity.key_id,
                                             ex.checked, ex.json, ex.body, ex.own_parse())
@@ -72,13 +71,9 @@ class Ledger:
         saved = discount_picousd(tokens.prompt_cache_hit_tokens, prices, ex.ts, pricing.peak_hours_utc,
                                  pricing.off_peak_multiplier)
         broke = None
-        if outcome == "ok" and self.advisor.memory is not None:
-            if not ex.sketched:
-                self.sketch(ex)
-            if ex.sketch is not None:
-                broke = self.advisor.settle(ex.identity.caller or ex.identity.key_id, ex.sketch,
-                                            tokens.prompt_tokens, tokens.prompt_cache_hit_tokens,
-                                            ex.request_id)
+        if outcome == "ok" and ex.sketch is not None:  # (every forwarded exchange was sketched)
+            broke = self.advisor.settle(ex.identity.caller or ex.identity.key_id, ex.sketch,
+                                        tokens.prompt_tokens, tokens.prompt_cache_hit_tokens, ex.request_id)
         lost = 0 if broke is None else discount_picousd(broke.lost_tokens, prices, ex.ts,
                                                         pricing.peak_hours_utc, pricing.off_peak_multiplier)
         record = UsageRecord(

@@ -379,6 +379,15 @@ class Sketch:
         return self.like.tools if self.like is not None else _tool_hashes(self.tools)
 
 
+def _sketch_of(parts: Parts, raw: Raw | None) -> Sketch:
+    """The sketch of a request cut from itself (no remembered request's hashes reused)."""
+    tools_hash = parts.tools_hash
+    if tools_hash is None:
+        at = parts.layout.tools_at
+        tools_hash = parts.hashes[8 * at:8 * at + 8] if at >= 0 else b""
+    return Sketch(parts.hashes, parts.layout, parts.system, tools_hash, parts.tools, parts.count, raw)
+
+
 def _appended(body: bytes, at: int, head: int) -> list[Any] | None:
     """The items a body appends after a remembered head: the JSON between the "," at `at` and the item's
     end at `head`, read as the items of an array (None: it is not whole items)."""
@@ -427,12 +436,7 @@ class PrefixMemory:
         if request is None:
             return None
         parts = family.parts(request)
-        tools_hash = parts.tools_hash
-        if tools_hash is None:
-            at = parts.layout.tools_at
-            tools_hash = parts.hashes[8 * at:8 * at + 8] if at >= 0 else b""
-        return Sketch(parts.hashes, parts.layout, parts.system, tools_hash, parts.tools, parts.count,
-                      raw_of(body, parsed, family.seq) if parts.layout.appends else None)
+        return _sketch_of(parts, raw_of(body, parsed, family.seq) if parts.layout.appends else None)
 
     def extend(self, prints: list[Print], family: Family, request: Any, body: bytes) -> Sketch | None:
         """R's parts without hashing what R repeats: when R's body is a remembered request E's body (the same
@@ -504,12 +508,7 @@ class PrefixMemory:
     def observe(self, caller: str, parts: Parts, prompt_tokens: int, hit_tokens: int,
                 request_id: str, raw: Raw | None = None) -> Break | None:
         """R's break against the caller's remembered requests, if it has one; R is remembered."""
-        hashes, tools_hash = parts.hashes, parts.tools_hash
-        if tools_hash is None:
-            at = parts.layout.tools_at
-            tools_hash = hashes[8 * at:8 * at + 8] if at >= 0 else b""
-        return self.settle(caller, Sketch(hashes, parts.layout, parts.system, tools_hash, parts.tools,
-                                          parts.count, raw), prompt_tokens, hit_tokens, request_id)
+        return self.settle(caller, _sketch_of(parts, raw), prompt_tokens, hit_tokens, request_id)
 
     def settle(self, caller: str, sk: Sketch, prompt_tokens: int, hit_tokens: int, request_id: str
                ) -> Break | None:
