@@ -18,6 +18,7 @@ median of six rounds shows about one percent, in about two minutes, where `bench
     python -m bench.pair --plain --env-a CHATGATE_CACHE_BREAKS=false
                                                    # the benchmark's 6 KB chat body (bench.bodies) under wrk
                                                    # at c=16 instead of the tool loop (--stream: streamed)
+    python -m bench.pair HEAD --plain --managed    # the same, both twins as scenario 14's everything-on
 Prints each round and the median; exits 1 when a twin fails to start or a round has errors.
 """
 
@@ -34,6 +35,7 @@ from bench.bodies import write_bodies
 from bench.common import REPO_DIR
 from bench.measure import Context, Settings, run_tool, side_by_side, with_cpu, wrk_sample
 from bench.report import ScenarioResult
+from bench.scenarios_product import create_key
 from bench.scenarios_refactor import imported_from, materialize
 from bench.targets import Cluster, Target, TargetSpec, UpstreamSpec
 
@@ -61,6 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stream", action="store_true", help="the streamed tool loop (or plain body)")
     parser.add_argument("--plain", action="store_true",
                         help="the 6 KB chat body of bench.bodies under wrk at c=16, not the tool loop")
+    parser.add_argument("--managed", action="store_true",
+                        help="with --plain: both twins as scenario 14's everything-on chatgate (managed "
+                             "mode, a key with every kind of limit)")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--seconds", type=int, default=10, help="per round")
     parser.add_argument("--warm", type=int, default=5, help="seconds of loops on each twin first")
@@ -77,8 +82,20 @@ def main(argv: list[str] | None = None) -> int:
             print(f"A: {problem}", file=sys.stderr)
             return 1
         print(f"A = {args.commit} ({sha[:12]}), B = this checkout ({REPO_DIR})", flush=True)
-    specs = [TargetSpec(A, "chatgate", env=_env(args.env_a), source_dir=str(tree)),
-             TargetSpec(B, "chatgate", env=_env(args.env_b), source_dir=str(REPO_DIR))]
+    if args.managed and not args.plain:
+        raise SystemExit("--managed needs --plain")
+    keys: dict[str, str] = {}
+    specs = []
+    for name, env, source in ((A, args.env_a, tree), (B, args.env_b, REPO_DIR)):
+        if args.managed:  # scenario 14's chatgate-all: its own store, a key with every kind of limit
+            store = f"sqlite:///{workdir / (name + '.db')}"
+            keys[name] = f"Bearer {create_key(store)}"
+            specs.append(TargetSpec(name, "chatgate", env=(("DEEPSEEK_API_KEY", "sk-bench-upstream"),
+                                                           *_env(env)),
+                                    source_dir=str(source), auth="managed", store_url=store,
+                                    authorization=keys[name]))
+        else:
+            specs.append(TargetSpec(name, "chatgate", env=_env(env), source_dir=str(source)))
     ctx = Context(Settings.make(False, wrk_seconds=args.seconds), {}, workdir, None,
                   lambda line: print(line, flush=True))
     res = ScenarioResult("pair", "A / B", [])
@@ -88,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def loop(t: Target, seconds: int) -> dict[str, Any]:
         if args.plain:
-            return wrk_sample(t, bodies["small_stream" if args.stream else "small"], 16, seconds)
+            return wrk_sample(t, bodies["small_stream" if args.stream else "small"], 16, seconds,
+                              authorization=keys.get(t.name))
         sends = args.careful or (args.send_a and t.name == A)
         extra = ["--stream"] if args.stream else []
         extra += ["--send-reasoning"] if sends else []
