@@ -11,7 +11,7 @@ import orjson
 
 from app.gateway.auth import Identity
 from app.gateway.upstream import response_headers
-from app.quotas.model import Admission
+from app.quotas.model import Admission, RateInfo
 from app.repair.base import Repaired
 from app.tracing.spans import ExchangeTrace
 from app.verdict import Verdict
@@ -87,11 +87,14 @@ class Exchange:
             headers.append((b"x-chatgate-warning", header_text(self.warnings)))
         if self.repaired is not None and self.repaired.applied:
             headers.append((b"x-chatgate-repaired", header_text(self.repaired.labels(), "; ")))
-        if self.admission is not None and self.admission.info is not None:
-            headers += self.admission.info.headers()
         if self.attempts > 1:
             headers.append((b"x-chatgate-attempts", str(self.attempts).encode()))
         return headers
+
+    @property
+    def rate_headers(self) -> RateInfo | None:
+        """The caller's x-ratelimit headers (app/gateway/responses.py `response_start` adds them)."""
+        return self.admission.info if self.admission is not None else None
 
     def mark_first_byte(self) -> None:
         if self.ttfb_ms is None:

@@ -314,7 +314,8 @@ class Gateway:
             if self.refusals is not None and resp.status_code in KEPT_UPSTREAM:
                 self._keep_refusal(ex, resp.status_code, "deepseek", None, content)
             return RawResponse(resp.status_code, headers, content, functools.partial(
-                self.ledger.finish, ex, "upstream_error", resp.status_code, upstream_status=resp.status_code))
+                self.ledger.finish, ex, "upstream_error", resp.status_code, upstream_status=resp.status_code),
+                ex.rate_headers)
         try:
             answer = orjson.loads(content)
         except orjson.JSONDecodeError:
@@ -334,7 +335,7 @@ class Gateway:
             tokens = await self.ledger.estimate(ex, functools.partial(family.prompt_text, ex.json()), "")
         record = functools.partial(self.ledger.finish, ex, "ok", 200, tokens, exact=exact,
                                    upstream_status=200)
-        return RawResponse(200, headers, content, record)
+        return RawResponse(200, headers, content, record, ex.rate_headers)
 
     async def _stream_ended(self, family: Family, turns: StreamTurns | None, ex: Exchange,
                             meter: StreamMeter, outcome: str, status: int) -> None:

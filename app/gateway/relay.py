@@ -37,7 +37,7 @@ from starlette.types import Receive, Scope, Send
 from app.errors import APIError, bad_gateway
 from app.gateway.exchange import Exchange
 from app.gateway.family import ChunkFilter, StreamMeter
-from app.gateway.responses import is_event_stream
+from app.gateway.responses import is_event_stream, response_start
 from app.gateway.retry import KeptAliveOnly, only_keepalives
 from app.gateway.upstream import aiohttp_reader, map_transport_error
 from app.gateway.watch import ClientGone, ClientWatch
@@ -95,16 +95,16 @@ class SSERelay(Response):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             async with self.client.watching(receive, lazy=True):
-                await self._relay(send)
+                await self._relay(scope, send)
         finally:
             await _close(self.resp)
             if not self.ex.finished:
                 outcome, status = self.end or ("client_disconnected", 499)
                 self.spawn(self._end(outcome, status))
 
-    async def _relay(self, send: Send) -> None:
+    async def _relay(self, scope: Scope, send: Send) -> None:
         headers = self.ex.response_headers(self.resp)
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send(response_start(scope, 200, headers, self.ex.rate_headers))
         try:
             try:
                 while True:
