@@ -334,6 +334,7 @@ class Print:
     size: int
     count: int
     raw: Raw | None
+    again: Sketch | None = None  # the sketch of a request whose body is this one's again (made once)
 
 
 @dataclass(frozen=True, slots=True)
@@ -430,6 +431,14 @@ class PrefixMemory:
         `parsed`: R's own parse, its objects' keys in the body's order, to find where R's items end."""
         prints = self._callers.get(caller)
         if prints and body:
+            last = prints[-1]
+            raw = last.raw
+            if raw is not None and raw.whole is not None and raw.size == len(body) and _xx(body) == raw.whole:
+                again = last.again  # the caller's last body again (a benchmark, a retry): its own sketch
+                if again is None:
+                    again = last.again = Sketch(last.hashes, last.layout, last.system, last.tools_hash, None,
+                                                last.count, raw, last)
+                return again
             made = self.extend(prints, family, request, body)
             if made is not None:
                 return made
@@ -517,8 +526,15 @@ class PrefixMemory:
         callers = self._callers
         hashes, tools_hash, like = sk.hashes, sk.tools_hash, sk.like
         prints = callers.get(caller)
-        found = None
         size = len(hashes) + PRINT_OVERHEAD
+        if prints and like is prints[-1] and like is not None and hashes is like.hashes and like.size == size:
+            # the last body again, remembered as it was (no break: it repeats the last request)
+            callers.move_to_end(caller)
+            like.prompt_tokens, like.request_id = prompt_tokens, request_id
+            prints.append(like)
+            self._trim(prints, self.bytes + size)
+            return None
+        found = None
         if prints is None:
             prints = callers[caller] = []
             tools = sk.tool_hashes()
@@ -558,14 +574,19 @@ class PrefixMemory:
         else:
             prints.append(Print(hashes, len(hashes), hashes[-8:], sk.layout, sk.system, tools, tools_hash,
                                 prompt_tokens, request_id, size, sk.count, sk.raw))
-        total = self.bytes + size
+        self._trim(prints, self.bytes + size)
+        return found
+
+    def _trim(self, prints: list[Print], total: int) -> None:
+        """A caller's oldest print beyond `per_caller`, then the callers seen longest ago beyond
+        `max_bytes`, forgotten; `total`: the bytes held with the print just remembered."""
         if len(prints) > self.per_caller:
             total -= prints.pop(0).size
+        callers = self._callers
         while total > self.max_bytes and callers:
             _, gone = callers.popitem(last=False)
             total -= sum(p.size for p in gone)
         self.bytes = total
-        return found
 
     def _compare(self, sk: Sketch, prints: list[Print], prompt_tokens: int, hit_tokens: int) -> Break | None:
         hashes, like = sk.hashes, sk.like

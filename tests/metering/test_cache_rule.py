@@ -300,3 +300,33 @@ def test_requests_settled_in_another_order_than_they_were_sketched() -> None:
     (kept,) = memory._callers["c"]
     assert kept.tools == tools
     assert memory.bytes == kept.size == len(kept.hashes) + PRINT_OVERHEAD + 8 * len(TOOLS)
+
+
+def test_the_callers_last_body_again_is_its_own_sketch_and_changes_only_its_tokens_and_id() -> None:
+    """A caller sending its last body again (a retry, a benchmark) is remembered by that print again, with
+    no parse, no new sketch and no comparison."""
+    body = _dump(chat(n=5))
+    memory = PrefixMemory(3, 1 << 24)
+    sketches = []
+    for i in range(6):
+        sketch = memory.sketch("c", CHAT, orjson.loads(body), body, orjson.loads(body))
+        assert sketch is not None
+        sketches.append(sketch)
+        assert memory.settle("c", sketch, 1000 + i, 900, f"r{i}") is None
+    # the second request is cut by its bytes (extend) and remembered by a print of its own, without the
+    # first's tools; from the third on, that print's one sketch
+    assert sketches[1] is not sketches[2] and sketches[2].like is memory._callers["c"][-1]
+    assert sketches[2] is sketches[3] is sketches[4] is sketches[5]
+    prints = memory._callers["c"]
+    assert len(prints) == 3 and prints[0] is prints[1] is prints[2]
+    assert (prints[-1].request_id, prints[-1].prompt_tokens) == ("r5", 1005)
+    assert prints[-1].hashes == parts_chat(orjson.loads(body)).hashes
+    assert memory.bytes == sum(p.size for p in prints)
+    # a longer body is not taken for the last one: it extends it
+    longer = _dump(chat(n=7))
+    grown = memory.sketch("c", CHAT, orjson.loads(longer), longer, orjson.loads(longer))
+    assert grown is not None and grown is not sketches[5] and grown.like is prints[-1]
+    assert grown.hashes == parts_chat(orjson.loads(longer)).hashes
+    # and a repeat of the caller's last body found by the rule (not the shortcut) is the same finding
+    assert memory.settle("c", grown, 1200, 1000, "r6") is None
+    assert memory.sketch("c", CHAT, orjson.loads(body), body).like is prints[-2]  # type: ignore[union-attr]
