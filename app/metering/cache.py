@@ -389,6 +389,14 @@ def _sketch_of(parts: Parts, raw: Raw | None) -> Sketch:
     return Sketch(parts.hashes, parts.layout, parts.system, tools_hash, parts.tools, parts.count, raw)
 
 
+def _again(e: Print) -> Sketch:
+    """The sketch of a request whose body is remembered request E's body again: E's own, made once."""
+    again = e.again
+    if again is None:
+        again = e.again = Sketch(e.hashes, e.layout, e.system, e.tools_hash, None, e.count, e.raw, e)
+    return again
+
+
 def _appended(body: bytes, at: int, head: int) -> list[Any] | None:
     """The items a body appends after a remembered head: the JSON between the "," at `at` and the item's
     end at `head`, read as the items of an array (None: it is not whole items)."""
@@ -434,11 +442,7 @@ class PrefixMemory:
             last = prints[-1]
             raw = last.raw
             if raw is not None and raw.whole is not None and raw.size == len(body) and _xx(body) == raw.whole:
-                again = last.again  # the caller's last body again (a benchmark, a retry): its own sketch
-                if again is None:
-                    again = last.again = Sketch(last.hashes, last.layout, last.system, last.tools_hash, None,
-                                                last.count, raw, last)
-                return again
+                return _again(last)  # the caller's last body again (a benchmark, a retry)
             made = self.extend(prints, family, request, body)
             if made is not None:
                 return made
@@ -473,7 +477,7 @@ class PrefixMemory:
                     continue
                 if raw.whole is not None:
                     if _xx(body) == raw.whole:  # a retry, the same opening of a new conversation
-                        return Sketch(e.hashes, e.layout, e.system, e.tools_hash, None, e.count, raw, e)
+                        return _again(e)
                     tries -= 1
                     if not tries:
                         return None
@@ -500,7 +504,7 @@ class PrefixMemory:
             return None
         if raw.size == size:  # the same body again: the next repeat is checked by one hash of the whole
             raw.whole = _xx(body)
-            return Sketch(e.hashes, e.layout, e.system, e.tools_hash, None, e.count, raw, e)
+            return _again(e)
         at, head = raw.cuts[-1], size - raw.tail
         if body[at] != 44 or body[head - 1] != 125:  # "," and "}"
             return None
@@ -527,7 +531,7 @@ class PrefixMemory:
         hashes, tools_hash, like = sk.hashes, sk.tools_hash, sk.like
         prints = callers.get(caller)
         size = len(hashes) + PRINT_OVERHEAD
-        if prints and like is prints[-1] and like is not None and hashes is like.hashes and like.size == size:
+        if like is not None and prints and like is prints[-1] and hashes is like.hashes and like.size == size:
             # the last body again, remembered as it was (no break: it repeats the last request)
             callers.move_to_end(caller)
             like.prompt_tokens, like.request_id = prompt_tokens, request_id
