@@ -28,7 +28,7 @@ from typing import Any
 import orjson
 import xxhash
 
-from app.metering.pricing import PICO_PER_USD_PER_MTOK, is_peak
+from app.metering.pricing import PICO_PER_USD_PER_MTOK, is_peak, whole_rates
 from app.profiles import Prices
 
 UNIT = 64  # DeepSeek's cache unit, in tokens
@@ -56,6 +56,9 @@ def discount_picousd(tokens: int, prices: Prices | None, ts: float, windows: lis
     money hits saved, or (for tokens a break kept out of the cache) the money lost."""
     if prices is None or tokens <= 0:
         return 0
+    whole = whole_rates(prices, ts, windows, off_peak_multiplier)
+    if whole is not None:
+        return tokens * (whole[1] - whole[0])
     rate = _discount(prices, is_peak(ts, windows), off_peak_multiplier)
     return int((tokens * rate).to_integral_value(ROUND_HALF_UP))
 

@@ -4,16 +4,17 @@ objects and SSE streams (docs/rules-chat.md#deepseeks-answers)."""
 from __future__ import annotations
 
 import datetime as dt
-from decimal import Decimal
+from decimal import ROUND_CEILING, ROUND_HALF_UP, Decimal
 
 import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from app.metering.pricing import cost_bound_picousd, cost_picousd, is_peak, picousd_to_usd
+from app.metering.cache import discount_picousd
+from app.metering.pricing import cost_bound_picousd, cost_picousd, is_peak, picousd_to_usd, whole_rates
 from app.metering.usage import TokenCounts, tokens_from_usage
 from app.openai.chat import ChatFamily
-from app.profiles import DEFAULT_PROFILES, FLASH_PRICES, PRO_PRICES
+from app.profiles import DEFAULT_PROFILES, FLASH_PRICES, PRO_PRICES, Prices
 from app.settings import Settings
 
 PEAK = Settings().pricing.peak_hours_utc
@@ -206,3 +207,48 @@ def test_the_bound_a_limit_reserves_is_the_cost_rounded_up(prompt: int, completi
     bound = cost_bound_picousd(prompt, completion, prices, ts, PEAK, half)
     assert exact <= bound <= exact + prompt + completion
     assert cost_bound_picousd(prompt, completion, None, ts, PEAK, half) == 0
+
+
+def _decimal_cost(tokens: TokenCounts, prices: Prices, ts: float, half: Decimal) -> int:
+    """The cost as Decimal arithmetic gives it (the reference `whole_rates`' integers must equal)."""
+    usd = (tokens.prompt_cache_hit_tokens * prices.input_cache_hit + tokens.prompt_cache_miss_tokens
+           * prices.input_cache_miss + tokens.completion_tokens * prices.output)
+    if not is_peak(ts, PEAK):
+        usd *= half
+    return int((usd * Decimal(1_000_000)).to_integral_value(ROUND_HALF_UP))
+
+
+_PRICE = st.decimals(min_value=0, max_value=100, places=7, allow_nan=False, allow_infinity=False)
+
+
+@given(hit=st.integers(0, 2_000_000), miss=st.integers(0, 2_000_000), completion=st.integers(0, 400_000),
+       minute=st.integers(0, 24 * 60 - 1), listed=st.sampled_from([FLASH_PRICES, PRO_PRICES, None]),
+       own=st.tuples(_PRICE, _PRICE, _PRICE),
+       half=st.sampled_from([Decimal("0.5"), Decimal("1"), Decimal("0.333"), Decimal("0.25")]))
+def test_the_integer_rates_give_the_decimal_cost_to_the_picodollar(
+        hit: int, miss: int, completion: int, minute: int, listed: Prices | None,
+        own: tuple[Decimal, Decimal, Decimal], half: Decimal) -> None:
+    """A cost, a saving and a bound are integer arithmetic when the prices per token are whole picodollars
+    (every listed price, half price off-peak), the Decimal arithmetic otherwise: the same picodollars."""
+    prices = listed if listed is not None else Prices(*own)
+    ts = 1_800_000_000 // 86400 * 86400 + minute * 60.0 + 17.5
+    tokens = TokenCounts(hit + miss, completion, hit, miss, 0)
+    assert cost_picousd(tokens, prices, ts, PEAK, half) == _decimal_cost(tokens, prices, ts, half)
+    scale = Decimal(1_000_000) * (1 if is_peak(ts, PEAK) else half)
+    saved = hit * (prices.input_cache_miss - prices.input_cache_hit) * scale
+    assert discount_picousd(hit, prices, ts, PEAK, half) == int(saved.to_integral_value(ROUND_HALF_UP))
+    ceil_miss, ceil_out = ((p * scale).to_integral_value(ROUND_CEILING) for p in (prices.input_cache_miss,
+                                                                              prices.output))
+    assert cost_bound_picousd(hit + miss, completion, prices, ts, PEAK, half) == \
+        (hit + miss) * int(ceil_miss) + completion * int(ceil_out)
+
+
+def test_whole_rates_are_the_listed_prices_in_picodollars_and_none_for_finer_prices() -> None:
+    assert whole_rates(FLASH_PRICES, at("02:00:00"), PEAK, HALF) == (6_000, 300_000, 1_200_000)
+    assert whole_rates(FLASH_PRICES, at("12:00:00"), PEAK, HALF) == (3_000, 150_000, 600_000)
+    finer = Prices(Decimal("0.0000001"), Decimal("0.30"), Decimal("1.20"))
+    assert whole_rates(finer, at("02:00:00"), PEAK, HALF) is None
+    # remembered per minute and per price table: another table in the same minute has its own rates
+    assert whole_rates(PRO_PRICES, at("02:00:00"), PEAK, HALF) == (44_000, 1_320_000, 3_960_000)
+    assert whole_rates(FLASH_PRICES, at("02:00:30"), PEAK, HALF) == (6_000, 300_000, 1_200_000)
+    assert whole_rates(FLASH_PRICES, at("04:00:00"), PEAK, HALF) == (3_000, 150_000, 600_000)
