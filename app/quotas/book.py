@@ -4,6 +4,7 @@ through the admin API or the CLI applies on every replica within that time)."""
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable
 
@@ -18,6 +19,7 @@ class LimitBook:
         self.clock = clock
         self._cache: dict[tuple[str, str], tuple[float, LimitRow | None]] = {}
         self._loading: dict[tuple[str, str], asyncio.Future[LimitRow | None]] = {}
+        self.generation = 0  # counts the forgets: what was worked out from rows before one may be stale
 
     async def get(self, scope: str, subject: str) -> LimitRow | None:
         if self.store is None:
@@ -32,12 +34,13 @@ class LimitBook:
             loading = self._loading[key] = asyncio.ensure_future(self._load(key, now))
         return await asyncio.shield(loading)
 
-    def holds(self, scope: str, subject: str, row: LimitRow | None) -> bool:
-        """Whether `get` would hand out `row` now without a look-up (no await: the hot path)."""
+    def until(self, scope: str, subject: str, row: LimitRow | None) -> float:
+        """Until when (on `clock`) `get` hands out `row` without a look-up, unless a row is forgotten first
+        (`generation`); 0 when it would not hand it out now."""
         if self.store is None:
-            return row is None
+            return math.inf if row is None else 0.0
         cached = self._cache.get((scope, subject))
-        return cached is not None and cached[1] is row and cached[0] > self.clock()
+        return cached[0] if cached is not None and cached[1] is row else 0.0
 
     async def _load(self, key: tuple[str, str], now: float) -> LimitRow | None:
         assert self.store is not None
@@ -51,6 +54,7 @@ class LimitBook:
         if current:  # not forgotten meanwhile: a row read before a change must not be kept
             if len(self._cache) > 10_000:
                 self._cache.clear()
+                self.generation += 1
             self._cache[key] = (now + self.ttl, row)
         return row
 
@@ -58,3 +62,4 @@ class LimitBook:
         """A change made by this process applies to it at once (a look-up under way is not cached)."""
         self._cache.pop((scope, subject), None)
         self._loading.pop((scope, subject), None)
+        self.generation += 1

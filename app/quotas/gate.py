@@ -63,22 +63,29 @@ class Quotas:
         self._ids_prefix = uuid.uuid4().hex[:16] + "-"  # reservation ids: unique across replicas, cheap
         self._ids = itertools.count()
         self.backend_errors = 0
-        self._plans: dict[tuple[str, str], tuple[LimitRow | None, LimitRow | None, Plan]] = {}
+        # (team, key) -> its rows, its plan, until when the book hands out both rows (its clock), and the
+        # book's generation then
+        self._plans: dict[tuple[str, str], tuple[LimitRow | None, LimitRow | None, Plan, float, int]] = {}
 
     def _known_plan(self, team: str, key_id: str) -> Plan | None:
         """`plan` without an await when its rows are cached and the plan was worked out from them."""
         known = self._plans.get((team, key_id))
-        if known is not None and self.book.holds("team", team, known[0]) \
-                and self.book.holds("key", key_id, known[1]):
+        book = self.book
+        if known is not None and known[3] > book.clock() and known[4] == book.generation:
             return known[2]
         return None
 
     async def plan(self, team: str, key_id: str) -> Plan:
         """The caller's limits, worked out again only when the book hands out other rows."""
-        rows = (await self.book.get("team", team), await self.book.get("key", key_id))
+        book = self.book
+        rows = (await book.get("team", team), await book.get("key", key_id))
+        # from here nothing awaits: the rows are the book's now, or were forgotten while they were read
+        until = min(book.until("team", team, rows[0]), book.until("key", key_id, rows[1]))
         known = self._plans.get((team, key_id))
         if known is not None and known[0] is rows[0] and known[1] is rows[1]:
-            return known[2]  # the same rows as last time (the book hands out a row until it expires)
+            # the same rows as last time (the book hands out a row until it expires)
+            self._plans[(team, key_id)] = (*known[:3], until, book.generation)
+            return known[2]
         subjects = []
         for scope, name, row in (("team", team, rows[0]), ("key", key_id, rows[1])):
             if row is None or row.budget_picousd is None:
@@ -88,7 +95,7 @@ class Quotas:
         if len(self._plans) > 10_000:
             self._plans.clear()
         plan = Plan.of(subjects)
-        self._plans[(team, key_id)] = (rows[0], rows[1], plan)
+        self._plans[(team, key_id)] = (rows[0], rows[1], plan, until, book.generation)
         return plan
 
     async def admit(self, team: str, key_id: str, bounds: Callable[[float], tuple[int, int]],

@@ -234,6 +234,36 @@ def test_the_gate_refuses_in_order_and_releases_what_it_took(store: SQLiteStore)
     assert len(quotas.rates.windows[("key", "fp-1")].in_flight) == 2  # type: ignore[union-attr]
 
 
+def test_a_callers_plan_is_known_without_the_book_until_a_row_expires_or_is_forgotten(
+        store: SQLiteStore) -> None:
+    """Admission reads a caller's limits by one expiry check (no look-up in the book) while both its rows
+    are the book's, and works them out again when one expires, is forgotten or the book is emptied."""
+    store.set_limits(LimitRow("key", "fp-1", rpm=10))
+    quotas = Quotas(Settings(), store)
+    now = [100.0]
+    quotas.book.clock = lambda: now[0]
+    ttl = quotas.book.ttl
+
+    plan = run(quotas.plan("search", "fp-1"))
+    assert [s.limits.rpm for s in plan.subjects] == [10]
+    assert quotas._known_plan("search", "fp-1") is plan
+    now[0] += ttl - 0.01
+    assert quotas._known_plan("search", "fp-1") is plan
+    now[0] += 0.02  # a row expired: the book must look again
+    assert quotas._known_plan("search", "fp-1") is None
+    store.set_limits(LimitRow("key", "fp-1", rpm=20))
+    changed = run(quotas.plan("search", "fp-1"))
+    assert [s.limits.rpm for s in changed.subjects] == [20] and quotas._known_plan("search", "fp-1") is changed
+
+    store.set_limits(LimitRow("key", "fp-1", rpm=30))
+    quotas.forget("key", "fp-1")  # a change made through this process applies at once
+    assert quotas._known_plan("search", "fp-1") is None
+    assert [s.limits.rpm for s in run(quotas.plan("search", "fp-1")).subjects] == [30]
+    assert quotas._known_plan("search", "fp-1") is not None
+    quotas.book.forget("team", "other")  # any forget: the plans worked out before it are checked again
+    assert quotas._known_plan("search", "fp-1") is None
+
+
 def test_a_reservation_is_priced_at_the_request_start(store: SQLiteStore) -> None:
     """The request started in the last millisecond of the off-peak hours and was admitted in the peak
     hours: its reservation is priced as its usage record will be, at its start."""
