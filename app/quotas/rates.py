@@ -100,8 +100,8 @@ def check(window: Window, subject: Subject, ask: Ask, now: float, info: RateInfo
     rpm, tpm = limits.rpm, limits.tpm
     if rpm is None and tpm is None:
         return None
-    oldest = window.oldest()
-    reset = oldest + WINDOW - now if oldest is not None else 0.0
+    head = window.head  # (`oldest`, inline: once per subject per request)
+    reset = window.times[head & window.mask] + WINDOW - now if window.tail > head else 0.0
     if rpm is not None:
         used = window.requests
         if used >= rpm:
