@@ -33,13 +33,14 @@ class LocalBudgets:
     def __init__(self, store: LimitStore | None) -> None:
         self.store = store
         self.ledgers: dict[tuple[str, str], dict[float, Ledger]] = {}  # (scope, subject) -> period start
+        self.forgets = 0  # ledgers dropped: one found before may no longer be the subject's
 
-    def _known(self, scope: str, subject: str, period_start: float) -> Ledger | None:
+    def known(self, scope: str, subject: str, period_start: float) -> Ledger | None:
         periods = self.ledgers.get((scope, subject))
         return periods.get(period_start) if periods is not None else None
 
     async def _ledger(self, scope: str, subject: str, period_start: float) -> Ledger:
-        ledger = self._known(scope, subject, period_start)
+        ledger = self.known(scope, subject, period_start)
         if ledger is None:
             spent = 0
             if self.store is not None:
@@ -56,13 +57,14 @@ class LocalBudgets:
             return
         for start in [start for start, ledger in periods.items() if not ledger.holds]:
             del periods[start]
+            self.forgets += 1
         if not periods:
             del self.ledgers[(scope, subject)]
 
     async def reserve(self, holds: Sequence[Hold], now: float) -> Hold | None:
         pairs = []  # (hold, its ledger); no zip(strict=True): its keyword is parsed on every call
         for h in holds:
-            ledger = self._known(h.scope, h.subject, h.period_start)  # no await when known: the hot path
+            ledger = self.known(h.scope, h.subject, h.period_start)  # no await when known: the hot path
             pairs.append((h, ledger if ledger is not None else await self._ledger(h.scope, h.subject,
                                                                                   h.period_start)))
         # From here to the end nothing awaits: the check and the holds are one step for this event loop.
@@ -78,7 +80,7 @@ class LocalBudgets:
         """(hold, the ledger's spend after it) for each hold."""
         out = []
         for hold in holds:
-            ledger = self._known(hold.scope, hold.subject, hold.period_start)
+            ledger = self.known(hold.scope, hold.subject, hold.period_start)
             held = ledger.holds.pop(hold.hold_id, None) if ledger is not None else None
             if ledger is not None and held is not None:
                 ledger.held -= held

@@ -16,6 +16,7 @@ import math
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from redis.exceptions import RedisError
@@ -23,10 +24,10 @@ from redis.exceptions import RedisError
 from app.errors import APIError
 from app.quotas.alerts import Alerts
 from app.quotas.book import LimitBook
-from app.quotas.budgets import LocalBudgets, StoreBudgets
-from app.quotas.model import Admission, Ask, Plan, Refusal, Subject
+from app.quotas.budgets import Ledger, LocalBudgets, StoreBudgets
+from app.quotas.model import WINDOW, Admission, Ask, Plan, RateInfo, Refusal, Subject
 from app.quotas.periods import period_end, period_start
-from app.quotas.rates import LocalRates
+from app.quotas.rates import LocalRates, Window, check
 from app.quotas.redis_rates import RedisRates
 from app.settings import Settings
 from app.store.base import Hold, LimitRow, Store, StoreError
@@ -34,6 +35,22 @@ from app.store.base import Hold, LimitRow, Store, StoreError
 log = logging.getLogger("chatgate.quotas")
 
 BACKEND_ERRORS = (StoreError, RedisError, OSError, TimeoutError)
+
+
+@dataclass(slots=True)
+class Known:
+    """A caller's plan, from its team's and key's rows, while the book hands out both (`until`, on the book's
+    clock, and no row forgotten since: `generation`). `windows` and `ledgers`: the plan's counters when every
+    counter is in this process, found once (the ledgers for the budget periods of `day`)."""
+
+    rows: tuple[LimitRow | None, LimitRow | None]
+    plan: Plan
+    until: float
+    generation: int
+    windows: list[tuple[Subject, Window]] | None = None
+    day: int = -1
+    ledgers: list[tuple[Subject, int, Ledger, float]] = field(default_factory=list)  # budget, period start
+    forgets: int = -1  # LocalBudgets.forgets when the ledgers were found
 
 
 class Quotas:
@@ -63,17 +80,21 @@ class Quotas:
         self._ids_prefix = uuid.uuid4().hex[:16] + "-"  # reservation ids: unique across replicas, cheap
         self._ids = itertools.count()
         self.backend_errors = 0
-        # (team, key) -> its rows, its plan, until when the book hands out both rows (its clock), and the
-        # book's generation then
-        self._plans: dict[tuple[str, str], tuple[LimitRow | None, LimitRow | None, Plan, float, int]] = {}
+        self._plans: dict[tuple[str, str], Known] = {}
+        # every counter in this process: an admission is one step, with no look-up (`_admit_here`)
+        self.here = isinstance(self.rates, LocalRates) and isinstance(self.budgets, LocalBudgets)
 
-    def _known_plan(self, team: str, key_id: str) -> Plan | None:
-        """`plan` without an await when its rows are cached and the plan was worked out from them."""
+    def _known(self, team: str, key_id: str) -> Known | None:
+        """The caller's plan without an await: its rows are cached and the plan was worked out from them."""
         known = self._plans.get((team, key_id))
         book = self.book
-        if known is not None and known[3] > book.clock() and known[4] == book.generation:
-            return known[2]
+        if known is not None and known.until > book.clock() and known.generation == book.generation:
+            return known
         return None
+
+    def _known_plan(self, team: str, key_id: str) -> Plan | None:
+        known = self._known(team, key_id)
+        return known.plan if known is not None else None
 
     async def plan(self, team: str, key_id: str) -> Plan:
         """The caller's limits, worked out again only when the book hands out other rows."""
@@ -82,10 +103,10 @@ class Quotas:
         # from here nothing awaits: the rows are the book's now, or were forgotten while they were read
         until = min(book.until("team", team, rows[0]), book.until("key", key_id, rows[1]))
         known = self._plans.get((team, key_id))
-        if known is not None and known[0] is rows[0] and known[1] is rows[1]:
+        if known is not None and known.rows[0] is rows[0] and known.rows[1] is rows[1]:
             # the same rows as last time (the book hands out a row until it expires)
-            self._plans[(team, key_id)] = (*known[:3], until, book.generation)
-            return known[2]
+            known.until, known.generation = until, book.generation
+            return known.plan
         subjects = []
         for scope, name, row in (("team", team, rows[0]), ("key", key_id, rows[1])):
             if row is None or row.budget_picousd is None:
@@ -95,7 +116,7 @@ class Quotas:
         if len(self._plans) > 10_000:
             self._plans.clear()
         plan = Plan.of(subjects)
-        self._plans[(team, key_id)] = (rows[0], rows[1], plan, until, book.generation)
+        self._plans[(team, key_id)] = Known(rows, plan, until, book.generation)
         return plan
 
     async def admit(self, team: str, key_id: str, bounds: Callable[[float], tuple[int, int]],
@@ -104,8 +125,10 @@ class Quotas:
         of tokens and the cost of those tokens at time t (peak or off-peak), in picoUSD. t is `started_at`
         (when the request started: its usage record is priced at that time and counted in the budget
         period that time falls in, so its reservation is too), else now."""
-        plan = self._known_plan(team, key_id)
-        if plan is None:
+        known = self._known(team, key_id)
+        if known is not None:
+            plan = known.plan
+        else:
             try:
                 plan = await self.plan(team, key_id)
             except BACKEND_ERRORS as exc:
@@ -116,12 +139,16 @@ class Quotas:
         at = now if started_at is None else started_at
         tokens, cost = bounds(at)
         ask = Ask(f"{self._ids_prefix}{next(self._ids)}", at, tokens, cost, now + self.hold_seconds)
-        admission = Admission(ask, plan.subjects, [], [])
         if plan.rated and self.per_process_rates:
             self.per_process_rates = False
             log.warning("server.workers = %d without limits.redis_url: rpm, tpm and max_concurrent are "
                         "counted by each worker process on its own; set limits.redis_url to share them",
                         self.settings.server.workers)
+        if self.here and known is not None:
+            admitted = self._admit_here(known, ask, now)
+            if admitted is not None:
+                return admitted
+        admission = Admission(ask, plan.subjects, [], [])
         try:
             if plan.rated:
                 rates = self.rates
@@ -144,6 +171,64 @@ class Quotas:
             await self._release_rates(admission, 0, cancel=True)
             return self._backend_down(exc)
         return admission
+
+    def _admit_here(self, known: Known, ask: Ask, now: float) -> Admission | None:
+        """`admit` in one step when every counter is in this process and has room: the same checks and
+        reservations as LocalRates.acquire_now and LocalBudgets.reserve, on the plan's windows and ledgers
+        found once. None: the general path decides (a refusal, or a ledger not read from the store yet)."""
+        windows = known.windows
+        if windows is None:
+            rates = self.rates
+            assert isinstance(rates, LocalRates)
+            windows = known.windows = [(s, rates.window(s)) for s in known.plan.rated]
+        budgets = self.budgets
+        assert isinstance(budgets, LocalBudgets)
+        day = int(ask.ts // 86400)  # a budget period starts on a day (UTC)
+        if (known.day != day or known.forgets != budgets.forgets) \
+                and not self._find_ledgers(known, ask.ts, day):
+            return None
+        info = None
+        if windows:
+            info = RateInfo()
+            edge = now - WINDOW
+            for subject, window in windows:
+                if window.tail > window.head and window.times[window.head & window.mask] <= edge:
+                    window.prune(now)
+                if check(window, subject, ask, now, info) is not None:
+                    return None
+        amount = ask.cost_picousd
+        for _, budget, ledger, _ in known.ledgers:
+            if ledger.spent + ledger.held + amount > budget:
+                return None
+        request_id = ask.request_id
+        for subject, window in windows:
+            limits = subject.limits
+            counted = limits.rpm is not None or limits.tpm is not None
+            window.in_flight[request_id] = window.add(now, ask.tokens) if counted else -1
+        holds = []
+        for subject, budget, ledger, start in known.ledgers:
+            hold = Hold(f"{request_id}:{subject.scope}", subject.scope, subject.name, start, budget, amount,
+                        ask.expires_at)
+            ledger.holds[hold.hold_id] = amount
+            ledger.held += amount
+            holds.append(hold)
+        plan = known.plan
+        return Admission(ask, plan.subjects, holds, plan.rated, info)
+
+    def _find_ledgers(self, known: Known, ts: float, day: int) -> bool:
+        """The plan's ledgers for the budget periods `ts` falls in; False when one was not read yet."""
+        budgets = self.budgets
+        assert isinstance(budgets, LocalBudgets)
+        ledgers = []
+        for subject in known.plan.budgeted:
+            start = period_start(ts, subject.limits.budget_period or "month")
+            ledger = budgets.known(subject.scope, subject.name, start)
+            budget = subject.limits.budget_picousd
+            if ledger is None or budget is None:
+                return False
+            ledgers.append((subject, budget, ledger, start))
+        known.ledgers, known.day, known.forgets = ledgers, day, budgets.forgets
+        return True
 
     def settle_now(self, admission: Admission, tokens: int, cost: int) -> None:
         """`settle` without a task, when the counters are `in_process` (the common single-replica case).

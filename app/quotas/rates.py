@@ -175,6 +175,11 @@ class LocalRates:
             else:
                 window.settle(position, tokens)
 
+    def window(self, subject: Subject) -> Window:
+        """The subject's window, made on its first request (it is never replaced: it may be kept)."""
+        return self.windows.get((subject.scope, subject.name)) or self.windows.setdefault(
+            (subject.scope, subject.name), Window())
+
     def _window(self, subject: Subject, now: float) -> Window:
         window = self.windows.get((subject.scope, subject.name))
         if window is None:
