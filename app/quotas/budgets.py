@@ -28,6 +28,10 @@ class Ledger:
     holds: dict[str, int] = field(default_factory=dict)
     held: int = 0  # the sum of holds
 
+    def hold(self, hold_id: str, amount: int) -> None:
+        self.holds[hold_id] = amount
+        self.held += amount
+
 
 class LocalBudgets:
     def __init__(self, store: LimitStore | None) -> None:
@@ -72,8 +76,7 @@ class LocalBudgets:
             if ledger.spent + ledger.held + hold.amount_picousd > hold.budget_picousd:
                 return hold
         for hold, ledger in pairs:
-            ledger.holds[hold.hold_id] = hold.amount_picousd
-            ledger.held += hold.amount_picousd
+            ledger.hold(hold.hold_id, hold.amount_picousd)
         return None
 
     def settle_now(self, holds: Sequence[Hold], amount: int) -> list[tuple[Hold, int]]:

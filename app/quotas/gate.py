@@ -25,7 +25,7 @@ from app.errors import APIError
 from app.quotas.alerts import Alerts
 from app.quotas.book import LimitBook
 from app.quotas.budgets import Ledger, LocalBudgets, StoreBudgets
-from app.quotas.model import WINDOW, Admission, Ask, Plan, RateInfo, Refusal, Subject
+from app.quotas.model import Admission, Ask, Plan, RateInfo, Refusal, Subject
 from app.quotas.periods import period_end, period_start
 from app.quotas.rates import LocalRates, Window, check
 from app.quotas.redis_rates import RedisRates
@@ -190,27 +190,20 @@ class Quotas:
         info = None
         if windows:
             info = RateInfo()
-            edge = now - WINDOW
             for subject, window in windows:
-                if window.tail > window.head and window.times[window.head & window.mask] <= edge:
-                    window.prune(now)
+                window.fresh(now)
                 if check(window, subject, ask, now, info) is not None:
                     return None
         amount = ask.cost_picousd
         for _, budget, ledger, _ in known.ledgers:
             if ledger.spent + ledger.held + amount > budget:
                 return None
-        request_id = ask.request_id
         for subject, window in windows:
-            limits = subject.limits
-            counted = limits.rpm is not None or limits.tpm is not None
-            window.in_flight[request_id] = window.add(now, ask.tokens) if counted else -1
+            window.enter(subject.limits, ask, now)
         holds = []
-        for subject, budget, ledger, start in known.ledgers:
-            hold = Hold(f"{request_id}:{subject.scope}", subject.scope, subject.name, start, budget, amount,
-                        ask.expires_at)
-            ledger.holds[hold.hold_id] = amount
-            ledger.held += amount
+        for subject, _, ledger, start in known.ledgers:
+            hold = self._hold(subject, ask, start)
+            ledger.hold(hold.hold_id, amount)
             holds.append(hold)
         plan = known.plan
         return Admission(ask, plan.subjects, holds, plan.rated, info)
@@ -302,12 +295,14 @@ class Quotas:
                 if not cancel:
                     raise
 
-    def _hold(self, subject: Subject, ask: Ask) -> Hold:
-        period = subject.limits.budget_period or "month"
+    def _hold(self, subject: Subject, ask: Ask, start: float | None = None) -> Hold:
+        """`ask`'s hold against `subject`'s budget for the period starting at `start` (else: `ask`'s)."""
         budget = subject.limits.budget_picousd
         assert budget is not None
-        return Hold(f"{ask.request_id}:{subject.scope}", subject.scope, subject.name,
-                    period_start(ask.ts, period), budget, ask.cost_picousd, ask.expires_at)
+        if start is None:
+            start = period_start(ask.ts, subject.limits.budget_period or "month")
+        return Hold(f"{ask.request_id}:{subject.scope}", subject.scope, subject.name, start, budget,
+                    ask.cost_picousd, ask.expires_at)
 
     async def _over_budget(self, hold: Hold, subjects: list[Subject], now: float) -> Refusal:
         subject = next(s for s in subjects if s.scope == hold.scope)

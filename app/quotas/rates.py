@@ -10,6 +10,7 @@ from __future__ import annotations
 from array import array
 
 from app.quotas.model import WINDOW, Ask, RateInfo, Refusal, Subject
+from app.store.base import LimitRow
 
 GONE = float("-inf")  # a cancelled request's start time: it no longer counts, and leaves at the next prune
 
@@ -37,6 +38,16 @@ class Window:
     def oldest(self) -> float | None:
         """The start time of the oldest entry that counts (after a prune the oldest one always does)."""
         return self.times[self.head & self.mask] if self.tail > self.head else None
+
+    def fresh(self, now: float) -> None:
+        """The window as of `now`: pruned only when an entry has left it."""
+        if self.tail > self.head and self.times[self.head & self.mask] <= now - WINDOW:
+            self.prune(now)
+
+    def enter(self, limits: LimitRow, ask: Ask, now: float) -> None:
+        """`ask` is in flight, and counted when a request or token limit applies."""
+        counted = limits.rpm is not None or limits.tpm is not None
+        self.in_flight[ask.request_id] = self.add(now, ask.tokens) if counted else -1
 
     def prune(self, now: float) -> None:
         edge, times, mask = now - WINDOW, self.times, self.mask
@@ -155,8 +166,7 @@ class LocalRates:
                 return refused, info
             checked.append((window, subject.limits))
         for window, limits in checked:
-            counted = limits.rpm is not None or limits.tpm is not None
-            window.in_flight[ask.request_id] = window.add(now, ask.tokens) if counted else -1
+            window.enter(limits, ask, now)
         return None, info
 
     async def release(self, subjects: list[Subject], ask: Ask, tokens: int, cancel: bool = False) -> None:
@@ -181,11 +191,8 @@ class LocalRates:
             (subject.scope, subject.name), Window())
 
     def _window(self, subject: Subject, now: float) -> Window:
-        window = self.windows.get((subject.scope, subject.name))
-        if window is None:
-            window = self.windows[(subject.scope, subject.name)] = Window()
-        elif window.tail > window.head and window.times[window.head & window.mask] <= now - WINDOW:
-            window.prune(now)  # only when an entry has left the window
+        window = self.window(subject)
+        window.fresh(now)
         return window
 
     async def close(self) -> None:
