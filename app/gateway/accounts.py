@@ -117,18 +117,14 @@ class Pool:
             holder.requests += 1
             return Lease(self, holder)
         best: Account | None = None
-        accounts = self.accounts
-        n = len(accounts)
-        if n == 1:  # the usual pool (DEEPSEEK_API_KEY alone): nothing to choose
-            best = accounts[0] if accounts[0].available(now) else None
-        else:
-            self._turn = (self._turn + 1) % n
-            for i in range(n):
-                account = accounts[(self._turn + i) % n]
-                if not account.available(now):
-                    continue
-                if best is None or account.in_flight / account.weight < best.in_flight / best.weight:
-                    best = account
+        n = len(self.accounts)
+        self._turn = (self._turn + 1) % n
+        for i in range(n):
+            account = self.accounts[(self._turn + i) % n]
+            if not account.available(now):
+                continue
+            if best is None or account.in_flight / account.weight < best.in_flight / best.weight:
+                best = account
         if best is None:
             return None
         best.in_flight += 1
