@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from app.metering.calls import TOOLS
 from app.store.base import UsageRecord
 
 AUTH_SOURCES = 100  # client addresses that get their own label in chatgate_auth_failures; the rest: "other"
@@ -26,7 +27,7 @@ class Metrics:
 
     def __init__(self, known_models: Iterable[str] = ()) -> None:
         self.registry = CollectorRegistry()
-        self.known_models = frozenset(known_models)
+        self.known_models = frozenset(known_models) | frozenset(TOOLS)  # a tool API's records: its name
         r = self.registry
         # The counters every request moves are plain dicts, turned into metric families when /metrics is
         # scraped (_Tally): prometheus_client's children take a lock and a check per inc, ~11 a request.
@@ -48,6 +49,11 @@ class Metrics:
                                registry=r)
         self.unpriced = Counter("chatgate_unpriced_requests", "Requests that used tokens of a model "
                                 "without a price (metered at cost 0), by model", ["model"], registry=r)
+        self.billed = Counter("chatgate_billed_calls", "Billed units of DeepSeek's tools (docs/metering.md"
+                              "#tool-calls), by tool (search, fetch: calls, the model's own included; ocr: "
+                              "pages; tts: characters), unit and source (api: the tool route; model: the "
+                              "server web tools of a chat, Messages or Responses answer)",
+                              ["tool", "unit", "source"], registry=r)
         self.restore_misses = Counter("chatgate_reasoning_restore_misses",
                                       "Turns restore_reasoning could not restore (not relayed to that "
                                       "caller, or expired)", registry=r)
@@ -116,6 +122,10 @@ class Metrics:
         tally.observe(tally.latency, model, rec.latency_ms / 1000)
         if rec.ttfb_ms is not None:
             tally.observe(tally.ttfb, model, rec.ttfb_ms / 1000)
+
+    def billed_units(self, tool: str, unit: str, source: str, units: int) -> None:
+        if units:
+            self._child(self.billed, tool, unit, source).inc(units)
 
     def watch_recorder(self, recorder: RecorderCounts) -> None:
         self.registry.register(RecorderCollector(recorder))

@@ -16,9 +16,9 @@ GROUP_FIELDS: dict[str, tuple[str, ...]] = {
     "key": ("key_id", "key_name", "team"), "team": ("team",), "model": ("model",), "day": ("day",),
     "rule": ("rule_code",), "repair": ("repair",), "account": ("account",),
 }
-PICO_COUNTERS = ("cost_picousd", "cache_saved_picousd", "cache_lost_picousd")
+PICO_COUNTERS = ("cost_picousd", "cache_saved_picousd", "cache_lost_picousd", "billed_picousd")
 OUTPUT_COUNTERS = tuple(c for c in COUNTERS if c not in PICO_COUNTERS)
-DERIVED = ("cache_hit_rate", "cost_usd", "cache_saved_usd", "cache_lost_usd")  # computed from the counters
+DERIVED = ("cache_hit_rate", "cost_usd", "cache_saved_usd", "cache_lost_usd", "billed_usd")  # computed from the counters
 
 
 class ReportError(ValueError):
@@ -72,6 +72,7 @@ def _counters(counters: dict[str, int]) -> dict[str, Any]:
     out["cost_usd"] = _usd(int(counters.get("cost_picousd", 0)))
     out["cache_saved_usd"] = _usd(int(counters.get("cache_saved_picousd", 0)))
     out["cache_lost_usd"] = _usd(int(counters.get("cache_lost_picousd", 0)))
+    out["billed_usd"] = _usd(int(counters.get("billed_picousd", 0)))  # the calls' part of cost_usd
     for name in PICO_COUNTERS:
         out[name] = int(counters.get(name, 0))
     return out
@@ -113,10 +114,10 @@ def render_csv(report: dict[str, Any]) -> str:
 def render_table(report: dict[str, Any]) -> str:
     group = list(GROUP_FIELDS[report["group_by"]])
     heads = [*group, "requests", "rejected", "prompt", "completion", "cache_hit", "cache_miss", "hit_rate",
-             "reasoning", "cost_usd", "saved_usd", "estimated", "unpriced"]
+             "reasoning", "calls", "calls_usd", "cost_usd", "saved_usd", "estimated", "unpriced"]
     keys = [*group, "requests", "rejected", "prompt_tokens", "completion_tokens", "prompt_cache_hit_tokens",
-            "prompt_cache_miss_tokens", "cache_hit_rate", "reasoning_tokens", "cost_usd", "cache_saved_usd",
-            "estimated_requests", "unpriced_requests"]
+            "prompt_cache_miss_tokens", "cache_hit_rate", "reasoning_tokens", "billed_calls", "billed_usd",
+            "cost_usd", "cache_saved_usd", "estimated_requests", "unpriced_requests"]
     lines = [[_cell(row.get(k)) for k in keys] for row in report["rows"]]
     total = {**report["totals"], group[0]: "TOTAL"}
     lines.append([_cell(total.get(k)) for k in keys])
@@ -124,9 +125,14 @@ def render_table(report: dict[str, Any]) -> str:
     fmt = "  ".join(f"{{:<{w}}}" if i < len(group) else f"{{:>{w}}}" for i, w in enumerate(widths))
     rule = "  ".join("-" * w for w in widths)
     note = []
+    totals = report["totals"]
+    if totals.get("billed_pages") or totals.get("billed_characters"):
+        note.append(f"billed units besides calls: {totals.get('billed_pages', 0)} OCR page(s), "
+                    f"{totals.get('billed_characters', 0)} TTS character(s) (priced in yuan only: see "
+                    "docs/metering.md#tool-calls)")
     if report.get("unpriced_models"):
-        note = [f"{report['totals']['unpriced_requests']} request(s) of models without a price, counted at "
-                f"$0: {', '.join(report['unpriced_models'])} (set their prices: docs/metering.md#prices)"]
+        note.append(f"{report['totals']['unpriced_requests']} request(s) of models without a price, counted at "
+                    f"$0: {', '.join(report['unpriced_models'])} (set their prices: docs/metering.md#prices)")
     return "\n".join([fmt.format(*heads), rule, *(fmt.format(*line) for line in lines[:-1]), rule,
                       fmt.format(*lines[-1]), *note]) + "\n"
 

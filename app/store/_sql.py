@@ -156,6 +156,13 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "ALTER TABLE usage ADD COLUMN cache_lost_tokens BIGINT NOT NULL DEFAULT 0",
         "ALTER TABLE usage ADD COLUMN cache_lost_picousd BIGINT NOT NULL DEFAULT 0",
     ),
+    # 10: non-token charges (issue 46): the tool APIs' billed units and a model's web searches and fetches.
+    (
+        "ALTER TABLE usage ADD COLUMN billed_units BIGINT NOT NULL DEFAULT 0",
+        "ALTER TABLE usage ADD COLUMN billed_unit TEXT",
+        "ALTER TABLE usage ADD COLUMN billed_estimated BOOLEAN NOT NULL DEFAULT FALSE",
+        "ALTER TABLE usage ADD COLUMN billed_picousd BIGINT NOT NULL DEFAULT 0",
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -196,6 +203,10 @@ USAGE_COLUMNS = (
     "cache_break",
     "cache_lost_tokens",
     "cache_lost_picousd",
+    "billed_units",
+    "billed_unit",
+    "billed_estimated",
+    "billed_picousd",
 )
 FILE_OWNER_COLUMNS = ("file_id", "team", "key_id", "created_at")
 FILE_IDS_PER_QUERY = 500  # below every SQLite's limit on a statement's parameters (999 before 3.32)
@@ -236,6 +247,11 @@ _COUNTER_SQL = {
     "cache_breaks": "sum(CASE WHEN cache_break IS NULL THEN 0 ELSE 1 END)",
     "cache_lost_tokens": "sum(cache_lost_tokens)",
     "cache_lost_picousd": "sum(cache_lost_picousd)",
+    "billed_calls": "sum(CASE WHEN billed_unit = 'call' THEN billed_units ELSE 0 END)",
+    "billed_pages": "sum(CASE WHEN billed_unit = 'page' THEN billed_units ELSE 0 END)",
+    "billed_characters": "sum(CASE WHEN billed_unit = 'character' THEN billed_units ELSE 0 END)",
+    "billed_picousd": "sum(billed_picousd)",
+    "billed_estimated_requests": "sum(CASE WHEN billed_estimated THEN 1 ELSE 0 END)",
 }
 _COUNTER_SELECT = ", ".join(_COUNTER_SQL[name] for name in COUNTERS)
 

@@ -58,6 +58,12 @@ class UsageRecord:
     cache_break: str | None = None  # where the prefix first differed (`messages[0].content`, `tools`)
     cache_lost_tokens: int = 0  # estimated tokens the cache could have served but for the break
     cache_lost_picousd: int = 0  # those tokens as misses minus as hits, at this request's prices
+    # non-token charges (app/metering/calls.py): a tool API's units (search/fetch calls, OCR pages, TTS
+    # characters) or the searches and fetches a model made; their cost, part of cost_picousd (0 unknown)
+    billed_units: int = 0
+    billed_unit: str | None = None  # "call", "page", "character"
+    billed_estimated: bool = False  # counted from the answer's result blocks, not read from its usage
+    billed_picousd: int = 0
 
     @property
     def day(self) -> str:
@@ -188,6 +194,11 @@ COUNTERS = (
     "cache_breaks",
     "cache_lost_tokens",
     "cache_lost_picousd",
+    "billed_calls",
+    "billed_pages",
+    "billed_characters",
+    "billed_picousd",
+    "billed_estimated_requests",
 )
 
 
