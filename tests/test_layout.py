@@ -25,7 +25,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("app.quotas",),
     ("app.settings",),
     ("app.fim",),  # the FIM completion family, built on the OpenAI family's wire pieces
-    ("app.openai", "app.anthropic", "app.responses"),
+    # the model families, and the tool APIs (search, fetch, OCR, TTS, ASR)
+    ("app.openai", "app.anthropic", "app.responses", "app.tools"),
     # what the gateway needs from a family, and the base with its defaults that the families build on
     ("app.gateway.family",),
     ("app.repair",),  # the repairs' vocabulary and the memory of relayed turns, shared by the families

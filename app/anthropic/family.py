@@ -11,9 +11,16 @@ import orjson
 
 from app.anthropic.repairs import message_index, repair_messages, thinking_wanted, tool_calls_of, wanted
 from app.anthropic.rules import Options, check_body
-from app.anthropic.stream import MessagesMeter, StreamedThinkingTurn, tokens_from_usage, turn_from_message
+from app.anthropic.stream import (
+    MessagesMeter,
+    StreamedThinkingTurn,
+    calls_from_message,
+    tokens_from_usage,
+    turn_from_message,
+)
 from app.errors import APIError, Problem
 from app.gateway.family import CountRoutes, FamilyBase
+from app.metering.calls import ModelCalls
 from app.metering.usage import TokenCounts
 from app.profiles import ModelProfile
 from app.repair.base import Applied, RepairOptions, Turn
@@ -104,6 +111,9 @@ class MessagesFamily(FamilyBase):
 
     def answer_turn(self, answer: Any) -> Turn | None:
         return turn_from_message(answer)
+
+    def model_calls(self, answer: Any) -> ModelCalls | None:
+        return calls_from_message(answer)
 
     def meter(self, watcher: LineWatcher | None = None) -> MessagesMeter:
         return MessagesMeter(watcher)

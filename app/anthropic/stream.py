@@ -11,6 +11,7 @@ from typing import Any
 
 import orjson
 
+from app.metering.calls import ModelCalls, server_tool_use
 from app.metering.usage import TokenCounts
 from app.repair.base import Turn
 from app.sse import JSON_STRING, LineWatcher, data_lines_with, decode, has_line
@@ -30,6 +31,36 @@ def tokens_from_usage(usage: Any) -> TokenCounts | None:
     miss = _count(usage.get("input_tokens")) + _count(usage.get("cache_creation_input_tokens"))
     hit = _count(usage.get("cache_read_input_tokens"))
     return TokenCounts(miss + hit, _count(usage.get("output_tokens")), hit, miss, 0)
+
+
+def result_calls(block: Any) -> ModelCalls | None:
+    """One content block's search or page read: a `web_search_tool_result` with results, a
+    `web_fetch_tool_result` with a page (not an error)."""
+    if not isinstance(block, dict):
+        return None
+    kind, content = block.get("type"), block.get("content")
+    if kind == "web_search_tool_result" and isinstance(content, list) and content:
+        return ModelCalls(1, 0, estimated=True)
+    if kind == "web_fetch_tool_result" and isinstance(content, dict) \
+            and not str(content.get("type", "")).endswith("_error"):
+        return ModelCalls(0, 1, estimated=True)
+    return None
+
+
+def calls_from_message(message: Any) -> ModelCalls | None:
+    """The server web tools' calls of a whole answer: as its usage says (`usage.server_tool_use`, as in
+    Anthropic's API), else counted from its result blocks and flagged estimated."""
+    if not isinstance(message, dict):
+        return None
+    said = server_tool_use(message.get("usage"))
+    if said is not None:
+        return said
+    content = message.get("content")
+    found = ModelCalls()
+    for block in content if isinstance(content, list) else ():
+        if (one := result_calls(block)) is not None:
+            found = found + one
+    return found if found.total else None
 
 
 def turn_from_message(message: Any) -> Turn | None:
@@ -65,10 +96,18 @@ class MessagesMeter:
         self._usage: dict[str, Any] = {}
         self.model: str | None = None
         self._last_event = b""
+        self._results = ModelCalls()  # the result blocks seen (content_block_start carries them whole)
 
     @property
     def usage(self) -> TokenCounts | None:
         return tokens_from_usage(self._usage) if self._usage else None
+
+    @property
+    def calls(self) -> ModelCalls | None:
+        said = server_tool_use(self._usage)
+        if said is not None:
+            return said
+        return self._results if self._results.total else None
 
     def feed(self, chunk: bytes) -> None:
         data = self._tail + chunk if self._tail else chunk
@@ -105,11 +144,23 @@ class MessagesMeter:
             self._thinking.extend(_THINKING.findall(lines))
         for payload in data_lines_with(lines, b'"usage"'):  # message_start and message_delta only
             self._usage_line(payload)
+        if lines.find(b"_tool_result") >= 0:
+            for payload in data_lines_with(lines, b"content_block_start"):
+                self._block_start(payload)
         # The last event line (a JSON string escapes its newlines, so "\nevent:" always starts a line).
         at = lines.rfind(b"\nevent:") + 1
         if at or lines.startswith(b"event:"):
             end = lines.find(b"\n", at)
             self._last_event = lines[at + 6:end if end >= 0 else len(lines)].strip()
+
+    def _block_start(self, payload: bytes) -> None:
+        try:
+            event = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            return
+        found = result_calls(event.get("content_block")) if isinstance(event, dict) else None
+        if found is not None:
+            self._results = self._results + found
 
     def _usage_line(self, payload: bytes) -> None:
         try:

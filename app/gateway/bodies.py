@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from starlette.requests import ClientDisconnect, Request
 
@@ -42,9 +42,16 @@ async def read_json_body(request: Request, limit: int, timeout: float) -> bytes:
     if not is_json_content_type(request.headers.get("content-type", "")):
         raise APIError(415, "Request body must be JSON: send 'Content-Type: application/json'.",
                        "invalid_request_error", None, "unsupported_media_type")
+    return await read_whole_body(request, limit, timeout)
+
+
+async def read_whole_body(request: Request, limit: int, timeout: float,
+                          over: Callable[[int], APIError] | None = None) -> bytes:
+    """The whole body of any type, at most `limit` bytes (else `over(limit)`, or `too_large`'s 413),
+    received within `timeout` seconds. A tool API's upload is read so, checked and forwarded as one."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
-        raise too_large(limit)
+        raise (over or too_large)(limit)
     chunks: list[bytes] = []
     size = 0
     # Checked as pieces arrive (a timer per request would cost every request); a body that stops coming is
@@ -54,7 +61,7 @@ async def read_json_body(request: Request, limit: int, timeout: float) -> bytes:
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            raise too_large(limit)
+            raise (over or too_large)(limit)
         chunks.append(chunk)
         if loop.time() > deadline:
             raise APIError(408, f"The request body did not arrive within {timeout:g} s "

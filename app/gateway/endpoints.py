@@ -12,6 +12,7 @@ from app.openai.chat import ChatFamily
 from app.responses.family import ResponsesFamily
 from app.responses.rules import Options as ResponsesOptions
 from app.settings import Settings
+from app.tools.family import tool_families
 
 
 def families(settings: Settings) -> list[Family]:
@@ -20,7 +21,7 @@ def families(settings: Settings) -> list[Family]:
     responses_options = ResponsesOptions(strict=v.strict, unknown_models=v.unknown_models)
     return [ChatFamily(settings.policy()), FimFamily(settings.policy()),
             MessagesFamily(settings.profiles(), messages_options),
-            ResponsesFamily(settings.profiles(), responses_options)]
+            ResponsesFamily(settings.profiles(), responses_options), *tool_families(v.strict)]
 
 
 def build_endpoints(settings: Settings) -> tuple[dict[str, Endpoint], dict[str, Endpoint]]:
@@ -29,7 +30,7 @@ def build_endpoints(settings: Settings) -> tuple[dict[str, Endpoint], dict[str, 
     dry_runs: dict[str, Endpoint] = {}
     for family in families(settings):
         for path, label, upstream_path, beta in family.routes:
-            forwarded[path] = Endpoint(Route(label, upstream_path, beta), family)
+            forwarded[path] = Endpoint(Route(label, upstream_path, beta, family.tool), family)
         for path, beta in family.validate_routes:
             dry_runs[path] = Endpoint(Route(path, "", beta), family)
     return forwarded, dry_runs

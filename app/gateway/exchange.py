@@ -10,6 +10,7 @@ import httpx2
 import orjson
 
 from app.gateway.auth import Identity
+from app.gateway.family import ToolRoute
 from app.gateway.upstream import response_headers
 from app.quotas.model import Admission, RateInfo
 from app.repair.base import Repaired
@@ -22,6 +23,7 @@ class Route:
     label: str  # the route in records, metrics and logs
     upstream_path: str
     beta: bool = False
+    tool: ToolRoute | None = None  # a tool API's route (app/tools/)
 
 
 @dataclass(slots=True)
@@ -52,6 +54,11 @@ class Exchange:
     parsed: Any = None  # R1's parse of `body` (app/wire.py `kept`): where the cache advisor finds items
     sketch: Any = None  # the cache advisor's parts of the request, taken as it is forwarded (Ledger.sketch)
     _json: dict[str, Any] | None = None
+
+    @property
+    def tool(self) -> str | None:
+        """The tool API this request calls, if any (its name: the record's model)."""
+        return self.route.tool.name if self.route.tool is not None else None
 
     def json(self) -> dict[str, Any]:
         """The body as a dict, parsed once and only when a step needs it ({} when it is not an object)."""

@@ -9,11 +9,13 @@ no usage to ask for in a stream): a family's adapter subclasses it and holds onl
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import orjson
 
 from app.errors import APIError, Problem
+from app.metering.calls import ModelCalls, ToolUnits, server_tool_use
 from app.metering.usage import TokenCounts, tokens_from_usage
 from app.profiles import ModelProfile
 from app.repair.base import Applied, InPlace, RepairOptions, Turn
@@ -26,6 +28,15 @@ NotServed = Sequence[tuple[str, Callable[[str, str | None], APIError]]]
 # Paths where chatgate counts a request's prompt tokens itself: (path, label, the text to count from the
 # parsed body, or an APIError raised)
 CountRoutes = Sequence[tuple[str, str, Callable[[Any], str]]]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolRoute:
+    """A tool API's route (app/tools/): the tool, the model of its records, and its body: JSON, or a
+    multipart upload of at most `upload` bytes (read whole: checked, and sent again by a retry)."""
+
+    name: str
+    upload: int = 0
 
 
 class StreamMeter(Protocol):
@@ -54,6 +65,11 @@ class StreamMeter(Protocol):
     @property
     def model(self) -> str | None:
         """The model DeepSeek says it served, when the family meters by it (else None)."""
+
+    @property
+    def calls(self) -> ModelCalls | None:
+        """The web searches and page reads the model made (server tools), when the stream says or shows
+        any (app/metering/calls.py)."""
 
 
 class StreamTurns(LineWatcher, Protocol):
@@ -84,6 +100,8 @@ class Family(Repairable, Protocol):
     # The path prefix whose every route is this family's ("/anthropic/"): a path chatgate does not serve there
     # is answered in the family's error shape. "" for the families under the OpenAI shape's default paths.
     path_prefix: str
+    # A tool API (app/tools/): its route's tool; None for the model families
+    tool: ToolRoute | None
 
     def render_error(self, error: APIError, request_id: str | None) -> tuple[bytes, dict[str, str]]:
         """The error in this family's shape: body and extra headers."""
@@ -98,6 +116,12 @@ class Family(Repairable, Protocol):
         keeps the requested name."""
 
     def answer_turn(self, answer: Any) -> Turn | None: ...
+
+    def model_calls(self, answer: Any) -> ModelCalls | None:
+        """The web searches and page reads the model made for a whole answer (server tools)."""
+
+    def billed_units(self, request: dict[str, Any], answer: bytes) -> ToolUnits | None:
+        """A tool API's successful answer: what it is billed for (None: not a tool API)."""
 
     def meter(self, watcher: LineWatcher | None = None) -> StreamMeter:
         """The stream's meter; `watcher` also sees the lines it takes (the turn collector)."""
@@ -132,6 +156,7 @@ class FamilyBase:
     not_served: NotServed = ()
     token_counts: CountRoutes = ()
     path_prefix = ""
+    tool: ToolRoute | None = None
 
     # --- repairs: none ---
 
@@ -170,6 +195,14 @@ class FamilyBase:
         return None
 
     def answer_turn(self, answer: Any) -> Turn | None:
+        return None
+
+    def model_calls(self, answer: Any) -> ModelCalls | None:
+        """As the answer's usage says (`usage.server_tool_use`); the families that know the result blocks
+        of their answers count those when it does not."""
+        return server_tool_use(answer.get("usage")) if isinstance(answer, dict) else None
+
+    def billed_units(self, request: dict[str, Any], answer: bytes) -> ToolUnits | None:
         return None
 
     def stream_turns(self) -> StreamTurns:

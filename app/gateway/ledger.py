@@ -9,6 +9,7 @@ from app.gateway.accesslog import AccessLog, access_line
 from app.gateway.exchange import Exchange
 from app.ids import new_id
 from app.metering.cache import Advisor, discount_picousd
+from app.metering.calls import UNIT_OF, ModelCalls, ToolUnits, call_cost_picousd, model_calls_cost_picousd
 from app.metering.metrics import Metrics
 from app.metering.pricing import cost_picousd
 from app.metering.recorder import Recorder
@@ -55,8 +56,10 @@ class Ledger:
                                             ex.checked, ex.json, ex.body, ex.own_parse())
 
     def finish(self, ex: Exchange, outcome: str, status: int, tokens: TokenCounts | None = None, *,
-               exact: bool = True, rule_code: str | None = None, upstream_status: int | None = None) -> None:
-        """Write the exchange's one usage record (spooled at once), count it and log it."""
+               exact: bool = True, rule_code: str | None = None, upstream_status: int | None = None,
+               units: ToolUnits | None = None, calls: ModelCalls | None = None) -> None:
+        """Write the exchange's one usage record (spooled at once), count it and log it. `units`: what a tool
+        API's successful call is billed for; `calls`: the web searches and fetches a model made."""
         if ex.finished:
             return
         ex.finished = True
@@ -76,6 +79,8 @@ class Ledger:
                                         tokens.prompt_tokens, tokens.prompt_cache_hit_tokens, ex.request_id)
         lost = 0 if broke is None else discount_picousd(broke.lost_tokens, prices, ex.ts,
                                                         pricing.peak_hours_utc, pricing.off_peak_multiplier)
+        billed = _billed(ex.tool, outcome, units, calls, ex.ts) if units is not None or calls is not None \
+            or ex.route.tool is not None else None
         record = UsageRecord(
             record_id=new_id(), ts=ex.ts, request_id=ex.request_id, key_id=ex.identity.key_id,
             key_name=ex.identity.key_name, team=ex.identity.team, model=_storable(ex.model),
@@ -85,15 +90,18 @@ class Ledger:
             prompt_cache_hit_tokens=tokens.prompt_cache_hit_tokens,
             prompt_cache_miss_tokens=tokens.prompt_cache_miss_tokens,
             reasoning_tokens=tokens.reasoning_tokens,
-            cost_picousd=cost, latency_ms=round(ex.elapsed_ms(), 3),
+            cost_picousd=cost + billed.picousd if billed is not None else cost,
+            latency_ms=round(ex.elapsed_ms(), 3),
             ttfb_ms=round(ex.ttfb_ms, 3) if ex.ttfb_ms is not None else None, tokens_exact=exact,
             repairs=",".join(ex.repaired.codes()) if ex.repaired is not None and ex.repaired.applied
             else None,
-            unpriced=(profile is None or profile.prices is None)
-            and tokens.prompt_tokens + tokens.completion_tokens > 0,
+            unpriced=((profile is None or profile.prices is None)
+                      and tokens.prompt_tokens + tokens.completion_tokens > 0)
+            or (billed is not None and billed.unknown),
             attempts=ex.attempts, account=ex.account, cache_saved_picousd=saved,
             cache_break=broke.param if broke is not None else None,
-            cache_lost_tokens=broke.lost_tokens if broke is not None else 0, cache_lost_picousd=lost)
+            cache_lost_tokens=broke.lost_tokens if broke is not None else 0, cache_lost_picousd=lost,
+            **(billed.fields() if billed is not None else {}))
         if self.recorder is not None:
             self.recorder.record(record)
         if ex.admission is not None:
@@ -103,6 +111,9 @@ class Ledger:
             trace.finish(record, status, ex.json() if capture else None,
                          ex.completion_text if capture else None)
         self.metrics.observe(record, status)
+        if billed is not None:
+            for tool, unit, source, n in billed.counts:
+                self.metrics.billed_units(tool, unit, source, n)
         if self.access_log is not None:
             line = access_line(record, status)
             if self.settings.server.log_content:
@@ -132,6 +143,41 @@ class Ledger:
         if self.access_log is not None:
             self.access_log.write({"event": "request", "ts": ts, "request_id": request_id, "route": route,
                                    "status": status, "outcome": outcome, **fields})
+
+
+class _Billed:
+    """A record's non-token charges: units, their unit and cost (unknown: `unknown`), and the counts for
+    /metrics as (tool, unit, source, units)."""
+
+    __slots__ = ("counts", "estimated", "picousd", "unit", "units", "unknown")
+
+    def __init__(self, units: int, unit: str | None, picousd: int | None, estimated: bool,
+                 counts: list[tuple[str, str, str, int]]) -> None:
+        self.units, self.unit, self.estimated, self.counts = units, unit, estimated, counts
+        self.unknown = picousd is None
+        self.picousd = picousd or 0
+
+    def fields(self) -> dict[str, Any]:
+        return {"billed_units": self.units, "billed_unit": self.unit, "billed_estimated": self.estimated,
+                "billed_picousd": self.picousd}
+
+
+def _billed(tool: str | None, outcome: str, units: ToolUnits | None, calls: ModelCalls | None,
+            ts: float) -> _Billed | None:
+    """What a record bills besides tokens (app/metering/calls.py): a tool API's units (a successful call
+    only: an error or a timeout is free), or the searches and fetches a model made."""
+    if tool is not None:
+        if units is None or outcome != "ok":
+            return None
+        unit = UNIT_OF.get(tool)
+        if unit is None:  # a successful call of a tool whose unit and price are unknown (ASR)
+            return _Billed(0, None, None, False, [])
+        return _Billed(units.units, unit, call_cost_picousd(tool, units.units, ts) if units.units else 0,
+                       units.estimated, [(tool, unit, "api", units.units)])
+    if calls is None or not calls.total:
+        return None
+    counts = [("search", "call", "model", calls.searches), ("fetch", "call", "model", calls.fetches)]
+    return _Billed(calls.total, "call", model_calls_cost_picousd(calls, ts), calls.estimated, counts)
 
 
 def _storable(text: str) -> str:

@@ -33,7 +33,7 @@ from app.errors import NOT_OWNED, APIError, Problem, bad_gateway, upstream_auth_
 from app.files.file_ids import may_name_files
 from app.files.ownership import Ownership
 from app.gateway.auth import Authenticator
-from app.gateway.bodies import origin_of, read_json_body, request_id_of
+from app.gateway.bodies import origin_of, read_json_body, read_whole_body, request_id_of
 from app.gateway.checking import Checkers
 from app.gateway.exchange import Exchange, Route
 from app.gateway.family import Family, StreamMeter, StreamTurns
@@ -42,6 +42,7 @@ from app.gateway.notices import Notices
 from app.gateway.relay import SSERelay
 from app.gateway.responses import RawResponse, error_response, is_event_stream, json_response
 from app.gateway.retry import ClientHungUp, KeptAliveOnly, SendOnce, read_answer, retrying
+from app.gateway.tool_relay import ToolRelay
 from app.gateway.upstream import Upstream, forward_headers
 from app.metering.metrics import Metrics
 from app.metering.recorder import Recorder
@@ -54,6 +55,7 @@ from app.repair.loop import Repairer, refusal
 from app.repair.memory import TurnMemory
 from app.settings import Settings
 from app.store.base import FileOwnerStore
+from app.tools.rules import upload_too_large
 from app.tracing.spans import ExchangeTrace, Tracing
 from app.verdict import Verdict
 from app.wire import kept
@@ -105,8 +107,13 @@ class Gateway:
         trace = self._trace(request, route, request_id)
         try:
             identity = await self.auth.identify_request(request)
-            body = await read_json_body(request, self.settings.limits.max_body_bytes,
-                                         self.settings.limits.body_timeout_seconds)
+            if route.tool is None or not route.tool.upload:
+                body = await read_json_body(request, self.settings.limits.max_body_bytes,
+                                             self.settings.limits.body_timeout_seconds)
+            else:  # a tool API's upload (OCR, ASR): read whole, checked, sent again by a retry
+                body = await read_whole_body(request, route.tool.upload,
+                                             self.settings.limits.body_timeout_seconds,
+                                             functools.partial(upload_too_large, route.tool.name))
         except APIError as error:
             self.ledger.refused(route.label, request_id, error.status, error.code, self.clock())
             if trace is not None:
@@ -126,7 +133,7 @@ class Gateway:
             ex.warnings.extend(self.notices.warnings(route.label, identity.key_id, verdict.warnings))
         ex.remember = self.repairer.remembers(family, verdict, ex.identity.caller)
         ex.checked = verdict.request if verdict is not None else None
-        if self.auth.managed and may_name_files(ex.body, json=verdict is not None):
+        if self.auth.managed and not _upload(route) and may_name_files(ex.body, json=verdict is not None):
             foreign = await self.ownership.foreign(ex)
             if foreign is not None:
                 code = NOT_OWNED if foreign.status == 404 else foreign.code
@@ -191,8 +198,13 @@ class Gateway:
         if not self.settings.validation.enabled:
             hint = ex.json()
             ex.model, ex.stream = str(hint.get("model", "unknown"))[:200], hint.get("stream") is True
+            if ex.route.tool is not None:
+                ex.model, ex.stream = ex.route.tool.name, False
             return None
-        verdict = await self.checkers.check(family, ex.body, ex.route.beta, origin)
+        if _upload(ex.route):  # multipart, not JSON: the tool's own checks, which only find the parts
+            verdict = family.check(ex.body, beta=ex.route.beta, origin=origin)
+        else:
+            verdict = await self.checkers.check(family, ex.body, ex.route.beta, origin)
         ex.describe(verdict)
         return verdict
 
@@ -271,6 +283,8 @@ class Gateway:
         send = functools.partial(self._send_once, ex, target, headers, body)
         resp = await self.retrier.open(ex, send, request.receive)
         ex.mark_first_byte()
+        if ex.route.tool is not None:
+            return self._tool_answer(ex, family, resp, deadline, send)
         if ex.stream and resp.status_code == 200:
             if not is_event_stream(resp.headers.get("content-type", "")):
                 await resp.aclose()
@@ -282,6 +296,29 @@ class Gateway:
             return SSERelay(ex, resp, deadline, family.meter(turns), on_end, self.spawn, family.stream_error,
                             usage_filter, reopen if self.retrier.policy.retries else None)
         return await self._buffered(ex, family, resp, deadline, send, request)
+
+    def _tool_answer(self, ex: Exchange, family: Family, resp: httpx2.Response, deadline: float,
+                     send: SendOnce) -> Response:
+        """A tool API's answer (app/gateway/tool_relay.py): its keep-alives relayed as they come, the answer
+        held until whole, its record made from it (`_tool_ended`)."""
+        if resp.status_code == 401 and self.auth.managed:
+            self.spawn(resp.aclose())
+            return self._upstream_refused_key(ex, family)
+        reopen = functools.partial(self.retrier.reopen, ex, send, receive=None)  # the relay watches
+        return ToolRelay(ex, resp, deadline, functools.partial(self._tool_ended, family),
+                         reopen if self.retrier.policy.retries else None)
+
+    def _tool_ended(self, family: Family, ex: Exchange, outcome: str, status: int, content: bytes | None
+                    ) -> None:
+        """A tool API's answer is over: its record, with what it is billed for if it succeeded."""
+        if ex.finished:
+            return
+        units = family.billed_units(ex.json(), content) if status == 200 and content is not None else None
+        if (self.refusals is not None and status in KEPT_UPSTREAM and content is not None
+                and not _upload(ex.route)):
+            self._keep_refusal(ex, status, "deepseek", None, content)
+        self.ledger.finish(ex, outcome, status, units=units,
+                           upstream_status=status if outcome in ("ok", "upstream_error") else None)
 
     def _upstream_refused_key(self, ex: Exchange, family: Family) -> Response:
         """DeepSeek's 401 to chatgate's own key (managed mode): logged for the operator, chatgate's 502 to the
@@ -334,7 +371,7 @@ class Gateway:
         if tokens is None:
             tokens = await self.ledger.estimate(ex, functools.partial(family.prompt_text, ex.json()), "")
         record = functools.partial(self.ledger.finish, ex, "ok", 200, tokens, exact=exact,
-                                   upstream_status=200)
+                                   upstream_status=200, calls=family.model_calls(answer))
         return RawResponse(200, headers, content, record, ex.rate_headers)
 
     async def _stream_ended(self, family: Family, turns: StreamTurns | None, ex: Exchange,
@@ -351,11 +388,11 @@ class Gateway:
         if meter.model is not None:
             ex.model = meter.model[:200]
         if meter.usage is not None:
-            self.ledger.finish(ex, outcome, status, meter.usage, upstream_status=200)
+            self.ledger.finish(ex, outcome, status, meter.usage, upstream_status=200, calls=meter.calls)
             return
         tokens = await self.ledger.estimate(ex, functools.partial(family.prompt_text, ex.json()), meter.text,
                                             meter.reasoning)
-        self.ledger.finish(ex, outcome, status, tokens, exact=False, upstream_status=200)
+        self.ledger.finish(ex, outcome, status, tokens, exact=False, upstream_status=200, calls=meter.calls)
 
     # --- background work ----------------------------------------------------------------
 
@@ -370,3 +407,7 @@ class Gateway:
         if self.ledger.access_log is not None:
             self.ledger.access_log.flush()
 
+
+def _upload(route: Route) -> bool:
+    """A tool API's multipart upload (OCR, ASR): its body is not JSON."""
+    return route.tool is not None and route.tool.upload > 0

@@ -18,7 +18,8 @@ GROUP_FIELDS: dict[str, tuple[str, ...]] = {
 }
 PICO_COUNTERS = ("cost_picousd", "cache_saved_picousd", "cache_lost_picousd", "billed_picousd")
 OUTPUT_COUNTERS = tuple(c for c in COUNTERS if c not in PICO_COUNTERS)
-DERIVED = ("cache_hit_rate", "cost_usd", "cache_saved_usd", "cache_lost_usd", "billed_usd")  # computed from the counters
+# computed from the counters
+DERIVED = ("cache_hit_rate", "cost_usd", "cache_saved_usd", "cache_lost_usd", "billed_usd")
 
 
 class ReportError(ValueError):
@@ -131,8 +132,8 @@ def render_table(report: dict[str, Any]) -> str:
                     f"{totals.get('billed_characters', 0)} TTS character(s) (priced in yuan only: see "
                     "docs/metering.md#tool-calls)")
     if report.get("unpriced_models"):
-        note.append(f"{report['totals']['unpriced_requests']} request(s) of models without a price, counted at "
-                    f"$0: {', '.join(report['unpriced_models'])} (set their prices: docs/metering.md#prices)")
+        note.append(f"{totals['unpriced_requests']} request(s) of models without a price, counted at $0: "
+                    f"{', '.join(report['unpriced_models'])} (set their prices: docs/metering.md#prices)")
     return "\n".join([fmt.format(*heads), rule, *(fmt.format(*line) for line in lines[:-1]), rule,
                       fmt.format(*lines[-1]), *note]) + "\n"
 

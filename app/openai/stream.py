@@ -7,6 +7,7 @@ import re
 
 import orjson
 
+from app.metering.calls import ModelCalls, server_tool_use
 from app.metering.usage import TokenCounts, tokens_from_usage
 from app.sse import JSON_STRING, SCAN_AT, LineWatcher, collect, data_lines_with, decode, has_line, take_lines
 
@@ -42,7 +43,7 @@ class ChunkMeter:
     `done`, `ended_with_error`), which a stream with usage and no tool call never does.
     """
 
-    __slots__ = ("_buf", "_done", "_last_event", "_pending", "_text_raw", "usage")
+    __slots__ = ("_buf", "_done", "_last_event", "_pending", "_text_raw", "calls", "usage")
 
     def __init__(self) -> None:
         self._buf = bytearray()
@@ -50,6 +51,7 @@ class ChunkMeter:
         self._last_event = b""  # the payload of the last JSON event seen
         self._pending = b""  # the last batch, searched for usage only so far
         self.usage: TokenCounts | None = None
+        self.calls: ModelCalls | None = None  # the server web tools' calls, as the usage says
         self._done = False  # saw data: [DONE]
 
     def feed(self, chunk: bytes) -> None:
@@ -133,6 +135,7 @@ class ChunkMeter:
         found = tokens_from_usage(event.get("usage")) if isinstance(event, dict) else None
         if found is not None:
             self.usage = found
+            self.calls = server_tool_use(event["usage"])
         return found is not None
 
 
@@ -153,6 +156,7 @@ class StreamMeter(ChunkMeter):
         self._last_event = b""
         self._pending = b""
         self.usage: TokenCounts | None = None
+        self.calls: ModelCalls | None = None
         self._done = False
 
     @property

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from app.errors import APIError
+from app.metering.calls import call_cost_picousd
 from app.metering.pricing import cost_bound_picousd
 from app.profiles import ModelProfile
 from app.quotas.gate import Quotas, refusal_error
@@ -19,6 +20,9 @@ from app.verdict import Verdict
 # the prompt bound.
 IMAGE_TOKENS = 384
 IMAGE_MARKERS = (b'"image_url"', b'"input_image"', b'"type":"image"', b'"type": "image"')
+# A tool API call whose USD price is unknown (OCR, TTS, ASR: priced in yuan or not at all) reserves this
+# much: not a price, but enough that a budget already spent refuses it (docs/metering.md#tool-calls).
+UNKNOWN_CALL_HOLD_PICOUSD = 1
 
 
 class Caller(Protocol):
@@ -46,6 +50,9 @@ class Exchange(Protocol):
     @property
     def identity(self) -> Caller: ...
 
+    @property
+    def tool(self) -> str | None: ...
+
 
 class Admitter:
     def __init__(self, quotas: Quotas, settings: Settings, profiles: dict[str, ModelProfile]) -> None:
@@ -56,6 +63,9 @@ class Admitter:
     async def admit(self, ex: Exchange, verdict: Verdict | None) -> Refusal | None:
         """Reserve the request's upper bounds against its caller's limits (`ex.admission`), or the refusal."""
         def bounds(at: float) -> tuple[int, int]:  # only asked when the caller has limits
+            if (tool := ex.tool) is not None:  # a tool API: no tokens, the price of one call
+                price = call_cost_picousd(tool, 1, at)
+                return 0, price if price is not None else UNKNOWN_CALL_HOLD_PICOUSD
             profile = verdict.profile if verdict is not None else self.profiles.get(ex.model)
             media = verdict is None or verdict.media
             images = sum(ex.body.count(m) for m in IMAGE_MARKERS) if media and b"image" in ex.body else 0

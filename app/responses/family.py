@@ -11,12 +11,19 @@ import orjson
 
 from app.errors import APIError, Problem
 from app.gateway.family import FamilyBase, NotServed
+from app.metering.calls import ModelCalls
 from app.metering.usage import TokenCounts
 from app.profiles import ModelProfile
 from app.repair.base import Applied, RepairOptions, Turn
 from app.responses.repairs import reasoning_wanted, repair_responses, turn_of, wanted
 from app.responses.rules import Options, check_body
-from app.responses.stream import ResponsesMeter, StreamedTurn, tokens_from_usage, turn_from_response
+from app.responses.stream import (
+    ResponsesMeter,
+    StreamedTurn,
+    calls_from_response,
+    tokens_from_usage,
+    turn_from_response,
+)
 from app.sse import LineWatcher
 from app.verdict import Verdict
 
@@ -86,6 +93,9 @@ class ResponsesFamily(FamilyBase):
 
     def answer_turn(self, answer: Any) -> Turn | None:
         return turn_from_response(answer)
+
+    def model_calls(self, answer: Any) -> ModelCalls | None:
+        return calls_from_response(answer)
 
     def meter(self, watcher: LineWatcher | None = None) -> ResponsesMeter:
         return ResponsesMeter(watcher)

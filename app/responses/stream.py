@@ -16,6 +16,7 @@ from typing import Any
 
 import orjson
 
+from app.metering.calls import ModelCalls, server_tool_use
 from app.metering.usage import TokenCounts
 from app.repair.base import Turn
 from app.sse import JSON_STRING, SCAN_AT, LineWatcher, data_lines_with, decode, take_lines
@@ -77,6 +78,30 @@ def turn_of_items(output: Any) -> Turn | None:
     return Turn(ids, tuple(str(c.get("name", "")) for c in calls), orjson.dumps(reasoning).decode())
 
 
+def calls_from_response(response: Any) -> ModelCalls | None:
+    """The server web tools' calls of a whole response: as its usage says (`usage.server_tool_use`), else
+    counted from its completed `web_search_call` items (action `search`: a search; `open_page`: a page read)
+    and flagged estimated; how DeepSeek reports them on this route is not documented."""
+    if not isinstance(response, dict):
+        return None
+    said = server_tool_use(response.get("usage"))
+    if said is not None:
+        return said
+    output = response.get("output")
+    searches = fetches = 0
+    for item in output if isinstance(output, list) else ():
+        if not isinstance(item, dict) or item.get("status") != "completed":
+            continue
+        kind = item.get("type")
+        action = item.get("action")
+        act = action.get("type") if isinstance(action, dict) else None
+        if kind in ("web_search_call", "deepseek_web_search_call") and act in (None, "search"):
+            searches += 1
+        elif kind == "deepseek_read_url_call" or (kind == "web_search_call" and act == "open_page"):
+            fetches += 1
+    return ModelCalls(searches, fetches, estimated=True) if searches or fetches else None
+
+
 def turn_from_response(answer: Any) -> Turn | None:
     return turn_of_items(answer.get("output")) if isinstance(answer, dict) else None
 
@@ -92,6 +117,7 @@ class ResponsesMeter:
         self._reasoning: list[bytes] = []
         self._last_type = b""
         self.usage: TokenCounts | None = None
+        self.calls: ModelCalls | None = None  # the server web tools' calls (the terminal event's response)
         self.model: str | None = None  # the model DeepSeek says it served (the terminal event's response)
 
     def feed(self, chunk: bytes) -> None:
@@ -153,6 +179,7 @@ class ResponsesMeter:
         found = tokens_from_usage(response.get("usage"))
         if found is not None:
             self.usage = found
+        self.calls = calls_from_response(response)
         if isinstance(response.get("model"), str) and response["model"]:
             self.model = response["model"]
 
