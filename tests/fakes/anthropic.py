@@ -50,6 +50,7 @@ from tests.fakes.deepseek import (
     split_pieces,
 )
 from tests.fakes.rules import DESERIALIZE, kind
+from tests.fakes.tools import with_server_tool_use
 
 if TYPE_CHECKING:
     from tests.fakes.deepseek import FakeDeepSeek
@@ -337,7 +338,7 @@ async def answer(app: FakeDeepSeek, rec: RecordedRequest, conn: Conn, fault: str
         await app.send_error(rec, conn, 400, error_bytes(problem or "Invalid request", INVALID))
         return
     plan = make_plan(body, ToolScript.of(app.state))
-    usage = make_usage(rec.body, plan, app.state.cached(rec, "anthropic", body))
+    usage = with_server_tool_use(make_usage(rec.body, plan, app.state.cached(rec, "anthropic", body)), rec)
     rec.usage = recorded_usage(usage, plan)
     rec.status = 200
     message_id = str(uuid.uuid4())

@@ -655,7 +655,7 @@ class FakeDeepSeek:
             conn.close()
 
     async def route(self, rec: RecordedRequest, conn: Conn) -> None:
-        from tests.fakes import files, fim  # FIM, the balance, the Files API (each imports this module)
+        from tests.fakes import files, fim, tools  # FIM and balance, Files, tool APIs (all import this)
         from tests.fakes.anthropic import PATHS as ANTHROPIC_PATHS  # it imports this module too
         from tests.fakes.anthropic import serve_messages
         from tests.fakes.responses import PATHS as RESPONSES_PATHS  # the Responses API (imports this too)
@@ -666,6 +666,9 @@ class FakeDeepSeek:
             return
         if files.owns(rec.path):
             await files.serve(self, rec, conn)
+            return
+        if rec.path in tools.PATHS:
+            await tools.serve(self, rec, conn)
             return
         if rec.path in RESPONSES_PATHS:
             await serve_responses(self, rec, conn)

@@ -60,6 +60,7 @@ from tests.fakes.deepseek import (
     split_pieces,
 )
 from tests.fakes.rules import DESERIALIZE, Deserializer, Refused, kind
+from tests.fakes.tools import with_server_tool_use
 
 if TYPE_CHECKING:
     from tests.fakes.deepseek import FakeDeepSeek
@@ -577,7 +578,7 @@ async def answer(app: FakeDeepSeek, rec: RecordedRequest, conn: Conn, fault: str
     if served := rec.headers.get("x-fake-served-model"):  # the model DeepSeek says it served, for a test
         body = {**body, "model": served}
     plan = make_plan(body, ToolScript.of(app.state))
-    usage = make_usage(rec.body, plan, app.state.cached(rec, "responses", body))
+    usage = with_server_tool_use(make_usage(rec.body, plan, app.state.cached(rec, "responses", body)), rec)
     rec.usage = recorded_usage(usage)
     rec.status = 200
     response_id = f"resp_{uuid.uuid4().hex}"

@@ -29,6 +29,7 @@ class Ex:
     ts: float = 1_800_000_000.0
     identity: Caller = field(default_factory=Caller)
     admission: Any = None
+    tool: str | None = None
 
 
 class Quotas:
@@ -44,11 +45,12 @@ class Quotas:
         return self.answer
 
 
-def admit(body: bytes, verdict: Verdict | None, answer: Any = "admitted") -> tuple[Ex, Quotas, Any]:
+def admit(body: bytes, verdict: Verdict | None, answer: Any = "admitted", tool: str | None = None
+          ) -> tuple[Ex, Quotas, Any]:
     settings = Settings()
     quotas = Quotas(answer)
     admitter = Admitter(quotas, settings, settings.profiles())  # type: ignore[arg-type]
-    ex = Ex(body)
+    ex = Ex(body, tool=tool)
     refused = asyncio.run(admitter.admit(ex, verdict))
     return ex, quotas, refused
 
@@ -86,3 +88,10 @@ def test_a_refusal_leaves_the_exchange_unadmitted_and_is_a_429_with_its_headers(
     assert refused is refusal and ex.admission is None
     error = limit_error(refusal)
     assert error.status == 429 and error.headers["retry-after"] == "3"
+
+
+def test_a_tool_call_reserves_the_price_of_one_call_and_no_tokens() -> None:
+    body = b'{"query": "' + b"x" * 100 + b'"}'
+    for tool, cost in (("search", 750_000_000), ("fetch", 750_000_000), ("ocr", 1), ("tts", 1), ("asr", 1)):
+        _, quotas, _ = admit(body, Verdict([], model=tool), tool=tool)
+        assert quotas.asked[0][2] == (0, cost), tool  # OCR, TTS, ASR: no USD price, a budget spent refuses
