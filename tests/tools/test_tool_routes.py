@@ -281,7 +281,8 @@ def test_reports_and_metrics_show_the_calls_and_their_cost(gate: RunningChatgate
     assert (rows["search"]["requests"], rows["search"]["billed_calls"], rows["search"]["billed_usd"],
             rows["search"]["cost_usd"]) == (3, 2, 0.0015, 0.0015)
     assert (rows["fetch"]["billed_calls"], rows["fetch"]["cost_usd"]) == (1, 0.00075)
-    assert (rows["ocr"]["billed_pages"], rows["ocr"]["cost_usd"], rows["ocr"]["unpriced_requests"]) == (3, 0, 1)
+    ocr = rows["ocr"]
+    assert (ocr["billed_pages"], ocr["cost_usd"], ocr["unpriced_requests"]) == (3, 0, 1)
     assert report["totals"]["billed_calls"] == 3 and report["unpriced_models"] == ["ocr"]
     table = render_table(report)
     search_line = next(line for line in table.splitlines() if line.startswith("search"))
@@ -314,7 +315,7 @@ def test_migration_10_keeps_old_records_with_no_billed_units(tmp_path: Path) -> 
     try:
         store.migrate()
         [row] = store.usage_report(ReportQuery("model"))
-        assert (row.counters["billed_calls"], row.counters["billed_picousd"], row.counters["cost_picousd"]) == (
-            0, 0, 5)
+        counted = row.counters
+        assert (counted["billed_calls"], counted["billed_picousd"], counted["cost_picousd"]) == (0, 0, 5)
     finally:
         store.close()
