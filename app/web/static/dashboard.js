@@ -428,6 +428,8 @@
     for (const [label, value] of [["requests", t.requests], ["rejected", t.rejected],
                                   ["prompt tokens", t.prompt_tokens], ["completion tokens", t.completion_tokens],
                                   ["cost (USD)", "$" + t.cost_usd.toFixed(4)],
+                                  ["tool calls billed", t.billed_calls],
+                                  ["their cost (USD)", "$" + t.billed_usd.toFixed(4)],
                                   ["cache hit rate", t.cache_hit_rate === null ? "-" : (100 * t.cache_hit_rate).toFixed(1) + "%"],
                                   ["saved by the cache (USD)", "$" + t.cache_saved_usd.toFixed(4)]]) {
       const d = document.createElement("div");
