@@ -64,4 +64,7 @@ def access_line(rec: UsageRecord, status: int) -> dict[str, Any]:
     }
     if rec.unpriced:
         line["unpriced"] = True
+    if rec.billed_unit is not None:  # a tool call, or a model's web searches and reads
+        line.update(billed_units=rec.billed_units, billed_unit=rec.billed_unit,
+                    billed_estimated=rec.billed_estimated, cost_picousd=rec.cost_picousd)
     return line

@@ -319,3 +319,18 @@ def test_migration_10_keeps_old_records_with_no_billed_units(tmp_path: Path) -> 
         assert (counted["billed_calls"], counted["billed_picousd"], counted["cost_picousd"]) == (0, 0, 5)
     finally:
         store.close()
+
+
+def test_each_call_has_an_access_log_line_with_its_billed_units(
+        start_gate: Callable[..., RunningChatgate], capfd: pytest.CaptureFixture[str]) -> None:
+    gate = start_gate(server={"access_log": True})
+    post(gate, "/v1/tools/search", {"query": "logged"}, headers={"x-request-id": "req-search"})
+    post(gate, "/v1/tools/search", {"query": "x" * 200}, headers={"x-request-id": "req-refused"})
+    gate.state.gw.ledger.access_log.flush()
+    out = capfd.readouterr().out
+    found = [orjson.loads(line) for line in out.splitlines() if line.startswith('{"event":"request"')]
+    lines = {line["request_id"]: line for line in found}
+    assert (lines["req-search"]["route"], lines["req-search"]["model"], lines["req-search"]["billed_units"],
+            lines["req-search"]["billed_unit"], lines["req-search"]["cost_picousd"]) == (
+        "/tools/search", "search", 1, "call", CALL)
+    assert lines["req-refused"]["rule_code"] == "invalid_query" and "billed_units" not in lines["req-refused"]
