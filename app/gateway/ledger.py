@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -81,6 +82,8 @@ class Ledger:
                                                         pricing.peak_hours_utc, pricing.off_peak_multiplier)
         billed = _billed(ex.tool, outcome, units, calls, ex.ts) if units is not None or calls is not None \
             or ex.route.tool is not None else None
+        if billed is not None:
+            cost += billed.picousd
         record = UsageRecord(
             record_id=new_id(), ts=ex.ts, request_id=ex.request_id, key_id=ex.identity.key_id,
             key_name=ex.identity.key_name, team=ex.identity.team, model=_storable(ex.model),
@@ -90,8 +93,7 @@ class Ledger:
             prompt_cache_hit_tokens=tokens.prompt_cache_hit_tokens,
             prompt_cache_miss_tokens=tokens.prompt_cache_miss_tokens,
             reasoning_tokens=tokens.reasoning_tokens,
-            cost_picousd=cost + billed.picousd if billed is not None else cost,
-            latency_ms=round(ex.elapsed_ms(), 3),
+            cost_picousd=cost, latency_ms=round(ex.elapsed_ms(), 3),
             ttfb_ms=round(ex.ttfb_ms, 3) if ex.ttfb_ms is not None else None, tokens_exact=exact,
             repairs=",".join(ex.repaired.codes()) if ex.repaired is not None and ex.repaired.applied
             else None,
@@ -100,8 +102,9 @@ class Ledger:
             or (billed is not None and billed.unknown),
             attempts=ex.attempts, account=ex.account, cache_saved_picousd=saved,
             cache_break=broke.param if broke is not None else None,
-            cache_lost_tokens=broke.lost_tokens if broke is not None else 0, cache_lost_picousd=lost,
-            **(billed.fields() if billed is not None else {}))
+            cache_lost_tokens=broke.lost_tokens if broke is not None else 0, cache_lost_picousd=lost)
+        if billed is not None:
+            record = dataclasses.replace(record, **billed.fields())
         if self.recorder is not None:
             self.recorder.record(record)
         if ex.admission is not None:
