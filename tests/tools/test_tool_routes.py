@@ -140,6 +140,7 @@ def test_strict_mode_refuses_what_is_only_a_warning(start_gate: Callable[..., Ru
     assert fake.state.requests == []
 
 
+@pytest.mark.slow  # the fake's keep-alives come 0.3 s apart, in real time
 def test_ocr_relays_the_keepalives_as_they_come_then_bills_its_pages(
         start_gate: Callable[..., RunningChatgate], fake: RunningFake, tmp_path: Path) -> None:
     fake.state.configure(chunk_delay=0.3)
