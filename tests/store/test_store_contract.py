@@ -85,6 +85,10 @@ def random_records(n: int, seed: int) -> list[UsageRecord]:
                                 "restore_reasoning,developer_role"]),
             unpriced=rnd.random() < 0.1,
             attempts=rnd.choice([1, 1, 2, 3]), account=rnd.choice([None, "one", "two"]),
+            billed_unit=(unit := rnd.choice([None, None, "call", "page", "character"])),
+            billed_units=rnd.randrange(1, 5000) if unit is not None else 0,
+            billed_estimated=unit is not None and rnd.random() < 0.3,
+            billed_picousd=rnd.randrange(10**12) if unit is not None else 0,
             **{name: rnd.randrange(10**15 if name == "cost_picousd" else 100_000) for name in TOKEN_FIELDS},
         )
         for i in range(n)
@@ -115,6 +119,10 @@ def reference_report(records: Sequence[UsageRecord], query: ReportQuery) -> list
             counters["limited"] += r.outcome == "limited"
             counters["estimated_requests"] += not r.tokens_exact
             counters["unpriced_requests"] += r.unpriced
+            for unit in ("call", "page", "character"):
+                counters[f"billed_{unit}s"] += r.billed_units if r.billed_unit == unit else 0
+            counters["billed_picousd"] += r.billed_picousd
+            counters["billed_estimated_requests"] += r.billed_estimated
             for name in TOKEN_FIELDS:
                 counters[name] += getattr(r, name)
     return [rows[k] for k in sorted(rows)]
