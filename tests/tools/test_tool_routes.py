@@ -335,3 +335,15 @@ def test_each_call_has_an_access_log_line_with_its_billed_units(
             lines["req-search"]["billed_unit"], lines["req-search"]["cost_picousd"]) == (
         "/tools/search", "search", 1, "call", CALL)
     assert lines["req-refused"]["rule_code"] == "invalid_query" and "billed_units" not in lines["req-refused"]
+
+
+@pytest.mark.slow  # waits the upstream timeout out
+def test_a_search_that_times_out_is_free(start_gate: Callable[..., RunningChatgate], fake: RunningFake,
+                                         tmp_path: Path) -> None:
+    gate = start_gate(upstream={"read_timeout": 0.5})
+    resp = post(gate, "/v1/tools/search", {"query": "slow"}, headers={
+        "x-fake-fault": "no_headers", "x-fake-delay": "3"})
+    assert resp.status_code == 504
+    [row] = usage_rows(tmp_path, 1)
+    assert (row["model"], row["outcome"], row["billed_units"], row["cost_picousd"]) == (
+        "search", "upstream_failed", 0, 0)
