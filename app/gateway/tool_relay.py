@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import aiohttp
 import httpx2
@@ -64,7 +64,7 @@ class ToolRelay(Response):
         while True:
             try:
                 async with asyncio.timeout(max(self.deadline - time.perf_counter(), 0.001)):
-                    async for chunk in self.resp.aiter_raw():
+                    async for chunk in _chunks(self.resp):
                         if not held and not chunk.strip():  # a keep-alive before the answer
                             await self._keepalive(scope, send, chunk)
                         elif chunk:
@@ -115,3 +115,14 @@ class ToolRelay(Response):
             await send(message)
         except OSError as exc:  # a server that reports the client's disconnect on send
             raise ClientGone() from exc
+
+
+async def _chunks(resp: httpx2.Response) -> AsyncIterator[bytes]:
+    """The answer's body as it arrives; at once when it has been read already (the retrier's last error)."""
+    try:
+        content = resp.content
+    except httpx2.ResponseNotRead:
+        async for chunk in resp.aiter_raw():
+            yield chunk
+    else:
+        yield content

@@ -347,3 +347,17 @@ def test_a_search_that_times_out_is_free(start_gate: Callable[..., RunningChatga
     [row] = usage_rows(tmp_path, 1)
     assert (row["model"], row["outcome"], row["billed_units"], row["cost_picousd"]) == (
         "search", "upstream_failed", 0, 0)
+
+
+def test_when_the_retries_are_spent_deepseeks_last_error_is_relayed_and_free(
+        start_gate: Callable[..., RunningChatgate], fake: RunningFake, tmp_path: Path) -> None:
+    gate = start_gate(upstream={"retries": 1, "retry_base_ms": 1})
+    resp = post(gate, "/v1/tools/fetch", {"url": "https://example.com/a"},
+                headers={"x-fake-fault": "http_503"})
+    assert resp.status_code == 503 and resp.headers["x-should-retry"] == "false"
+    message = error_of(resp)["message"]
+    assert message.startswith("Server Overloaded") and "2 attempts" in message
+    assert len(fake.state.requests) == 2
+    [row] = usage_rows(tmp_path, 1)
+    assert (row["outcome"], row["upstream_status"], row["attempts"], row["cost_picousd"]) == (
+        "upstream_error", 503, 2, 0)
