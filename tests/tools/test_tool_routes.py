@@ -361,3 +361,18 @@ def test_when_the_retries_are_spent_deepseeks_last_error_is_relayed_and_free(
     [row] = usage_rows(tmp_path, 1)
     assert (row["outcome"], row["upstream_status"], row["attempts"], row["cost_picousd"]) == (
         "upstream_error", 503, 2, 0)
+
+
+@pytest.mark.slow  # the fake's keep-alives come 0.5 s apart, in real time
+def test_a_client_gone_during_the_keepalives_closes_the_upstream_and_is_recorded(
+        start_gate: Callable[..., RunningChatgate], fake: RunningFake, tmp_path: Path) -> None:
+    fake.state.configure(chunk_delay=0.5)
+    gate = start_gate()
+    with httpx2.Client(timeout=30) as client, client.stream(
+            "POST", gate.url + "/v1/tools/ocr", files={"file": ("doc.pdf", b"a\fb", "application/pdf")},
+            data={"purpose": "text_recognition"},
+            headers={"authorization": f"Bearer {KEY}", "x-fake-keepalives": "20"}) as resp:
+        assert next(resp.iter_raw()) == b"\n"
+    [row] = usage_rows(tmp_path, 1)
+    assert (row["model"], row["outcome"], row["billed_units"]) == ("ocr", "client_disconnected", 0)
+    assert fake.state.wait_idle(10) and fake.state.requests[-1].outcome == "client_disconnected"
