@@ -17,12 +17,12 @@ Faults, keys and records work as for chat (`x-fake-fault`, `FakeState`).
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import orjson
 
 from tests.fakes.deepseek import INVALID, Conn, FakeDeepSeek, RecordedRequest, auth_error, error_bytes
+from tests.fakes.files import Refused, parse_multipart
 from tests.fakes.rules import DESERIALIZE
 
 TOOLS = ("search", "fetch", "ocr", "tts", "asr")
@@ -30,7 +30,6 @@ PATHS = frozenset(f"/v1/tools/{tool}" for tool in TOOLS)
 MiB = 1024 * 1024
 OCR_MAX = 100 * MiB
 ASR_MAX = 8 * MiB
-_NAME = re.compile(rb'name="([^"]*)"')
 
 
 async def serve(fake: FakeDeepSeek, rec: RecordedRequest, conn: Conn) -> None:
@@ -98,24 +97,18 @@ async def fetch(fake: FakeDeepSeek, rec: RecordedRequest, conn: Conn, fault: str
         await fake.send_json(rec, conn, 200, orjson.dumps(page))
 
 
-def form_parts(raw: bytes) -> dict[str, bytes] | None:
-    """The multipart body's parts by name (None: not multipart)."""
-    end = raw.find(b"\r\n")
-    if not raw.startswith(b"--") or end < 0:
+def form_parts(rec: RecordedRequest) -> dict[str, bytes] | None:
+    """The multipart body's parts by name (None: not a well-formed multipart body), read as the Files API
+    reads them."""
+    try:
+        found = parse_multipart(rec.headers.get("content-type", ""), rec.body)
+    except Refused:
         return None
-    delimiter = raw[:end]
-    found: dict[str, bytes] = {}
-    for piece in raw.split(b"\r\n" + delimiter)[0:]:
-        piece = piece.removeprefix(delimiter).removeprefix(b"\r\n")
-        head, sep, content = piece.partition(b"\r\n\r\n")
-        name = _NAME.search(head)
-        if sep and name is not None:
-            found[name.group(1).decode()] = content
-    return found
+    return {part.name: part.data for part in found}
 
 
 async def ocr(fake: FakeDeepSeek, rec: RecordedRequest, conn: Conn, fault: str | None) -> None:
-    parts = form_parts(rec.body)
+    parts = form_parts(rec)
     file = parts.get("file") if parts is not None else None
     if file is None:
         await refuse(fake, rec, conn, "Missing file: upload the document as the multipart field `file`")
@@ -156,7 +149,7 @@ async def tts(fake: FakeDeepSeek, rec: RecordedRequest, conn: Conn, fault: str |
 
 
 async def asr(fake: FakeDeepSeek, rec: RecordedRequest, conn: Conn, fault: str | None) -> None:
-    parts = form_parts(rec.body)
+    parts = form_parts(rec)
     file = parts.get("file") if parts is not None else None
     if file is None:
         await refuse(fake, rec, conn, "Missing file: upload the audio as the multipart field `file`")
