@@ -56,7 +56,7 @@ from app.repair.loop import Repairer, refusal
 from app.repair.memory import TurnMemory
 from app.settings import Settings
 from app.store.base import FileOwnerStore
-from app.tools.rules import upload_too_large
+from app.tools.rules import upload_summary, upload_too_large
 from app.tracing.spans import ExchangeTrace, Tracing
 from app.verdict import Verdict
 from app.wire import kept
@@ -260,9 +260,10 @@ class Gateway:
         """Hand a refused request to the inspector (redacted and stored off the request path)."""
         assert self.refusals is not None
         i = ex.identity
+        body = upload_summary(ex.body) if _upload(ex.route) else ex.body  # never a file of 100 MiB
         self.refusals.add(Pending(ex.request_id, ex.ts, i.key_id, i.key_name, i.team, ex.route.label,
                                   ex.model,
-                                  status, source, problems, ex.body, answer))
+                                  status, source, problems, body, answer))
 
     # --- forwarding ------------------------------------------------------------------
 

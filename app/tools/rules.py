@@ -39,6 +39,15 @@ def upload_too_large(tool: str, limit: int) -> APIError:
                     f"most {most // MiB} MiB ({rule}).", "invalid_request_error", "file", "file_too_large")
 
 
+def upload_summary(body: bytes) -> bytes:
+    """What the refusal inspector keeps of an upload: its parts' names, file names and sizes, as JSON."""
+    found = parts(body)
+    if found is None:
+        return orjson.dumps({"upload": f"{len(body)} bytes, not multipart"})
+    return orjson.dumps({"upload": [{"name": part.name, "filename": part.filename, "bytes": part.size}
+                                    for part in found]})
+
+
 def _warning(code: str, param: str | None, message: str, rule: str) -> Problem:
     return Problem(code, param, message, rule, warning=True)
 

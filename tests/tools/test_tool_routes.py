@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import sqlite3
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -376,3 +377,28 @@ def test_a_client_gone_during_the_keepalives_closes_the_upstream_and_is_recorded
     [row] = usage_rows(tmp_path, 1)
     assert (row["model"], row["outcome"], row["billed_units"]) == ("ocr", "client_disconnected", 0)
     assert fake.state.wait_idle(10) and fake.state.requests[-1].outcome == "client_disconnected"
+
+
+def test_the_refusal_inspector_keeps_a_refused_call_and_only_the_shape_of_an_upload(
+        start_gate: Callable[..., RunningChatgate]) -> None:
+    admin = "admin-key-for-tools-0001"
+    gate = start_gate(auth={"admin_key": admin})
+    audio = b"\x00" * (8 * MiB + 1)
+    assert upload(gate, "/v1/tools/asr", audio, headers={"x-request-id": "req-asr"}).status_code == 400
+    assert post(gate, "/v1/tools/search", {"query": "q" * 129}, headers={"x-request-id": "req-q"}
+                ).status_code == 400
+
+    def shown(request_id: str) -> dict[str, Any]:
+        deadline = time.monotonic() + 10
+        while True:
+            resp = httpx2.get(f"{gate.url}/admin/refusals/{request_id}", timeout=10,
+                              headers={"authorization": f"Bearer {admin}"})
+            if resp.status_code == 200 or time.monotonic() > deadline:
+                kept: dict[str, Any] = resp.json()
+                return kept
+            time.sleep(0.05)
+
+    asr, search = shown("req-asr"), shown("req-q")
+    assert (asr["route"], asr["rules"], search["rules"]) == ("/tools/asr", ["T8"], ["T2"])
+    assert orjson.loads(asr["body"]) == {"upload": [{"name": "file", "filename": "doc.pdf",
+                                                     "bytes": 8 * MiB + 1}]}
