@@ -9,6 +9,7 @@ import math
 from decimal import Decimal
 from typing import Any
 
+from app.metering.calls import TOOLS
 from app.metering.pricing import picousd_to_usd
 from app.store.base import COUNTERS, GROUP_BYS, GroupBy, ReportQuery, ReportRow, UsageStore
 
@@ -132,8 +133,12 @@ def render_table(report: dict[str, Any]) -> str:
                     f"{totals.get('billed_characters', 0)} TTS character(s) (priced in yuan only: see "
                     "docs/metering.md#tool-calls)")
     if report.get("unpriced_models"):
+        unpriced = report["unpriced_models"]
+        where = "set their prices: docs/metering.md#prices"
+        if any(model in TOOLS for model in unpriced):
+            where += "; a tool's USD price is not published: docs/metering.md#tool-calls"
         note.append(f"{totals['unpriced_requests']} request(s) of models without a price, counted at $0: "
-                    f"{', '.join(report['unpriced_models'])} (set their prices: docs/metering.md#prices)")
+                    f"{', '.join(unpriced)} ({where})")
     return "\n".join([fmt.format(*heads), rule, *(fmt.format(*line) for line in lines[:-1]), rule,
                       fmt.format(*lines[-1]), *note]) + "\n"
 
