@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
 
@@ -36,13 +37,14 @@ def is_json_content_type(value: str) -> bool:
     return media == JSON or (media.startswith("application/") and media.endswith("+json"))
 
 
-async def read_json_body(request: Request, limit: int, timeout: float) -> bytes:
+def read_json_body(request: Request, limit: int, timeout: float) -> Coroutine[Any, Any, bytes]:
     """The whole body, at most `limit` bytes, received within `timeout` seconds (a client that trickles it
-    would otherwise hold its connection and handler without end)."""
+    would otherwise hold its connection and handler without end): `read_whole_body` once the type is JSON
+    (the 415 is raised at the call)."""
     if not is_json_content_type(request.headers.get("content-type", "")):
         raise APIError(415, "Request body must be JSON: send 'Content-Type: application/json'.",
                        "invalid_request_error", None, "unsupported_media_type")
-    return await read_whole_body(request, limit, timeout)
+    return read_whole_body(request, limit, timeout)
 
 
 async def read_whole_body(request: Request, limit: int, timeout: float,

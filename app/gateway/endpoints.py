@@ -32,5 +32,5 @@ def build_endpoints(settings: Settings) -> tuple[dict[str, Endpoint], dict[str, 
         for path, label, upstream_path, beta in family.routes:
             forwarded[path] = Endpoint(Route(label, upstream_path, beta, family.tool), family)
         for path, beta in family.validate_routes:
-            dry_runs[path] = Endpoint(Route(path, "", beta), family)
+            dry_runs[path] = Endpoint(Route(path, "", beta, family.tool), family)
     return forwarded, dry_runs

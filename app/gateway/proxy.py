@@ -108,13 +108,8 @@ class Gateway:
         trace = self._trace(request, route, request_id)
         try:
             identity = await self.auth.identify_request(request)
-            if route.tool is None or not route.tool.upload:
-                body = await read_json_body(request, self.settings.limits.max_body_bytes,
-                                             self.settings.limits.body_timeout_seconds)
-            else:  # a tool API's upload (OCR, ASR): read whole, checked, sent again by a retry
-                body = await read_whole_body(request, route.tool.upload,
-                                             self.settings.limits.body_timeout_seconds,
-                                             functools.partial(upload_too_large, route.tool.name))
+            body = await (self._read_upload(request, route) if _upload(route) else read_json_body(
+                request, self.settings.limits.max_body_bytes, self.settings.limits.body_timeout_seconds))
         except APIError as error:
             self.ledger.refused(route.label, request_id, error.status, error.code, self.clock())
             if trace is not None:
@@ -172,13 +167,14 @@ class Gateway:
         route, family = endpoint.route, endpoint.family
         try:
             identity = await self.auth.identify_request(request)
-            body = await read_json_body(request, self.settings.limits.max_body_bytes,
-                                         self.settings.limits.body_timeout_seconds)
+            body = await (self._read_upload(request, route) if _upload(route) else read_json_body(
+                request, self.settings.limits.max_body_bytes, self.settings.limits.body_timeout_seconds))
         except APIError as error:
             return error_response(error, None, family)
         ex = Exchange(route, request_id_of(request), identity, body=body)
         origin = origin_of(request)
-        verdict = await self.checkers.check(family, body, route.beta, origin)
+        verdict = await (self._check_upload(family, body, route, origin) if _upload(route)
+                         else self.checkers.check(family, body, route.beta, origin))
         if (verdict.problems or verdict.warnings) and self.repairs.enabled:
             verdict = await self.repairer.repair(ex, family, verdict, origin)
         if verdict.problems:
@@ -202,12 +198,20 @@ class Gateway:
             if ex.route.tool is not None:
                 ex.model, ex.stream = ex.route.tool.name, False
             return None
-        if _upload(ex.route):  # multipart, not JSON: the tool's own checks, which only find the parts
-            verdict = family.check(ex.body, beta=ex.route.beta, origin=origin)
-        else:
-            verdict = await self.checkers.check(family, ex.body, ex.route.beta, origin)
+        verdict = await (self._check_upload(family, ex.body, ex.route, origin) if _upload(ex.route)
+                         else self.checkers.check(family, ex.body, ex.route.beta, origin))
         ex.describe(verdict)
         return verdict
+
+    async def _read_upload(self, request: Request, route: Route) -> bytes:
+        """A tool API's upload (OCR, ASR): read whole, to be checked and sent again by a retry."""
+        assert route.tool is not None
+        return await read_whole_body(request, route.tool.upload, self.settings.limits.body_timeout_seconds,
+                                     functools.partial(upload_too_large, route.tool.name))
+
+    async def _check_upload(self, family: Family, body: bytes, route: Route, origin: str) -> Verdict:
+        """Multipart, not JSON: the tool's own checks (they only find the parts, on the loop)."""
+        return family.check(body, beta=route.beta, origin=origin)
 
     async def _context_guard(self, ex: Exchange, family: Family, verdict: Verdict | None) -> Problem | None:
         """R40, when validation.context_guard is on: only bodies larger than the window are counted."""

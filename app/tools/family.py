@@ -19,7 +19,6 @@ from app.verdict import Verdict
 
 class ToolFamily(FamilyBase):
     turn_kind = "tool"
-    validate_routes: Sequence[tuple[str, bool]] = ()
 
     def __init__(self, tool: str, strict: bool = False) -> None:
         self.name = f"tools-{tool}"
@@ -28,6 +27,8 @@ class ToolFamily(FamilyBase):
         label, upstream = f"/tools/{tool}", f"/v1/tools/{tool}"
         self.routes: Sequence[tuple[str, str, str, bool]] = (
             (upstream, label, upstream, False), (label, label, upstream, False))
+        self.validate_routes: Sequence[tuple[str, bool]] = ((f"{upstream}/validate", False),
+                                                            (f"{label}/validate", False))
         self.strict = strict
         self._check = CHECKS[tool]
 

@@ -402,3 +402,18 @@ def test_the_refusal_inspector_keeps_a_refused_call_and_only_the_shape_of_an_upl
     assert (asr["route"], asr["rules"], search["rules"]) == ("/tools/asr", ["T8"], ["T2"])
     assert orjson.loads(asr["body"]) == {"upload": [{"name": "file", "filename": "doc.pdf",
                                                      "bytes": 8 * MiB + 1}]}
+
+
+def test_the_dry_runs_check_and_forward_nothing(gate: RunningChatgate, fake: RunningFake,
+                                                tmp_path: Path) -> None:
+    valid = post(gate, "/v1/tools/search/validate", {"query": "q", "count": "5"})
+    assert valid.status_code == 200
+    assert (valid.json()["valid"], valid.json()["model"], [w["rule"] for w in valid.json()["warnings"]]) == (
+        True, "search", ["T3"])
+    assert error_of(post(gate, "/tools/fetch/validate", {"url": "u" * 8193}))["code"] == "invalid_url"
+    ocr = upload(gate, "/v1/tools/ocr/validate", b"page", purpose="handwriting")
+    assert ocr.status_code == 200 and [w["rule"] for w in ocr.json()["warnings"]] == ["T7"]
+    asr = upload(gate, "/v1/tools/asr/validate", b"\0" * (8 * MiB + 1))
+    assert asr.status_code == 400 and error_of(asr)["problems"][0]["rule"] == "T8"
+    assert fake.state.requests == []
+    assert not (tmp_path / "usage.db").exists() or usage_rows(tmp_path, 0) == []
