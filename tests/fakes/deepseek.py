@@ -767,7 +767,10 @@ class FakeDeepSeek:
             await self.send_error(rec, conn, 400, error_bytes(problem or "Invalid request", INVALID))
             return
         plan = make_plan(body)
-        rec.usage = make_usage(rec.body, plan, self.state.cached(rec, "chat", body))
+        from tests.fakes.tools import with_server_tool_use  # it imports this module
+
+        usage = make_usage(rec.body, plan, self.state.cached(rec, "chat", body))
+        rec.usage = with_server_tool_use(usage, rec)
         rec.status = 200
         if fault == "non_json_200":
             rec.outcome = "completed"

@@ -160,9 +160,9 @@ async def asr(fake: FakeDeepSeek, rec: RecordedRequest, conn: Conn, fault: str |
 
 
 def with_server_tool_use(usage: dict[str, Any], rec: RecordedRequest) -> dict[str, Any]:
-    """The usage of a Messages or Responses answer with the searches and page reads the model made, as a test
-    asks for them (`x-fake-server-tool-use: {"web_search_requests": 2, "web_fetch_requests": 1}`): the
-    stand-in for the server web tools' report (Anthropic's `usage.server_tool_use`)."""
+    """The usage of a chat, Messages or Responses answer with the searches and page reads the model made, as
+    a test asks for them (`x-fake-server-tool-use: {"web_search_requests": 2, "web_fetch_requests": 1}`):
+    the stand-in for the server web tools' report (Anthropic's `usage.server_tool_use`)."""
     asked = rec.headers.get("x-fake-server-tool-use")
     return {**usage, "server_tool_use": orjson.loads(asked)} if asked else usage
 
