@@ -36,11 +36,12 @@ class Ledger:
         self.advisor = Advisor(c.breaks, c.memory_per_caller, c.memory_bytes)
 
     async def estimate(self, ex: Exchange, prompt_text: Callable[[], str], completion_text: str,
-                       reasoning_text: str = "") -> TokenCounts:
+                       reasoning_text: str = "", media: int = 0) -> TokenCounts:
         """DeepSeek sent no usage: count locally with its tokenizer, off the event loop
-        (app/metering/tokens.py: the interpreter lock released, one count at a time)."""
+        (app/metering/tokens.py: the interpreter lock released, one count at a time); `media`: what the
+        request's images and documents add (app/gateway/media.py), which its text does not show."""
         def count() -> TokenCounts:
-            prompt = count_text(prompt_text())
+            prompt = count_text(prompt_text()) + media
             reasoning = count_text(reasoning_text)
             completion = count_text(completion_text) + reasoning
             return TokenCounts(prompt, completion, 0, prompt, reasoning)

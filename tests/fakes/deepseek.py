@@ -90,7 +90,7 @@ CONFIG_FIELDS = (
     "fault_after_chunks", "slow_delay", "hang_seconds", "error_content_type", "valid_keys", "validate",
     "tool_rounds", "tool_name", "tool_arguments",
     "fault_attempts", "fault_ratio", "retry_after", "key_concurrency", "no_balance_keys",
-    "prefix_cache",
+    "prefix_cache", "bill_media",
 )  # fmt: skip
 HTML_GARBAGE = b"<html><head><title>502 Bad Gateway</title></head><body><center>nginx</center></body></html>"
 
@@ -189,6 +189,9 @@ class FakeState:
     no_balance_keys: list[str] = field(default_factory=list)  # keys whose account has run out of balance
     prefix_cache: bool = False  # hits from a context cache like DeepSeek's (tests.fakes.prefix_cache)
     cache: PrefixCache = field(default_factory=PrefixCache, repr=False)
+    # chat bills as DeepSeek does what the body's bytes do not show: 384 tokens per image part, and an
+    # uploaded file a part names at one token per byte of it (`media_tokens`)
+    bill_media: bool = False
     requests: list[RecordedRequest] = field(default_factory=list)
     issued_usage: dict[str, dict[str, int]] = field(default_factory=dict)  # per Authorization key
     active: int = 0  # requests being handled right now
@@ -437,6 +440,29 @@ def make_usage(raw_body: bytes, plan: Plan, cached: tuple[int, int] | None = Non
         "prompt_cache_miss_tokens": prompt - hit,
         "completion_tokens_details": {"reasoning_tokens": len(plan.reasoning)},
     }
+
+
+def media_tokens(body: dict[str, Any], files: dict[str, Any]) -> int:
+    """What images (384 each) and named uploaded files (a token per byte) add to a chat's prompt, read from
+    the parsed messages (as DeepSeek reads them: an escaped `\\u0069mage_url` is an image)."""
+    tokens = 0
+    for message in body.get("messages") or []:
+        content = message.get("content") if isinstance(message, dict) else None
+        for part in content if isinstance(content, list) else []:
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind == "image_url":
+                tokens += 384
+            elif kind == "file":
+                ref = part.get("file") if isinstance(part.get("file"), dict) else part
+                stored = files.get(ref.get("file_id"))
+                tokens += len(stored.content) if stored is not None else 0
+    return tokens
+
+
+def add_prompt_tokens(usage: dict[str, Any], extra: int) -> None:
+    usage["prompt_tokens"] += extra
+    usage["total_tokens"] += extra
+    usage["prompt_cache_miss_tokens"] += extra
 
 
 def response_base(body: dict[str, Any], obj: str) -> dict[str, Any]:
@@ -765,6 +791,8 @@ class FakeDeepSeek:
             return
         plan = make_plan(body)
         rec.usage = make_usage(rec.body, plan, self.state.cached(rec, "chat", body))
+        if self.state.bill_media:
+            add_prompt_tokens(rec.usage, media_tokens(body, self.state.files))
         rec.status = 200
         if fault == "non_json_200":
             rec.outcome = "completed"
