@@ -1,7 +1,8 @@
 """Budgets under attack (issue 48, findings 1, 3 and 4): what DeepSeek bills beyond a body's bytes (an
 uploaded document a file part names, images however their JSON is spelt) is reserved before a request is
-admitted, and counted when a client hangs up before DeepSeek's usage came. chatgate in managed mode in front of the fake
-DeepSeek, which bills documents and images as DeepSeek does (`bill_media`); the openai SDK as the client.
+admitted, and counted when a client hangs up before DeepSeek's usage came. chatgate in managed mode in
+front of the fake DeepSeek, which bills documents and images as DeepSeek does (`bill_media`); the openai SDK
+as the client.
 
 Figures (2026-12-07, the smaller scale of these tests): a $0.10 budget and 8 concurrent requests naming a
 200 KB document: before, all 8 admitted and ~$0.24-0.48 spent; after, the spend stays within the budget."""
