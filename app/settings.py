@@ -24,6 +24,9 @@ from app.profiles import DEFAULT_PROFILES, ModelProfile, Prices
 from app.repair.base import NAMES as REPAIR_NAMES
 from app.repair.base import RepairOptions
 
+ADMIN_KEY_MIN = 32
+PLACEHOLDERS = frozenset({"change-me", "changeme", "secret", "admin", "password"})
+
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -109,11 +112,25 @@ class UpstreamSettings(Section):
 
 
 class AuthSettings(Section):
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)  # a refused key unsaid
     mode: Literal["passthrough", "managed"] = "passthrough"
     key_cache_seconds: float = Field(default=2.0, ge=0)
     upstream_api_key: SecretStr | None = None  # DEEPSEEK_API_KEY, used in managed mode
     admin_key: SecretStr | None = None  # CHATGATE_ADMIN_KEY, for /admin/*
     passthrough_team: str = "default"
+    admin_failures_per_minute: int = Field(default=10, ge=1)  # wrong admin keys per address, then 429s
+
+    @field_validator("admin_key")
+    @classmethod
+    def _strong_admin_key(cls, value: SecretStr | None) -> SecretStr | None:
+        """A placeholder or short admin key is refused at start (issue 48): one was guessed in 200 tries."""
+        if value is None or not value.get_secret_value():
+            return None
+        secret = value.get_secret_value()
+        if len(secret) < ADMIN_KEY_MIN or secret.strip().lower() in PLACEHOLDERS:
+            raise ValueError(f"the admin key (CHATGATE_ADMIN_KEY) must be at least {ADMIN_KEY_MIN} "
+                             "characters and not a placeholder; make one with `openssl rand -hex 32`")
+        return value
 
 
 class StoreSettings(Section):

@@ -12,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from app.errors import APIError
-from app.gateway.auth import require_admin
+from app.gateway.auth import address_of, require_admin
 from app.gateway.responses import json_response
 from app.metering.reports import ReportError, parse_time
 from app.refusals.service import list_refusals, show_refusal
@@ -27,7 +27,7 @@ NO_STORE = {"cache-control": "no-store"}
 
 def add_refusals(app: FastAPI, state: State) -> None:
     def store_of(request: Request) -> RefusalStore:
-        require_admin(state.gw.auth, request.headers.get("authorization"))
+        require_admin(state.gw.auth, request.headers.get("authorization"), address_of(request))
         if state.refusals is None:
             raise APIError(503, "The refusal inspector is off: it needs a store (store.url) and "
                            "server.capture_refusals > 0.", "server_error", None, "refusals_off")

@@ -20,11 +20,11 @@ from app.gateway.auth import new_key
 from app.store.sqlite import SQLiteStore
 from tests.fakes.server import RunningFake
 from tests.gateway.conftest import usage_rows
-from tests.harness import RunningChatgate, make_settings, run_chatgate
+from tests.harness import ADMIN_KEY, RunningChatgate, make_settings, run_chatgate
 from tests.quotas.support import Webhook, webhook_receiver
 
 KEYS = {"one": "sk-account-one-0001", "two": "sk-account-two-0002"}
-ADMIN = "admin-secret-for-accounts"
+ADMIN = ADMIN_KEY  # tests/harness.py: a key chatgate accepts at start
 MESSAGES: Any = [{"role": "user", "content": "Summarise the plot of Hamlet"}]
 
 

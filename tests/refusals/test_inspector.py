@@ -16,10 +16,10 @@ from app.refusals.log import Pending, RefusalLog
 from app.refusals.record import body_text, redact
 from app.refusals.store import RefusalQuery, SQLiteRefusals, open_refusal_store
 from tests.fakes.server import RunningFake, run_fake_deepseek
-from tests.harness import RunningChatgate, make_settings, run_chatgate
+from tests.harness import ADMIN_KEY, RunningChatgate, make_settings, run_chatgate
 from tests.pgutil import fresh_database
 
-ADMIN = "admin-key-for-refusals-0001"
+ADMIN = ADMIN_KEY  # tests/harness.py: a key chatgate accepts at start
 CLIENT = {"authorization": "Bearer sk-test-client-0001"}
 LONG = "x" * 500
 
