@@ -20,7 +20,7 @@ import pytest
 
 from app.cli import main
 from app.ids import new_id
-from tests.fakes.server import RunningFake, run_fake_deepseek
+from tests.fakes.server import run_fake_deepseek
 from tests.harness import ADMIN_KEY, RunningChatgate, make_settings, run_chatgate
 
 SECRET = "password=hunter2-" + "p" * (1024 * 1024)
