@@ -84,7 +84,8 @@ def test_the_list_comes_a_page_at_a_time(gate: RunningChatgate, tmp_path: Path,
     assert admin(gate, "/admin/refusals?limit=0").status_code == 400
     assert admin(gate, "/admin/refusals?cursor=nonsense").status_code == 400
     store = gate.state.settings.store.url
-    assert main(["refusals", "list", "--store", store, "--key", fp("sk-inspector-pages"), "--limit", "3"]) == 0
+    assert main(["refusals", "list", "--store", store, "--key", fp("sk-inspector-pages"), "--limit",
+                 "3"]) == 0
     out = capsys.readouterr().out
     assert "(more: --cursor " in out and sum(f"req-page-{n}" in out for n in range(5)) == 3
 
