@@ -253,6 +253,8 @@ class LimitsSettings(Section):
     # count_tokens counts exactly up to this many bytes of prompt text (about 2 s of one core per 4 MiB);
     # above, it answers an upper bound (the text's bytes) and says so
     count_tokens_exact_bytes: int = Field(default=4 * 1024 * 1024, ge=0)
+    # the most of DeepSeek's answer chatgate holds at once: a JSON body, or one line of a stream (issue 48)
+    max_upstream_bytes: int = Field(default=16 * 1024 * 1024, ge=64 * 1024)
     # Budgets, rates and concurrency per team and key (set with `chatgate teams set` / `keys set` or the
     # admin API). Where the counters live: rates and concurrency in Redis when redis_url is set (replicas
     # share them), else in this process; budgets in the store ("store": atomic, shared by replicas) or in

@@ -299,7 +299,8 @@ class Gateway:
             on_end = functools.partial(self._stream_ended, family, turns)
             reopen = functools.partial(self.retrier.reopen, ex, send, receive=None)  # the relay watches
             return SSERelay(ex, resp, deadline, family.meter(turns), on_end, self.spawn, family.stream_error,
-                            usage_filter, reopen if self.retrier.policy.retries else None)
+                            usage_filter, reopen if self.retrier.policy.retries else None,
+                            self.settings.limits.max_upstream_bytes)
         return await self._buffered(ex, family, resp, deadline, send, request)
 
     def _upstream_refused_key(self, ex: Exchange, family: Family) -> Response:
@@ -322,7 +323,8 @@ class Gateway:
                         send: SendOnce, request: Request) -> Response:
         while True:
             try:
-                content = await read_answer(resp, deadline, resp.status_code == 200 and not ex.tries.spent)
+                content = await read_answer(resp, deadline, resp.status_code == 200 and not ex.tries.spent,
+                                            self.settings.limits.max_upstream_bytes)
                 break
             except KeptAliveOnly as dropped:  # blank lines only so far: nothing of the answer is lost
                 resp = await self.retrier.reopen(ex, send, dropped.error, request.receive)

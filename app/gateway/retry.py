@@ -27,7 +27,7 @@ from starlette.types import Receive
 
 from app.errors import APIError
 from app.gateway.accounts import Lease, Pool
-from app.gateway.upstream import aiohttp_reader, map_transport_error, read_whole
+from app.gateway.upstream import aiohttp_reader, map_transport_error, read_whole, too_large
 from app.metering.metrics import Metrics
 from app.quotas.alerts import Alerts
 from app.settings import Settings, UpstreamSettings
@@ -404,11 +404,13 @@ def error_of(status: int, content: bytes, tries: Tries) -> APIError:
                     headers={"x-should-retry": "false"})
 
 
-async def read_answer(resp: httpx2.Response, deadline: float, retryable: bool) -> bytes:
-    """A non-streaming answer's whole body, as `read_whole`; when `retryable`, a failure after nothing but
-    blank lines (DeepSeek's keep-alives for a queued request) raises KeptAliveOnly instead."""
+async def read_answer(resp: httpx2.Response, deadline: float, retryable: bool, limit: int | None = None
+                      ) -> bytes:
+    """A non-streaming answer's whole body, as `read_whole` (at most `limit` bytes); when `retryable`, a
+    failure after nothing but blank lines (DeepSeek's keep-alives for a queued request) raises KeptAliveOnly
+    instead."""
     if not retryable or "content-encoding" in resp.headers:
-        return await read_whole(resp, deadline)
+        return await read_whole(resp, deadline, limit)
     reader = aiohttp_reader(resp)  # read under httpx2's stream wrapper when it is aiohttp's
     if reader is None:
         try:
@@ -416,14 +418,21 @@ async def read_answer(resp: httpx2.Response, deadline: float, retryable: bool) -
         except httpx2.ResponseNotRead:
             pass
     chunks: list[bytes] = []
+    size = 0
     try:
         async with asyncio.timeout(max(deadline - time.perf_counter(), 0.001)):
             if reader is not None:
                 while chunk := await reader.readany():
                     chunks.append(chunk)
+                    size += len(chunk)
+                    if limit is not None and size > limit:
+                        raise too_large(limit)
             else:
                 async for chunk in resp.aiter_raw():
                     chunks.append(chunk)
+                    size += len(chunk)
+                    if limit is not None and size > limit:
+                        raise too_large(limit)
     except TRANSPORT_ERRORS as exc:
         error = map_transport_error(exc)
         if all(not chunk.strip() for chunk in chunks):

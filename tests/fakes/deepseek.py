@@ -8,6 +8,9 @@ Faults are chosen per request with the header `x-fake-fault: <name>` (`none` dis
 globally with `FakeState.fault` (optionally limited to the next `fault_count` chat requests).
 `x-fake-delay: <s>` overrides the delay of `slow`, `no_headers` and `stall_mid_stream`;
 `x-fake-chunk-delay: <s>` overrides `chunk_delay` for one request.
+A misbehaving upstream (chat): `x-fake-huge-line: <bytes>` makes a stream's first event, or a non-streaming
+answer's JSON body, that many bytes longer (one line); `x-fake-endless: <bytes>` streams that many bytes of
+content events after the first, then stops without usage.
 
 Attempts (chatgate's retries): the attempts of one client request share its `x-request-id`. A fault applies
 only to the first N attempts of a request with `x-fake-fault-attempts: N` (or `fault_attempts`), and the
@@ -805,7 +808,10 @@ class FakeDeepSeek:
         elif rec.stream:
             await self.stream(rec, conn, stream_events(body, plan, rec.usage, self.state.usage_mode), fault)
         else:
-            await self.nonstream(rec, conn, orjson.dumps(completion_body(body, plan, rec.usage)), plan, fault)
+            answer = completion_body(body, plan, rec.usage)
+            if huge := int(rec.headers.get("x-fake-huge-line", "0")):
+                answer["pad"] = "x" * huge
+            await self.nonstream(rec, conn, orjson.dumps(answer), plan, fault)
 
     async def stream(self, rec: RecordedRequest, conn: Conn, events: list[Event], fault: str | None) -> None:
         delay = header_float(rec.headers, "x-fake-chunk-delay", self.state.chunk_delay)
@@ -817,6 +823,8 @@ class FakeDeepSeek:
                 rec.outcome = "client_disconnected"
                 return
             await conn.body(b": keep-alive\n\n")
+        if await self.misbehave(rec, conn):
+            return
         for index, event in enumerate(events):
             if index == cut_at and await self.stream_fault(rec, conn, fault):
                 return
@@ -831,6 +839,29 @@ class FakeDeepSeek:
             await conn.body(b"", more=False)
         if fault == "stall_after_end":
             await conn.sleep(header_float(rec.headers, "x-fake-delay", self.state.hang_seconds))
+
+    async def misbehave(self, rec: RecordedRequest, conn: Conn) -> bool:
+        """`x-fake-huge-line` (an event of one long line) and `x-fake-endless` (content without end); True
+        when the stream is over."""
+        huge = int(rec.headers.get("x-fake-huge-line", "0"))
+        piece = 64 * 1024
+        if huge:
+            await conn.body(b'data: {"choices":[],"pad":"')
+            for _ in range(0, huge, piece):
+                await conn.body(b"x" * piece)
+            await conn.body(b'"}\n\n')
+        endless = int(rec.headers.get("x-fake-endless", "0"))
+        if not endless:
+            return False
+        event = b'data: {"choices":[{"index":0,"delta":{"content":"' + b"y" * piece + b'"}}]}\n\n'
+        for _ in range(0, endless, piece):
+            if conn.disconnected.is_set():
+                rec.outcome = "client_disconnected"
+                return True
+            await conn.body(event)
+        await conn.body(b"", more=False)
+        rec.outcome = "completed"
+        return True
 
     async def send_event(self, rec: RecordedRequest, conn: Conn, event: Event) -> None:
         await conn.body(event.data)

@@ -379,7 +379,7 @@ def test_a_budget_cleared_and_set_again_counts_what_was_spent_meanwhile(
     spent = sum(r["cost_picousd"] for r in records(tmp_path, 5))
     set_limits(store_url(tmp_path), "key", key, budget_picousd=usd("1"), budget_period="month")
     shown = httpx2.get(f"{gate.url}/admin/keys/{key}",
-                       headers={"authorization": "Bearer admin-key-for-test"}).json()["spend"]
+                       headers={"authorization": f"Bearer {ADMIN_KEY}"}).json()["spend"]
     assert shown["spent_usd"] == pytest.approx(spent / 1e12, rel=1e-9)
 
 
