@@ -10,11 +10,13 @@ import sqlite3
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 import orjson
 
 from app.refusals.record import Refusal
+from app.store.sqlite import create_private
 
 COLUMNS = ("refusal_id", "request_id", "ts", "replica", "key_id", "key_name", "team", "route", "model",
            "status", "source", "rules", "problems", "body", "redacted")
@@ -166,6 +168,7 @@ class SQLiteRefusals(_SQL):
     def _conn(self) -> sqlite3.Connection:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is None:
+            create_private(Path(self.path))
             conn = sqlite3.connect(self.path, timeout=5.0, isolation_level=None, check_same_thread=False)
             self._local.conn = conn
             with self._lock:
