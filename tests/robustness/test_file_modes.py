@@ -26,9 +26,9 @@ def test_the_store_chatgate_creates_is_its_users_only(tmp_path: Path) -> None:
         with run_fake_deepseek() as fake, run_chatgate(make_settings(
                 tmp_path, fake.url, store={"url": f"sqlite:///{data}/chatgate.db",
                                            "spool_dir": str(data / "spool")})) as gate:
-            resp = httpx2.post(gate.url + "/v1/chat/completions", timeout=30,
-                               headers={"authorization": "Bearer sk-modes-0001"},
-                               json={"model": "deepseek-flash", "messages": [{"role": "user", "content": "hi"}]})
+            hi = {"model": "deepseek-flash", "messages": [{"role": "user", "content": "hi"}]}
+            resp = httpx2.post(gate.url + "/v1/chat/completions", timeout=30, json=hi,
+                               headers={"authorization": "Bearer sk-modes-0001"})
             assert resp.status_code == 200
         files = sorted(data.glob("chatgate.db*"))
         assert data / "chatgate.db" in files
