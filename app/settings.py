@@ -61,6 +61,9 @@ class AccountSettings(Section):
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
     key_env: str = Field(min_length=1, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     weight: float = Field(default=1.0, gt=0)
+    # The teams this account serves, and only it (with the others pinned to them): a team's context cache
+    # and its hit counts are then its own (docs/security.md). Empty: any team not pinned to an account.
+    teams: list[str] = []
 
 
 class UpstreamSettings(Section):

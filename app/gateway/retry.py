@@ -190,7 +190,8 @@ class Retrier:
                     self._count_answer("caller", first.status_code)
                     return first
         first_lease = None
-        if self.pool is not None and (first_lease := self.pool.acquire(ex.files)) is not None:
+        team = ex.identity.team
+        if self.pool is not None and (first_lease := self.pool.acquire(ex.files, team)) is not None:
             # managed mode's common case, one account that answers: no retry loop around it
             tries = ex.tries
             tries.count = ex.attempts = 1
@@ -201,7 +202,8 @@ class Retrier:
                 first = error
             else:
                 status = first.status_code
-                if status not in self.policy.statuses:
+                if status not in self.policy.statuses and not (
+                        status in (401, 402) and self._elsewhere(ex, first_lease)):
                     self._count_answer(first_lease.account.name, status)
                     if status == 200:
                         first_lease.succeeded()
@@ -244,7 +246,7 @@ class Retrier:
         while True:
             lease, first_lease = first_lease, None
             if first is None:
-                taken = await self._lease(tries, hangup, last, ex.files)
+                taken = await self._lease(tries, hangup, last, ex.files, ex.identity.team)
                 if isinstance(taken, httpx2.Response):
                     return taken
                 lease = taken
@@ -279,6 +281,18 @@ class Retrier:
                     lease.succeeded()
                 return resp
             if status not in self.policy.statuses:
+                if lease is not None and status in (401, 402) and self._elsewhere(ex, lease):
+                    # nothing was generated: the request goes to another account, this one is set aside
+                    failed = rebuilt(resp, await read_whole(resp, tries.deadline))
+                    assert self.pool is not None
+                    self.pool.unavailable(lease.account, status, failed)
+                    self._release(ex)
+                    wait = tries.wait(0.0)
+                    if wait is None:
+                        return self._spent_response(tries, failed)
+                    last = failed
+                    await self._retry(ex, hangup, str(status), wait)
+                    continue
                 if lease is not None and status in (401, 402):
                     self.pool_unavailable(lease, status, resp)
                 return resp
@@ -298,20 +312,25 @@ class Retrier:
             await self._retry(ex, hangup, str(status), wait)
 
     async def _lease(self, tries: Tries, hangup: Hangup, last: httpx2.Response | APIError | None,
-                     files: bool = False) -> Lease | httpx2.Response | None:
-        """The account for the next attempt (None: passthrough, the caller's key). While every account is
-        set aside, wait for the first to come back within the retry budget; else DeepSeek's last error."""
+                     files: bool = False, team: str | None = None) -> Lease | httpx2.Response | None:
+        """The account for the next attempt (None: passthrough, the caller's key). While every account (of
+        those that serve `team`) is set aside, wait for the first to come back within the retry budget; else
+        DeepSeek's last error."""
         if self.pool is None:
             return None
+        if not files and not self.pool.serving(team):
+            raise APIError(503, f"No DeepSeek account of the pool serves team {team!r} (upstream.accounts: "
+                           "every account is pinned to other teams).", "server_error", None,
+                           "no_account_for_team")
         while True:
-            lease = self.pool.acquire(files)
+            lease = self.pool.acquire(files, team)
             if lease is not None:
                 return lease
-            back = max(self.pool.next_free() - time.monotonic(), 0.0) + 0.001
+            back = max(self.pool.next_free(team) - time.monotonic(), 0.0) + 0.001
             room = tries.room()
             # the first account back (or one waiting for a request of its own to end) is too late: give up
-            if room <= 0.001 or (back > room and not self.pool.awaiting_release()):
-                final = last if last is not None else self.pool.last_error()
+            if room <= 0.001 or (back > room and not self.pool.awaiting_release(team)):
+                final = last if last is not None else self.pool.last_error(team)
                 if isinstance(final, APIError):
                     raise self._spent(tries, final)
                 if final is None:
@@ -350,6 +369,11 @@ class Retrier:
     def pool_unavailable(self, lease: Lease, status: int, resp: httpx2.Response) -> None:
         assert self.pool is not None
         self.pool.unavailable(lease.account, status)
+
+    def _elsewhere(self, ex: Any, lease: Lease) -> bool:
+        """Whether a 401 or 402 of `lease`'s account may send the request to another account: one serves its
+        team (a request naming uploaded files has only the account that holds them)."""
+        return self.pool is not None and not ex.files and self.pool.others(lease.account, ex.identity.team)
 
     def _spent(self, tries: Tries, error: APIError) -> APIError:
         tries.spent = True

@@ -224,4 +224,4 @@ def test_the_dashboard_has_the_recent_refusals_table(gate: RunningChatgate) -> N
     page = httpx2.get(gate.url + "/admin/dashboard").text
     script = httpx2.get(gate.url + "/admin/dashboard/dashboard.js").text
     assert 'id="refusals"' in page and "Recent refusals" in page
-    assert "/admin/refusals?limit=50" in script and '"#refusal=" + encodeURIComponent(r.request_id)' in script
+    assert "/admin/refusals?limit=50" in script and '"#refusal=" + encodeURIComponent(r.refusal_id)' in script
