@@ -199,24 +199,27 @@ def test_a_passthrough_retry_uses_the_callers_own_key(start_gate: Any, fake: Run
     assert [r.auth_key for r in fake.state.requests] == ["sk-callers-own-0042"] * 2
 
 
-def test_a_refused_account_key_is_set_aside_after_its_first_401(
+def test_every_account_key_refused_is_chatgates_502_never_deepseeks_text(
         pool: tuple[RunningChatgate, str], fake: RunningFake, hook: Webhook) -> None:
-    """The key is chatgate's: the client sees chatgate's 502 upstream_auth_failed, never DeepSeek's text."""
+    """The key is chatgate's: once every account has answered 401 (the request tried each: nothing was
+    generated), the client sees chatgate's 502 upstream_auth_failed, never DeepSeek's text."""
     gate, secret = pool
-    fake.state.configure(valid_keys=[KEYS["one"]])
+    fake.state.configure(valid_keys=["sk-no-account-has-this"])
     statuses = []
-    for _ in range(5):
+    for _ in range(3):
         resp = httpx2.post(gate.url + "/v1/chat/completions", headers={"authorization": f"Bearer {secret}"},
                            json={"model": "deepseek-flash", "messages": MESSAGES}, timeout=30)
         statuses.append((resp.status_code, resp.json().get("error", {}).get("code")))
-        assert KEYS["two"][-4:] not in resp.text
-    assert sorted(statuses, key=str) == [(200, None)] * 4 + [(502, "upstream_auth_failed")]
-    assert len([r for r in fake.state.requests if r.auth_key == KEYS["two"]]) == 1  # not retried, then aside
-    state = accounts_state(gate)["two"]
-    assert (state["state"], state["why"]) == ("set_aside", "401") and state["back_in_s"] > 250
-    (event,) = hook.wait(1)
-    assert (event["event"], event["account"], event["status"]) == ("account_unavailable", "two", 401)
-    assert event["aside_seconds"] == 300
+        assert KEYS["one"][-4:] not in resp.text and KEYS["two"][-4:] not in resp.text
+    assert statuses == [(502, "upstream_auth_failed")] * 3
+    assert Counter(r.auth_key for r in fake.state.requests) == {KEYS["one"]: 1, KEYS["two"]: 1}
+    for name in ("one", "two"):
+        state = accounts_state(gate)[name]
+        assert (state["state"], state["why"]) == ("set_aside", "401") and state["back_in_s"] > 250
+    events = hook.wait(2)
+    assert sorted((e["event"], e["account"], e["status"]) for e in events) == [
+        ("account_unavailable", "one", 401), ("account_unavailable", "two", 401)]
+    assert {e["aside_seconds"] for e in events} == {300}
 
 
 def test_every_account_set_aside_a_request_waits_for_the_first_back(
