@@ -343,7 +343,8 @@ class Gateway:
             raise bad_gateway("DeepSeek answered 200 with a body that is not JSON (upstream broke the "
                               "protocol).", "upstream_bad_response") from None
         if ex.remember and (turn := family.answer_turn(answer)) is not None:
-            await self.memory.remember(ex.identity.caller, family.turn_kind, turn)  # before the client has it
+            await self.memory.remember(ex.identity.caller, family.turn_kind, turn,  # before the client has it
+                                       self._tenant(ex))
         if ex.trace is not None:
             ex.trace.answer(answer)
         if self.keep_text:
@@ -367,7 +368,7 @@ class Gateway:
             return
         turn = turns.turn(lambda: meter.reasoning) if turns is not None and outcome == "ok" else None
         if turn is not None:
-            await self.memory.remember(ex.identity.caller, family.turn_kind, turn)
+            await self.memory.remember(ex.identity.caller, family.turn_kind, turn, self._tenant(ex))
         if self.keep_text:
             ex.completion_text = meter.text
         if meter.model is not None:
@@ -378,6 +379,11 @@ class Gateway:
         tokens = await self.ledger.estimate(ex, functools.partial(family.prompt_text, ex.json()), meter.text,
                                             meter.reasoning, await self.media.tokens(ex, None))
         self.ledger.finish(ex, outcome, status, tokens, exact=False, upstream_status=200)
+
+    def _tenant(self, ex: Exchange) -> str:
+        """Whose share of the reasoning memory a turn takes: its team's in managed mode (teams are made by
+        the operator), its caller's in passthrough (every caller is in the one passthrough team)."""
+        return ex.identity.team if self.auth.managed else ex.identity.caller
 
     # --- background work ----------------------------------------------------------------
 
