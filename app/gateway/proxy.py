@@ -184,9 +184,8 @@ class Gateway:
         ex = Exchange(route, request_id_of(request), identity, body=body)
         origin = origin_of(request)
         verdict = await self.checkers.check(family, body, route.beta, origin)
-        ex.describe(verdict)
-        if ex.model_length:
-            return error_response(model_too_long(ex.model_length), ex.request_id, family)
+        if verdict.model is not None and len(verdict.model) > MODEL_MAX_CHARS:
+            return error_response(model_too_long(len(verdict.model)), ex.request_id, family)
         if (verdict.problems or verdict.warnings) and self.repairs.enabled:
             verdict = await self.repairer.repair(ex, family, verdict, origin)
         if verdict.problems:

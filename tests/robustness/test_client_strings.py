@@ -70,6 +70,9 @@ def test_a_model_name_over_256_characters_is_refused_before_it_is_stored(tmp_pat
                 assert resp.status_code == 400, resp.text[:300]
                 error = resp.json()["error"]
                 assert "model_too_long" in resp.text and len(resp.content) < 4096, error
+        dry = httpx2.post(gate.url + "/v1/chat/completions/validate", headers=HEADERS, timeout=30,
+                          json={**BODIES["/v1/chat/completions"], "model": HUGE})
+        assert dry.status_code == 400 and dry.json()["error"]["code"] == "model_too_long"
         ok = httpx2.post(gate.url + "/v1/chat/completions", headers=HEADERS, timeout=30,
                          json={**BODIES["/v1/chat/completions"], "model": "deepseek-flash"})
         assert ok.status_code == 200, "a model name of a sane length still goes through"
