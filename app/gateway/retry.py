@@ -168,6 +168,7 @@ class Retrier:
         self.metrics = metrics
         self.rng = rng
         self._answered: dict[tuple[str, int], Any] = {}  # the attempts counter's children, by account, status
+        self.max_bytes: int | None = None  # the most of an error answer read here (limits.max_upstream_bytes)
 
     def tries(self, deadline: float) -> Tries:
         return Tries(self.policy, deadline)
@@ -233,7 +234,7 @@ class Retrier:
             hangup.close()
         if resp.status_code == 200:
             return resp
-        content = await read_whole(resp, tries.deadline)
+        content = await read_whole(resp, tries.deadline, self.max_bytes)
         raise error_of(resp.status_code, content, tries)
 
     async def _attempts(self, ex: Any, send: SendOnce, hangup: Hangup,
@@ -283,7 +284,7 @@ class Retrier:
             if status not in self.policy.statuses:
                 if lease is not None and status in (401, 402) and self._elsewhere(ex, lease):
                     # nothing was generated: the request goes to another account, this one is set aside
-                    failed = rebuilt(resp, await read_whole(resp, tries.deadline))
+                    failed = rebuilt(resp, await read_whole(resp, tries.deadline, self.max_bytes))
                     assert self.pool is not None
                     self.pool.unavailable(lease.account, status, failed)
                     self._release(ex)
@@ -296,7 +297,7 @@ class Retrier:
                 if lease is not None and status in (401, 402):
                     self.pool_unavailable(lease, status, resp)
                 return resp
-            content = await read_whole(resp, tries.deadline)
+            content = await read_whole(resp, tries.deadline, self.max_bytes)
             said = retry_after(resp.headers.get("retry-after"))  # the account is set aside for all of it
             after = min(said, self.policy.max_wait_s) if said is not None else None
             failed = rebuilt(resp, content)
@@ -489,4 +490,6 @@ def retrying(settings: Settings, metrics: Metrics, alerts: Alerts | None) -> tup
         metrics.watch_accounts(pool.states)
         if alerts is not None:
             pool.on_unavailable = alerts.account_unavailable
-    return pool, Retrier(RetryPolicy.of(settings.upstream), pool, metrics)
+    retrier = Retrier(RetryPolicy.of(settings.upstream), pool, metrics)
+    retrier.max_bytes = settings.limits.max_upstream_bytes
+    return pool, retrier
