@@ -242,7 +242,7 @@ def test_a_limit_set_through_the_admin_api_applies_on_both_replicas(
         tmp_path: Path, fake: RunningFake, redis_server: RedisServer) -> None:
     fake.state.reset()
     secret = "sk-admin-change-" + secrets.token_hex(4)
-    admin = {"authorization": "Bearer admin-key-of-both"}
+    admin = {"authorization": f"Bearer {ADMIN_KEY}"}
     with fresh_database() as store, replicas(tmp_path, fake, store, redis_url=redis_server.url,
                                              cache_seconds=1.0, admin_key=ADMIN_KEY) as (a, b):
         for n in range(3):
