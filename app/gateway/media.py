@@ -51,6 +51,11 @@ class MediaCounter:
         self.store = store
         self.profiles = profiles
 
+    @staticmethod
+    def may_hold(ex: Exchange, verdict: Verdict | None) -> bool:
+        """Whether the body may hold an image or a document (False: certainly none; a byte search)."""
+        return (verdict is None or verdict.media) and any(hint in ex.body for hint in HINTS)
+
     async def tokens(self, ex: Exchange, verdict: Verdict | None) -> int:
         """The request's images' and documents' tokens at most (kept on the exchange: counted once)."""
         if ex.media_tokens is None:
@@ -59,7 +64,7 @@ class MediaCounter:
 
     async def _count(self, ex: Exchange, verdict: Verdict | None) -> int:
         body = ex.body
-        if (verdict is not None and not verdict.media) or not any(hint in body for hint in HINTS):
+        if not self.may_hold(ex, verdict):
             return 0
         media = await self.checkers.run(len(body), functools.partial(body_media, body))
         profile = verdict.profile if verdict is not None and verdict.profile is not None else \

@@ -150,7 +150,8 @@ class Gateway:
         if overflow is not None:
             ex.warnings.append(overflow.message)
         if self.admitter is not None:
-            media = functools.partial(self.media.tokens, ex, verdict)
+            media = functools.partial(self.media.tokens, ex, verdict) if self.media.may_hold(ex, verdict) \
+                else None  # a plain body: no look-up of the caller's limits for it
             refused = await self.admitter.admit(ex, verdict, media)
             if refused is not None:
                 return self._limit(ex, family, refused)

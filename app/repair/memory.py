@@ -59,6 +59,7 @@ class TurnMemory:
         self._shares: dict[str, Share] = {}  # each tenant's puts in the ring
         self._tenants: dict[str, str] = {}  # caller -> its tenant, as `remember` was told
         self.over_share = 0  # turns not put in the ring: their tenant had its share of it
+        self._pruned_at = 0  # the ring's write position when every tenant's old puts were last forgotten
 
     def _open_cache(self, cache_bytes: int, ring_path: str | None) -> TurnCache:
         if ring_path is not None and cache_bytes > 0:
@@ -212,9 +213,13 @@ class TurnMemory:
         if size <= 0:
             return True
         oldest = cache.written - size
-        for name in list(self._shares):
-            if not self._shares[name].live(oldest):
-                del self._shares[name]
+        if cache.written - self._pruned_at >= size // 16:  # every tenant's, now and then (a tenant each
+            self._pruned_at = cache.written            # time cost every turn a loop over all of them)
+            for name in list(self._shares):
+                if not self._shares[name].live(oldest):
+                    del self._shares[name]
+        elif (own := self._shares.get(tenant)) is not None and not own.live(oldest):
+            del self._shares[tenant]
         wanted = sum(len(r.caller) + len(r.kind) + len(r.call_id) + len(r.turn) + len(r.names)
                      + len(r.payload) + 48 for r in rows)
         mine = self._shares.get(tenant)
