@@ -131,11 +131,14 @@ def build_parser() -> argparse.ArgumentParser:
     r_list.add_argument("--key", help="a key id (key_…) or passthrough fingerprint (fp-…)")
     r_list.add_argument("--rule", help="a rule (R16, A3, …) or problem code")
     r_list.add_argument("--since", help="from this date/datetime (UTC), inclusive")
-    r_list.add_argument("--limit", type=int, default=100)
+    r_list.add_argument("--limit", type=int, default=100, help="at most this many (1 to 1000)")
+    r_list.add_argument("--cursor", help="the page after this one's last (printed when there are more)")
     r_list.add_argument("--format", choices=["table", "json"], default="table")
     r_show = refusals_sub.add_parser("show", help="one refusal, its problems marked on its body",
                                      description="One refusal: its problems marked on its redacted body.")
-    r_show.add_argument("request_id")
+    r_show.add_argument("request_id", help="its refusal id, or its request id")
+    r_show.add_argument("--key", help="of this key's refusals only")
+    r_show.add_argument("--team", help="of this team's refusals only")
     r_show.add_argument("--fix", action="store_true", help="also print what `chatgate lint --fix` would "
                         "repair in it")
     r_show.add_argument("--format", choices=["text", "json"], default="text")
@@ -553,7 +556,7 @@ def _refusal_store(args: argparse.Namespace) -> Any:
 def cmd_refusals_list(args: argparse.Namespace) -> int:
     from app.metering.reports import ReportError, parse_time
     from app.refusals.service import list_refusals
-    from app.refusals.store import RefusalQuery
+    from app.refusals.store import RefusalQuery, parse_cursor
 
     try:
         since = parse_time(args.since, "since")
@@ -561,11 +564,16 @@ def cmd_refusals_list(args: argparse.Namespace) -> int:
         print(f"chatgate: {exc}", file=sys.stderr)
         return 2
     store, loaded = _refusal_store(args)
-    rows = list_refusals(store, RefusalQuery(args.team, args.key, args.rule, since, args.limit),
-                         loaded.settings.server.refusal_ttl_hours)
+    try:
+        after = parse_cursor(args.cursor) if args.cursor else None
+    except ValueError as exc:
+        print(f"chatgate: --cursor: {exc}", file=sys.stderr)
+        return 2
+    query = RefusalQuery(args.team, args.key, args.rule, since, args.limit, after)
+    rows, cursor = list_refusals(store, query, loaded.settings.server.refusal_ttl_hours)
     store.close()
     if args.format == "json":
-        _print_json({"object": "list", "data": rows})
+        _print_json({"object": "list", "data": rows, "has_more": cursor is not None, "next_cursor": cursor})
         return 0
     if not rows:
         print("No refusals kept (server.capture_refusals keeps the last ones of each process).")
@@ -574,12 +582,14 @@ def cmd_refusals_list(args: argparse.Namespace) -> int:
     table += [(_when(r["ts"]), r["request_id"], str(r["status"]), r["source"], r["team"], r["key_id"],
                r["route"], ",".join(r["rules"])) for r in rows]
     _print_table(table)
+    if cursor is not None:
+        print(f"(more: --cursor {cursor})")
     return 0
 
 
 def cmd_refusals_show(args: argparse.Namespace) -> int:
     from app.gateway.endpoints import build_endpoints
-    from app.refusals.service import show_refusal
+    from app.refusals.service import Ambiguous, show_refusal
 
     store, loaded = _refusal_store(args)
     settings = loaded.settings
@@ -589,9 +599,19 @@ def cmd_refusals_show(args: argparse.Namespace) -> int:
         endpoint = endpoints.get(route)
         return (endpoint.family, endpoint.route.beta) if endpoint is not None else None
 
-    found = show_refusal(store, args.request_id, settings.server.refusal_ttl_hours,
-                         family_of if args.fix else None, settings.repair.options() if args.fix else None)
-    store.close()
+    try:
+        found = show_refusal(store, args.request_id, settings.server.refusal_ttl_hours,
+                             family_of if args.fix else None, settings.repair.options() if args.fix else None,
+                             args.key, args.team)
+    except Ambiguous as many:
+        print(f"chatgate: refusals of several keys carry request id {args.request_id!r}; show one by its "
+              "refusal id, or narrow with --key / --team:", file=sys.stderr)
+        for r in many.candidates:
+            print(f"  {r['refusal_id']}  {_when(r['ts'])}  team {r['team']}  key {r['key_id']}",
+                  file=sys.stderr)
+        return 1
+    finally:
+        store.close()
     if found is None:
         print(f"chatgate: no refusal kept with request id {args.request_id!r}", file=sys.stderr)
         return 1

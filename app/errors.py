@@ -120,6 +120,15 @@ def no_such_file(file_id: str, param: str | None = None) -> APIError:
     return APIError(404, f"No such file: {file_id}", "not_found_error", param, "invalid_request_error")
 
 
+MODEL_MAX_CHARS = 256  # chatgate's own bound on the `model` it stores and logs (issue 48), not DeepSeek's
+
+
+def model_too_long(length: int) -> APIError:
+    return APIError(400, f"'model' is {length} characters long; chatgate accepts model names of at most "
+                    f"{MODEL_MAX_CHARS} characters (DeepSeek's are a few dozen).", INVALID_REQUEST, "model",
+                    "model_too_long")
+
+
 def store_unavailable() -> APIError:
     return APIError(503, "chatgate cannot reach its store to check who owns the file; retry later.",
                     "server_error", None, "store_unavailable", headers={"retry-after": "5"})

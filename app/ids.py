@@ -1,14 +1,11 @@
-"""Unique ids without a syscall per request: a random per-process prefix and a counter."""
+"""Ids chatgate makes: random, so that nobody can guess another request's (issue 48: a per-process prefix
+and a counter let a client name the next request's id)."""
 
 from __future__ import annotations
 
-import itertools
-import os
-
-_PREFIX = os.urandom(8).hex()
-_COUNTER = itertools.count()
+import secrets
 
 
 def new_id() -> str:
-    """32 hex characters, like uuid4().hex; unique across processes and restarts (random prefix)."""
-    return f"{_PREFIX}{next(_COUNTER):016x}"
+    """32 hex characters, like uuid4().hex: 128 random bits."""
+    return secrets.token_hex(16)

@@ -24,6 +24,9 @@ from app.profiles import DEFAULT_PROFILES, ModelProfile, Prices
 from app.repair.base import NAMES as REPAIR_NAMES
 from app.repair.base import RepairOptions
 
+ADMIN_KEY_MIN = 32
+PLACEHOLDERS = frozenset({"change-me", "changeme", "secret", "admin", "password"})
+
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -58,6 +61,9 @@ class AccountSettings(Section):
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
     key_env: str = Field(min_length=1, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     weight: float = Field(default=1.0, gt=0)
+    # The teams this account serves, and only it (with the others pinned to them): a team's context cache
+    # and its hit counts are then its own (docs/security.md). Empty: any team not pinned to an account.
+    teams: list[str] = []
 
 
 class UpstreamSettings(Section):
@@ -109,11 +115,25 @@ class UpstreamSettings(Section):
 
 
 class AuthSettings(Section):
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)  # a refused key unsaid
     mode: Literal["passthrough", "managed"] = "passthrough"
     key_cache_seconds: float = Field(default=2.0, ge=0)
     upstream_api_key: SecretStr | None = None  # DEEPSEEK_API_KEY, used in managed mode
     admin_key: SecretStr | None = None  # CHATGATE_ADMIN_KEY, for /admin/*
     passthrough_team: str = "default"
+    admin_failures_per_minute: int = Field(default=10, ge=1)  # wrong admin keys per address, then 429s
+
+    @field_validator("admin_key")
+    @classmethod
+    def _strong_admin_key(cls, value: SecretStr | None) -> SecretStr | None:
+        """A placeholder or short admin key is refused at start (issue 48): one was guessed in 200 tries."""
+        if value is None or not value.get_secret_value():
+            return None
+        secret = value.get_secret_value()
+        if len(secret) < ADMIN_KEY_MIN or secret.strip().lower() in PLACEHOLDERS:
+            raise ValueError(f"the admin key (CHATGATE_ADMIN_KEY) must be at least {ADMIN_KEY_MIN} "
+                             "characters and not a placeholder; make one with `openssl rand -hex 32`")
+        return value
 
 
 class StoreSettings(Section):
@@ -236,6 +256,8 @@ class LimitsSettings(Section):
     # count_tokens counts exactly up to this many bytes of prompt text (about 2 s of one core per 4 MiB);
     # above, it answers an upper bound (the text's bytes) and says so
     count_tokens_exact_bytes: int = Field(default=4 * 1024 * 1024, ge=0)
+    # the most of DeepSeek's answer chatgate holds at once: a JSON body, or one line of a stream (issue 48)
+    max_upstream_bytes: int = Field(default=16 * 1024 * 1024, ge=64 * 1024)
     # Budgets, rates and concurrency per team and key (set with `chatgate teams set` / `keys set` or the
     # admin API). Where the counters live: rates and concurrency in Redis when redis_url is set (replicas
     # share them), else in this process; budgets in the store ("store": atomic, shared by replicas) or in

@@ -15,6 +15,10 @@ import orjson
 # `"key"` + JSON_STRING matches `"key": "value"` and captures the value, escapes and all.
 JSON_STRING = rb'[ \t]*:[ \t]*"([^"\\]*(?:\\.[^"\\]*)*)"'
 SCAN_AT = 16 * 1024  # bytes a meter buffers before scanning them (2,000 long streams hold at most ~32 MB)
+# The text a meter keeps of one kind (content, reasoning, tool arguments), for the estimate of a stream
+# without usage: more than any answer of DeepSeek's holds (384K tokens); beyond, the rest is not kept (an
+# upstream that streams text without end cost memory without bound: issue 48).
+TEXT_KEPT = 8 * 1024 * 1024
 
 
 class LineWatcher(Protocol):
@@ -25,11 +29,12 @@ class LineWatcher(Protocol):
 
 
 def collect(parts: list[bytes], found: list[bytes]) -> None:
-    """Add a batch's pieces, keeping `parts` one joined piece (a long stream makes one bytes, not many)."""
-    if found:
+    """Add a batch's pieces, keeping `parts` one joined piece (a long stream makes one bytes, not many), of
+    at most TEXT_KEPT bytes."""
+    if found and not (parts and len(parts[0]) >= TEXT_KEPT):
         parts.append(b"".join(found))
-        if len(parts) > 1:
-            parts[:] = [b"".join(parts)]
+        if len(parts) > 1 or len(parts[0]) > TEXT_KEPT:
+            parts[:] = [b"".join(parts)[:TEXT_KEPT]]
 
 
 def take_lines(buf: bytearray, final: bool) -> bytes:

@@ -28,6 +28,8 @@ from tests import lifeline
 from tests.fakes.server import bind_socket
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+# An admin key chatgate accepts at start (at least 32 characters, not a placeholder: issue 48)
+ADMIN_KEY = "test-admin-key-0123456789abcdef-0123456789abcdef"
 
 
 def make_settings(tmp_path: Path, upstream_url: str = "http://127.0.0.1:9", **sections: dict[str, Any]

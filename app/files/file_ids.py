@@ -11,6 +11,7 @@ What is data rather than request structure is not looked into: a tool call's arg
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import jiter
@@ -67,3 +68,56 @@ def file_refs(data: Any) -> list[tuple[str, str]]:
             stack.extend(reversed([(value, f"{where}[{i}]") for i, value in enumerate(node)
                                    if isinstance(value, (dict, list))]))
     return found
+
+
+# What DeepSeek bills beyond a body's own bytes (docs/keys-and-limits.md, the reservation): each image (384
+# tokens at most) and each document the body names or carries.
+IMAGE_TYPES = frozenset({"image_url", "input_image", "image"})
+INLINE_DOCUMENT_TYPES = frozenset({"document", "input_file", "file"})
+
+
+@dataclass(frozen=True, slots=True)
+class Media:
+    images: int = 0
+    files: tuple[str, ...] = ()  # the uploaded files it names, once per mention (each is billed)
+    inline: int = 0  # documents sent in the body itself (`file_data`, a base64 `document` source)
+
+
+def body_media(body: bytes) -> Media:
+    """The images and documents of a body, read from its parse (an escaped `\\u0069mage_url` is an image
+    too); a body that is not JSON holds none that DeepSeek would read."""
+    try:
+        data = jiter.from_json(body, cache_mode="keys")
+    except ValueError:
+        return Media()
+    return media_in(data)
+
+
+def media_in(data: Any) -> Media:
+    """Images and documents anywhere DeepSeek reads content: what `file_refs` looks into, no data."""
+    images = inline = 0
+    files: list[str] = []
+    stack: list[Any] = [data]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            kind = node.get("type")
+            if kind in IMAGE_TYPES or (kind is None and isinstance(node.get("image_url"), (dict, str))):
+                images += 1
+            file_id = node.get("file_id")
+            if isinstance(file_id, str) and file_id:
+                files.append(file_id)
+            elif "file_data" in node or "file_url" in node or (kind in INLINE_DOCUMENT_TYPES
+                                                                and _base64_source(node)):
+                inline += 1
+            call = kind in TOOL_CALL_BLOCKS
+            stack.extend(value for key, value in node.items() if isinstance(value, (dict, list))
+                         and key not in OPAQUE_KEYS and not (call and key == "input"))
+        elif isinstance(node, list):
+            stack.extend(value for value in node if isinstance(value, (dict, list)))
+    return Media(images, tuple(files), inline)
+
+
+def _base64_source(node: dict[str, Any]) -> bool:
+    source = node.get("source")
+    return isinstance(source, dict) and source.get("type") in ("base64", "url")

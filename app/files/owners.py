@@ -46,8 +46,8 @@ class Owners:
     async def owned(self, file_ids: Sequence[str]) -> set[str]:
         return await _ask(self.store.files_owned, self.team, file_ids) if file_ids else set()
 
-    async def record(self, file_id: str) -> None:
-        owner = FileOwner(file_id, self.team, self.key_id, time.time())
+    async def record(self, file_id: str, tokens: int | None = None) -> None:
+        owner = FileOwner(file_id, self.team, self.key_id, time.time(), tokens)
         await _ask(self.store.own_file, owner)
 
 

@@ -24,6 +24,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from app.errors import NOT_OWNED, APIError, bad_gateway, no_such_file, not_found, upstream_auth_failed
+from app.files.documents import DocumentCount
 from app.files.owners import (
     MAX_LIST_PAGES,
     Owners,
@@ -137,6 +138,10 @@ async def _exchange(state: State, request: Request, path: str, upload: Upload, i
     whole, so that its owner is recorded before the caller has the id)."""
     gw, rid = state.gw, request_id_of(request)
     body = upload if _has_body(request) else None
+    document = None
+    if owners is not None and request.method == "POST" and body is not None:
+        document = DocumentCount(request.headers.get("content-type", ""))
+        upload.tap = document.feed
     url = gw.upstream.url_of(path, request.scope["query_string"].decode("latin-1"))
     try:
         async with asyncio.timeout(_left(deadline)):
@@ -156,12 +161,13 @@ async def _exchange(state: State, request: Request, path: str, upload: Upload, i
     if request.method == "DELETE" and gw.auth.managed and 200 <= resp.status_code < 300:
         await forget(state.store, request.path_params["file_id"])
     if owners is not None and request.method == "POST":
-        return await _owned_upload(state, owners, identity, resp, rid, deadline, done)
+        tokens = document.tokens() if document is not None and upload.done else None
+        return await _owned_upload(state, owners, identity, resp, rid, deadline, done, tokens)
     return Passthrough(resp, rid, deadline, done, watch=body is None or upload.done)
 
 
 async def _owned_upload(state: State, owners: Owners, identity: Identity, resp: httpx2.Response, rid: str,
-                        deadline: float, done: OnEnd) -> Response:
+                        deadline: float, done: OnEnd, tokens: int | None = None) -> Response:
     """DeepSeek's answer to an upload, relayed unchanged once the file it made is recorded as the team's. If
     it cannot be recorded, the file is deleted (nobody could have reached it) and the upload fails."""
     try:
@@ -172,7 +178,7 @@ async def _owned_upload(state: State, owners: Owners, identity: Identity, resp: 
     file_id = uploaded_id(resp.status_code, content)
     if file_id is not None:
         try:
-            await owners.record(file_id)
+            await owners.record(file_id, tokens)
         except APIError as error:
             await _discard(state, file_id, identity, rid)
             done("aborted", error.status, error.code)

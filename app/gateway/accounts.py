@@ -9,6 +9,11 @@ learned) for RATE_LIMIT_ASIDE_MAX_S; else it is set aside for a short back-off. 
 webhook). A pool of
 one account is never set aside for 401/402: there is nowhere else to go, and each request then gets
 DeepSeek's own answer (a top-up takes effect at once).
+
+An account may be pinned to teams (`teams = [...]`): a team with accounts of its own is served by those only,
+and the other teams by the accounts pinned to none, so that no two of them share an account's context cache
+(docs/security.md). A request that names uploaded files goes to the account that holds them, whatever its
+team.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ class Account:
     # A 429 with requests of it in flight: DeepSeek's concurrency limit for it, learned, until cap_until
     cap: int = 0
     cap_until: float = 0.0
+    teams: frozenset[str] = frozenset()  # the teams it serves alone (empty: the teams pinned to none)
 
     def available(self, now: float) -> bool:
         return (self.authorization is not None or self.keyless) and self.aside_until <= now \
@@ -87,6 +93,12 @@ class Pool:
     files: Account | None = None
     _turn: int = field(default=0, repr=False)
     _event: asyncio.Event | None = field(default=None, repr=False)
+    _pinned: frozenset[str] = field(default=frozenset(), repr=False)  # the teams some account serves alone
+    _unpinned: list[Account] = field(default_factory=list, repr=False)
+
+    def __post_init__(self) -> None:
+        self._pinned = frozenset(t for a in self.accounts for t in a.teams)
+        self._unpinned = [a for a in self.accounts if not a.teams]
 
     @classmethod
     def from_settings(cls, settings: Settings, env: Mapping[str, str] | None = None) -> Pool | None:
@@ -99,15 +111,22 @@ class Pool:
         secret = _bearer(key.get_secret_value() if key else None)
         if not up.accounts:
             return cls([Account(DEFAULT, "DEEPSEEK_API_KEY", secret, keyless=True)], up.account_cooldown_s)
-        accounts = [Account(a.name, a.key_env, _bearer(env.get(a.key_env)), a.weight) for a in up.accounts]
+        accounts = [Account(a.name, a.key_env, _bearer(env.get(a.key_env)), a.weight,
+                            teams=frozenset(a.teams)) for a in up.accounts]
         files = next((a for a in accounts if secret is not None and a.authorization == secret), None)
         if files is None and secret is not None:  # DEEPSEEK_API_KEY is an account of its own, for files only
             files = Account(FILES, "DEEPSEEK_API_KEY", secret)
         return cls(accounts, up.account_cooldown_s, files=files)
 
-    def acquire(self, files: bool = False) -> Lease | None:
-        """The available account with the fewest requests in flight for its weight (ties in turn); for a
-        request that names uploaded files (`files`), the account that holds them."""
+    def serving(self, team: str | None) -> list[Account]:
+        """The accounts that serve `team`: those pinned to it if any, else those pinned to no team."""
+        if team is None or not self._pinned:
+            return self.accounts
+        return [a for a in self.accounts if team in a.teams] if team in self._pinned else self._unpinned
+
+    def acquire(self, files: bool = False, team: str | None = None) -> Lease | None:
+        """The available account with the fewest requests in flight for its weight (ties in turn) of those
+        that serve `team`; for a request that names uploaded files (`files`), the account that holds them."""
         now = self.clock()
         if files:
             holder = self.files or self.accounts[0]
@@ -117,10 +136,13 @@ class Pool:
             holder.requests += 1
             return Lease(self, holder)
         best: Account | None = None
-        n = len(self.accounts)
+        accounts = self.serving(team)
+        n = len(accounts)
+        if not n:
+            return None
         self._turn = (self._turn + 1) % n
         for i in range(n):
-            account = self.accounts[(self._turn + i) % n]
+            account = accounts[(self._turn + i) % n]
             if not account.available(now):
                 continue
             if best is None or account.in_flight / account.weight < best.in_flight / best.weight:
@@ -138,15 +160,15 @@ class Pool:
         now = self.clock()
         return any(a.available(now) for a in self.accounts)
 
-    def awaiting_release(self) -> bool:
+    def awaiting_release(self, team: str | None = None) -> bool:
         """Whether an account set aside comes back as soon as one of its requests ends."""
         now = self.clock()
-        return any(a.full(now) for a in self.accounts)
+        return any(a.full(now) for a in self.serving(team))
 
-    def next_free(self) -> float:
+    def next_free(self, team: str | None = None) -> float:
         """When the first account set aside comes back (clock time); far away if none has a key."""
         now = self.clock()
-        keyed = [max(a.aside_until, a.cap_until if a.full(now) else 0.0) for a in self.accounts
+        keyed = [max(a.aside_until, a.cap_until if a.full(now) else 0.0) for a in self.serving(team)
                  if a.authorization is not None or a.keyless]
         return min(keyed) if keyed else now + 1e9
 
@@ -167,10 +189,10 @@ class Pool:
             aside = min(max(base_s, 0.05) * 2 ** (account.strikes - 1), RATE_LIMIT_ASIDE_MAX_S)
             self._set_aside(account, aside, "429", answer)
 
-    def unavailable(self, account: Account, status: int) -> None:
+    def unavailable(self, account: Account, status: int, answer: httpx2.Response | None = None) -> None:
         """A 401 (the key is refused) or 402 (no balance): set aside for the cooldown, and say so."""
         if len(self.accounts) > 1:
-            self._set_aside(account, self.cooldown_s, str(status), None)
+            self._set_aside(account, self.cooldown_s, str(status), answer)
         if self.on_unavailable is not None:
             self.on_unavailable(account.name, status, self.cooldown_s if len(self.accounts) > 1 else 0.0)
 
@@ -181,9 +203,13 @@ class Pool:
             account.last_error = (answer.status_code, list(answer.headers.raw), answer.content)
         self.changed()
 
-    def last_error(self) -> httpx2.Response | None:
+    def others(self, account: Account, team: str | None) -> bool:
+        """Whether another account serves `team` (a 401 or 402 of this one can go there)."""
+        return any(a is not account for a in self.serving(team))
+
+    def last_error(self, team: str | None = None) -> httpx2.Response | None:
         """DeepSeek's last error from an account set aside, to answer with while all are."""
-        errors = [a.last_error for a in self.accounts if a.last_error is not None]
+        errors = [a.last_error for a in self.serving(team) if a.last_error is not None]
         if not errors:
             return None
         status, headers, content = errors[-1]

@@ -6,13 +6,14 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import math
 import secrets
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from starlette.requests import HTTPConnection
+from starlette.requests import HTTPConnection, Request
 
 from app.errors import APIError, unauthorized
 from app.settings import AuthSettings
@@ -24,6 +25,8 @@ UNKNOWN_KEYS_CACHED = 10_000  # keys the store does not know, remembered (oldest
 KNOWN_KEYS_CACHED = 100_000  # beyond, expired entries are dropped
 PASSTHROUGH_CACHED = 4_096  # passthrough identities kept (beyond, the cache starts over)
 MANAGED_CACHED = 4_096  # managed identities kept by their secret (beyond, the cache starts over)
+ADMIN_WINDOW = 60.0  # auth.admin_failures_per_minute wrong admin keys from an address in it: then 429s
+ADMIN_SOURCES = 10_000  # addresses whose failures are remembered (the oldest forgotten first)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +83,7 @@ class Authenticator:
         self.store = store
         self._cache: dict[str, tuple[float, ApiKey]] = {}  # the store's keys, by digest
         self._unknown: OrderedDict[str, float] = OrderedDict()  # digests the store does not know -> until
+        self._admin_failures: OrderedDict[str, deque[float]] = OrderedDict()  # wrong admin keys, by address
         self._passthrough_ids: dict[str, Identity] = {}  # by the Authorization as sent: no hash per request
         # a known key's identity by its secret, until its key cache entry expires: no hash per request
         self._managed_ids: dict[str, tuple[float, Identity]] = {}
@@ -181,6 +185,34 @@ class Authenticator:
         for token in [t for t, (_, identity) in self._managed_ids.items() if identity.key_id == key_id]:
             del self._managed_ids[token]
 
+    def check_admin(self, authorization: str | None, source: str) -> None:
+        """The admin key, or a 401 counted in /metrics; an address that sent auth.admin_failures_per_minute
+        wrong keys in the last minute gets a 429 (right key or not) until the oldest of them is that old. A
+        request without a key is refused, not counted: it guesses nothing."""
+        now = time.monotonic()
+        failures = self._admin_failures.get(source)
+        if failures is not None:
+            while failures and failures[0] <= now - ADMIN_WINDOW:
+                failures.popleft()
+            if len(failures) >= self.settings.admin_failures_per_minute:
+                wait = max(1, math.ceil(failures[0] + ADMIN_WINDOW - now))
+                raise APIError(429, f"Too many wrong admin keys from this address; try again in {wait} s.",
+                               "rate_limit_error", None, "admin_auth_throttled",
+                               headers={"retry-after": str(wait)})
+        if self.is_admin(authorization):
+            return
+        if bearer(authorization) is None:
+            raise admin_refused()
+        if failures is None:
+            if len(self._admin_failures) >= ADMIN_SOURCES:
+                self._admin_failures.popitem(last=False)
+            failures = self._admin_failures[source] = deque()
+        failures.append(now)
+        self._admin_failures.move_to_end(source)
+        if self.on_refused is not None:
+            self.on_refused(source)
+        raise admin_refused()
+
     def is_admin(self, authorization: str | None) -> bool:
         expected = self.settings.admin_key.get_secret_value() if self.settings.admin_key else None
         token = bearer(authorization)
@@ -189,9 +221,17 @@ class Authenticator:
         return hmac.compare_digest(token.encode("utf-8", "surrogateescape"), expected.encode())
 
 
-def require_admin(auth: Authenticator, authorization: str | None) -> None:
-    """Admin routes take the admin key only; a client key, chatgate's or DeepSeek's, is refused."""
-    if not auth.is_admin(authorization):
-        raise APIError(401, "Admin routes need 'Authorization: Bearer <CHATGATE_ADMIN_KEY>'; client keys are "
-                       "refused.", "authentication_error", None, "invalid_admin_key",
-                       headers={"www-authenticate": "Bearer"})
+def require_admin(auth: Authenticator, authorization: str | None, source: str = "unknown") -> None:
+    """Admin routes take the admin key only; a client key, chatgate's or DeepSeek's, is refused. `source`
+    (the client's address) is throttled after ADMIN_FAILURES wrong keys in ADMIN_WINDOW seconds."""
+    auth.check_admin(authorization, source)
+
+
+def admin_refused() -> APIError:
+    return APIError(401, "Admin routes need 'Authorization: Bearer <CHATGATE_ADMIN_KEY>'; client keys are "
+                    "refused.", "authentication_error", None, "invalid_admin_key",
+                    headers={"www-authenticate": "Bearer"})
+
+
+def address_of(request: Request) -> str:
+    return request.client.host if request.client is not None else "unknown"

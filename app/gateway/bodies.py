@@ -100,6 +100,7 @@ class Upload:
         self.too_slow = False
         self.client_gone = False
         self.done = False  # read to its end: nothing but the client's disconnect is left to receive
+        self.tap: Callable[[bytes], None] | None = None  # sees each piece on its way (a document's count)
 
     def check(self) -> None:
         declared = self.request.headers.get("content-length", "")
@@ -126,6 +127,8 @@ class Upload:
                     self.too_slow = True
                     raise BodyStopped()
                 if chunk:
+                    if self.tap is not None:
+                        self.tap(chunk)
                     yield chunk
         except ClientDisconnect:
             self.client_gone = True

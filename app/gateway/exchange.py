@@ -9,6 +9,7 @@ from typing import Any
 import httpx2
 import orjson
 
+from app.errors import MODEL_MAX_CHARS
 from app.gateway.auth import Identity
 from app.gateway.family import ToolRoute
 from app.gateway.upstream import response_headers
@@ -51,6 +52,9 @@ class Exchange:
     lease: Any = None
     checked: Any = None  # the family's validated request (Verdict.request), for the cache advisor's parts
     files: bool = False  # it names uploaded files: the pool sends it to the account that holds them
+    stream_bytes: int = 0  # of the answer's stream, relayed so far
+    model_length: int = 0  # the length of a model name too long to keep (then a 400: errors.model_too_long)
+    media_tokens: int | None = None  # what its images and documents add to its prompt (app/gateway/media.py)
     parsed: Any = None  # R1's parse of `body` (app/wire.py `kept`): where the cache advisor finds items
     sketch: Any = None  # the cache advisor's parts of the request, taken as it is forwarded (Ledger.sketch)
     _json: dict[str, Any] | None = None
@@ -80,13 +84,19 @@ class Exchange:
         """A parse of `body` made already, its objects' keys in the body's order (None: none was made)."""
         return self._json if self._json is not None else self.parsed
 
-    def describe(self, verdict: Verdict) -> None:
-        """The model and the stream flag it is metered by, as the family's check read them."""
-        if verdict.model is not None:
-            self.model, self.stream = verdict.model, verdict.stream
+    def describe(self, verdict: Verdict | None) -> None:
+        """The model and the stream flag it is metered by, as the family's check read them (without one,
+        as the body says). A model name over MODEL_MAX_CHARS is kept cut, its length in `model_length`."""
+        if verdict is not None and verdict.model is not None:
+            model, self.stream = verdict.model, verdict.stream
         else:
             model = self.json().get("model", "unknown")
-            self.model = (model if isinstance(model, str) else "unknown")[:200]
+            model = model if isinstance(model, str) else "unknown"
+            if verdict is None:
+                self.stream = self.json().get("stream") is True
+        if len(model) > MODEL_MAX_CHARS:
+            self.model_length, model = len(model), model[:MODEL_MAX_CHARS]
+        self.model = model
 
     def response_headers(self, resp: httpx2.Response) -> list[tuple[bytes, bytes]]:
         headers = response_headers(resp.headers, self.request_id)

@@ -38,13 +38,19 @@ class Ledger:
         self.advisor = Advisor(c.breaks, c.memory_per_caller, c.memory_bytes)
 
     async def estimate(self, ex: Exchange, prompt_text: Callable[[], str], completion_text: str,
-                       reasoning_text: str = "") -> TokenCounts:
+                       reasoning_text: str = "", media: int = 0) -> TokenCounts:
         """DeepSeek sent no usage: count locally with its tokenizer, off the event loop
-        (app/metering/tokens.py: the interpreter lock released, one count at a time)."""
+        (app/metering/tokens.py: the interpreter lock released, one count at a time); `media`: what the
+        request's images and documents add (app/gateway/media.py), which its text does not show."""
+        exact = self.settings.limits.count_tokens_exact_bytes
+
+        def bounded(text: str) -> int:  # too long to count at once: its UTF-8 bytes (a token is 1 or more)
+            return count_text(text) if len(text) <= exact else len(text.encode("utf-8", "replace"))
+
         def count() -> TokenCounts:
-            prompt = count_text(prompt_text())
-            reasoning = count_text(reasoning_text)
-            completion = count_text(completion_text) + reasoning
+            prompt = bounded(prompt_text()) + media
+            reasoning = bounded(reasoning_text)
+            completion = bounded(completion_text) + reasoning
             return TokenCounts(prompt, completion, 0, prompt, reasoning)
         return await count_async(count)
 

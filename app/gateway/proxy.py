@@ -30,7 +30,15 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from app.errors import NOT_OWNED, APIError, Problem, bad_gateway, upstream_auth_failed
+from app.errors import (
+    MODEL_MAX_CHARS,
+    NOT_OWNED,
+    APIError,
+    Problem,
+    bad_gateway,
+    model_too_long,
+    upstream_auth_failed,
+)
 from app.files.file_ids import may_name_files
 from app.files.ownership import Ownership
 from app.gateway.auth import Authenticator
@@ -39,6 +47,7 @@ from app.gateway.checking import Checkers
 from app.gateway.exchange import Exchange, Route
 from app.gateway.family import Family, StreamMeter, StreamTurns
 from app.gateway.ledger import Ledger
+from app.gateway.media import MediaCounter
 from app.gateway.notices import Notices
 from app.gateway.relay import SSERelay
 from app.gateway.responses import RawResponse, error_response, is_event_stream, json_response
@@ -94,6 +103,7 @@ class Gateway:
         self.quotas = quotas
         self.admitter = Admitter(quotas, settings, self.profiles) if quotas is not None else None
         self.ownership = Ownership(self.checkers, files)  # the files a request may name (managed mode)
+        self.media = MediaCounter(self.checkers, files, self.profiles)  # images and documents' tokens
         self.clock: Callable[[], float] = time.time  # a request's start: its usage record's time
         self.tracing: Tracing | None = None  # set by State when tracing is on (app.tracing)
         self.refusals: RefusalLog | None = None  # the refusal inspector (server.capture_refusals)
@@ -118,13 +128,15 @@ class Gateway:
         ex = Exchange(route, request_id, identity, body=body, ts=self.clock(), trace=trace)
         origin = origin_of(request)
         verdict = await self._check(ex, family, origin)
+        if ex.model_length:  # before anything keeps it: the record, the log, the refusal inspector
+            return await self._reject(ex, family, model_too_long(ex.model_length))
         ex.parsed = kept(ex.body)
         if trace is not None and verdict is not None:
             trace.max_tokens = verdict.max_tokens
         if verdict is not None and (verdict.problems or verdict.warnings) and self.repairs.enabled:
             verdict = await self.repairer.repair(ex, family, verdict, origin)
         if verdict is not None and verdict.problems:
-            return self._reject(ex, family, refusal(ex, family, verdict))
+            return await self._reject(ex, family, refusal(ex, family, verdict))
         if verdict is not None and verdict.warnings:
             ex.warnings.extend(self.notices.warnings(route.label, identity.key_id, verdict.warnings))
         ex.remember = self.repairer.remembers(family, verdict, ex.identity.caller)
@@ -137,11 +149,13 @@ class Gateway:
                 return error_response(foreign, request_id, family)
         overflow = await self._context_guard(ex, family, verdict)
         if overflow is not None and self.settings.validation.strict:
-            return self._reject(ex, family, APIError.from_problems([overflow]))
+            return await self._reject(ex, family, APIError.from_problems([overflow]))
         if overflow is not None:
             ex.warnings.append(overflow.message)
         if self.admitter is not None:
-            refused = await self.admitter.admit(ex, verdict)
+            media = functools.partial(self.media.tokens, ex, verdict) if self.media.may_hold(ex, verdict) \
+                else None  # a plain body: no look-up of the caller's limits for it
+            refused = await self.admitter.admit(ex, verdict, media)
             if refused is not None:
                 return self._limit(ex, family, refused)
         self.ledger.sketch(ex)
@@ -175,6 +189,8 @@ class Gateway:
         origin = origin_of(request)
         verdict = await (self._check_upload(family, body, route, origin) if _upload(route)
                          else self.checkers.check(family, body, route.beta, origin))
+        if verdict.model is not None and len(verdict.model) > MODEL_MAX_CHARS:
+            return error_response(model_too_long(len(verdict.model)), ex.request_id, family)
         if (verdict.problems or verdict.warnings) and self.repairs.enabled:
             verdict = await self.repairer.repair(ex, family, verdict, origin)
         if verdict.problems:
@@ -193,10 +209,10 @@ class Gateway:
 
     async def _check(self, ex: Exchange, family: Family, origin: str) -> Verdict | None:
         if not self.settings.validation.enabled:
-            hint = ex.json()
-            ex.model, ex.stream = str(hint.get("model", "unknown"))[:200], hint.get("stream") is True
             if ex.route.tool is not None:
                 ex.model, ex.stream = ex.route.tool.name, False
+            else:
+                ex.describe(None)
             return None
         verdict = await (self._check_upload(family, ex.body, ex.route, origin) if _upload(ex.route)
                          else self.checkers.check(family, ex.body, ex.route.beta, origin))
@@ -241,7 +257,11 @@ class Gateway:
         self.metrics.limited.labels(refusal.code).inc()
         return error_response(error, ex.request_id, family)
 
-    def _reject(self, ex: Exchange, family: Family, error: APIError) -> Response:
+    async def _reject(self, ex: Exchange, family: Family, error: APIError) -> Response:
+        if self.quotas is not None:  # a refused request is one of its caller's requests per minute too
+            limited = await self.quotas.count_refused(ex.identity.team, ex.identity.key_id)
+            if limited is not None:
+                return self._limit(ex, family, limited)
         if ex.trace is not None:
             ex.trace.refused(error.problems)
         if self.refusals is not None:
@@ -300,7 +320,8 @@ class Gateway:
             on_end = functools.partial(self._stream_ended, family, turns)
             reopen = functools.partial(self.retrier.reopen, ex, send, receive=None)  # the relay watches
             return SSERelay(ex, resp, deadline, family.meter(turns), on_end, self.spawn, family.stream_error,
-                            usage_filter, reopen if self.retrier.policy.retries else None)
+                            usage_filter, reopen if self.retrier.policy.retries else None,
+                            self.settings.limits.max_upstream_bytes)
         return await self._buffered(ex, family, resp, deadline, send, request)
 
     def _tool_answer(self, ex: Exchange, family: Family, resp: httpx2.Response, deadline: float,
@@ -346,7 +367,8 @@ class Gateway:
                         send: SendOnce, request: Request) -> Response:
         while True:
             try:
-                content = await read_answer(resp, deadline, resp.status_code == 200 and not ex.tries.spent)
+                content = await read_answer(resp, deadline, resp.status_code == 200 and not ex.tries.spent,
+                                            self.settings.limits.max_upstream_bytes)
                 break
             except KeptAliveOnly as dropped:  # blank lines only so far: nothing of the answer is lost
                 resp = await self.retrier.reopen(ex, send, dropped.error, request.receive)
@@ -365,17 +387,19 @@ class Gateway:
             raise bad_gateway("DeepSeek answered 200 with a body that is not JSON (upstream broke the "
                               "protocol).", "upstream_bad_response") from None
         if ex.remember and (turn := family.answer_turn(answer)) is not None:
-            await self.memory.remember(ex.identity.caller, family.turn_kind, turn)  # before the client has it
+            await self.memory.remember(ex.identity.caller, family.turn_kind, turn,  # before the client has it
+                                       self._tenant(ex))
         if ex.trace is not None:
             ex.trace.answer(answer)
         if self.keep_text:
             ex.completion_text = content.decode("utf-8", "replace")
         tokens = family.usage(answer)
         if (served := family.served_model(answer)) is not None:
-            ex.model = served[:200]
+            ex.model = served[:MODEL_MAX_CHARS]
         exact = tokens is not None
         if tokens is None:
-            tokens = await self.ledger.estimate(ex, functools.partial(family.prompt_text, ex.json()), "")
+            tokens = await self.ledger.estimate(ex, functools.partial(family.prompt_text, ex.json()), "",
+                                                media=await self.media.tokens(ex, None))
         record = functools.partial(self.ledger.finish, ex, "ok", 200, tokens, exact=exact,
                                    upstream_status=200, calls=family.model_calls(answer))
         return RawResponse(200, headers, content, record, ex.rate_headers)
@@ -388,17 +412,22 @@ class Gateway:
             return
         turn = turns.turn(lambda: meter.reasoning) if turns is not None and outcome == "ok" else None
         if turn is not None:
-            await self.memory.remember(ex.identity.caller, family.turn_kind, turn)
+            await self.memory.remember(ex.identity.caller, family.turn_kind, turn, self._tenant(ex))
         if self.keep_text:
             ex.completion_text = meter.text
         if meter.model is not None:
-            ex.model = meter.model[:200]
+            ex.model = meter.model[:MODEL_MAX_CHARS]
         if meter.usage is not None:
             self.ledger.finish(ex, outcome, status, meter.usage, upstream_status=200, calls=meter.calls)
             return
         tokens = await self.ledger.estimate(ex, functools.partial(family.prompt_text, ex.json()), meter.text,
-                                            meter.reasoning)
+                                            meter.reasoning, await self.media.tokens(ex, None))
         self.ledger.finish(ex, outcome, status, tokens, exact=False, upstream_status=200, calls=meter.calls)
+
+    def _tenant(self, ex: Exchange) -> str:
+        """Whose share of the reasoning memory a turn takes: its team's in managed mode (teams are made by
+        the operator), its caller's in passthrough (every caller is in the one passthrough team)."""
+        return ex.identity.team if self.auth.managed else ex.identity.caller
 
     # --- background work ----------------------------------------------------------------
 

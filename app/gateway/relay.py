@@ -39,7 +39,7 @@ from app.gateway.exchange import Exchange
 from app.gateway.family import ChunkFilter, StreamMeter
 from app.gateway.responses import is_event_stream, response_start
 from app.gateway.retry import KeptAliveOnly, only_keepalives
-from app.gateway.upstream import aiohttp_reader, map_transport_error
+from app.gateway.upstream import aiohttp_reader, map_transport_error, too_large
 from app.gateway.watch import ClientGone, ClientWatch
 
 # Called once when the upstream side of the stream has ended: (exchange, meter, outcome, status); it makes
@@ -59,7 +59,8 @@ class SSERelay(Response):
 
     def __init__(self, ex: Exchange, resp: httpx2.Response, deadline: float, meter: StreamMeter,
                  on_end: OnEnd, spawn: Spawn, error_event: ErrorEvent,
-                 chunk_filter: ChunkFilter | None = None, reopen: Reopen | None = None) -> None:
+                 chunk_filter: ChunkFilter | None = None, reopen: Reopen | None = None,
+                 max_line: int | None = None) -> None:
         # Starlette's Response fields, set as its __init__ would (its headers are never sent: `_relay` sends
         # DeepSeek's)
         self.status_code = 200
@@ -79,7 +80,8 @@ class SSERelay(Response):
         self.client = ClientWatch()
         # (outcome, status) once the upstream side has ended; a disconnect after that does not change it
         self.end: tuple[str, int] | None = None
-        self._partial = b""  # an incomplete last line, held back until its newline arrives
+        self._partial = bytearray()  # an incomplete last line, held back until its newline arrives
+        self.max_line = max_line  # the longest line held (limits.max_upstream_bytes); longer ends the stream
         self._final = False  # the stream's last event is being relayed: stop at the end of that event
         # Where the client is in the event stream: between events, or inside one that has a data line yet
         self._between = True
@@ -167,7 +169,7 @@ class SSERelay(Response):
         await self.resp.aclose()
         if self._partial:  # an unfinished comment line: end it for the meter, drop it for the client
             self.meter.feed(b"\n")
-            self._partial = b""
+            self._partial = bytearray()
         self.resp = await self.reopen(error)
         if not is_event_stream(self.resp.headers.get("content-type", "")):
             raise bad_gateway("DeepSeek answered a streaming request with 200 but not an event stream "
@@ -217,16 +219,20 @@ class SSERelay(Response):
             raise KeptAliveOnly(bad_gateway("DeepSeek ended the stream before its first event (it sent only "
                                             "keep-alives).", "upstream_bad_response"))
         if self._partial:  # the stream ended without a final newline: relay what there is
-            await self._send(send, self._partial)
-            self._partial = b""
+            await self._send(send, bytes(self._partial))
+            self._partial = bytearray()
         if not self.ex.finished:
             # No final event: a stream DeepSeek ended with its own error event is its error, relayed as is.
             self.meter.finish()
             await self._end("upstream_error" if self.meter.ended_with_error else "ok", 200)
 
     async def _relay_chunk(self, send: Send, raw: bytes) -> None:
-        if self._pristine and not only_keepalives(self._partial + raw):
+        if self._pristine and not only_keepalives(bytes(self._partial) + raw):
             self._pristine = False
+        self.ex.stream_bytes += len(raw)
+        if self.max_line is not None and len(self._partial) + len(raw) > self.max_line \
+                and raw.find(b"\n") < 0:
+            raise too_large(self.max_line)  # ends the stream with the family's error event, and a record
         self.meter.feed(raw)
         if self.trace is not None:
             self.trace.feed(raw)
@@ -240,11 +246,16 @@ class SSERelay(Response):
             await self._send(send, chunk, closing=self._final)
 
     def _complete_lines(self, chunk: bytes) -> bytes:
-        """Relay whole lines only: if the stream breaks mid-line, the client never gets half an event."""
-        data = self._partial + chunk if self._partial else chunk
-        cut = data.rfind(b"\n") + 1
-        self._partial = data[cut:]
-        return data[:cut] if cut != len(data) else data
+        """Relay whole lines only: if the stream breaks mid-line, the client never gets half an event. A long
+        line is gathered in place (joining it anew with each piece took time squared in its length)."""
+        cut = chunk.rfind(b"\n") + 1
+        if not cut:
+            self._partial += chunk
+            return b""
+        data = bytes(self._partial) + chunk[:cut] if self._partial else chunk[:cut] if cut != len(chunk) \
+            else chunk
+        self._partial = bytearray(chunk[cut:])
+        return data
 
     async def _send(self, send: Send, chunk: bytes, closing: bool = False) -> None:
         """Relay a chunk; when `closing` (the stream's last event is in it) and it ends that event, it is the

@@ -27,7 +27,7 @@ from starlette.types import Receive
 
 from app.errors import APIError
 from app.gateway.accounts import Lease, Pool
-from app.gateway.upstream import aiohttp_reader, map_transport_error, read_whole
+from app.gateway.upstream import aiohttp_reader, map_transport_error, read_whole, too_large
 from app.metering.metrics import Metrics
 from app.quotas.alerts import Alerts
 from app.settings import Settings, UpstreamSettings
@@ -168,6 +168,7 @@ class Retrier:
         self.metrics = metrics
         self.rng = rng
         self._answered: dict[tuple[str, int], Any] = {}  # the attempts counter's children, by account, status
+        self.max_bytes: int | None = None  # the most of an error answer read here (limits.max_upstream_bytes)
 
     def tries(self, deadline: float) -> Tries:
         return Tries(self.policy, deadline)
@@ -190,7 +191,8 @@ class Retrier:
                     self._count_answer("caller", first.status_code)
                     return first
         first_lease = None
-        if self.pool is not None and (first_lease := self.pool.acquire(ex.files)) is not None:
+        team = ex.identity.team
+        if self.pool is not None and (first_lease := self.pool.acquire(ex.files, team)) is not None:
             # managed mode's common case, one account that answers: no retry loop around it
             tries = ex.tries
             tries.count = ex.attempts = 1
@@ -201,7 +203,8 @@ class Retrier:
                 first = error
             else:
                 status = first.status_code
-                if status not in self.policy.statuses:
+                if status not in self.policy.statuses and not (
+                        status in (401, 402) and self._elsewhere(ex, first_lease)):
                     self._count_answer(first_lease.account.name, status)
                     if status == 200:
                         first_lease.succeeded()
@@ -231,7 +234,7 @@ class Retrier:
             hangup.close()
         if resp.status_code == 200:
             return resp
-        content = await read_whole(resp, tries.deadline)
+        content = await read_whole(resp, tries.deadline, self.max_bytes)
         raise error_of(resp.status_code, content, tries)
 
     async def _attempts(self, ex: Any, send: SendOnce, hangup: Hangup,
@@ -244,7 +247,7 @@ class Retrier:
         while True:
             lease, first_lease = first_lease, None
             if first is None:
-                taken = await self._lease(tries, hangup, last, ex.files)
+                taken = await self._lease(tries, hangup, last, ex.files, ex.identity.team)
                 if isinstance(taken, httpx2.Response):
                     return taken
                 lease = taken
@@ -279,10 +282,22 @@ class Retrier:
                     lease.succeeded()
                 return resp
             if status not in self.policy.statuses:
+                if lease is not None and status in (401, 402) and self._elsewhere(ex, lease):
+                    # nothing was generated: the request goes to another account, this one is set aside
+                    failed = rebuilt(resp, await read_whole(resp, tries.deadline, self.max_bytes))
+                    assert self.pool is not None
+                    self.pool.unavailable(lease.account, status, failed)
+                    self._release(ex)
+                    wait = tries.wait(0.0)
+                    if wait is None:
+                        return self._spent_response(tries, failed)
+                    last = failed
+                    await self._retry(ex, hangup, str(status), wait)
+                    continue
                 if lease is not None and status in (401, 402):
                     self.pool_unavailable(lease, status, resp)
                 return resp
-            content = await read_whole(resp, tries.deadline)
+            content = await read_whole(resp, tries.deadline, self.max_bytes)
             said = retry_after(resp.headers.get("retry-after"))  # the account is set aside for all of it
             after = min(said, self.policy.max_wait_s) if said is not None else None
             failed = rebuilt(resp, content)
@@ -298,20 +313,25 @@ class Retrier:
             await self._retry(ex, hangup, str(status), wait)
 
     async def _lease(self, tries: Tries, hangup: Hangup, last: httpx2.Response | APIError | None,
-                     files: bool = False) -> Lease | httpx2.Response | None:
-        """The account for the next attempt (None: passthrough, the caller's key). While every account is
-        set aside, wait for the first to come back within the retry budget; else DeepSeek's last error."""
+                     files: bool = False, team: str | None = None) -> Lease | httpx2.Response | None:
+        """The account for the next attempt (None: passthrough, the caller's key). While every account (of
+        those that serve `team`) is set aside, wait for the first to come back within the retry budget; else
+        DeepSeek's last error."""
         if self.pool is None:
             return None
+        if not files and not self.pool.serving(team):
+            raise APIError(503, f"No DeepSeek account of the pool serves team {team!r} (upstream.accounts: "
+                           "every account is pinned to other teams).", "server_error", None,
+                           "no_account_for_team")
         while True:
-            lease = self.pool.acquire(files)
+            lease = self.pool.acquire(files, team)
             if lease is not None:
                 return lease
-            back = max(self.pool.next_free() - time.monotonic(), 0.0) + 0.001
+            back = max(self.pool.next_free(team) - time.monotonic(), 0.0) + 0.001
             room = tries.room()
             # the first account back (or one waiting for a request of its own to end) is too late: give up
-            if room <= 0.001 or (back > room and not self.pool.awaiting_release()):
-                final = last if last is not None else self.pool.last_error()
+            if room <= 0.001 or (back > room and not self.pool.awaiting_release(team)):
+                final = last if last is not None else self.pool.last_error(team)
                 if isinstance(final, APIError):
                     raise self._spent(tries, final)
                 if final is None:
@@ -350,6 +370,11 @@ class Retrier:
     def pool_unavailable(self, lease: Lease, status: int, resp: httpx2.Response) -> None:
         assert self.pool is not None
         self.pool.unavailable(lease.account, status)
+
+    def _elsewhere(self, ex: Any, lease: Lease) -> bool:
+        """Whether a 401 or 402 of `lease`'s account may send the request to another account: one serves its
+        team (a request naming uploaded files has only the account that holds them)."""
+        return self.pool is not None and not ex.files and self.pool.others(lease.account, ex.identity.team)
 
     def _spent(self, tries: Tries, error: APIError) -> APIError:
         tries.spent = True
@@ -404,11 +429,13 @@ def error_of(status: int, content: bytes, tries: Tries) -> APIError:
                     headers={"x-should-retry": "false"})
 
 
-async def read_answer(resp: httpx2.Response, deadline: float, retryable: bool) -> bytes:
-    """A non-streaming answer's whole body, as `read_whole`; when `retryable`, a failure after nothing but
-    blank lines (DeepSeek's keep-alives for a queued request) raises KeptAliveOnly instead."""
+async def read_answer(resp: httpx2.Response, deadline: float, retryable: bool, limit: int | None = None
+                      ) -> bytes:
+    """A non-streaming answer's whole body, as `read_whole` (at most `limit` bytes); when `retryable`, a
+    failure after nothing but blank lines (DeepSeek's keep-alives for a queued request) raises KeptAliveOnly
+    instead."""
     if not retryable or "content-encoding" in resp.headers:
-        return await read_whole(resp, deadline)
+        return await read_whole(resp, deadline, limit)
     reader = aiohttp_reader(resp)  # read under httpx2's stream wrapper when it is aiohttp's
     if reader is None:
         try:
@@ -416,14 +443,21 @@ async def read_answer(resp: httpx2.Response, deadline: float, retryable: bool) -
         except httpx2.ResponseNotRead:
             pass
     chunks: list[bytes] = []
+    size = 0
     try:
         async with asyncio.timeout(max(deadline - time.perf_counter(), 0.001)):
             if reader is not None:
                 while chunk := await reader.readany():
                     chunks.append(chunk)
+                    size += len(chunk)
+                    if limit is not None and size > limit:
+                        raise too_large(limit)
             else:
                 async for chunk in resp.aiter_raw():
                     chunks.append(chunk)
+                    size += len(chunk)
+                    if limit is not None and size > limit:
+                        raise too_large(limit)
     except TRANSPORT_ERRORS as exc:
         error = map_transport_error(exc)
         if all(not chunk.strip() for chunk in chunks):
@@ -456,4 +490,6 @@ def retrying(settings: Settings, metrics: Metrics, alerts: Alerts | None) -> tup
         metrics.watch_accounts(pool.states)
         if alerts is not None:
             pool.on_unavailable = alerts.account_unavailable
-    return pool, Retrier(RetryPolicy.of(settings.upstream), pool, metrics)
+    retrier = Retrier(RetryPolicy.of(settings.upstream), pool, metrics)
+    retrier.max_bytes = settings.limits.max_upstream_bytes
+    return pool, retrier

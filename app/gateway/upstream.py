@@ -145,22 +145,38 @@ class Upstream:
         return resp, await read_whole(resp, deadline)
 
 
-async def read_all(resp: httpx2.Response) -> bytes:
-    """The body as sent; decoded only if DeepSeek compressed it although chatgate asked for identity."""
-    if "content-encoding" in resp.headers:
-        return await resp.aread()
+async def read_all(resp: httpx2.Response, limit: int | None = None) -> bytes:
+    """The body as sent; decoded only if DeepSeek compressed it although chatgate asked for identity. Over
+    `limit` bytes: the APIError of `too_large` (nothing more is read)."""
     try:
-        return resp.content  # a transport that answers with the body already read (MockTransport)
+        content = resp.content  # a transport that answers with the body already read (MockTransport)
     except httpx2.ResponseNotRead:
-        return b"".join([chunk async for chunk in resp.aiter_raw()])
+        pass
+    else:
+        if limit is not None and len(content) > limit:
+            raise too_large(limit)
+        return content
+    chunks, size = [], 0
+    pieces = resp.aiter_bytes() if "content-encoding" in resp.headers else resp.aiter_raw()
+    async for chunk in pieces:
+        size += len(chunk)
+        if limit is not None and size > limit:
+            raise too_large(limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
-async def read_whole(resp: httpx2.Response, deadline: float) -> bytes:
+def too_large(limit: int) -> APIError:
+    return bad_gateway(f"DeepSeek's answer is larger than limits.max_upstream_bytes ({limit} bytes at once): "
+                       "chatgate does not hold it.", "upstream_too_large")
+
+
+async def read_whole(resp: httpx2.Response, deadline: float, limit: int | None = None) -> bytes:
     """The whole body by `deadline` (time.perf_counter), then the response closed; the APIError (502, 504)
-    when it breaks off, stalls or cannot be decoded."""
+    when it breaks off, stalls, cannot be decoded or is over `limit` bytes."""
     try:
         async with asyncio.timeout(_left(deadline)):
-            return await read_all(resp)
+            return await read_all(resp, limit)
     except httpx2.DecodingError:
         raise bad_gateway("DeepSeek sent a compressed body that could not be decoded (upstream broke the "
                           "protocol).", "upstream_bad_response") from None

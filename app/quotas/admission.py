@@ -1,10 +1,12 @@
 """A request's upper bounds, reserved against its caller's limits before it is forwarded (issue 15): the
-tokens (its body's bytes, 384 per image, its max_tokens or the default) and their cost at the hour it
+tokens (its body's bytes, what its images and documents add (app/gateway/media.py, issue 48), its max_tokens
+or the default) and their cost at the hour it
 started. The gateway (app/gateway/proxy.py) admits each request here; the ledger settles what it used when
 its record is made (app/gateway/ledger.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from app.errors import APIError
@@ -16,14 +18,9 @@ from app.quotas.model import Admission, Refusal
 from app.settings import Settings
 from app.verdict import Verdict
 
-# A token covers at least one byte of the body, but an image costs up to 384 tokens (docs/rules-chat.md, R9):
-# the prompt bound.
-IMAGE_TOKENS = 384
-IMAGE_MARKERS = (b'"image_url"', b'"input_image"', b'"type":"image"', b'"type": "image"')
 # A tool API call whose USD price is unknown (OCR, TTS, ASR: priced in yuan or not at all) reserves this
 # much: not a price, but enough that a budget already spent refuses it (docs/metering.md#tool-calls).
 UNKNOWN_CALL_HOLD_PICOUSD = 1
-
 
 class Caller(Protocol):
     @property
@@ -40,6 +37,9 @@ class Exchange(Protocol):
 
     @property
     def body(self) -> bytes: ...
+
+    @property
+    def media_tokens(self) -> int | None: ...
 
     @property
     def model(self) -> str: ...
@@ -60,16 +60,19 @@ class Admitter:
         self.settings = settings
         self.profiles = profiles
 
-    async def admit(self, ex: Exchange, verdict: Verdict | None) -> Refusal | None:
-        """Reserve the request's upper bounds against its caller's limits (`ex.admission`), or the refusal."""
+    async def admit(self, ex: Exchange, verdict: Verdict | None,
+                    media: Callable[[], Awaitable[int]] | None = None) -> Refusal | None:
+        """Reserve the request's upper bounds against its caller's limits (`ex.admission`), or the refusal.
+        `media` counts what its images and documents add (asked only when a limit applies)."""
+        extra = await media() if media is not None and await self.quotas.limited(
+            ex.identity.team, ex.identity.key_id) else 0
+
         def bounds(at: float) -> tuple[int, int]:  # only asked when the caller has limits
             if (tool := ex.tool) is not None:  # a tool API: no tokens, the price of one call
                 price = call_cost_picousd(tool, 1, at)
                 return 0, price if price is not None else UNKNOWN_CALL_HOLD_PICOUSD
             profile = verdict.profile if verdict is not None else self.profiles.get(ex.model)
-            media = verdict is None or verdict.media
-            images = sum(ex.body.count(m) for m in IMAGE_MARKERS) if media and b"image" in ex.body else 0
-            prompt = len(ex.body) + IMAGE_TOKENS * images
+            prompt = len(ex.body) + extra
             top = profile.max_tokens_max if profile is not None else self.settings.limits.default_max_tokens
             wanted = verdict.max_tokens if verdict is not None and verdict.max_tokens is not None else None
             completion = min(wanted if wanted is not None else self.settings.limits.default_max_tokens, top)

@@ -119,6 +119,35 @@ class Quotas:
         self._plans[(team, key_id)] = Known(rows, plan, until, book.generation)
         return plan
 
+    async def limited(self, team: str, key_id: str) -> bool:
+        """Whether a limit applies to the caller (True when its limits cannot be read)."""
+        known = self._known(team, key_id)
+        if known is not None:
+            return bool(known.plan.subjects)
+        try:
+            return bool((await self.plan(team, key_id)).subjects)
+        except BACKEND_ERRORS:
+            return True
+
+    async def count_refused(self, team: str, key_id: str) -> Refusal | None:
+        """A request refused for what it is (a 400) is still one of its caller's requests per minute
+        (issue 48: refused ones were free, and each was stored): its refusal once they are spent. Only the
+        rates are asked; it reserves no tokens and no budget, and leaves nothing in flight."""
+        known = self._known(team, key_id)
+        try:
+            plan = known.plan if known is not None else await self.plan(team, key_id)
+            if not plan.rated:
+                return None
+            now = self.clock()
+            ask = Ask(f"{self._ids_prefix}{next(self._ids)}", now, 0, 0, now + self.hold_seconds)
+            refused, info = await self.rates.acquire(plan.rated, ask, now)
+            if refused is not None:
+                return dataclasses.replace(refused, info=info)
+            await self.rates.release(plan.rated, ask, 0)
+        except BACKEND_ERRORS:  # the 400 is answered all the same
+            self.backend_errors += 1
+        return None
+
     async def admit(self, team: str, key_id: str, bounds: Callable[[float], tuple[int, int]],
                     started_at: float | None = None) -> Admission | Refusal | None:
         """None: no limit applies. `bounds(t)` (asked only when a limit applies) is the request's upper bound

@@ -15,8 +15,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from app.ids import new_id
-from app.refusals.record import Refusal, body_text, deepseek_problem, rules_of
+from app.refusals.record import (
+    MAX_REFUSAL_CHARS,
+    Refusal,
+    body_text,
+    deepseek_problem,
+    kept_problems,
+    rules_of,
+)
 from app.refusals.store import RefusalStore, RefusalStoreError
 
 log = logging.getLogger("chatgate.refusals")
@@ -132,7 +141,8 @@ class RefusalLog:
             self.last_error = str(exc)
 
     def _refusal(self, p: Pending) -> Refusal:
-        problems = p.problems if p.problems is not None else deepseek_problem(p.status, p.answer)
-        body, redacted = body_text(p.body, self.keep_content)
+        found = p.problems if p.problems is not None else deepseek_problem(p.status, p.answer)
+        problems = kept_problems(found, self.keep_content)
+        body, redacted = body_text(p.body, self.keep_content, MAX_REFUSAL_CHARS - len(orjson.dumps(problems)))
         return Refusal(new_id(), p.request_id, p.ts, self.replica, p.key_id, p.key_name, p.team, p.route,
-                       p.model, p.status, p.source, rules_of(problems), problems, body, redacted)
+                       p.model, p.status, p.source, rules_of(found), problems, body, redacted)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from typing import Any
 
 from app.refusals.record import Refusal
-from app.refusals.store import RefusalQuery, RefusalStore
+from app.refusals.store import LIST_MAX, RefusalQuery, RefusalStore, cursor_of
 from app.refusals.view import Checker, marked, would_fix
 from app.repair.base import RepairOptions
 
@@ -15,16 +16,37 @@ from app.repair.base import RepairOptions
 FamilyOf = Callable[[str], "tuple[Checker, bool] | None"]
 
 
-def list_refusals(store: RefusalStore, query: RefusalQuery, ttl_hours: float) -> list[dict[str, Any]]:
-    rows = store.list(query, time.time() - ttl_hours * 3600)
-    return [r.as_dict(with_body=False) for r in rows]
+class Ambiguous(Exception):
+    """A request id that several callers' refusals carry (a client chooses its own x-request-id): which one is
+    meant is not guessed; `candidates` lists them (without bodies)."""
+
+    def __init__(self, candidates: list[dict[str, Any]]) -> None:
+        super().__init__(f"{len(candidates)} refusals of different keys carry this request id")
+        self.candidates = candidates
 
 
-def show_refusal(store: RefusalStore, request_id: str, ttl_hours: float, family_of: FamilyOf | None = None,
-                 repairs: RepairOptions | None = None) -> dict[str, Any] | None:
+def list_refusals(store: RefusalStore, query: RefusalQuery, ttl_hours: float
+                  ) -> tuple[list[dict[str, Any]], str | None]:
+    """A page of refusals, newest first, and the cursor of the next page (None: this is the last)."""
+    limit = max(1, min(query.limit, LIST_MAX))
+    rows = store.list(dataclasses.replace(query, limit=limit + 1), time.time() - ttl_hours * 3600)
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return [r.as_dict(with_body=False) for r in rows], cursor_of(rows[-1]) if more and rows else None
+
+
+def show_refusal(store: RefusalStore, ident: str, ttl_hours: float, family_of: FamilyOf | None = None,
+                 repairs: RepairOptions | None = None, key_id: str | None = None,
+                 team: str | None = None) -> dict[str, Any] | None:
     """The refusal with its body, the body marked with its problems and, with `family_of` and `repairs`,
-    what `lint --fix` would repair in it."""
-    found = store.get(request_id, time.time() - ttl_hours * 3600)
+    what `lint --fix` would repair in it. `ident` is its refusal id (chatgate's own, random), or a request
+    id: one of a single key's refusals (narrowed by `key_id`, `team`), else Ambiguous."""
+    rows = [r for r in store.lookup(ident, time.time() - ttl_hours * 3600)
+            if (key_id is None or r.key_id == key_id) and (team is None or r.team == team)]
+    own = [r for r in rows if r.refusal_id == ident]
+    if not own and len({r.key_id for r in rows}) > 1:
+        raise Ambiguous([r.as_dict(with_body=False) for r in rows])
+    found = own[0] if own else rows[0] if rows else None
     if found is None:
         return None
     out = found.as_dict()

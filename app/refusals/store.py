@@ -5,19 +5,23 @@ database, not the usage store's code. Synchronous: called from the inspector's w
 
 from __future__ import annotations
 
+import builtins
 import sqlite3
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 import orjson
 
 from app.refusals.record import Refusal
+from app.store.sqlite import create_private
 
 COLUMNS = ("refusal_id", "request_id", "ts", "replica", "key_id", "key_name", "team", "route", "model",
            "status", "source", "rules", "problems", "body", "redacted")
 LIST_MAX = 1000
+FIND_MAX = 20
 
 
 class RefusalStoreError(Exception):
@@ -31,6 +35,19 @@ class RefusalQuery:
     rule: str | None = None
     since: float | None = None  # unix seconds, inclusive
     limit: int = 100
+    after: tuple[float, str] | None = None  # the page after this (ts, refusal_id): a list's `next_cursor`
+
+
+def cursor_of(refusal: Refusal) -> str:
+    return f"{refusal.ts!r}_{refusal.refusal_id}"
+
+
+def parse_cursor(cursor: str) -> tuple[float, str]:
+    """A `next_cursor` as the query's `after` (ValueError when it is not one)."""
+    ts, sep, refusal_id = cursor.partition("_")
+    if not sep or not refusal_id:
+        raise ValueError(f"not a cursor: {cursor[:64]!r}")
+    return float(ts), refusal_id
 
 
 class RefusalStore(Protocol):
@@ -43,8 +60,9 @@ class RefusalStore(Protocol):
     def list(self, query: RefusalQuery, expired_before: float) -> list[Refusal]:
         """Newest first."""
 
-    def get(self, request_id: str, expired_before: float) -> Refusal | None:
-        """The newest refusal with this request id (a client may send the same x-request-id twice)."""
+    def lookup(self, ident: str, expired_before: float) -> builtins.list[Refusal]:
+        """The refusals whose refusal id (chatgate's own) or request id (maybe a client's: several clients
+        may send the same one) is `ident`, newest first, at most FIND_MAX."""
 
     def purge(self, expired_before: float) -> int: ...
 
@@ -86,6 +104,9 @@ def _where(query: RefusalQuery, expired_before: float, ph: str, find: str) -> tu
     if query.rule is not None:
         clauses.append(f"{find}(rules, {ph}) > 0")
         args.append(f",{query.rule},")
+    if query.after is not None:  # the order of the list: ts descending, then refusal_id
+        clauses.append(f"(ts < {ph} OR (ts = {ph} AND refusal_id > {ph}))")
+        args.extend([query.after[0], query.after[0], query.after[1]])
     return " AND ".join(clauses), args
 
 
@@ -110,17 +131,17 @@ class _SQL:
 
     def list(self, query: RefusalQuery, expired_before: float) -> list[Refusal]:
         where, args = _where(query, expired_before, self.ph, self.find)
-        limit = max(1, min(query.limit, LIST_MAX))
+        limit = max(1, min(query.limit, LIST_MAX + 1))  # one more: whether there is a next page
         rows = self._execute(f"SELECT {', '.join(COLUMNS)} FROM refusals WHERE {where} "
                              f"ORDER BY ts DESC, refusal_id LIMIT {limit}", args)
         return [_row(r) for r in rows]
 
-    def get(self, request_id: str, expired_before: float) -> Refusal | None:
+    def lookup(self, ident: str, expired_before: float) -> builtins.list[Refusal]:
         p = self.ph
         rows = self._execute(f"SELECT {', '.join(COLUMNS)} FROM refusals "
-                             f"WHERE request_id = {p} AND ts >= {p} "
-                             "ORDER BY ts DESC LIMIT 1", [request_id, expired_before])
-        return _row(rows[0]) if rows else None
+                             f"WHERE (refusal_id = {p} OR request_id = {p}) AND ts >= {p} "
+                             f"ORDER BY ts DESC LIMIT {FIND_MAX}", [ident, ident, expired_before])
+        return [_row(r) for r in rows]
 
 
 SCHEMA_SQLITE = (
@@ -147,6 +168,7 @@ class SQLiteRefusals(_SQL):
     def _conn(self) -> sqlite3.Connection:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is None:
+            create_private(Path(self.path))
             conn = sqlite3.connect(self.path, timeout=5.0, isolation_level=None, check_same_thread=False)
             self._local.conn = conn
             with self._lock:

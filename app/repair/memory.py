@@ -13,6 +13,12 @@ this process is the store's only user (SQLite, one worker), the cache itself is 
 this process alone maps (`ring_path`, app/repair/turncache.py), which the next process on it reads back.
 Nothing else is written for a turn then; a turn the cache cannot answer is still looked for in the store
 (turns another process wrote there).
+
+The cache is one ring, whose oldest records go first: one tenant relaying many large turns would push the
+others' out (issue 48: 140 large tool-call turns of one team turned another's repair into a 400). So each
+tenant (a team in managed mode, a caller in passthrough) has a fair share of the ring, the ring divided by
+the tenants with turns in it: a turn of a tenant over its share goes to the store only (where there is one),
+never into the ring over the others'.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import itertools
 import logging
 import time
 import uuid
+from array import array
 from collections.abc import Callable, Sequence
 
 from app.repair.base import Turn
@@ -31,6 +38,7 @@ from app.store.base import StoreError, TurnRow, TurnStore
 log = logging.getLogger("chatgate.repair")
 
 INLINE_TRIES, INLINE_RETRY_S = 8, 0.001  # writing on the event loop: tries, and the pause between them
+TENANTS_KNOWN = 100_000  # callers whose tenant is remembered (beyond, forgotten all at once)
 
 
 class TurnMemory:
@@ -48,6 +56,10 @@ class TurnMemory:
         self._writer: asyncio.Task[None] | None = None
         self._ids_prefix = uuid.uuid4().hex[:16] + "-"  # turn ids: unique across replicas, cheap
         self._ids = itertools.count()
+        self._shares: dict[str, Share] = {}  # each tenant's puts in the ring
+        self._tenants: dict[str, str] = {}  # caller -> its tenant, as `remember` was told
+        self.over_share = 0  # turns not put in the ring: their tenant had its share of it
+        self._pruned_at = 0  # the ring's write position when every tenant's old puts were last forgotten
 
     def _open_cache(self, cache_bytes: int, ring_path: str | None) -> TurnCache:
         if ring_path is not None and cache_bytes > 0:
@@ -74,9 +86,10 @@ class TurnMemory:
     def cached_entries(self) -> int:
         return self._cache.entries()
 
-    async def remember(self, caller: str, kind: str, turn: Turn) -> None:
+    async def remember(self, caller: str, kind: str, turn: Turn, tenant: str | None = None) -> None:
         """Remember a relayed turn; returns once it is durable: in the cache's file, or in the store (or the
-        store has failed to take it: then this process alone remembers it)."""
+        store has failed to take it: then this process alone remembers it). `tenant` (the caller's team, or
+        the caller) has its fair share of the cache."""
         if not turn.call_ids or len(set(turn.call_ids)) != len(turn.call_ids):
             return
         expires = self.clock() + self.ttl
@@ -84,9 +97,16 @@ class TurnMemory:
         names = ",".join(turn.names)
         rows = [TurnRow(caller, kind, call_id, turn_id, names, turn.payload, expires)
                 for call_id in turn.call_ids]
-        for row in rows:
-            self._put(row)
-        if self.store is None or self._cache.durable:
+        tenant = tenant if tenant is not None else caller
+        if self._tenants.get(caller) != tenant:
+            if len(self._tenants) >= TENANTS_KNOWN:
+                self._tenants.clear()
+            self._tenants[caller] = tenant
+        cached = self._within_share(tenant, rows)
+        if cached:
+            for row in rows:
+                self._put(row)
+        if self.store is None or (self._cache.durable and cached):
             return
         if (self._inline and not self._queued and (self._writer is None or self._writer.done())
                 and self._write_now(rows)):
@@ -164,9 +184,11 @@ class TurnMemory:
                 self.store_errors += 1
                 log.warning("could not look up relayed turns for restoring: %s", exc)
                 rows = []
-            for row in rows:
-                if row.caller == caller and row.kind == kind:
-                    found[row.call_id] = row
+            mine = [row for row in rows if row.caller == caller and row.kind == kind]
+            cache = self._within_share(self._tenants.get(caller, caller), mine) if mine else False
+            for row in mine:
+                found[row.call_id] = row
+                if cache:
                     self._put(row)
         return found
 
@@ -182,9 +204,65 @@ class TurnMemory:
             log.warning("could not purge expired turns: %s", exc)
             return 0
 
+    def _within_share(self, tenant: str, rows: list[TurnRow]) -> bool:
+        """Whether the tenant's turns in the ring, these rows' with them, fit its fair share: the ring
+        divided by the tenants with turns in it. Counted from the ring's write position: a put is in the ring
+        while fewer than its size of bytes follow it."""
+        cache = self._cache
+        size = cache.size
+        if size <= 0:
+            return True
+        oldest = cache.written - size
+        if cache.written - self._pruned_at >= size // 16:  # every tenant's, now and then (a tenant each
+            self._pruned_at = cache.written            # time cost every turn a loop over all of them)
+            for name in list(self._shares):
+                if not self._shares[name].live(oldest):
+                    del self._shares[name]
+        elif (own := self._shares.get(tenant)) is not None and not own.live(oldest):
+            del self._shares[tenant]
+        wanted = sum(len(r.caller) + len(r.kind) + len(r.call_id) + len(r.turn) + len(r.names)
+                     + len(r.payload) + 48 for r in rows)
+        mine = self._shares.get(tenant)
+        tenants = len(self._shares) + (mine is None)
+        held = mine.held if mine is not None else 0
+        if held + wanted > size // tenants and tenants > 1:
+            self.over_share += 1
+            return False
+        if mine is None:
+            mine = self._shares[tenant] = Share()
+        mine.add(cache.written + wanted, wanted)
+        return True
+
     def _put(self, row: TurnRow) -> None:
         self._cache.put(_key(row.caller, row.kind, row.call_id), row.turn, row.names, row.payload,
                         row.expires_at)
+
+
+class Share:
+    """One tenant's puts in the ring: where each ends and its bytes, in two arrays (no object per turn)."""
+
+    def __init__(self) -> None:
+        self.ends = array("q")
+        self.sizes = array("q")
+        self.head = 0  # the puts before it have left the ring
+        self.held = 0
+
+    def add(self, end: int, size: int) -> None:
+        self.ends.append(end)
+        self.sizes.append(size)
+        self.held += size
+
+    def live(self, oldest: int) -> bool:
+        """Forget the puts the ring has overwritten (written before `oldest`); whether any is left."""
+        ends, head = self.ends, self.head
+        while head < len(ends) and ends[head] <= oldest:
+            self.held -= self.sizes[head]
+            head += 1
+        if head > 1024 and head * 2 > len(ends):
+            del self.ends[:head], self.sizes[:head]
+            head = 0
+        self.head = head
+        return head < len(ends)
 
 
 def _key(caller: str, kind: str, call_id: str) -> str:

@@ -80,6 +80,11 @@ class TurnCache:
     def durable(self) -> bool:
         return self._fd >= 0
 
+    @property
+    def written(self) -> int:
+        """Bytes written to the ring since it was made: a record is live while fewer than `size` follow it."""
+        return self._end
+
     def close(self) -> None:
         """Write a file's pages out and let it go (its lock with it)."""
         if self._ring is not None:

@@ -163,6 +163,9 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "ALTER TABLE usage ADD COLUMN billed_estimated BOOLEAN NOT NULL DEFAULT FALSE",
         "ALTER TABLE usage ADD COLUMN billed_picousd BIGINT NOT NULL DEFAULT 0",
     ),
+    # 11: what DeepSeek bills for an uploaded document in a request (issue 48): counted once, at upload;
+    # NULL where it cannot be known (a file that is not text).
+    ("ALTER TABLE file_owners ADD COLUMN tokens BIGINT",),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -208,7 +211,7 @@ USAGE_COLUMNS = (
     "billed_estimated",
     "billed_picousd",
 )
-FILE_OWNER_COLUMNS = ("file_id", "team", "key_id", "created_at")
+FILE_OWNER_COLUMNS = ("file_id", "team", "key_id", "created_at", "tokens")
 FILE_IDS_PER_QUERY = 500  # below every SQLite's limit on a statement's parameters (999 before 3.32)
 _KEY_SELECT = "SELECT key_id, name, team, prefix, created_at, revoked_at FROM api_keys"
 LIMIT_COLUMNS = ("scope", "subject", "budget_picousd", "budget_period", "rpm", "tpm", "max_concurrent",
@@ -405,7 +408,7 @@ class Queries:
     @property
     def own_file(self) -> str:
         p = self.placeholder
-        return (f"INSERT INTO file_owners ({', '.join(FILE_OWNER_COLUMNS)}) VALUES ({p}, {p}, {p}, {p}) "
+        return (f"INSERT INTO file_owners ({', '.join(FILE_OWNER_COLUMNS)}) VALUES ({p}, {p}, {p}, {p}, {p}) "
                 "ON CONFLICT (file_id) DO NOTHING")
 
     @property
@@ -419,6 +422,10 @@ class Queries:
     def files_owned(self, count: int) -> str:
         ids = ", ".join([self.placeholder] * count)
         return f"SELECT file_id FROM file_owners WHERE team = {self.placeholder} AND file_id IN ({ids})"
+
+    def file_tokens(self, count: int) -> str:
+        ids = ", ".join([self.placeholder] * count)
+        return f"SELECT file_id, tokens FROM file_owners WHERE file_id IN ({ids})"
 
     def remember_turns(self, count: int) -> str:
         """`remember_turn` for `count` rows in one statement (one step: the writer thread lets go of the
@@ -597,7 +604,7 @@ def _split_repairs(combined: list[ReportRow]) -> list[ReportRow]:
 
 
 def file_owner_params(owner: FileOwner) -> tuple[Any, ...]:
-    return (owner.file_id, owner.team, owner.key_id, owner.created_at)
+    return (owner.file_id, owner.team, owner.key_id, owner.created_at, owner.tokens)
 
 
 def file_id_chunks(file_ids: Sequence[str]) -> Iterator[Sequence[str]]:

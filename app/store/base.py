@@ -107,6 +107,7 @@ class FileOwner:
     team: str
     key_id: str
     created_at: float  # unix seconds, when chatgate recorded it
+    tokens: int | None = None  # what DeepSeek bills for it in a request, at most; None: not known
 
 
 @dataclass(frozen=True, slots=True)
@@ -311,6 +312,9 @@ class FileOwnerStore(Protocol):
 
     def disown_file(self, file_id: str) -> bool:
         """Forget a file's owner (the file was deleted); True when it had one."""
+
+    def file_tokens(self, file_ids: Sequence[str]) -> dict[str, int | None]:
+        """The token counts of those of `file_ids` chatgate recorded (None: recorded, count not known)."""
 
 
 class AlertStore(Protocol):

@@ -324,6 +324,14 @@ class PostgresStore:
                 owned.update(row[0] for row in conn.execute(_Q.files_owned(len(chunk)), (team, *chunk)))
         return owned
 
+    def file_tokens(self, file_ids: Sequence[str]) -> dict[str, int | None]:
+        found: dict[str, int | None] = {}
+        with self._connection(self._timeout) as conn:
+            for chunk in file_id_chunks(file_ids):
+                rows = conn.execute(_Q.file_tokens(len(chunk)), tuple(chunk))
+                found.update((row[0], row[1]) for row in rows)
+        return found
+
     def disown_file(self, file_id: str) -> bool:
         with self._connection(self._timeout) as conn:
             return conn.execute(_Q.disown_file, (file_id,)).rowcount == 1

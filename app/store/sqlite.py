@@ -260,6 +260,15 @@ class SQLiteStore:
                 owned.update(row[0] for row in conn.execute(_Q.files_owned(len(chunk)), (team, *chunk)))
         return owned
 
+    def file_tokens(self, file_ids: Sequence[str]) -> dict[str, int | None]:
+        found: dict[str, int | None] = {}
+        with self._errors():
+            conn = self._conn()
+            for chunk in file_id_chunks(file_ids):
+                rows = conn.execute(_Q.file_tokens(len(chunk)), tuple(chunk))
+                found.update((row[0], row[1]) for row in rows)
+        return found
+
     def disown_file(self, file_id: str) -> bool:
         with self._write() as conn:
             return conn.execute(_Q.disown_file, (file_id,)).rowcount == 1
@@ -375,7 +384,7 @@ class SQLiteStore:
         return conn
 
     def _connect(self) -> sqlite3.Connection:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        create_private(self.path)
         conn = sqlite3.connect(
             self.path, timeout=self._busy_timeout_s, isolation_level=None, check_same_thread=False
         )
@@ -410,3 +419,13 @@ class SQLiteStore:
     def _close_dead_threads_connections(self) -> None:
         for thread in [t for t in self._conns if not t.is_alive()]:
             self._conns.pop(thread).close()
+
+
+def create_private(path: Path) -> None:
+    """The database file as only chatgate's user may read it (0600; SQLite gives its -wal and -shm files the
+    same mode), in a directory of its own (0700) where chatgate makes it: it holds every team's usage and
+    the refused requests' bodies (issue 48). An existing file or directory is left as it is."""
+    if not path.parent.exists():
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if not path.exists():
+        os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))

@@ -31,7 +31,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from app.errors import APIError
-from app.gateway.auth import new_key, require_admin
+from app.gateway.auth import address_of, new_key, require_admin
 from app.gateway.responses import json_response
 from app.quotas.gate import Quotas
 from app.quotas.periods import period_end
@@ -423,7 +423,7 @@ def add_admin(app: FastAPI, state: State) -> None:
 
     def admin_route(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
         async def route(request: Request) -> Response:
-            require_admin(state.gw.auth, request.headers.get("authorization"))
+            require_admin(state.gw.auth, request.headers.get("authorization"), address_of(request))
             if state.store is None or state.quotas is None:
                 raise APIError(503, "Keys and limits need a store; set store.url.", "server_error", None,
                                "no_store")

@@ -26,7 +26,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from app.errors import APIError
-from app.gateway.auth import require_admin
+from app.gateway.auth import address_of, require_admin
 from app.gateway.responses import json_response
 from app.metering.reports import ReportError, build_report, hit_rate, parse_time
 from app.store.base import ReportQuery, Store, UsageStore
@@ -63,7 +63,7 @@ def add_dashboard(app: FastAPI, state: State) -> None:
         return _static(name, STATIC_FILES[name])
 
     async def timeseries(request: Request) -> Response:
-        require_admin(state.gw.auth, request.headers.get("authorization"))
+        require_admin(state.gw.auth, request.headers.get("authorization"), address_of(request))
         store = _need_store(state)
         q = request.query_params
         by, bucket = q.get("by", "team"), q.get("bucket", "day")
@@ -82,7 +82,7 @@ def add_dashboard(app: FastAPI, state: State) -> None:
         return json_response(200, body, {"cache-control": "no-store"})
 
     async def rejections(request: Request) -> Response:
-        require_admin(state.gw.auth, request.headers.get("authorization"))
+        require_admin(state.gw.auth, request.headers.get("authorization"), address_of(request))
         store = _need_store(state)
         offenders = await asyncio.to_thread(top_offenders, store, 10)
         by_rule = await asyncio.to_thread(rejections_by_rule, store)
@@ -92,14 +92,14 @@ def add_dashboard(app: FastAPI, state: State) -> None:
         }, {"cache-control": "no-store"})
 
     async def repairs(request: Request) -> Response:
-        require_admin(state.gw.auth, request.headers.get("authorization"))
+        require_admin(state.gw.auth, request.headers.get("authorization"), address_of(request))
         store = _need_store(state)
         by_code = await asyncio.to_thread(repairs_by_code, store)
         return json_response(200, {"by_code": by_code}, {"cache-control": "no-store"})
 
     async def accounts(request: Request) -> Response:
         """The DeepSeek accounts of the pool (managed mode) and each one's state; never a key."""
-        require_admin(state.gw.auth, request.headers.get("authorization"))
+        require_admin(state.gw.auth, request.headers.get("authorization"), address_of(request))
         pool = state.gw.pool
         rows = pool.states() if pool is not None else []
         return json_response(200, {"data": rows, "mode": state.settings.auth.mode},

@@ -19,7 +19,7 @@ from starlette.responses import Response
 from app import __version__
 from app.errors import APIError, bad_gateway, upstream_auth_failed
 from app.files.routes import add_files
-from app.gateway.auth import Authenticator, bearer, client_key, hash_key, require_admin
+from app.gateway.auth import Authenticator, address_of, bearer, client_key, hash_key, require_admin
 from app.gateway.bodies import origin_of, request_id_of
 from app.gateway.proxy import Endpoint
 from app.gateway.responses import JSON, RawResponse, error_response, json_response
@@ -237,7 +237,7 @@ def _log_balance(state: State, request_id: str, ts: float, t0: float, status: in
 
 def _admin_cache_handler(state: State) -> Any:
     async def admin_cache(request: Request) -> Response:
-        require_admin(state.gw.auth, request.headers.get("authorization"))
+        require_admin(state.gw.auth, request.headers.get("authorization"), address_of(request))
         if state.store is None:
             raise APIError(503, "Metering is off (store.url = none).", "server_error", None, "no_store")
         q = request.query_params
@@ -252,7 +252,7 @@ def _admin_cache_handler(state: State) -> Any:
 
 def _admin_usage_handler(state: State) -> Any:
     async def admin_usage(request: Request) -> Response:
-        require_admin(state.gw.auth, request.headers.get("authorization"))
+        require_admin(state.gw.auth, request.headers.get("authorization"), address_of(request))
         if state.store is None:
             raise APIError(503, "Metering is off (store.url = none).", "server_error", None, "no_store")
         q = request.query_params

@@ -41,11 +41,14 @@ def all_settings() -> list[str]:
 # --- config check ------------------------------------------------------------------------------------
 
 
+ADMIN_LIVE = "admin-live-42-0123456789abcdef0123456789"
+
+
 def test_config_check_prints_every_setting_with_its_source(tmp_path: Path) -> None:
     config = tmp_path / "c.toml"
     config.write_text('[server]\nport = 9001\n[store]\nurl = "postgresql://chatgate:pg-pass-77@db:5432/cg"\n')
     env = {"CHATGATE_SERVER_WORKERS": "4", "DEEPSEEK_API_KEY": "sk-live-upstream-31337",
-           "CHATGATE_ADMIN_KEY": "admin-live-42",
+           "CHATGATE_ADMIN_KEY": ADMIN_LIVE,
            "CHATGATE_ALERTS_WEBHOOK_URL": "https://hooks.example.com/services/hook-secret-99"}
     out = chatgate("config", "check", "--config", str(config), env=env)
     assert out.returncode == 0, out.stderr
@@ -57,7 +60,7 @@ def test_config_check_prints_every_setting_with_its_source(tmp_path: Path) -> No
     assert lines["server.host"] == ("'127.0.0.1'", "default")
     for secret in SECRETS:
         assert lines[secret] == ("****", "env")
-    for leaked in ("sk-live-upstream-31337", "admin-live-42", "pg-pass-77", "hook-secret-99"):
+    for leaked in ("sk-live-upstream-31337", ADMIN_LIVE, "pg-pass-77", "hook-secret-99"):
         assert leaked not in out.stdout + out.stderr
     assert lines["store.url"] == ("'postgresql://chatgate:****@db:5432/cg'", "file")
     assert str(config) in out.stdout and "configuration is valid" in out.stdout

@@ -78,12 +78,12 @@ def test_flags_override_env_and_file(config: str) -> None:
 
 
 def test_secrets_come_from_their_own_env_names() -> None:
-    env = {"DEEPSEEK_API_KEY": "sk-upstream-secret", "CHATGATE_ADMIN_KEY": "admin-secret"}
+    env = {"DEEPSEEK_API_KEY": "sk-upstream-secret", "CHATGATE_ADMIN_KEY": "admin-secret-" + "0" * 32}
     loaded = load_settings(None, env=env, flags={})
     auth = loaded.settings.auth
     assert auth.upstream_api_key is not None
     assert auth.upstream_api_key.get_secret_value() == "sk-upstream-secret"
-    assert auth.admin_key is not None and auth.admin_key.get_secret_value() == "admin-secret"
+    assert auth.admin_key is not None and auth.admin_key.get_secret_value() == "admin-secret-" + "0" * 32
     assert "sk-upstream-secret" not in repr(loaded.settings)
     assert loaded.sources["auth.upstream_api_key"] == "env"
 

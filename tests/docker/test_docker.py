@@ -215,7 +215,8 @@ def test_entrypoint_serves_healthz_and_the_healthcheck_agrees(tmp_path: Path) ->
 
 # --- compose.yaml ------------------------------------------------------------------------------
 
-EXAMPLE_ENV = {"DEEPSEEK_API_KEY": "sk-house", "CHATGATE_ADMIN_KEY": "admin-secret",
+ADMIN_SECRET = "admin-secret-0123456789abcdef0123456789"  # a key chatgate accepts at start (issue 48)
+EXAMPLE_ENV = {"DEEPSEEK_API_KEY": "sk-house", "CHATGATE_ADMIN_KEY": ADMIN_SECRET,
                "POSTGRES_PASSWORD": "pw-1", "CHATGATE_AUTH_MODE": "managed"}
 
 
@@ -290,7 +291,7 @@ def test_compose_env_configures_chatgate_for_the_postgres_service(compose: dict[
     loaded = load_settings(str(REPO_ROOT / "docker" / "chatgate.toml"), env).settings
     assert loaded.store.url == env["CHATGATE_STORE_URL"]
     assert loaded.auth.mode == "managed"
-    assert loaded.auth.admin_key is not None and loaded.auth.admin_key.get_secret_value() == "admin-secret"
+    assert loaded.auth.admin_key is not None and loaded.auth.admin_key.get_secret_value() == ADMIN_SECRET
     assert loaded.auth.upstream_api_key is not None
     # With no .env at all, the defaults still make a valid configuration (passthrough, no admin key).
     bare = {k: interpolate(str(v), {}) for k, v in environment.items()}

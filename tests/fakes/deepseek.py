@@ -8,6 +8,9 @@ Faults are chosen per request with the header `x-fake-fault: <name>` (`none` dis
 globally with `FakeState.fault` (optionally limited to the next `fault_count` chat requests).
 `x-fake-delay: <s>` overrides the delay of `slow`, `no_headers` and `stall_mid_stream`;
 `x-fake-chunk-delay: <s>` overrides `chunk_delay` for one request.
+A misbehaving upstream (chat): `x-fake-huge-line: <bytes>` makes a stream's first event, or a non-streaming
+answer's JSON body, that many bytes longer (one line); `x-fake-endless: <bytes>` streams that many bytes of
+content events after the first, then stops without usage.
 
 Attempts (chatgate's retries): the attempts of one client request share its `x-request-id`. A fault applies
 only to the first N attempts of a request with `x-fake-fault-attempts: N` (or `fault_attempts`), and the
@@ -90,7 +93,7 @@ CONFIG_FIELDS = (
     "fault_after_chunks", "slow_delay", "hang_seconds", "error_content_type", "valid_keys", "validate",
     "tool_rounds", "tool_name", "tool_arguments",
     "fault_attempts", "fault_ratio", "retry_after", "key_concurrency", "no_balance_keys",
-    "prefix_cache",
+    "prefix_cache", "bill_media",
 )  # fmt: skip
 HTML_GARBAGE = b"<html><head><title>502 Bad Gateway</title></head><body><center>nginx</center></body></html>"
 
@@ -189,6 +192,9 @@ class FakeState:
     no_balance_keys: list[str] = field(default_factory=list)  # keys whose account has run out of balance
     prefix_cache: bool = False  # hits from a context cache like DeepSeek's (tests.fakes.prefix_cache)
     cache: PrefixCache = field(default_factory=PrefixCache, repr=False)
+    # chat bills as DeepSeek does what the body's bytes do not show: 384 tokens per image part, and an
+    # uploaded file a part names at one token per byte of it (`media_tokens`)
+    bill_media: bool = False
     requests: list[RecordedRequest] = field(default_factory=list)
     issued_usage: dict[str, dict[str, int]] = field(default_factory=dict)  # per Authorization key
     active: int = 0  # requests being handled right now
@@ -437,6 +443,29 @@ def make_usage(raw_body: bytes, plan: Plan, cached: tuple[int, int] | None = Non
         "prompt_cache_miss_tokens": prompt - hit,
         "completion_tokens_details": {"reasoning_tokens": len(plan.reasoning)},
     }
+
+
+def media_tokens(body: dict[str, Any], files: dict[str, Any]) -> int:
+    """What images (384 each) and named uploaded files (a token per byte) add to a chat's prompt, read from
+    the parsed messages (as DeepSeek reads them: an escaped `\\u0069mage_url` is an image)."""
+    tokens = 0
+    for message in body.get("messages") or []:
+        content = message.get("content") if isinstance(message, dict) else None
+        for part in content if isinstance(content, list) else []:
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind == "image_url":
+                tokens += 384
+            elif kind == "file":
+                ref = part.get("file") if isinstance(part.get("file"), dict) else part
+                stored = files.get(ref.get("file_id"))
+                tokens += len(stored.content) if stored is not None else 0
+    return tokens
+
+
+def add_prompt_tokens(usage: dict[str, Any], extra: int) -> None:
+    usage["prompt_tokens"] += extra
+    usage["total_tokens"] += extra
+    usage["prompt_cache_miss_tokens"] += extra
 
 
 def response_base(body: dict[str, Any], obj: str) -> dict[str, Any]:
@@ -770,6 +799,8 @@ class FakeDeepSeek:
         from tests.fakes.tools import with_server_tool_use  # it imports this module
 
         usage = make_usage(rec.body, plan, self.state.cached(rec, "chat", body))
+        if self.state.bill_media:
+            add_prompt_tokens(usage, media_tokens(body, self.state.files))
         rec.usage = with_server_tool_use(usage, rec)
         rec.status = 200
         if fault == "non_json_200":
@@ -783,7 +814,10 @@ class FakeDeepSeek:
         elif rec.stream:
             await self.stream(rec, conn, stream_events(body, plan, rec.usage, self.state.usage_mode), fault)
         else:
-            await self.nonstream(rec, conn, orjson.dumps(completion_body(body, plan, rec.usage)), plan, fault)
+            answer = completion_body(body, plan, rec.usage)
+            if huge := int(rec.headers.get("x-fake-huge-line", "0")):
+                answer["pad"] = "x" * huge
+            await self.nonstream(rec, conn, orjson.dumps(answer), plan, fault)
 
     async def stream(self, rec: RecordedRequest, conn: Conn, events: list[Event], fault: str | None) -> None:
         delay = header_float(rec.headers, "x-fake-chunk-delay", self.state.chunk_delay)
@@ -795,6 +829,8 @@ class FakeDeepSeek:
                 rec.outcome = "client_disconnected"
                 return
             await conn.body(b": keep-alive\n\n")
+        if await self.misbehave(rec, conn):
+            return
         for index, event in enumerate(events):
             if index == cut_at and await self.stream_fault(rec, conn, fault):
                 return
@@ -809,6 +845,29 @@ class FakeDeepSeek:
             await conn.body(b"", more=False)
         if fault == "stall_after_end":
             await conn.sleep(header_float(rec.headers, "x-fake-delay", self.state.hang_seconds))
+
+    async def misbehave(self, rec: RecordedRequest, conn: Conn) -> bool:
+        """`x-fake-huge-line` (an event of one long line) and `x-fake-endless` (content without end); True
+        when the stream is over."""
+        huge = int(rec.headers.get("x-fake-huge-line", "0"))
+        piece = 64 * 1024
+        if huge:
+            await conn.body(b'data: {"choices":[],"pad":"')
+            for _ in range(0, huge, piece):
+                await conn.body(b"x" * piece)
+            await conn.body(b'"}\n\n')
+        endless = int(rec.headers.get("x-fake-endless", "0"))
+        if not endless:
+            return False
+        event = b'data: {"choices":[{"index":0,"delta":{"content":"' + b"y" * piece + b'"}}]}\n\n'
+        for _ in range(0, endless, piece):
+            if conn.disconnected.is_set():
+                rec.outcome = "client_disconnected"
+                return True
+            await conn.body(event)
+        await conn.body(b"", more=False)
+        rec.outcome = "completed"
+        return True
 
     async def send_event(self, rec: RecordedRequest, conn: Conn, event: Event) -> None:
         await conn.body(event.data)

@@ -26,7 +26,7 @@ from app.store.base import FileOwner, StoreError
 from app.store.sqlite import SQLiteStore
 from tests.fakes.server import RunningFake
 from tests.gateway.conftest import _read_usage, usage_rows
-from tests.harness import RunningChatgate, make_settings, run_chatgate, unreachable_url
+from tests.harness import ADMIN_KEY, RunningChatgate, make_settings, run_chatgate, unreachable_url
 from tests.metering.helpers import wait_for
 from tests.quotas.support import set_limits
 
@@ -425,7 +425,7 @@ def test_a_chat_with_an_uploaded_file_part_works_as_before(gate: RunningChatgate
 
 # ------------------------------------------------------------------------------------------- team ownership
 
-ADMIN = "admin-files-secret"
+ADMIN = ADMIN_KEY  # tests/harness.py: a key chatgate accepts at start
 
 
 class Teams:

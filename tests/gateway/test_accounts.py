@@ -20,11 +20,11 @@ from app.gateway.auth import new_key
 from app.store.sqlite import SQLiteStore
 from tests.fakes.server import RunningFake
 from tests.gateway.conftest import usage_rows
-from tests.harness import RunningChatgate, make_settings, run_chatgate
+from tests.harness import ADMIN_KEY, RunningChatgate, make_settings, run_chatgate
 from tests.quotas.support import Webhook, webhook_receiver
 
 KEYS = {"one": "sk-account-one-0001", "two": "sk-account-two-0002"}
-ADMIN = "admin-secret-for-accounts"
+ADMIN = ADMIN_KEY  # tests/harness.py: a key chatgate accepts at start
 MESSAGES: Any = [{"role": "user", "content": "Summarise the plot of Hamlet"}]
 
 
@@ -105,21 +105,29 @@ def test_eight_streams_over_two_accounts_capped_at_three_all_complete(
     assert 'chatgate_upstream_retries_total{reason="429"}' in metrics
 
 
-def test_an_account_without_balance_is_set_aside_after_its_first_402(
-        pool: tuple[RunningChatgate, str], fake: RunningFake, hook: Webhook) -> None:
+@pytest.mark.parametrize("fault", ["402", "401"])
+def test_an_account_without_balance_is_set_aside_and_its_request_goes_to_another(
+        pool: tuple[RunningChatgate, str], fake: RunningFake, hook: Webhook, tmp_path: Path, fault: str
+) -> None:
+    """Issue 48: the request that met the 402 (or 401) was answered so, although another account could serve
+    it; nothing was generated, so it goes there."""
     gate, secret = pool
-    fake.state.configure(no_balance_keys=[KEYS["two"]])
+    if fault == "402":
+        fake.state.configure(no_balance_keys=[KEYS["two"]])
+    else:
+        fake.state.configure(valid_keys=[KEYS["one"]])
     statuses = []
     for _ in range(6):
         resp = httpx2.post(gate.url + "/v1/chat/completions", headers={"authorization": f"Bearer {secret}"},
                            json={"model": "deepseek-flash", "messages": MESSAGES}, timeout=30)
         statuses.append(resp.status_code)
-    assert sorted(statuses) == [200] * 5 + [402]  # a 402 is never retried
+    assert statuses == [200] * 6, statuses
     to_two = [r for r in fake.state.requests if r.auth_key == KEYS["two"]]
     assert len(to_two) == 1  # after its first 402, the account is set aside
+    assert sorted(r["attempts"] for r in usage_rows(tmp_path, 6)) == [1] * 5 + [2]
     assert accounts_state(gate)["two"]["state"] == "set_aside"
     (event,) = hook.wait(1)
-    assert (event["event"], event["account"], event["status"]) == ("account_unavailable", "two", 402)
+    assert (event["event"], event["account"], event["status"]) == ("account_unavailable", "two", int(fault))
     metrics = httpx2.get(gate.url + "/metrics").text
     assert 'chatgate_upstream_account_available{account="two"} 0.0' in metrics
     assert 'chatgate_upstream_account_available{account="one"} 1.0' in metrics
@@ -191,24 +199,27 @@ def test_a_passthrough_retry_uses_the_callers_own_key(start_gate: Any, fake: Run
     assert [r.auth_key for r in fake.state.requests] == ["sk-callers-own-0042"] * 2
 
 
-def test_a_refused_account_key_is_set_aside_after_its_first_401(
+def test_every_account_key_refused_is_chatgates_502_never_deepseeks_text(
         pool: tuple[RunningChatgate, str], fake: RunningFake, hook: Webhook) -> None:
-    """The key is chatgate's: the client sees chatgate's 502 upstream_auth_failed, never DeepSeek's text."""
+    """The key is chatgate's: once every account has answered 401 (the request tried each: nothing was
+    generated), the client sees chatgate's 502 upstream_auth_failed, never DeepSeek's text."""
     gate, secret = pool
-    fake.state.configure(valid_keys=[KEYS["one"]])
+    fake.state.configure(valid_keys=["sk-no-account-has-this"])
     statuses = []
-    for _ in range(5):
+    for _ in range(3):
         resp = httpx2.post(gate.url + "/v1/chat/completions", headers={"authorization": f"Bearer {secret}"},
                            json={"model": "deepseek-flash", "messages": MESSAGES}, timeout=30)
         statuses.append((resp.status_code, resp.json().get("error", {}).get("code")))
-        assert KEYS["two"][-4:] not in resp.text
-    assert sorted(statuses, key=str) == [(200, None)] * 4 + [(502, "upstream_auth_failed")]
-    assert len([r for r in fake.state.requests if r.auth_key == KEYS["two"]]) == 1  # not retried, then aside
-    state = accounts_state(gate)["two"]
-    assert (state["state"], state["why"]) == ("set_aside", "401") and state["back_in_s"] > 250
-    (event,) = hook.wait(1)
-    assert (event["event"], event["account"], event["status"]) == ("account_unavailable", "two", 401)
-    assert event["aside_seconds"] == 300
+        assert KEYS["one"][-4:] not in resp.text and KEYS["two"][-4:] not in resp.text
+    assert statuses == [(502, "upstream_auth_failed")] * 3
+    assert Counter(r.auth_key for r in fake.state.requests) == {KEYS["one"]: 1, KEYS["two"]: 1}
+    for name in ("one", "two"):
+        state = accounts_state(gate)[name]
+        assert (state["state"], state["why"]) == ("set_aside", "401") and state["back_in_s"] > 250
+    events = hook.wait(2)
+    assert sorted((e["event"], e["account"], e["status"]) for e in events) == [
+        ("account_unavailable", "one", 401), ("account_unavailable", "two", 401)]
+    assert {e["aside_seconds"] for e in events} == {300}
 
 
 def test_every_account_set_aside_a_request_waits_for_the_first_back(
@@ -339,3 +350,73 @@ def test_a_client_hanging_up_while_waiting_for_an_account_gets_no_further_attemp
     assert row["outcome"] == "client_disconnected"
     time.sleep(3.5)  # both accounts are back: the request that waited for one sent nothing more
     assert [r.status for r in fake.state.requests] == [429, 429]
+
+
+def test_a_single_account_answers_the_client_with_deepseeks_402(tmp_path: Path, fake: RunningFake,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nowhere else to go: DeepSeek's own answer (a top-up takes effect at once)."""
+    monkeypatch.setenv("DEEPSEEK_KEY_ONE", KEYS["one"])
+    settings = make_settings(tmp_path, fake.url, auth={"mode": "managed", "admin_key": ADMIN},
+                             upstream={"accounts": [{"name": "one", "key_env": "DEEPSEEK_KEY_ONE"}],
+                                       "retries": 2})
+    store = SQLiteStore(tmp_path / "usage.db")
+    fake.state.configure(no_balance_keys=[KEYS["one"]])
+    with run_chatgate(settings, store=store) as gate:
+        key_id, secret, digest, prefix = new_key()
+        store.create_key(key_id, digest, prefix, "search", "crawler")
+        ask = {"model": "deepseek-flash", "messages": MESSAGES}
+        for _ in range(2):
+            resp = httpx2.post(gate.url + "/v1/chat/completions", json=ask, timeout=30,
+                               headers={"authorization": f"Bearer {secret}"})
+            assert resp.status_code == 402 and "Insufficient Balance" in resp.text
+    assert len(fake.state.requests) == 2
+
+
+def test_a_team_pinned_to_its_own_account_only_ever_uses_it(tmp_path: Path, fake: RunningFake,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 48: teams on one account share its context cache, and its cache-hit counts tell one team what
+    another sent. Team search has account one to itself; every other team has account two."""
+    monkeypatch.setenv("DEEPSEEK_KEY_ONE", KEYS["one"])
+    monkeypatch.setenv("DEEPSEEK_KEY_TWO", KEYS["two"])
+    accounts = [{"name": "one", "key_env": "DEEPSEEK_KEY_ONE", "teams": ["search"]},
+                {"name": "two", "key_env": "DEEPSEEK_KEY_TWO"}]
+    settings = make_settings(tmp_path, fake.url, auth={"mode": "managed", "admin_key": ADMIN},
+                             upstream={"accounts": accounts, "retries": 2})
+    store = SQLiteStore(tmp_path / "usage.db")
+    fake.state.configure(prefix_cache=True)
+    with run_chatgate(settings, store=store) as gate:
+        secrets = {}
+        for team in ("search", "ads"):
+            key_id, secrets[team], digest, prefix = new_key()
+            store.create_key(key_id, digest, prefix, team, f"{team}-key")
+        secret_code: Any = [{"role": "system", "content": "The vault code is 4821. " * 40},
+                            {"role": "user", "content": "hi"}]
+        for team in ("search", "search", "search", "ads", "ads", "ads"):
+            with client(gate, secrets[team]) as c:
+                c.chat.completions.create(model="deepseek-flash", messages=secret_code)
+    rows = usage_rows(tmp_path, 6)
+    by_team: dict[str, set[str]] = {}
+    for r in rows:
+        by_team.setdefault(r["team"], set()).add(r["account"])
+    assert by_team == {"search": {"one"}, "ads": {"two"}}, by_team
+    assert {r.auth_key for r in fake.state.requests[:3]} == {KEYS["one"]}
+    assert {r.auth_key for r in fake.state.requests[3:]} == {KEYS["two"]}
+    hits = [(r["team"], r["prompt_cache_hit_tokens"] > 0) for r in rows]
+    # search's prompt is in account one's cache; ads' first request, on account two, finds none of it
+    assert hits[1:4] == [("search", True), ("search", True), ("ads", False)], hits
+
+
+def test_a_team_no_account_serves_is_a_clear_503(tmp_path: Path, fake: RunningFake,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DEEPSEEK_KEY_ONE", KEYS["one"])
+    accounts = [{"name": "one", "key_env": "DEEPSEEK_KEY_ONE", "teams": ["search"]}]
+    settings = make_settings(tmp_path, fake.url, auth={"mode": "managed", "admin_key": ADMIN},
+                             upstream={"accounts": accounts})
+    store = SQLiteStore(tmp_path / "usage.db")
+    with run_chatgate(settings, store=store) as gate:
+        key_id, secret, digest, prefix = new_key()
+        store.create_key(key_id, digest, prefix, "ads", "ads-key")
+        resp = httpx2.post(gate.url + "/v1/chat/completions", headers={"authorization": f"Bearer {secret}"},
+                           json={"model": "deepseek-flash", "messages": MESSAGES}, timeout=30)
+    assert resp.status_code == 503 and resp.json()["error"]["code"] == "no_account_for_team"
+    assert fake.state.requests == []

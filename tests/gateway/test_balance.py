@@ -19,11 +19,11 @@ from app.store.sqlite import SQLiteStore
 from tests.fakes.fim import BALANCE
 from tests.fakes.server import RunningFake
 from tests.gateway.conftest import _read_usage
-from tests.harness import RunningChatgate, make_settings, run_chatgate, unreachable_url
+from tests.harness import ADMIN_KEY, RunningChatgate, make_settings, run_chatgate, unreachable_url
 from tests.metering.helpers import wait_for
 
 KEY = "sk-balance-client-0001"
-ADMIN = "admin-balance-secret-0123456789"
+ADMIN = ADMIN_KEY  # tests/harness.py: a key chatgate accepts at start
 UPSTREAM = "sk-upstream-account-key"
 
 

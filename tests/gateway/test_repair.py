@@ -384,3 +384,18 @@ def test_a_restored_request_keeps_its_warnings_and_is_what_a_full_check_accepts(
                           headers={"content-type": "application/json", "authorization": f"Bearer {KEY}"})
     assert checked.json()["valid"] is True and not checked.json().get("repairs")
     assert [w["rule"] for w in checked.json()["warnings"]] == ["R32"]
+
+
+def test_another_callers_many_turns_do_not_push_a_callers_turn_out(start_gate: Callable[..., RunningChatgate],
+                                                                   fake: RunningFake) -> None:
+    """Issue 48: one tenant relaying many tool-call turns flushed the shared memory, and another's next round
+    was a 400 instead of a repair. Each tenant (here a passthrough caller) has a fair share of the memory;
+    140 turns of caller B in a memory that holds about 90 leave caller A's turn in it."""
+    gate = start_gate(repair={"reasoning_cache_bytes": 16 * 1024})
+    a = clients.DroppingAgent("sk-tenant-a-0001")
+    assert a.round(gate.url, stream=False).status_code == 200
+    for _ in range(140):
+        assert clients.DroppingAgent("sk-tenant-b-0001").round(gate.url, stream=False).status_code == 200
+    resp = a.round(gate.url, stream=False)
+    assert resp.status_code == 200, resp.text
+    assert resp.headers["x-chatgate-repaired"] == "restore_reasoning@messages[1]"

@@ -14,10 +14,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.fakes.server import RunningFake, run_fake_deepseek
-from tests.harness import RunningChatgate, make_settings, run_chatgate
+from tests.harness import ADMIN_KEY, RunningChatgate, make_settings, run_chatgate
 from tests.metering.helpers import chat_body, cli, send_chat, usage_json, wait_for
 
-ADMIN_KEY = "adm-7f3c2b9e-local-ops"
 ROUTE = "/v1/chat/completions"
 
 

@@ -25,11 +25,10 @@ from app.gateway.accesslog import AccessLog
 from app.gateway.auth import fingerprint
 from tests.fakes.deepseek import FakeState
 from tests.fakes.server import RunningFake, run_fake_deepseek
-from tests.harness import RunningChatgate, make_settings, run_chatgate
+from tests.harness import ADMIN_KEY, RunningChatgate, make_settings, run_chatgate
 from tests.metering.helpers import cli
 from tests.pgutil import fresh_database
 
-ADMIN_KEY = "cache-admin-key"
 MARKER = "ZEBRA-QUOKKA-7731"  # in every prompt: must never come out of chatgate
 ROUNDS = 4
 POLICY = " ".join(f"Rule {i}: {MARKER} releases follow the checklist item {i} before they ship."

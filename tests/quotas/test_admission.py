@@ -1,16 +1,19 @@
 """A request's admission bounds (app/quotas/admission.py), without a server: the tokens reserved are the
-body's bytes, 384 per image and the completion asked for (capped by the model), priced at the request's
-start; a refusal leaves the exchange unadmitted and becomes its 429 with the caller's headers."""
+body's bytes, 384 per image, its documents (app/gateway/media.py) and the completion asked for (capped by
+the model), priced at the request's start; a refusal leaves the exchange unadmitted and becomes its 429
+with the caller's headers."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.gateway.media import DOCUMENT_OVERHEAD, IMAGE_TOKENS, MediaCounter
 from app.metering.pricing import cost_bound_picousd
-from app.quotas.admission import IMAGE_TOKENS, Admitter, limit_error
+from app.quotas.admission import Admitter, limit_error
 from app.quotas.model import Refusal
 from app.settings import Settings
 from app.verdict import Verdict
@@ -30,6 +33,7 @@ class Ex:
     identity: Caller = field(default_factory=Caller)
     admission: Any = None
     tool: str | None = None
+    media_tokens: int | None = None
 
 
 class Quotas:
@@ -39,19 +43,40 @@ class Quotas:
         self.answer = answer
         self.asked: list[tuple[str, str, tuple[int, int], float | None]] = []
 
+    async def limited(self, team: str, key_id: str) -> bool:
+        return True
+
     async def admit(self, team: str, key_id: str, bounds: Callable[[float], tuple[int, int]],
                     started_at: float | None = None) -> Any:
         self.asked.append((team, key_id, bounds(started_at or 0.0), started_at))
         return self.answer
 
 
-def admit(body: bytes, verdict: Verdict | None, answer: Any = "admitted", tool: str | None = None
-          ) -> tuple[Ex, Quotas, Any]:
+class Here:
+    """The checkers' runner, for bodies checked in the process."""
+
+    async def run(self, size: int, work: Callable[[], Any]) -> Any:
+        return work()
+
+
+class Counts:
+    """The store's token counts of uploaded files."""
+
+    def __init__(self, counts: dict[str, int | None]) -> None:
+        self.counts = counts
+
+    def file_tokens(self, file_ids: list[str]) -> dict[str, int | None]:
+        return {f: self.counts[f] for f in file_ids if f in self.counts}
+
+
+def admit(body: bytes, verdict: Verdict | None, answer: Any = "admitted",
+          counts: dict[str, int | None] | None = None, tool: str | None = None) -> tuple[Ex, Quotas, Any]:
     settings = Settings()
     quotas = Quotas(answer)
     admitter = Admitter(quotas, settings, settings.profiles())  # type: ignore[arg-type]
+    media = MediaCounter(Here(), Counts(counts or {}), settings.profiles())  # type: ignore[arg-type]
     ex = Ex(body, tool=tool)
-    refused = asyncio.run(admitter.admit(ex, verdict))
+    refused = asyncio.run(admitter.admit(ex, verdict, functools.partial(media.tokens, ex, verdict)))
     return ex, quotas, refused
 
 
@@ -71,6 +96,34 @@ def test_the_bounds_are_the_body_its_images_and_the_completion_capped_by_the_mod
     pricing = settings.pricing
     assert cost == cost_bound_picousd(prompt, completion, profile.prices, ex.ts, pricing.peak_hours_utc,
                                       pricing.off_peak_multiplier)
+
+
+def test_images_are_counted_from_the_parse_not_the_bytes() -> None:
+    """`\\u0069mage_url` is `image_url` to DeepSeek: 600 of them hid from the byte search (issue 48 #3)."""
+    image = b'{"type":"\\u0069mage_url","\\u0069mage_url":{"url":"https://x/a.png"}}'
+    body = (b'{"model":"deepseek-v4-flash","messages":[{"role":"user","content":['
+            + b",".join([image] * 3) + b"]}]}")
+    _, quotas, _ = admit(body, None)
+    (_, _, (tokens, _), _), = quotas.asked
+    top = Settings().profiles()["deepseek-v4-flash"].max_tokens_max
+    assert tokens == len(body) + 3 * IMAGE_TOKENS + min(Settings().limits.default_max_tokens, top)
+
+
+def test_a_document_counts_its_upload_and_one_chatgate_did_not_see_the_context_window() -> None:
+    profile = Settings().profiles()["deepseek-v4-flash"]
+    verdict = Verdict([], model="deepseek-v4-flash", max_tokens=1, profile=profile)
+
+    def part(file_id: str) -> bytes:
+        return b'{"type":"file","file":{"file_id":"' + file_id.encode() + b'"}}'
+    body = (b'{"messages":[{"role":"user","content":[' + part("file-counted") + b","
+            + part("file-counted") + b"]}]}")
+    _, quotas, _ = admit(body, verdict, counts={"file-counted": 50_000})
+    (_, _, (tokens, _), _), = quotas.asked
+    assert tokens == len(body) + 2 * (50_000 + DOCUMENT_OVERHEAD) + 1, "each mention is billed"
+    for counts in ({}, {"file-counted": None}):  # not seen uploaded; seen, count not known
+        _, quotas, _ = admit(body, verdict, counts=counts)
+        (_, _, (tokens, _), _), = quotas.asked
+        assert tokens == len(body) + profile.context_window + 1
 
 
 def test_without_a_verdict_the_default_max_tokens_and_the_models_profile() -> None:

@@ -19,7 +19,7 @@ import openai
 import pytest
 
 from tests.fakes.server import RunningFake, run_fake_deepseek
-from tests.harness import RunningChatgate, make_settings, run_chatgate
+from tests.harness import ADMIN_KEY, RunningChatgate, make_settings, run_chatgate
 from tests.quotas.support import ask, client, key_subject, set_limits, usd, webhook_receiver
 
 pytestmark = pytest.mark.slow  # limits waited out in real time
@@ -367,7 +367,7 @@ def test_many_concurrent_callers_never_exceed_a_budget(
 @pytest.mark.parametrize("budgets", ["local", "store"])
 def test_a_budget_cleared_and_set_again_counts_what_was_spent_meanwhile(
         tmp_path: Path, start: Callable[..., RunningChatgate], fake: RunningFake, budgets: str) -> None:
-    gate = start(limits={"budgets": budgets}, auth={"admin_key": "admin-key-for-test"})
+    gate = start(limits={"budgets": budgets}, auth={"admin_key": ADMIN_KEY})
     secret = "sk-reset-budget-0013"
     key = key_subject(secret)
     set_limits(store_url(tmp_path), "key", key, budget_picousd=usd("1"), budget_period="month")
@@ -379,7 +379,7 @@ def test_a_budget_cleared_and_set_again_counts_what_was_spent_meanwhile(
     spent = sum(r["cost_picousd"] for r in records(tmp_path, 5))
     set_limits(store_url(tmp_path), "key", key, budget_picousd=usd("1"), budget_period="month")
     shown = httpx2.get(f"{gate.url}/admin/keys/{key}",
-                       headers={"authorization": "Bearer admin-key-for-test"}).json()["spend"]
+                       headers={"authorization": f"Bearer {ADMIN_KEY}"}).json()["spend"]
     assert shown["spent_usd"] == pytest.approx(spent / 1e12, rel=1e-9)
 
 

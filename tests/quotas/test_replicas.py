@@ -18,7 +18,7 @@ import psycopg
 import pytest
 
 from tests.fakes.server import RunningFake, run_fake_deepseek
-from tests.harness import RunningChatgate, make_settings, run_chatgate
+from tests.harness import ADMIN_KEY, RunningChatgate, make_settings, run_chatgate
 from tests.pgutil import fresh_database
 from tests.quotas.support import RedisServer, ask, client, key_subject, set_limits, usd
 
@@ -242,9 +242,9 @@ def test_a_limit_set_through_the_admin_api_applies_on_both_replicas(
         tmp_path: Path, fake: RunningFake, redis_server: RedisServer) -> None:
     fake.state.reset()
     secret = "sk-admin-change-" + secrets.token_hex(4)
-    admin = {"authorization": "Bearer admin-key-of-both"}
+    admin = {"authorization": f"Bearer {ADMIN_KEY}"}
     with fresh_database() as store, replicas(tmp_path, fake, store, redis_url=redis_server.url,
-                                             cache_seconds=1.0, admin_key="admin-key-of-both") as (a, b):
+                                             cache_seconds=1.0, admin_key=ADMIN_KEY) as (a, b):
         for n in range(3):
             assert ask(b.url, secret, n).http_response.status_code == 200  # B has looked up: no limits
         changed = time.monotonic()

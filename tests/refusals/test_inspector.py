@@ -16,10 +16,10 @@ from app.refusals.log import Pending, RefusalLog
 from app.refusals.record import body_text, redact
 from app.refusals.store import RefusalQuery, SQLiteRefusals, open_refusal_store
 from tests.fakes.server import RunningFake, run_fake_deepseek
-from tests.harness import RunningChatgate, make_settings, run_chatgate
+from tests.harness import ADMIN_KEY, RunningChatgate, make_settings, run_chatgate
 from tests.pgutil import fresh_database
 
-ADMIN = "admin-key-for-refusals-0001"
+ADMIN = ADMIN_KEY  # tests/harness.py: a key chatgate accepts at start
 CLIENT = {"authorization": "Bearer sk-test-client-0001"}
 LONG = "x" * 500
 
@@ -180,7 +180,7 @@ def test_each_process_keeps_its_last_n_and_nothing_past_the_ttl(tmp_path: Path) 
     store.insert([old], "another-replica", 10, 0)  # not purged yet (written by a replica with a longer TTL)
     assert store.list(RefusalQuery(), 0) != []
     assert store.list(RefusalQuery(), log.expired_before()) == []  # past the TTL: never shown
-    assert store.get("old", log.expired_before()) is None
+    assert store.lookup("old", log.expired_before()) == []
     for i in range(5):
         log.add(_pending(f"r{i}", now[0] + i))
     log.flush()
@@ -224,4 +224,4 @@ def test_the_dashboard_has_the_recent_refusals_table(gate: RunningChatgate) -> N
     page = httpx2.get(gate.url + "/admin/dashboard").text
     script = httpx2.get(gate.url + "/admin/dashboard/dashboard.js").text
     assert 'id="refusals"' in page and "Recent refusals" in page
-    assert "/admin/refusals?limit=50" in script and '"#refusal=" + encodeURIComponent(r.request_id)' in script
+    assert "/admin/refusals?limit=50" in script and '"#refusal=" + encodeURIComponent(r.refusal_id)' in script

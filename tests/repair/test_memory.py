@@ -221,3 +221,38 @@ def test_without_a_cache_a_ring_file_is_not_used_and_turns_go_to_the_store(store
     assert not memory.durable
     run(memory.remember("fp-a", "chat", turn("c1", payload="why")))
     assert [r.payload for r in store.recall_turns("fp-a", "chat", ["c1"], 0)] == ["why"]
+
+
+def test_one_tenant_cannot_push_anothers_turns_out_of_the_cache() -> None:
+    """Issue 48: 140 large tool-call turns of team B turned team A's repair into a 400. Each tenant has a fair
+    share of the ring (the ring divided by the tenants in it); B's turns beyond its share stay out of it."""
+    memory = TurnMemory(None, 60, 1 << 20)
+    run(memory.remember("key-a", "chat", turn("a1", payload="the reasoning of team A"), "team-a"))
+    for n in range(140):
+        run(memory.remember("key-b", "chat", turn(f"b{n}", payload="r" * 20_000), "team-b"))
+    assert run(memory.recall("key-a", "chat", ["a1"])) != {}, "team A's turn is still remembered"
+    kept = run(memory.recall("key-b", "chat", [f"b{n}" for n in range(140)]))
+    assert isinstance(kept, dict) and 10 <= len(kept) < 140  # B keeps its share: the first of its turns
+    assert memory.over_share > 0
+
+
+def test_a_tenant_alone_has_the_whole_cache() -> None:
+    memory = TurnMemory(None, 60, 1 << 20)
+    for n in range(40):
+        run(memory.remember("key-b", "chat", turn(f"b{n}", payload="r" * 20_000), "team-b"))
+    assert len(run(memory.recall("key-b", "chat", [f"b{n}" for n in range(40)]))) == 40  # type: ignore[arg-type]
+    assert memory.over_share == 0
+
+
+def test_turns_over_a_share_go_to_the_store(store: SQLiteStore, tmp_path: Path) -> None:
+    """With a store, a turn over its tenant's share is still remembered, there (the durable ring of a
+    single process included)."""
+    memory = TurnMemory(store, 60, 1 << 20, ring_path=str(tmp_path / "turns.ring"))
+    assert memory.durable
+    run(memory.remember("key-a", "chat", turn("a1"), "team-a"))
+    for n in range(140):
+        run(memory.remember("key-b", "chat", turn(f"b{n}", payload="r" * 20_000), "team-b"))
+    got = run(memory.recall("key-b", "chat", [f"b{n}" for n in range(140)]))
+    assert isinstance(got, dict) and len(got) == 140
+    assert run(memory.recall("key-a", "chat", ["a1"])) != {}
+    memory.close()

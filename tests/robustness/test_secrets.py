@@ -20,12 +20,11 @@ import pytest
 from app.gateway.auth import fingerprint, hash_key
 from app.settings import Settings
 from tests.fakes.server import RunningFake, run_fake_deepseek
-from tests.harness import REPO_ROOT, make_settings, run_chatgate, spawn_chatgate, unreachable_url
+from tests.harness import ADMIN_KEY, REPO_ROOT, make_settings, run_chatgate, spawn_chatgate, unreachable_url
 
 pytestmark = pytest.mark.slow  # chatgate processes and their logs
 
 UPSTREAM_KEY = "sk-upstream-0f9e8d7c6b5a49382716"
-ADMIN_KEY = "admin-7d1c0b9a8e2f4d6c5b3a"
 PASSTHROUGH_KEYS = ["sk-alice-passthrough-4c1d2e3f", "sk-bad-bob-passthrough-9a8b7c6d"]
 UNKNOWN_CG_KEY = "cg-not-a-real-key-but-secret-3e2d1c"
 CHAT = "/v1/chat/completions"

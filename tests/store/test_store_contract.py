@@ -619,7 +619,7 @@ def test_migration_from_version_1_drops_the_unused_indexes(tmp_path: Path) -> No
     conn.close()
     store = SQLiteStore(db)
     store.migrate()
-    assert store.schema_version() == SCHEMA_VERSION == 10
+    assert store.schema_version() == SCHEMA_VERSION
     rows = sqlite3.connect(db).execute("SELECT name FROM sqlite_master WHERE type = 'index'")
     names = {row[0] for row in rows}
     assert "usage_ts" in names and not names & {"usage_team", "usage_key_id", "usage_model", "usage_day"}
@@ -685,6 +685,16 @@ def test_files_owned_takes_a_page_of_any_size(store: Store) -> None:
     for file_id in ids[::3]:
         store.own_file(FileOwner(file_id, "search", "key_a1", T0))
     assert store.files_owned("search", ids) == set(ids[::3])
+
+
+def test_a_files_token_count_is_kept_with_its_owner(store: Store) -> None:
+    """Counted once at upload (issue 48): what a request naming the file reserves."""
+    store.own_file(FileOwner("file-api-1", "search", "key_a1", T0, 12_345))
+    store.own_file(FileOwner("file-api-2", "search", "key_a1", T0))  # a document whose count is not known
+    assert store.file_owner("file-api-1") == FileOwner("file-api-1", "search", "key_a1", T0, 12_345)
+    ids = [f"file-api-{n}" for n in range(3)] * 400  # more than one statement's worth, repeated
+    assert store.file_tokens(ids) == {"file-api-1": 12_345, "file-api-2": None}
+    assert store.file_tokens([]) == {}
 
 
 def test_a_disowned_file_belongs_to_nobody(store: Store) -> None:

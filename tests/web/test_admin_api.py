@@ -16,10 +16,9 @@ import pytest
 
 from app.gateway.auth import fingerprint
 from tests.fakes.server import RunningFake, run_fake_deepseek
-from tests.harness import RunningChatgate, make_settings, run_chatgate
+from tests.harness import ADMIN_KEY, RunningChatgate, make_settings, run_chatgate
 from tests.metering.helpers import chat_body, send_chat, wait_for
 
-ADMIN_KEY = "admin-api-test-key"
 LIMITS_CLEARED = {"budget_usd": None, "budget_period": None, "rpm": None, "tpm": None, "max_concurrent": None}
 
 
@@ -51,7 +50,8 @@ class Gate:
 
 def start(tmp_path: Path, mode: str) -> Iterator[Gate]:
     with run_fake_deepseek() as fake:
-        auth = {"mode": mode, "admin_key": ADMIN_KEY, "key_cache_seconds": 0}
+        auth = {"mode": mode, "admin_key": ADMIN_KEY, "key_cache_seconds": 0,
+                "admin_failures_per_minute": 1000}  # the tests below send many wrong keys on purpose
         if mode == "managed":
             auth["upstream_api_key"] = "sk-house"
         # Limits cached for long: a change applies at once only because the admin API forgets them.

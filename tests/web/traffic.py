@@ -13,9 +13,7 @@ import httpx2
 
 from app.gateway.auth import new_key
 from tests.fakes.server import run_fake_deepseek
-from tests.harness import RunningChatgate, make_settings, run_chatgate
-
-ADMIN_KEY = "admin-dashboard-test-key"
+from tests.harness import ADMIN_KEY, RunningChatgate, make_settings, run_chatgate
 
 # Budgets set through the admin API once the traffic is recorded (growth and default have none): research's
 # is about half used (prices are the same at every hour here, so that holds whenever the tests run),

@@ -316,10 +316,11 @@
       const tr = tbody.insertRow();
       tr.insertCell().textContent = new Date(r.ts * 1000).toISOString().slice(0, 19).replace("T", " ");
       const a = document.createElement("a");
-      a.href = "#refusal=" + encodeURIComponent(r.request_id);
+      // by chatgate's own refusal id: a client chooses its request id, and several may share one
+      a.href = "#refusal=" + encodeURIComponent(r.refusal_id);
       a.textContent = r.request_id;
       a.className = "refusal-link";
-      a.addEventListener("click", (ev) => { ev.preventDefault(); showRefusal(r.request_id); });
+      a.addEventListener("click", (ev) => { ev.preventDefault(); showRefusal(r.refusal_id); });
       tr.insertCell().append(a);
       for (const v of [r.status, r.source, r.team, r.key_name || r.key_id, r.route, r.rules.join(", ")]) {
         tr.insertCell().textContent = String(v);
