@@ -28,7 +28,7 @@ from app.store.base import ReportQuery
 from app.store.sqlite import SQLiteStore
 from tests.fakes.server import RunningFake
 from tests.gateway.conftest import usage_rows
-from tests.harness import RunningChatgate, make_settings, run_chatgate
+from tests.harness import ADMIN_KEY, RunningChatgate, make_settings, run_chatgate
 from tests.quotas.support import set_limits, usd
 
 KEY = "sk-test-client-0001"
@@ -381,7 +381,7 @@ def test_a_client_gone_during_the_keepalives_closes_the_upstream_and_is_recorded
 
 def test_the_refusal_inspector_keeps_a_refused_call_and_only_the_shape_of_an_upload(
         start_gate: Callable[..., RunningChatgate]) -> None:
-    admin = "admin-key-for-tools-0001"
+    admin = ADMIN_KEY
     gate = start_gate(auth={"admin_key": admin})
     audio = b"\x00" * (8 * MiB + 1)
     assert upload(gate, "/v1/tools/asr", audio, headers={"x-request-id": "req-asr"}).status_code == 400
