@@ -8,13 +8,12 @@ from typing import Any
 from app.gateway.accesslog import AccessLog, access_line
 from app.gateway.exchange import Exchange
 from app.ids import new_id
-from app.metering.cache import Advisor, discount_picousd
+from app.metering.cache import Advisor
 from app.metering.metrics import Metrics
-from app.metering.pricing import cost_picousd
+from app.metering.pricing import Pricing
 from app.metering.recorder import Recorder
 from app.metering.tokens import count_async, count_text
 from app.metering.usage import TokenCounts
-from app.profiles import ModelProfile
 from app.quotas.gate import Quotas
 from app.quotas.model import Admission
 from app.settings import Settings
@@ -22,11 +21,11 @@ from app.store.base import UsageRecord
 
 
 class Ledger:
-    def __init__(self, settings: Settings, profiles: dict[str, ModelProfile], recorder: Recorder | None,
-                 metrics: Metrics, quotas: Quotas | None = None,
+    def __init__(self, settings: Settings, recorder: Recorder | None, metrics: Metrics, pricing: Pricing,
+                 quotas: Quotas | None = None,
                  spawn: Callable[[Coroutine[Any, Any, None]], None] | None = None) -> None:
         self.settings = settings
-        self.profiles = profiles
+        self.pricing = pricing
         self.recorder = recorder
         self.metrics = metrics
         self.quotas = quotas  # an admitted exchange's reservations are settled by its record
@@ -64,18 +63,17 @@ class Ledger:
             ex.lease.release()
             ex.lease = None
         tokens = tokens or TokenCounts()
-        profile = self.profiles.get(ex.model)
-        pricing = self.settings.pricing
-        prices = profile.prices if profile else None
-        cost = cost_picousd(tokens, prices, ex.ts, pricing.peak_hours_utc, pricing.off_peak_multiplier)
-        saved = discount_picousd(tokens.prompt_cache_hit_tokens, prices, ex.ts, pricing.peak_hours_utc,
-                                 pricing.off_peak_multiplier)
+        rates = self.pricing.rates(ex.model, ex.ts)
+        unpriced = rates is None
+        if rates is None:  # recorded at the catalogue's highest price, never at 0 (limits.unpriced)
+            rates = self.pricing.ceiling_rates(ex.ts)
+        cost = rates.cost(tokens)
+        saved = 0 if unpriced else rates.discount(tokens.prompt_cache_hit_tokens)
         broke = None
         if outcome == "ok" and ex.sketch is not None:  # (every forwarded exchange was sketched)
             broke = self.advisor.settle(ex.identity.caller or ex.identity.key_id, ex.sketch,
                                         tokens.prompt_tokens, tokens.prompt_cache_hit_tokens, ex.request_id)
-        lost = 0 if broke is None else discount_picousd(broke.lost_tokens, prices, ex.ts,
-                                                        pricing.peak_hours_utc, pricing.off_peak_multiplier)
+        lost = 0 if broke is None or unpriced else rates.discount(broke.lost_tokens)
         record = UsageRecord(
             record_id=new_id(), ts=ex.ts, request_id=ex.request_id, key_id=ex.identity.key_id,
             key_name=ex.identity.key_name, team=ex.identity.team, model=_storable(ex.model),
@@ -89,8 +87,8 @@ class Ledger:
             ttfb_ms=round(ex.ttfb_ms, 3) if ex.ttfb_ms is not None else None, tokens_exact=exact,
             repairs=",".join(ex.repaired.codes()) if ex.repaired is not None and ex.repaired.applied
             else None,
-            unpriced=(profile is None or profile.prices is None)
-            and tokens.prompt_tokens + tokens.completion_tokens > 0,
+            unpriced=unpriced and tokens.prompt_tokens + tokens.completion_tokens > 0,
+            currency=self.pricing.currency,
             attempts=ex.attempts, account=ex.account, cache_saved_picousd=saved,
             cache_break=broke.param if broke is not None else None,
             cache_lost_tokens=broke.lost_tokens if broke is not None else 0, cache_lost_picousd=lost)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from app.metering.cache import hint
-from app.metering.reports import ReportError, _usd, hit_rate, parse_time
+from app.metering.reports import ReportError, _units, hit_rate, parse_time
 from app.store.base import GroupBy, ReportQuery, UsageStore
 
 CACHE_BYS: tuple[str, ...] = ("key", "team", "model")
@@ -36,7 +36,7 @@ def build_cache_report(store: UsageStore, by: GroupBy, since: float | None, unti
         c, param = row.counters, row.group["cache_break"]
         breaks.setdefault(row.group[fields[0]], []).append({
             "param": param, "count": c["requests"], "lost_tokens": c["cache_lost_tokens"],
-            "lost_usd": _usd(c["cache_lost_picousd"]), "lost_picousd": c["cache_lost_picousd"],
+            "lost_usd": _units(c["cache_lost_picousd"]), "lost_picousd": c["cache_lost_picousd"],
             "example_request_id": row.group["example_request_id"], "hint": hint(param),
         })
     rows = []
@@ -51,7 +51,7 @@ def build_cache_report(store: UsageStore, by: GroupBy, since: float | None, unti
             "requests": c["requests"], "prompt_tokens": c["prompt_tokens"],
             "cache_hit_tokens": c["prompt_cache_hit_tokens"],
             "hit_rate": hit_rate(c["prompt_cache_hit_tokens"], c["prompt_tokens"]),
-            "saved_usd": _usd(c["cache_saved_picousd"]), "lost_usd": _usd(c["cache_lost_picousd"]),
+            "saved_usd": _units(c["cache_saved_picousd"]), "lost_usd": _units(c["cache_lost_picousd"]),
             "saved_picousd": c["cache_saved_picousd"], "lost_picousd": c["cache_lost_picousd"],
             "lost_estimated": True, "break_count": c["cache_breaks"], "breaks": found,
         }
@@ -62,7 +62,7 @@ def build_cache_report(store: UsageStore, by: GroupBy, since: float | None, unti
     return {
         "by": by, "since": since, "until": until, "rows": rows,
         "totals": {**totals, "hit_rate": hit_rate(totals["cache_hit_tokens"], totals["prompt_tokens"]),
-                   "saved_usd": _usd(totals["saved_picousd"]), "lost_usd": _usd(totals["lost_picousd"])},
+                   "saved_usd": _units(totals["saved_picousd"]), "lost_usd": _units(totals["lost_picousd"])},
     }
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from app.errors import APIError
-from app.metering.pricing import cost_bound_picousd
+from app.metering.pricing import Pricing
 from app.profiles import ModelProfile
 from app.quotas.gate import Quotas, refusal_error
 from app.quotas.model import Admission, Refusal
@@ -48,10 +48,13 @@ class Exchange(Protocol):
 
 
 class Admitter:
-    def __init__(self, quotas: Quotas, settings: Settings, profiles: dict[str, ModelProfile]) -> None:
+    def __init__(self, quotas: Quotas, settings: Settings, profiles: dict[str, ModelProfile],
+                 pricing: Pricing) -> None:
         self.quotas = quotas
         self.settings = settings
         self.profiles = profiles
+        self.pricing = pricing
+        self.refuse_unpriced = settings.limits.unpriced == "refuse"
 
     async def admit(self, ex: Exchange, verdict: Verdict | None) -> Refusal | None:
         """Reserve the request's upper bounds against its caller's limits (`ex.admission`), or the refusal."""
@@ -63,14 +66,13 @@ class Admitter:
             top = profile.max_tokens_max if profile is not None else self.settings.limits.default_max_tokens
             wanted = verdict.max_tokens if verdict is not None and verdict.max_tokens is not None else None
             completion = min(wanted if wanted is not None else self.settings.limits.default_max_tokens, top)
-            pricing, prices = self.settings.pricing, profile.prices if profile is not None else None
-            cost = cost_bound_picousd(prompt, completion, prices, at, pricing.peak_hours_utc,
-                                      pricing.off_peak_multiplier)
-            return prompt + completion, cost
+            return prompt + completion, self.pricing.bound(prompt, completion, ex.model, at)
 
         # at the request's start, as its usage record will be priced and counted: a wait for admission that
         # crosses into the peak hours, or into the next budget period, must not reserve by the later time
-        admitted = await self.quotas.admit(ex.identity.team, ex.identity.key_id, bounds, started_at=ex.ts)
+        priced = not self.refuse_unpriced or self.pricing.rates(ex.model, ex.ts) is not None
+        admitted = await self.quotas.admit(ex.identity.team, ex.identity.key_id, bounds, started_at=ex.ts,
+                                           priced=priced)
         if isinstance(admitted, Refusal):
             return admitted
         ex.admission = admitted
