@@ -9,7 +9,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.metering.pricing import cost_bound_picousd
 from app.quotas.admission import IMAGE_TOKENS, Admitter, limit_error
 from app.quotas.model import Refusal
 from app.settings import Settings
@@ -39,7 +38,7 @@ class Quotas:
         self.asked: list[tuple[str, str, tuple[int, int], float | None]] = []
 
     async def admit(self, team: str, key_id: str, bounds: Callable[[float], tuple[int, int]],
-                    started_at: float | None = None) -> Any:
+                    started_at: float | None = None, priced: bool = True) -> Any:
         self.asked.append((team, key_id, bounds(started_at or 0.0), started_at))
         return self.answer
 
@@ -47,7 +46,7 @@ class Quotas:
 def admit(body: bytes, verdict: Verdict | None, answer: Any = "admitted") -> tuple[Ex, Quotas, Any]:
     settings = Settings()
     quotas = Quotas(answer)
-    admitter = Admitter(quotas, settings, settings.profiles())  # type: ignore[arg-type]
+    admitter = Admitter(quotas, settings, settings.profiles(), settings.pricing_book("USD"))  # type: ignore[arg-type]
     ex = Ex(body)
     refused = asyncio.run(admitter.admit(ex, verdict))
     return ex, quotas, refused
@@ -66,9 +65,7 @@ def test_the_bounds_are_the_body_its_images_and_the_completion_capped_by_the_mod
     completion = profile.max_tokens_max  # asked for more than the model gives
     assert (team, key_id, started_at) == ("team-a", "key-1", ex.ts)
     assert tokens == prompt + completion
-    pricing = settings.pricing
-    assert cost == cost_bound_picousd(prompt, completion, profile.prices, ex.ts, pricing.peak_hours_utc,
-                                      pricing.off_peak_multiplier)
+    assert cost == settings.pricing_book("USD").bound(prompt, completion, "deepseek-v4-flash", ex.ts)
 
 
 def test_without_a_verdict_the_default_max_tokens_and_the_models_profile() -> None:
