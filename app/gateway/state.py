@@ -55,6 +55,11 @@ class State:
         self.tracing: Tracing | None = None
         self.refusals: RefusalLog | None = None
 
+    @property
+    def currency(self) -> str:
+        """The currency chatgate prices in (pricing.currency resolved at start)."""
+        return self.pricing.currency if self.pricing is not None else "USD"
+
     def family_for(self, path: str) -> Family | None:
         """The family whose path prefix `path` is under (its error shape for a path chatgate does not
         serve); None: the OpenAI shape."""

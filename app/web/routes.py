@@ -261,6 +261,6 @@ def _admin_usage_handler(state: State) -> Any:
         except ReportError as exc:
             raise APIError(400, str(exc), "invalid_request_error", "by", "invalid_value") from None
         store = state.store
-        report = await asyncio.to_thread(build_report, store, query)
+        report = await asyncio.to_thread(build_report, store, query, state.currency)
         return json_response(200, report)
     return admin_usage
