@@ -90,6 +90,7 @@ class State:
                                               s.repair.reasoning_cache_bytes, ring_path=ring)
         currency = await resolve_currency(s, upstream)
         self.pricing = s.pricing_book(currency)
+        self.metrics.tally.currency = currency.lower()
         self.quotas = Quotas(s, self.store, self.clock, currency)
         self.gateway = Gateway(s, upstream, self.recorder, Authenticator(s.auth, self.store), self.metrics,
                                self.memory, self.quotas, self.store, pricing=self.pricing, clock=self.clock)

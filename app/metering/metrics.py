@@ -47,7 +47,8 @@ class Metrics:
                                "(logged once per key and hour), by route and code", ["route", "code"],
                                registry=r)
         self.unpriced = Counter("chatgate_unpriced_requests", "Requests that used tokens of a model "
-                                "without a price (metered at cost 0), by model", ["model"], registry=r)
+                                "without a price (metered at the catalogue's highest price), by model",
+                                ["model"], registry=r)
         self.restore_misses = Counter("chatgate_reasoning_restore_misses",
                                       "Turns restore_reasoning could not restore (not relayed to that "
                                       "caller, or expired)", registry=r)
@@ -105,7 +106,7 @@ class Metrics:
         usage[4] += rec.reasoning_tokens
         if rec.cost_picousd:
             usage[5] += rec.cost_picousd / 1e12
-        elif rec.unpriced:
+        if rec.unpriced:
             self._child(self.unpriced, model).inc()
         if rec.cache_saved_picousd:
             usage[6] += rec.cache_saved_picousd / 1e12
@@ -146,6 +147,7 @@ class _Tally(Collector):
     copies."""
 
     def __init__(self) -> None:
+        self.currency = "usd"  # of the costs counted: chatgate_cost_usd or chatgate_cost_cny
         self.requests: dict[tuple[str, int, str], int] = {}
         self.usage: dict[tuple[str, str], list[float]] = {}  # (model, team) -> USAGE_FIELDS + cost, saved
         # model -> counts per bucket (LATENCY_BUCKETS, then +Inf), then the sum
@@ -168,10 +170,11 @@ class _Tally(Collector):
         yield requests
         tokens = CounterMetricFamily("chatgate_tokens", "Tokens by kind, model and team",
                                      labels=["kind", "model", "team"])
-        cost = CounterMetricFamily("chatgate_cost_usd", "Cost in USD by model and team",
+        cur = self.currency
+        cost = CounterMetricFamily(f"chatgate_cost_{cur}", f"Cost in {cur.upper()} by model and team",
                                    labels=["model", "team"])
-        saved = CounterMetricFamily("chatgate_cache_saved_usd", "USD DeepSeek's context cache saved (the "
-                                    "hits as misses minus as billed), by model and team",
+        saved = CounterMetricFamily(f"chatgate_cache_saved_{cur}", f"{cur.upper()} DeepSeek's context cache "
+                                    "saved (the hits as misses minus as billed), by model and team",
                                     labels=["model", "team"])
         for (model, team), row in list(self.usage.items()):
             for kind, amount in zip(USAGE_FIELDS, row, strict=True):
