@@ -4,7 +4,9 @@ objects and SSE streams (docs/rules-chat.md#deepseeks-answers)."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 from decimal import ROUND_CEILING, ROUND_HALF_UP, Decimal
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -16,6 +18,7 @@ from app.metering.pricing import Override, Pricing, Rates, build_calendar, build
 from app.metering.usage import TokenCounts, tokens_from_usage
 from app.openai.chat import ChatFamily
 from app.settings import Settings
+from tests.metering.helpers import cli
 
 USD = Settings().pricing_book("USD")
 CNY = Settings().pricing_book("CNY")
@@ -314,3 +317,24 @@ def test_a_tariff_is_built_once_and_pricing_is_a_lookup() -> None:
     assert book.tariffs["deepseek-flash"] is book.tariffs["deepseek-flash"]
     assert book.cost(TokenCounts(0, 1, 0, 0, 0), "deepseek-flash", at("02:00:00")) == 9_000_000
     assert USD.cost(TokenCounts(0, 1, 0, 0, 0), "deepseek-flash", at("02:00:00")) == 1_200_000
+
+
+def test_chatgate_prices_prints_the_table_the_calendar_and_the_next_peak(tmp_path: Any) -> None:
+    """`chatgate prices --at`: the rows in force then with their sources and dates, the calendar, the
+    holidays and the next peak window (after National Day: Thursday 2026-10-08 01:00 UTC)."""
+    out = cli("prices", "--at", "2026-10-03T12:00:00Z", "--currency", "both", "--format", "json")
+    table = json.loads(out.stdout)
+    flash = {m["currency"]: m for m in table["models"] if m["model"] == "deepseek-flash"}
+    assert flash["USD"]["peak"] == {"cache_hit": "0.006", "cache_miss": "0.30", "output": "1.20"}
+    assert flash["CNY"]["off_peak"] == {"cache_hit": "0.02", "cache_miss": "1", "output": "4"}
+    assert flash["USD"]["since"] == "2026-09-10T04:00:00Z" and "NEWS-260910" in flash["USD"]["source"]
+    assert "deepseek-v4-flash" not in table["unpriced"].get("USD", [])
+    assert table["calendar"]["next_peak"] == {"start": "2026-10-08T01:00:00Z", "end": "2026-10-08T04:00:00Z"}
+    assert "2026-10-01" in table["calendar"]["holidays"] and table["calendar"]["peak_now"] is False
+    config = tmp_path / "c.toml"
+    config.write_text('[pricing]\ncurrency = "CNY"\nholidays = ["2026-10-08"]\n')
+    text = cli("prices", "--at", "2026-10-03T12:00:00Z", "--config", str(config)).stdout
+    assert "¥0.04 / ¥2 / ¥8" in text and "$" not in text.split("Per call:")[0]
+    assert "next peak window 2026-10-09T01:00:00Z to 2026-10-09T04:00:00Z" in text
+    bad = cli("prices", "--at", "yesterday", check=False)
+    assert bad.returncode == 2 and "--at" in bad.stderr
