@@ -33,6 +33,9 @@ class Exchange:
     t0: float = field(default_factory=time.perf_counter)
     body: bytes = b""
     model: str = "unknown"
+    # The model it is priced as until DeepSeek names the one it served: its profile's (on the Messages route
+    # a claude-* name is served by a DeepSeek model); "": `model`.
+    priced_as: str = ""
     stream: bool = False
     ttfb_ms: float | None = None
     finished: bool = False
@@ -77,6 +80,7 @@ class Exchange:
         """The model and the stream flag it is metered by, as the family's check read them."""
         if verdict.model is not None:
             self.model, self.stream = verdict.model, verdict.stream
+            self.priced_as = verdict.profile.name if verdict.profile is not None else verdict.model
         else:
             model = self.json().get("model", "unknown")
             self.model = (model if isinstance(model, str) else "unknown")[:200]

@@ -63,7 +63,7 @@ class Ledger:
             ex.lease.release()
             ex.lease = None
         tokens = tokens or TokenCounts()
-        rates = self.pricing.rates(ex.model, ex.ts)
+        rates = self.pricing.rates(ex.priced_as or ex.model, ex.ts)
         unpriced = rates is None
         if rates is None:  # recorded at the catalogue's highest price, never at 0 (limits.unpriced)
             rates = self.pricing.ceiling_rates(ex.ts)

@@ -140,7 +140,7 @@ class Gateway:
             return self._reject(ex, family, APIError.from_problems([overflow]))
         if overflow is not None:
             ex.warnings.append(overflow.message)
-        if self.pricing.rates(ex.model, ex.ts) is None:
+        if self.pricing.rates(ex.priced_as or ex.model, ex.ts) is None:
             ex.warnings.append(self._unpriced(ex.model))
         if self.admitter is not None:
             refused = await self.admitter.admit(ex, verdict)
@@ -342,7 +342,7 @@ class Gateway:
             ex.completion_text = content.decode("utf-8", "replace")
         tokens = family.usage(answer)
         if (served := family.served_model(answer)) is not None:
-            ex.model = served[:200]
+            ex.model = ex.priced_as = served[:200]
         exact = tokens is not None
         if tokens is None:
             tokens = await self.ledger.estimate(ex, functools.partial(family.prompt_text, ex.json()), "")
@@ -362,7 +362,7 @@ class Gateway:
         if self.keep_text:
             ex.completion_text = meter.text
         if meter.model is not None:
-            ex.model = meter.model[:200]
+            ex.model = ex.priced_as = meter.model[:200]
         if meter.usage is not None:
             self.ledger.finish(ex, outcome, status, meter.usage, upstream_status=200)
             return

@@ -41,6 +41,9 @@ class Exchange(Protocol):
     def model(self) -> str: ...
 
     @property
+    def priced_as(self) -> str: ...
+
+    @property
     def ts(self) -> float: ...
 
     @property
@@ -58,6 +61,8 @@ class Admitter:
 
     async def admit(self, ex: Exchange, verdict: Verdict | None) -> Refusal | None:
         """Reserve the request's upper bounds against its caller's limits (`ex.admission`), or the refusal."""
+        model = ex.priced_as or ex.model
+
         def bounds(at: float) -> tuple[int, int]:  # only asked when the caller has limits
             profile = verdict.profile if verdict is not None else self.profiles.get(ex.model)
             media = verdict is None or verdict.media
@@ -66,11 +71,11 @@ class Admitter:
             top = profile.max_tokens_max if profile is not None else self.settings.limits.default_max_tokens
             wanted = verdict.max_tokens if verdict is not None and verdict.max_tokens is not None else None
             completion = min(wanted if wanted is not None else self.settings.limits.default_max_tokens, top)
-            return prompt + completion, self.pricing.bound(prompt, completion, ex.model, at)
+            return prompt + completion, self.pricing.bound(prompt, completion, model, at)
 
         # at the request's start, as its usage record will be priced and counted: a wait for admission that
         # crosses into the peak hours, or into the next budget period, must not reserve by the later time
-        priced = not self.refuse_unpriced or self.pricing.rates(ex.model, ex.ts) is not None
+        priced = not self.refuse_unpriced or self.pricing.rates(model, ex.ts) is not None
         admitted = await self.quotas.admit(ex.identity.team, ex.identity.key_id, bounds, started_at=ex.ts,
                                            priced=priced)
         if isinstance(admitted, Refusal):

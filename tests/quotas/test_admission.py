@@ -25,6 +25,7 @@ class Caller:
 class Ex:
     body: bytes
     model: str = "deepseek-v4-flash"
+    priced_as: str = ""
     ts: float = 1_800_000_000.0
     identity: Caller = field(default_factory=Caller)
     admission: Any = None
