@@ -49,15 +49,15 @@ class PeakCalendar:
         self.holidays = frozenset(day_number(d) for d in holidays)
         self.peak_days = frozenset(day_number(d) for d in peak_days)
         self._minutes = minute_set(self.windows)
-        self._last = (-1, False)  # (minute, its answer): (nearly) every request of a minute asks the same
+        self.last = (-1, False)  # (minute, its answer): (nearly) every request of a minute asks the same
 
     def is_peak(self, ts: float) -> bool:
         minute = int(ts // 60)  # POSIX time has no leap seconds
-        last = self._last
+        last = self.last
         if last[0] == minute:
             return last[1]
         peak = self._judge(ts, minute)
-        self._last = (minute, peak)
+        self.last = (minute, peak)
         return peak
 
     def _judge(self, ts: float, minute: int) -> bool:

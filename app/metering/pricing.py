@@ -79,18 +79,18 @@ class Tariff:
     """One model's prices in one currency over time. A step without a price in this currency is None: the
     model is unpriced then."""
 
-    __slots__ = ("_last", "_last_since", "_since", "currency", "model", "periods")
+    __slots__ = ("_since", "currency", "last", "last_since", "model", "periods")
 
     def __init__(self, model: str, currency: str, periods: list[tuple[float, Period | None]]) -> None:
         self.model = model
         self.currency = currency
         self.periods = periods
         self._since = [since for since, _ in periods]
-        self._last_since, self._last = periods[-1]
+        self.last_since, self.last = periods[-1]  # the step in force now
 
     def period(self, ts: float) -> Period | None:
-        if ts >= self._last_since:  # (nearly) every record is priced by the latest step
-            return self._last
+        if ts >= self.last_since:  # (nearly) every record is priced by the latest step
+            return self.last
         i = bisect.bisect_right(self._since, ts) - 1
         return self.periods[i][1] if i >= 0 else None
 
@@ -116,11 +116,18 @@ class Pricing:
         self.highest = Rates.of(Triple(*(max(v) for v in zip(*known, strict=True))) if known else zero)
 
     def rates(self, model: str, ts: float) -> Rates | None:
-        """The model's rates at `ts` (its step and the calendar's period); None: no price then."""
+        """The model's rates at `ts` (its step and the calendar's period); None: no price then. On every
+        request: Tariff.period and PeakCalendar.is_peak inlined for their common case."""
         tariff = self.tariffs.get(model)
         if tariff is None:
             return None
-        return tariff.rates(ts, self.calendar.is_peak(ts))
+        period = tariff.last if ts >= tariff.last_since else tariff.period(ts)
+        if period is None:
+            return None
+        minute, peak = self.calendar.last
+        if minute != int(ts // 60):
+            peak = self.calendar.is_peak(ts)
+        return period.peak if peak else period.off_peak
 
     def ceiling_rates(self, ts: float) -> Rates:
         """The highest price of the catalogue at `ts`, each of hit, miss and output (for an unpriced model:
