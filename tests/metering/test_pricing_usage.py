@@ -319,6 +319,7 @@ def test_a_tariff_is_built_once_and_pricing_is_a_lookup() -> None:
     assert USD.cost(TokenCounts(0, 1, 0, 0, 0), "deepseek-flash", at("02:00:00")) == 1_200_000
 
 
+@pytest.mark.slow  # runs the CLI as a process
 def test_chatgate_prices_prints_the_table_the_calendar_and_the_next_peak(tmp_path: Any) -> None:
     """`chatgate prices --at`: the rows in force then with their sources and dates, the calendar, the
     holidays and the next peak window (after National Day: Thursday 2026-10-08 01:00 UTC)."""

@@ -113,6 +113,7 @@ FLASH_PEAK = ("0.006", "0.30", "1.20")
 FLASH_OFF = ("0.003", "0.15", "0.60")
 
 
+@pytest.mark.slow  # runs the CLI as a process
 def test_prices_by_the_calendar_and_by_the_date(tmp_path: Path, start: Callable[..., RunningChatgate],
                                                 fake: RunningFake) -> None:
     """A Saturday inside a weekday peak window is off-peak; a 2026 Chinese public holiday on a weekday
@@ -157,6 +158,7 @@ def test_prices_by_the_calendar_and_by_the_date(tmp_path: Path, start: Callable[
 # --- yuan ---------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # runs the CLI as a process
 def test_a_cny_deployment_prices_from_the_yuan_table_and_keeps_a_yuan_budget(
         tmp_path: Path, start: Callable[..., RunningChatgate], fake: RunningFake) -> None:
     """pricing.currency = CNY: each record is priced from the 元 table (0.02 / 1 / 4 元 off-peak), a budget
