@@ -549,7 +549,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
         print(f"chatgate: {exc}", file=sys.stderr)
         return 2
     replay_spools(store, loaded.settings.store.spool_dir)
-    report = build_cache_report(store, by, since, until)
+    report = build_cache_report(store, by, since, until, _currency(loaded))
     store.close()
     if args.format == "json":
         print(json.dumps(report))

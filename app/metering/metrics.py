@@ -34,6 +34,9 @@ class Metrics:
         r.register(self.tally)
         self.cache_lost = Counter("chatgate_cache_lost_usd", "USD estimated lost to prompt-prefix breaks "
                                   "(docs/cache.md), by model and team", ["model", "team"], registry=r)
+        self.cache_lost_cny = Counter("chatgate_cache_lost_cny", "CNY estimated lost to prompt-prefix "
+                                      "breaks (docs/cache.md), by model and team", ["model", "team"],
+                                      registry=r)
         self.cache_breaks = Counter("chatgate_cache_breaks", "Prompt-prefix breaks, by where the prefix "
                                     "first differed (indexes past 0 as [*]) and team", ["param", "team"],
                                     registry=r)
@@ -113,7 +116,8 @@ class Metrics:
         if rec.cache_break is not None:
             self._child(self.cache_breaks, param_label(rec.cache_break), rec.team).inc()
             if rec.cache_lost_picousd:
-                self._child(self.cache_lost, model, rec.team).inc(rec.cache_lost_picousd / 1e12)
+                lost = self.cache_lost_cny if rec.currency == "CNY" else self.cache_lost
+                self._child(lost, model, rec.team).inc(rec.cache_lost_picousd / 1e12)
         tally.observe(tally.latency, model, rec.latency_ms / 1000)
         if rec.ttfb_ms is not None:
             tally.observe(tally.ttfb, model, rec.ttfb_ms / 1000)

@@ -233,8 +233,11 @@
   function breaksTable(container, report) {
     container.replaceChildren();
     const rows = [];
-    for (const r of report.rows) for (const b of r.breaks) rows.push({ team: r.team, ...b });
-    rows.sort((a, b) => b.lost_picousd - a.lost_picousd || b.count - a.count);
+    const cur = (report.currency || "USD").toLowerCase();  // lost_usd / lost_picousd, or _cny
+    for (const r of report.rows) {
+      for (const b of r.breaks) rows.push({ team: r.team, ...b, lost: b["lost_" + cur], pico: b["lost_pico" + cur] });
+    }
+    rows.sort((a, b) => b.pico - a.pico || b.count - a.count);
     container.dataset.rows = String(rows.length);
     if (!rows.length) {
       const p = document.createElement("p");
@@ -256,9 +259,9 @@
     for (const b of rows.slice(0, 10)) {
       const tr = tbody.insertRow();
       tr.className = "break-row";
-      Object.assign(tr.dataset, { team: b.team, param: b.param, lost: String(b.lost_usd), count: String(b.count) });
+      Object.assign(tr.dataset, { team: b.team, param: b.param, lost: String(b.lost), count: String(b.count) });
       [[b.team, ""], [b.param, "code"], [b.count, "num"], [fmt(b.lost_tokens, "tokens"), "num"],
-       [fmt(b.lost_usd, "cost_usd"), "num"], [b.hint, "hint"]]
+       [fmt(b.lost, "cost"), "num"], [b.hint, "hint"]]
         .forEach(([v, cls]) => { const td = tr.insertCell(); td.textContent = String(v); td.className = cls; });
     }
     container.append(table);
