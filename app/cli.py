@@ -102,6 +102,18 @@ def build_parser() -> argparse.ArgumentParser:
     _store_arg(usage)
     usage.set_defaults(func=cmd_usage)
 
+    prices = sub.add_parser("prices", help="the prices in force, the peak calendar, the next peak window",
+                            description="DeepSeek's prices as chatgate bills them (the catalogue and the "
+                            "configuration): per model, peak and off-peak, with sources and dates; the peak "
+                            "calendar and the holidays; when the next peak window starts and ends.")
+    prices.add_argument("--at", help="at this date/datetime (UTC unless it says otherwise) or unix seconds; "
+                        "default now")
+    prices.add_argument("--currency", choices=["USD", "CNY", "both"],
+                        help="default: pricing.currency (auto: both)")
+    prices.add_argument("--format", choices=["table", "json"], default="table")
+    _config_arg(prices)
+    prices.set_defaults(func=cmd_prices)
+
     cache = sub.add_parser("cache", help="context-cache report: hit rates, savings, prefix breaks",
                            description="Per caller: DeepSeek context-cache hit rate, the money hits saved, "
                            "and the prompt-prefix breaks that cost money (estimated; docs/cache.md).")
@@ -175,6 +187,8 @@ def _limit_args(p: argparse.ArgumentParser) -> None:
     group = p.add_argument_group("limits", "'none' clears a limit; a limit not given stays as it is")
     group.add_argument("--budget-usd", metavar="USD",
                        help="budget in USD over the period: a decimal, e.g. 50 or 12.50 (kept exactly)")
+    group.add_argument("--budget-cny", metavar="CNY",
+                       help="budget in yuan over the period, for chatgate pricing in CNY (pricing.currency)")
     group.add_argument("--budget-period", metavar="PERIOD",
                        help="day, week or month (calendar, UTC), or total; month when a budget is set")
     group.add_argument("--rpm", metavar="N", help="requests per minute")
@@ -288,6 +302,8 @@ def _limit_change(args: argparse.Namespace) -> dict[str, Any]:
     change: dict[str, Any] = {}
     if args.budget_usd is not None:
         change["budget_usd"] = parse_usd(args.budget_usd)
+    if args.budget_cny is not None:
+        change["budget_cny"] = parse_usd(args.budget_cny, "budget_cny")
     if args.budget_period is not None:
         change["budget_period"] = parse_period(args.budget_period)
     for name in ("rpm", "tpm", "max_concurrent"):
@@ -307,7 +323,7 @@ def _admin(args: argparse.Namespace, work: Callable[[Any], Awaitable[Any]]) -> i
 
     async def run() -> Any:
         store, loaded = _store(args)
-        quotas = Quotas(loaded.settings, store)
+        quotas = Quotas(loaded.settings, store, currency=_currency(loaded))
         try:
             return await work(Admin(store, quotas, loaded.settings.auth.passthrough_team))
         finally:
@@ -323,6 +339,13 @@ def _admin(args: argparse.Namespace, work: Callable[[Any], Awaitable[Any]]) -> i
         print(f"chatgate: {exc}", file=sys.stderr)
         return 1
     return result
+
+
+def _currency(loaded: LoadedSettings) -> str:
+    """The currency of costs and budgets (pricing.currency); "auto" is resolved by the server only (it asks
+    DeepSeek): here it is USD."""
+    currency = loaded.settings.pricing.currency
+    return "USD" if currency == "auto" else currency
 
 
 def _flag(param: str) -> str:
@@ -447,13 +470,14 @@ def cmd_teams_list(args: argparse.Namespace) -> int:
         if args.format == "json":
             _print_json({"object": "list", "data": entries})
             return 0
-        rows = [("team", "keys", "budget_usd", "period", "rpm", "tpm", "max_concurrent", "spent_usd",
-                 "remaining_usd", "used", "since")]
+        cur = _currency(_load(args)).lower()
+        rows = [("team", "keys", "budget_usd", "period", "rpm", "tpm", "max_concurrent", f"spent_{cur}",
+                 f"remaining_{cur}", "used", "since")]
         for e in entries:
             spend = e["spend"]
             used = "-" if spend["used_percent"] is None else f"{spend['used_percent']:g}%"
             rows.append((e["team"], str(e["key_count"]), *limits_cells(e["limits"]),
-                         _plain(spend["spent_usd"]), _plain(spend["remaining_usd"]), used,
+                         _plain(spend.get(f"spent_{cur}")), _plain(spend.get(f"remaining_{cur}")), used,
                          _when(spend["period_start"])[:10] if spend["period_start"] else "ever"))
         _print_table(rows)
         return 0
@@ -481,7 +505,7 @@ def cmd_usage(args: argparse.Namespace) -> int:
         print(f"chatgate: {exc}", file=sys.stderr)
         return 2
     replay_spools(store, loaded.settings.store.spool_dir)
-    report = build_report(store, query)
+    report = build_report(store, query, loaded.settings.pricing.currency)
     store.close()
     if args.format == "json":
         print(json.dumps(report))
@@ -489,6 +513,30 @@ def cmd_usage(args: argparse.Namespace) -> int:
         sys.stdout.write(render_csv(report))
     else:
         sys.stdout.write(render_table(report))
+    return 0
+
+
+def cmd_prices(args: argparse.Namespace) -> int:
+    import time
+
+    from app.metering.price_table import price_table, render_price_table
+    from app.metering.reports import ReportError, parse_time
+
+    loaded = _load(args)
+    try:
+        at = parse_time(args.at, "at")
+    except ReportError as exc:
+        print(f"chatgate: {exc}", file=sys.stderr)
+        return 2
+    configured = loaded.settings.pricing.currency
+    wanted = args.currency or ("both" if configured == "auto" else configured)
+    currencies = ["USD", "CNY"] if wanted == "both" else [wanted]
+    books = [loaded.settings.pricing_book(c) for c in currencies]
+    table = price_table(books, time.time() if at is None else at)
+    if args.format == "json":
+        _print_json(table)
+    else:
+        sys.stdout.write(render_price_table(table))
     return 0
 
 
@@ -504,7 +552,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
         print(f"chatgate: {exc}", file=sys.stderr)
         return 2
     replay_spools(store, loaded.settings.store.spool_dir)
-    report = build_cache_report(store, by, since, until)
+    report = build_cache_report(store, by, since, until, _currency(loaded))
     store.close()
     if args.format == "json":
         print(json.dumps(report))

@@ -6,6 +6,7 @@ A bad setting raises ConfigError naming it; `serve` turns that into one line and
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import os
 import re
@@ -19,8 +20,9 @@ from urllib.parse import urlsplit
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
+from app.metering.pricing import Override, Pricing, build_calendar, build_pricing
 from app.openai.rules import Policy, ValidationOptions
-from app.profiles import DEFAULT_PROFILES, ModelProfile, Prices
+from app.profiles import DEFAULT_PROFILES, ModelProfile
 from app.repair.base import NAMES as REPAIR_NAMES
 from app.repair.base import RepairOptions
 
@@ -217,14 +219,25 @@ class RepairSettings(Section):
 
 
 class PricingSettings(Section):
+    """Prices come from DeepSeek's catalogue shipped with chatgate (app/metering/catalogue.toml,
+    docs/metering.md#prices); these settings adjust it."""
+
+    # USD or CNY: the table costs, budgets, alerts and reports use; "auto": the DeepSeek account's currency
+    # (managed mode: asked from /user/balance at start; passthrough: USD).
+    currency: Literal["USD", "CNY", "auto"] = "USD"
     # "HH:MM-HH:MM" UTC, end exclusive; an end before the start crosses midnight ("22:00-02:00").
-    peak_hours_utc: list[str] = ["01:00-04:00", "06:00-10:00"]
-    off_peak_multiplier: Decimal = Decimal("0.5")
+    # None: the catalogue's (DeepSeek's 01:00-04:00 and 06:00-10:00).
+    peak_hours_utc: list[str] | None = None
+    # Off-peak = peak x this for every peak/off-peak price. None: the catalogue's off-peak prices (half of
+    # peak), and half for a configured price.
+    off_peak_multiplier: Decimal | None = Field(default=None, ge=0)
+    holidays: list[dt.date] = []  # more Chinese public holidays (Beijing dates): off-peak all day
+    peak_days: list[dt.date] = []  # days priced as weekdays although on a weekend (make-up working days)
 
     @field_validator("peak_hours_utc")
     @classmethod
-    def _windows(cls, value: list[str]) -> list[str]:
-        for window in value:
+    def _windows(cls, value: list[str] | None) -> list[str] | None:
+        for window in value or []:
             if not re.match(r"^([01]\d|2[0-3]):[0-5]\d-(([01]\d|2[0-3]):[0-5]\d|24:00)$", window):
                 raise ValueError(f"window {window!r} must look like '06:00-10:00'")
             start, end = window.split("-")
@@ -240,9 +253,20 @@ class ModelSettings(Section):
     vision: bool | None = None
     thinking_default: bool | None = None
     legacy_reasoner: bool | None = None
+    # peak prices per 1M tokens (off-peak: half, or pricing.off_peak_multiplier), USD and CNY, in force from
+    # price_since (UTC unless it says otherwise; unset: always)
     price_input_cache_hit: Decimal | None = Field(default=None, ge=0)
     price_input_cache_miss: Decimal | None = Field(default=None, ge=0)
     price_output: Decimal | None = Field(default=None, ge=0)
+    price_cny_input_cache_hit: Decimal | None = Field(default=None, ge=0)
+    price_cny_input_cache_miss: Decimal | None = Field(default=None, ge=0)
+    price_cny_output: Decimal | None = Field(default=None, ge=0)
+    price_since: dt.datetime | None = None
+
+    @field_validator("price_since")
+    @classmethod
+    def _since(cls, value: dt.datetime | None) -> dt.datetime | None:
+        return value.replace(tzinfo=dt.UTC) if value is not None and value.tzinfo is None else value
 
 
 class LimitsSettings(Section):
@@ -274,6 +298,9 @@ class LimitsSettings(Section):
     # The completion reserved for a request that sets no max_tokens (the reservation is settled to the
     # actual cost when the request ends).
     default_max_tokens: int = Field(default=32_768, ge=1)
+    # A model without a price (docs/metering.md#models-without-a-price): reserved and recorded at the
+    # catalogue's highest price ("max_price"), or refused where a budget applies ("refuse").
+    unpriced: Literal["max_price", "refuse"] = "max_price"
     cache_seconds: float = Field(default=2.0, ge=0)  # how long a replica caches the limits it looked up
 
     @field_validator("redis_url")
@@ -329,6 +356,19 @@ class Settings(Section):
             profiles[name] = _apply_override(profiles.get(name, ModelProfile(name)), override)
         return profiles
 
+    def pricing_book(self, currency: str) -> Pricing:
+        """Every model's tariff in `currency` (USD or CNY: `pricing.currency` resolved), built once when the
+        app starts (docs/metering.md#prices)."""
+        p = self.pricing
+        overrides = {
+            name: Override(
+                {"USD": (o.price_input_cache_hit, o.price_input_cache_miss, o.price_output),
+                 "CNY": (o.price_cny_input_cache_hit, o.price_cny_input_cache_miss, o.price_cny_output)},
+                o.price_since.timestamp() if o.price_since is not None else None)
+            for name, o in self.models.items()}
+        calendar = build_calendar(p.peak_hours_utc, p.holidays, p.peak_days)
+        return build_pricing(currency, calendar, p.off_peak_multiplier, overrides)
+
     def policy(self) -> Policy:
         v = self.validation
         options = ValidationOptions(v.strict, v.unknown_models, v.legacy_reasoner_rules)
@@ -337,15 +377,7 @@ class Settings(Section):
 
 def _apply_override(profile: ModelProfile, o: ModelSettings) -> ModelProfile:
     changes = {k: v for k, v in o.model_dump().items() if v is not None and not k.startswith("price_")}
-    base = profile.prices or Prices(Decimal(0), Decimal(0), Decimal(0))
-    prices = Prices(
-        o.price_input_cache_hit if o.price_input_cache_hit is not None else base.input_cache_hit,
-        o.price_input_cache_miss if o.price_input_cache_miss is not None else base.input_cache_miss,
-        o.price_output if o.price_output is not None else base.output,
-    )
-    has_price = profile.prices is not None or any(
-        v is not None for v in (o.price_input_cache_hit, o.price_input_cache_miss, o.price_output))
-    return profile.updated(**changes, prices=prices if has_price else None)
+    return profile.updated(**changes)
 
 
 class ConfigError(Exception):

@@ -112,12 +112,13 @@ class RunningChatgate:
 
 @contextmanager
 def run_chatgate(settings: Settings, transport: Any = None, store: Any = None, loop: str = "uvloop",
-                 wrap: Callable[[Any], Any] | None = None) -> Iterator[RunningChatgate]:
+                 wrap: Callable[[Any], Any] | None = None, clock: Callable[[], float] | None = None
+                 ) -> Iterator[RunningChatgate]:
     """chatgate in this process on 127.0.0.1:<free port>, served by uvicorn (httptools) in a thread, on
     uvloop as `chatgate serve` runs (`loop="asyncio"` for the standard loop). `wrap`, if given, turns
     chatgate's ASGI app into the one served (e.g. a recorder of what clients send); `.app` stays
-    chatgate's own."""
-    app = create_app(settings, transport=transport, store=store)
+    chatgate's own. `clock`, if given, is the time requests are recorded, priced and limited at."""
+    app = create_app(settings, transport=transport, store=store, **({"clock": clock} if clock else {}))
     sock = bind_socket()
     port = sock.getsockname()[1]
     served = app if wrap is None else wrap(app)

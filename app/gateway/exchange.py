@@ -36,6 +36,9 @@ class Exchange:
     t0: float = field(default_factory=time.perf_counter)
     body: bytes = b""
     model: str = "unknown"
+    # The model it is priced as until DeepSeek names the one it served: its profile's (on the Messages route
+    # a claude-* name is served by a DeepSeek model); "": `model`.
+    priced_as: str = ""
     stream: bool = False
     ttfb_ms: float | None = None
     finished: bool = False
@@ -86,9 +89,11 @@ class Exchange:
 
     def describe(self, verdict: Verdict | None) -> None:
         """The model and the stream flag it is metered by, as the family's check read them (without one,
-        as the body says). A model name over MODEL_MAX_CHARS is kept cut, its length in `model_length`."""
+        as the body says), and the model it is priced as. A model name over MODEL_MAX_CHARS is kept cut, its
+        length in `model_length`."""
+        profile = None
         if verdict is not None and verdict.model is not None:
-            model, self.stream = verdict.model, verdict.stream
+            model, self.stream, profile = verdict.model, verdict.stream, verdict.profile
         else:
             model = self.json().get("model", "unknown")
             model = model if isinstance(model, str) else "unknown"
@@ -97,6 +102,7 @@ class Exchange:
         if len(model) > MODEL_MAX_CHARS:
             self.model_length, model = len(model), model[:MODEL_MAX_CHARS]
         self.model = model
+        self.priced_as = profile.name if profile is not None else model
 
     def response_headers(self, resp: httpx2.Response) -> list[tuple[bytes, bytes]]:
         headers = response_headers(resp.headers, self.request_id)

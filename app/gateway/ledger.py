@@ -9,14 +9,13 @@ from typing import Any
 from app.gateway.accesslog import AccessLog, access_line
 from app.gateway.exchange import Exchange
 from app.ids import new_id
-from app.metering.cache import Advisor, discount_picousd
-from app.metering.calls import UNIT_OF, ModelCalls, ToolUnits, call_cost_picousd, model_calls_cost_picousd
+from app.metering.cache import Advisor
+from app.metering.calls import UNIT_OF, ModelCalls, ToolUnits
 from app.metering.metrics import Metrics
-from app.metering.pricing import cost_picousd
+from app.metering.pricing import Pricing
 from app.metering.recorder import Recorder
 from app.metering.tokens import count_async, count_text
 from app.metering.usage import TokenCounts
-from app.profiles import ModelProfile
 from app.quotas.gate import Quotas
 from app.quotas.model import Admission
 from app.settings import Settings
@@ -24,11 +23,11 @@ from app.store.base import UsageRecord
 
 
 class Ledger:
-    def __init__(self, settings: Settings, profiles: dict[str, ModelProfile], recorder: Recorder | None,
-                 metrics: Metrics, quotas: Quotas | None = None,
+    def __init__(self, settings: Settings, recorder: Recorder | None, metrics: Metrics, pricing: Pricing,
+                 quotas: Quotas | None = None,
                  spawn: Callable[[Coroutine[Any, Any, None]], None] | None = None) -> None:
         self.settings = settings
-        self.profiles = profiles
+        self.pricing = pricing
         self.recorder = recorder
         self.metrics = metrics
         self.quotas = quotas  # an admitted exchange's reservations are settled by its record
@@ -74,20 +73,19 @@ class Ledger:
             ex.lease.release()
             ex.lease = None
         tokens = tokens or TokenCounts()
-        profile = self.profiles.get(ex.model)
-        pricing = self.settings.pricing
-        prices = profile.prices if profile else None
-        cost = cost_picousd(tokens, prices, ex.ts, pricing.peak_hours_utc, pricing.off_peak_multiplier)
-        saved = discount_picousd(tokens.prompt_cache_hit_tokens, prices, ex.ts, pricing.peak_hours_utc,
-                                 pricing.off_peak_multiplier)
+        rates = self.pricing.rates(ex.priced_as or ex.model, ex.ts)
+        unpriced = rates is None
+        if rates is None:  # recorded at the catalogue's highest price, never at 0 (limits.unpriced)
+            rates = self.pricing.ceiling_rates(ex.ts)
+        cost = rates.cost(tokens)
+        saved = 0 if unpriced else rates.discount(tokens.prompt_cache_hit_tokens)
         broke = None
         if outcome == "ok" and ex.sketch is not None:  # (every forwarded exchange was sketched)
             broke = self.advisor.settle(ex.identity.caller or ex.identity.key_id, ex.sketch,
                                         tokens.prompt_tokens, tokens.prompt_cache_hit_tokens, ex.request_id)
-        lost = 0 if broke is None else discount_picousd(broke.lost_tokens, prices, ex.ts,
-                                                        pricing.peak_hours_utc, pricing.off_peak_multiplier)
-        billed = _billed(ex.tool, outcome, units, calls, ex.ts) if units is not None or calls is not None \
-            or ex.route.tool is not None else None
+        lost = 0 if broke is None or unpriced else rates.discount(broke.lost_tokens)
+        billed = _billed(self.pricing, ex.tool, outcome, units, calls, ex.ts) \
+            if units is not None or calls is not None or ex.route.tool is not None else None
         if billed is not None:
             cost += billed.picousd
         record = UsageRecord(
@@ -103,9 +101,9 @@ class Ledger:
             ttfb_ms=round(ex.ttfb_ms, 3) if ex.ttfb_ms is not None else None, tokens_exact=exact,
             repairs=",".join(ex.repaired.codes()) if ex.repaired is not None and ex.repaired.applied
             else None,
-            unpriced=((profile is None or profile.prices is None)
-                      and tokens.prompt_tokens + tokens.completion_tokens > 0)
+            unpriced=(unpriced and tokens.prompt_tokens + tokens.completion_tokens > 0)
             or (billed is not None and billed.unknown),
+            currency=self.pricing.currency,
             attempts=ex.attempts, account=ex.account, cache_saved_picousd=saved,
             cache_break=broke.param if broke is not None else None,
             cache_lost_tokens=broke.lost_tokens if broke is not None else 0, cache_lost_picousd=lost)
@@ -171,22 +169,26 @@ class _Billed:
                 "billed_picousd": self.picousd}
 
 
-def _billed(tool: str | None, outcome: str, units: ToolUnits | None, calls: ModelCalls | None,
-            ts: float) -> _Billed | None:
-    """What a record bills besides tokens (app/metering/calls.py): a tool API's units (a successful call
-    only: an error or a timeout is free), or the searches and fetches a model made."""
+def _billed(pricing: Pricing, tool: str | None, outcome: str, units: ToolUnits | None,
+            calls: ModelCalls | None, ts: float) -> _Billed | None:
+    """What a record bills besides tokens (app/metering/calls.py), at the catalogue's per-call prices in the
+    deployment's currency: a tool API's units (a successful call only: an error or a timeout is free), or
+    the searches and fetches a model made."""
     if tool is not None:
         if units is None or outcome != "ok":
             return None
         unit = UNIT_OF.get(tool)
         if unit is None:  # a successful call of a tool whose unit and price are unknown (ASR)
             return _Billed(0, None, None, False, [])
-        return _Billed(units.units, unit, call_cost_picousd(tool, units.units, ts) if units.units else 0,
+        return _Billed(units.units, unit, pricing.call_cost(tool, units.units, ts) if units.units else 0,
                        units.estimated, [(tool, unit, "api", units.units)])
     if calls is None or not calls.total:
         return None
     counts = [("search", "call", "model", calls.searches), ("fetch", "call", "model", calls.fetches)]
-    return _Billed(calls.total, "call", model_calls_cost_picousd(calls, ts), calls.estimated, counts)
+    searches = pricing.call_cost("search", calls.searches, ts, made_by_model=True)
+    fetches = pricing.call_cost("fetch", calls.fetches, ts, made_by_model=True)
+    cost = None if searches is None or fetches is None else searches + fetches
+    return _Billed(calls.total, "call", cost, calls.estimated, counts)
 
 
 def _storable(text: str) -> str:

@@ -55,6 +55,7 @@ from app.gateway.retry import ClientHungUp, KeptAliveOnly, SendOnce, read_answer
 from app.gateway.tool_relay import ToolRelay
 from app.gateway.upstream import Upstream, forward_headers
 from app.metering.metrics import Metrics
+from app.metering.pricing import Pricing
 from app.metering.recorder import Recorder
 from app.metering.tokens import context_overflow, count_async
 from app.quotas.admission import Admitter, limit_error
@@ -84,15 +85,17 @@ class Endpoint:
 class Gateway:
     def __init__(self, settings: Settings, upstream: Upstream, recorder: Recorder | None,
                  auth: Authenticator, metrics: Metrics, memory: TurnMemory | None = None,
-                 quotas: Quotas | None = None, files: FileOwnerStore | None = None) -> None:
+                 quotas: Quotas | None = None, files: FileOwnerStore | None = None, *, pricing: Pricing,
+                 clock: Callable[[], float] = time.time) -> None:
         self.settings = settings
+        self.pricing = pricing
         self.profiles = settings.profiles()
         self.checkers = Checkers(settings)  # large bodies are checked in processes of their own
         self.upstream = upstream
         self.auth = auth
         self.metrics = metrics
         auth.on_refused = metrics.auth_failure
-        self.ledger = Ledger(settings, self.profiles, recorder, metrics, quotas, self.spawn)
+        self.ledger = Ledger(settings, recorder, metrics, pricing, quotas, self.spawn)
         self.notices = Notices(metrics)
         self.repairs = settings.repair.options()
         self.memory = memory or TurnMemory(None, settings.repair.reasoning_ttl_seconds,
@@ -101,10 +104,10 @@ class Gateway:
                                  settings.repair.reasoning_ttl_seconds, metrics)
         self.background: set[asyncio.Task[None]] = set()
         self.quotas = quotas
-        self.admitter = Admitter(quotas, settings, self.profiles) if quotas is not None else None
+        self.admitter = Admitter(quotas, settings, self.profiles, pricing) if quotas is not None else None
         self.ownership = Ownership(self.checkers, files)  # the files a request may name (managed mode)
         self.media = MediaCounter(self.checkers, files, self.profiles)  # images and documents' tokens
-        self.clock: Callable[[], float] = time.time  # a request's start: its usage record's time
+        self.clock = clock  # a request's start: its usage record's time and price
         self.tracing: Tracing | None = None  # set by State when tracing is on (app.tracing)
         self.refusals: RefusalLog | None = None  # the refusal inspector (server.capture_refusals)
         self.keep_text = settings.server.log_content or settings.tracing.capture_content
@@ -152,6 +155,8 @@ class Gateway:
             return await self._reject(ex, family, APIError.from_problems([overflow]))
         if overflow is not None:
             ex.warnings.append(overflow.message)
+        if ex.route.tool is None and self.pricing.rates(ex.priced_as or ex.model, ex.ts) is None:
+            ex.warnings.append(self._unpriced(ex.model))
         if self.admitter is not None:
             media = functools.partial(self.media.tokens, ex, verdict) if self.media.may_hold(ex, verdict) \
                 else None  # a plain body: no look-up of the caller's limits for it
@@ -206,6 +211,14 @@ class Gateway:
         return json_response(200, answer)
 
     # --- steps -----------------------------------------------------------------------
+
+    def _unpriced(self, model: str) -> str:
+        currency = self.pricing.currency
+        how = ("refused where a budget applies, else recorded at that price"
+               if self.settings.limits.unpriced == "refuse" else "reserved and recorded at that price")
+        return (f"chatgate has no {currency} price for the model {model[:64]!r}: the catalogue's highest "
+                f"price stands in for it ({how}); set its price in [models.\"<name>\"] (docs/metering.md"
+                "#models-without-a-price)")
 
     async def _check(self, ex: Exchange, family: Family, origin: str) -> Verdict | None:
         if not self.settings.validation.enabled:
@@ -395,7 +408,7 @@ class Gateway:
             ex.completion_text = content.decode("utf-8", "replace")
         tokens = family.usage(answer)
         if (served := family.served_model(answer)) is not None:
-            ex.model = served[:MODEL_MAX_CHARS]
+            ex.model = ex.priced_as = served[:MODEL_MAX_CHARS]
         exact = tokens is not None
         if tokens is None:
             tokens = await self.ledger.estimate(ex, functools.partial(family.prompt_text, ex.json()), "",
@@ -416,7 +429,7 @@ class Gateway:
         if self.keep_text:
             ex.completion_text = meter.text
         if meter.model is not None:
-            ex.model = meter.model[:MODEL_MAX_CHARS]
+            ex.model = ex.priced_as = meter.model[:MODEL_MAX_CHARS]
         if meter.usage is not None:
             self.ledger.finish(ex, outcome, status, meter.usage, upstream_status=200, calls=meter.calls)
             return

@@ -5,15 +5,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 
 import httpx2
 
 from app.gateway.auth import Authenticator
+from app.gateway.currency import resolve_currency
 from app.gateway.endpoints import build_endpoints
 from app.gateway.family import Family
 from app.gateway.proxy import Endpoint, Gateway
 from app.gateway.upstream import Upstream
 from app.metering.metrics import Metrics
+from app.metering.pricing import Pricing
 from app.metering.recorder import Recorder, store_tag
 from app.quotas.gate import Quotas
 from app.refusals.log import RefusalLog
@@ -31,8 +34,10 @@ class State:
     """What the routes share; one per app."""
 
     def __init__(self, settings: Settings, transport: httpx2.AsyncBaseTransport | None,
-                 store: Store | None) -> None:
+                 store: Store | None, clock: Callable[[], float] = time.time) -> None:
         self.settings = settings
+        self.clock = clock  # the time requests are recorded and priced at (a test sets it)
+        self.pricing: Pricing | None = None
         self.transport = transport
         self.store = store
         self.metrics = Metrics(settings.profiles())
@@ -49,6 +54,11 @@ class State:
         self._purger: asyncio.Task[None] | None = None
         self.tracing: Tracing | None = None
         self.refusals: RefusalLog | None = None
+
+    @property
+    def currency(self) -> str:
+        """The currency chatgate prices in (pricing.currency resolved at start)."""
+        return self.pricing.currency if self.pricing is not None else "USD"
 
     def family_for(self, path: str) -> Family | None:
         """The family whose path prefix `path` is under (its error shape for a path chatgate does not
@@ -78,9 +88,12 @@ class State:
             ring = str(self.recorder.spool_dir / f"turns-{store_tag(self.recorder.store)}.ring")
         self.memory = await asyncio.to_thread(TurnMemory, self.store, s.repair.reasoning_ttl_seconds,
                                               s.repair.reasoning_cache_bytes, ring_path=ring)
-        self.quotas = Quotas(s, self.store)
+        currency = await resolve_currency(s, upstream)
+        self.pricing = s.pricing_book(currency)
+        self.metrics.tally.currency = currency.lower()
+        self.quotas = Quotas(s, self.store, self.clock, currency)
         self.gateway = Gateway(s, upstream, self.recorder, Authenticator(s.auth, self.store), self.metrics,
-                               self.memory, self.quotas, self.store)
+                               self.memory, self.quotas, self.store, pricing=self.pricing, clock=self.clock)
         await self._observability()
         self._purger = asyncio.get_running_loop().create_task(self._purge_expired_turns())
 

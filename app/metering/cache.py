@@ -22,14 +22,10 @@ import operator
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
 import orjson
 import xxhash
-
-from app.metering.pricing import PICO_PER_USD_PER_MTOK, is_peak, whole_rates
-from app.profiles import Prices
 
 UNIT = 64  # DeepSeek's cache unit, in tokens
 PRINT_OVERHEAD = 400  # bytes of a remembered request besides its hashes (objects, the request id, raw)
@@ -38,29 +34,6 @@ _dumps = orjson.dumps
 _xx = xxhash.xxh3_64_intdigest  # about 0.4 instructions a byte (Python's SipHash: 3)
 _digest = xxhash.xxh3_64_digest  # the same hash as 8 bytes: a part's
 NO_PART = bytes(8)  # the hash of a part that is not there (no user id)
-
-
-# --- money ---------------------------------------------------------------------------------------------
-
-
-@functools.lru_cache(maxsize=64)
-def _discount(prices: Prices, peak: bool, off_peak_multiplier: Decimal) -> Decimal:
-    """picoUSD per prompt token: a miss's price minus a hit's."""
-    scale = PICO_PER_USD_PER_MTOK * (1 if peak else off_peak_multiplier)
-    return (prices.input_cache_miss - prices.input_cache_hit) * scale
-
-
-def discount_picousd(tokens: int, prices: Prices | None, ts: float, windows: list[str],
-                     off_peak_multiplier: Decimal) -> int:
-    """What `tokens` prompt tokens cost as cache misses minus what they cost as hits, at `ts`'s prices: the
-    money hits saved, or (for tokens a break kept out of the cache) the money lost."""
-    if prices is None or tokens <= 0:
-        return 0
-    whole = whole_rates(prices, ts, windows, off_peak_multiplier)
-    if whole is not None:
-        return tokens * (whole[1] - whole[0])
-    rate = _discount(prices, is_peak(ts, windows), off_peak_multiplier)
-    return int((tokens * rate).to_integral_value(ROUND_HALF_UP))
 
 
 # --- fingerprints --------------------------------------------------------------------------------------

@@ -1,9 +1,8 @@
 """DeepSeek's non-token charges: the tool APIs' calls (search, fetch), pages (OCR) and characters (TTS), and
-the searches and fetches a model makes with the server web tools (docs/metering.md#tool-calls).
-
-The one place their prices live (spec deepseek-api.md §13.3, §13.4, as of 2026-11-15). Only prices DeepSeek
-publishes in USD are used: OCR and TTS have only yuan prices, ASR none, so their USD cost is unknown (None)
-and their records say so (`unpriced`), never a cost from an exchange rate.
+the searches and fetches a model makes with the server web tools (docs/metering.md#tool-calls): what one
+billed unit of each tool is, and how many an answer used. Their prices are dated data in the catalogue
+(app/metering/catalogue.toml), priced by `Pricing.call_cost` in the deployment's currency; a tool or a
+currency DeepSeek publishes no price for costs None (unknown), never a cost from an exchange rate.
 """
 
 from __future__ import annotations
@@ -11,37 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-# $0.75 per 1,000 successful calls, in picoUSD per call (DeepSeek's pricing page and Search guide)
-SEARCH_CALL_PICOUSD = 750_000_000
-PICOUSD_PER_CALL: dict[str, int | None] = {
-    "search": SEARCH_CALL_PICOUSD,
-    "fetch": SEARCH_CALL_PICOUSD,
-    "ocr": None,  # 1.5 元 per 1,000 pages: no USD price published
-    "tts": None,  # 3 元 per 10,000 characters (list price): no USD price published
-    "asr": None,  # no price captured
-}
-# What one billed unit of each tool is
+# What one billed unit of each tool is (ASR: not published)
 UNIT_OF: dict[str, str | None] = {"search": "call", "fetch": "call", "ocr": "page", "tts": "character",
                                   "asr": None}
-TOOLS = tuple(PICOUSD_PER_CALL)
-# Searches and fetches the model makes (server web tools) are billed per successful call from
-# 2026-11-01 00:00 Beijing time = 2026-10-31 16:00 UTC; free before.
-MODEL_CALLS_BILLED_FROM = 1_793_462_400.0
-
-
-def call_cost_picousd(tool: str, units: int, ts: float) -> int | None:
-    """The cost of `units` billed units of `tool` at `ts`; None when DeepSeek publishes no USD price."""
-    price = PICOUSD_PER_CALL.get(tool)
-    if price is None:
-        return None
-    return price * units
-
-
-def model_calls_cost_picousd(calls: ModelCalls, ts: float) -> int:
-    """What the searches and fetches a model made cost at `ts` (nothing before they were billed)."""
-    if ts < MODEL_CALLS_BILLED_FROM:
-        return 0
-    return (SEARCH_CALL_PICOUSD * calls.searches) + (SEARCH_CALL_PICOUSD * calls.fetches)
+TOOLS = tuple(UNIT_OF)
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,6 +35,9 @@ class Metrics:
         r.register(self.tally)
         self.cache_lost = Counter("chatgate_cache_lost_usd", "USD estimated lost to prompt-prefix breaks "
                                   "(docs/cache.md), by model and team", ["model", "team"], registry=r)
+        self.cache_lost_cny = Counter("chatgate_cache_lost_cny", "CNY estimated lost to prompt-prefix "
+                                      "breaks (docs/cache.md), by model and team", ["model", "team"],
+                                      registry=r)
         self.cache_breaks = Counter("chatgate_cache_breaks", "Prompt-prefix breaks, by where the prefix "
                                     "first differed (indexes past 0 as [*]) and team", ["param", "team"],
                                     registry=r)
@@ -48,7 +51,8 @@ class Metrics:
                                "(logged once per key and hour), by route and code", ["route", "code"],
                                registry=r)
         self.unpriced = Counter("chatgate_unpriced_requests", "Requests that used tokens of a model "
-                                "without a price (metered at cost 0), by model", ["model"], registry=r)
+                                "without a price (metered at the catalogue's highest price), by model",
+                                ["model"], registry=r)
         self.billed = Counter("chatgate_billed_calls", "Billed units of DeepSeek's tools (docs/metering.md"
                               "#tool-calls), by tool (search, fetch: calls, the model's own included; ocr: "
                               "pages; tts: characters), unit and source (api: the tool route; model: the "
@@ -111,14 +115,15 @@ class Metrics:
         usage[4] += rec.reasoning_tokens
         if rec.cost_picousd:
             usage[5] += rec.cost_picousd / 1e12
-        elif rec.unpriced:
+        if rec.unpriced:
             self._child(self.unpriced, model).inc()
         if rec.cache_saved_picousd:
             usage[6] += rec.cache_saved_picousd / 1e12
         if rec.cache_break is not None:
             self._child(self.cache_breaks, param_label(rec.cache_break), rec.team).inc()
             if rec.cache_lost_picousd:
-                self._child(self.cache_lost, model, rec.team).inc(rec.cache_lost_picousd / 1e12)
+                lost = self.cache_lost_cny if rec.currency == "CNY" else self.cache_lost
+                self._child(lost, model, rec.team).inc(rec.cache_lost_picousd / 1e12)
         tally.observe(tally.latency, model, rec.latency_ms / 1000)
         if rec.ttfb_ms is not None:
             tally.observe(tally.ttfb, model, rec.ttfb_ms / 1000)
@@ -156,6 +161,7 @@ class _Tally(Collector):
     copies."""
 
     def __init__(self) -> None:
+        self.currency = "usd"  # of the costs counted: chatgate_cost_usd or chatgate_cost_cny
         self.requests: dict[tuple[str, int, str], int] = {}
         self.usage: dict[tuple[str, str], list[float]] = {}  # (model, team) -> USAGE_FIELDS + cost, saved
         # model -> counts per bucket (LATENCY_BUCKETS, then +Inf), then the sum
@@ -178,10 +184,11 @@ class _Tally(Collector):
         yield requests
         tokens = CounterMetricFamily("chatgate_tokens", "Tokens by kind, model and team",
                                      labels=["kind", "model", "team"])
-        cost = CounterMetricFamily("chatgate_cost_usd", "Cost in USD by model and team",
+        cur = self.currency
+        cost = CounterMetricFamily(f"chatgate_cost_{cur}", f"Cost in {cur.upper()} by model and team",
                                    labels=["model", "team"])
-        saved = CounterMetricFamily("chatgate_cache_saved_usd", "USD DeepSeek's context cache saved (the "
-                                    "hits as misses minus as billed), by model and team",
+        saved = CounterMetricFamily(f"chatgate_cache_saved_{cur}", f"{cur.upper()} DeepSeek's context cache "
+                                    "saved (the hits as misses minus as billed), by model and team",
                                     labels=["model", "team"])
         for (model, team), row in list(self.usage.items()):
             for kind, amount in zip(USAGE_FIELDS, row, strict=True):

@@ -10,17 +10,21 @@ from decimal import Decimal
 from typing import Any
 
 from app.metering.calls import TOOLS
-from app.metering.pricing import picousd_to_usd
+from app.metering.catalogue import SYMBOLS
+from app.metering.pricing import to_units
 from app.store.base import COUNTERS, GROUP_BYS, GroupBy, ReportQuery, ReportRow, UsageStore
 
 GROUP_FIELDS: dict[str, tuple[str, ...]] = {
     "key": ("key_id", "key_name", "team"), "team": ("team",), "model": ("model",), "day": ("day",),
     "rule": ("rule_code",), "repair": ("repair",), "account": ("account",),
 }
-PICO_COUNTERS = ("cost_picousd", "cache_saved_picousd", "cache_lost_picousd", "billed_picousd")
+PICO_COUNTERS = ("cost_picousd", "cache_saved_picousd", "cache_lost_picousd", "billed_picousd",
+                 "cost_picocny", "cache_saved_picocny", "cache_lost_picocny", "billed_picocny")
 OUTPUT_COUNTERS = tuple(c for c in COUNTERS if c not in PICO_COUNTERS)
-# computed from the counters
-DERIVED = ("cache_hit_rate", "cost_usd", "cache_saved_usd", "cache_lost_usd", "billed_usd")
+# computed from the counters: `cost` and `currency` are the report's currency's; billed_*: the part of the
+# cost that tool calls and a model's web searches and fetches make
+DERIVED = ("cache_hit_rate", "currency", "cost", "cost_usd", "cost_cny", "cache_saved_usd", "cache_lost_usd",
+           "cache_saved_cny", "cache_lost_cny", "billed_usd", "billed_cny")
 
 
 class ReportError(ValueError):
@@ -59,8 +63,8 @@ def make_query(group_by: str, since: str | None, until: str | None) -> ReportQue
     return ReportQuery(gb, parse_time(since, "since"), parse_time(until, "until"))
 
 
-def _usd(pico: int) -> float:
-    return float(picousd_to_usd(pico).quantize(Decimal("0.000000001")))
+def _units(pico: int) -> float:
+    return float(to_units(pico).quantize(Decimal("0.000000001")))
 
 
 def hit_rate(hit_tokens: int, prompt_tokens: int) -> float | None:
@@ -68,34 +72,51 @@ def hit_rate(hit_tokens: int, prompt_tokens: int) -> float | None:
     return round(hit_tokens / prompt_tokens, 6) if prompt_tokens > 0 else None
 
 
-def _counters(counters: dict[str, int]) -> dict[str, Any]:
+def _counters(counters: dict[str, int], currency: str) -> dict[str, Any]:
     out: dict[str, Any] = {name: int(counters.get(name, 0)) for name in OUTPUT_COUNTERS}
     out["cache_hit_rate"] = hit_rate(out["prompt_cache_hit_tokens"], out["prompt_tokens"])
-    out["cost_usd"] = _usd(int(counters.get("cost_picousd", 0)))
-    out["cache_saved_usd"] = _usd(int(counters.get("cache_saved_picousd", 0)))
-    out["cache_lost_usd"] = _usd(int(counters.get("cache_lost_picousd", 0)))
-    out["billed_usd"] = _usd(int(counters.get("billed_picousd", 0)))  # the calls' part of cost_usd
+    for suffix in ("usd", "cny"):
+        out[f"cost_{suffix}"] = _units(int(counters.get(f"cost_pico{suffix}", 0)))
+        out[f"cache_saved_{suffix}"] = _units(int(counters.get(f"cache_saved_pico{suffix}", 0)))
+        out[f"cache_lost_{suffix}"] = _units(int(counters.get(f"cache_lost_pico{suffix}", 0)))
+        out[f"billed_{suffix}"] = _units(int(counters.get(f"billed_pico{suffix}", 0)))  # part of cost_*
+    out["currency"] = currency
+    out["cost"] = out[f"cost_{currency.lower()}"]
     for name in PICO_COUNTERS:
         out[name] = int(counters.get(name, 0))
     return out
 
 
-def build_report(store: UsageStore, query: ReportQuery) -> dict[str, Any]:
+def report_currency(configured: str, totals: dict[str, int]) -> str:
+    """The currency a report is in: the configured one; for "auto", the one the records were priced in
+    (CNY when any was)."""
+    if configured != "auto":
+        return configured
+    return "CNY" if int(totals.get("cost_picocny", 0)) or int(totals.get("cache_saved_picocny", 0)) else "USD"
+
+
+def build_report(store: UsageStore, query: ReportQuery, currency: str = "USD") -> dict[str, Any]:
+    """The report in `currency` (pricing.currency: USD, CNY or auto): each row's `cost`, with `cost_usd` and
+    `cost_cny` apart (a record's cost is in the currency it was priced in; never converted)."""
     rows: list[ReportRow] = store.usage_report(query)
     totals = dict.fromkeys(COUNTERS, 0)
-    out_rows = []
+    out_rows: list[tuple[dict[str, str | None], dict[str, int]]] = []
     for row in rows:
         for name in COUNTERS:
             totals[name] += int(row.counters.get(name, 0))
         fields = {f: row.group.get(f) for f in GROUP_FIELDS[query.group_by]}
-        out_rows.append({**fields, **_counters(row.counters)})
+        out_rows.append((fields, row.counters))
     if query.group_by == "repair":  # a request with two repairs is in two rows: total each request once
         totals = dict.fromkeys(COUNTERS, 0)
         for row in store.usage_report(ReportQuery("rule", query.since, query.until)):
             for name in COUNTERS:
                 totals[name] += int(row.counters.get(name, 0))
+    money = report_currency(currency, totals)
     report: dict[str, Any] = {"group_by": query.group_by, "since": query.since, "until": query.until,
-                              "rows": out_rows, "totals": _counters(totals)}
+                              "currency": money,
+                              "rows": [{**fields, **_counters(counters, money)}
+                                       for fields, counters in out_rows],
+                              "totals": _counters(totals, money)}
     if totals["unpriced_requests"]:  # never a silent $0: which models had no price
         by_model = store.usage_report(ReportQuery("model", query.since, query.until))
         report["unpriced_models"] = sorted(row.group["model"] for row in by_model
@@ -115,11 +136,15 @@ def render_csv(report: dict[str, Any]) -> str:
 
 def render_table(report: dict[str, Any]) -> str:
     group = list(GROUP_FIELDS[report["group_by"]])
+    money = report.get("currency", "USD").lower()
+    symbol = SYMBOLS[money.upper()]
     heads = [*group, "requests", "rejected", "prompt", "completion", "cache_hit", "cache_miss", "hit_rate",
-             "reasoning", "calls", "calls_usd", "cost_usd", "saved_usd", "estimated", "unpriced"]
+             "reasoning", "calls", f"calls_{money}", f"cost_{money}", f"saved_{money}", "estimated",
+             "unpriced"]
     keys = [*group, "requests", "rejected", "prompt_tokens", "completion_tokens", "prompt_cache_hit_tokens",
-            "prompt_cache_miss_tokens", "cache_hit_rate", "reasoning_tokens", "billed_calls", "billed_usd",
-            "cost_usd", "cache_saved_usd", "estimated_requests", "unpriced_requests"]
+            "prompt_cache_miss_tokens", "cache_hit_rate", "reasoning_tokens", "billed_calls",
+            f"billed_{money}", f"cost_{money}", f"cache_saved_{money}", "estimated_requests",
+            "unpriced_requests"]
     lines = [[_cell(row.get(k)) for k in keys] for row in report["rows"]]
     total = {**report["totals"], group[0]: "TOTAL"}
     lines.append([_cell(total.get(k)) for k in keys])
@@ -134,11 +159,19 @@ def render_table(report: dict[str, Any]) -> str:
                     "docs/metering.md#tool-calls)")
     if report.get("unpriced_models"):
         unpriced = report["unpriced_models"]
-        where = "set their prices: docs/metering.md#prices"
-        if any(model in TOOLS for model in unpriced):
-            where += "; a tool's USD price is not published: docs/metering.md#tool-calls"
-        note.append(f"{totals['unpriced_requests']} request(s) of models without a price, counted at $0: "
-                    f"{', '.join(unpriced)} ({where})")
+        models = [m for m in unpriced if m not in TOOLS]
+        tools = [m for m in unpriced if m in TOOLS]
+        if models:
+            note.append(f"request(s) of models without a price, counted at the catalogue's highest price: "
+                        f"{', '.join(models)} (set their prices: docs/metering.md#models-without-a-price)")
+        if tools:
+            note.append(f"tool calls without a published {money.upper()} price, counted at 0: "
+                        f"{', '.join(tools)} (docs/metering.md#tool-calls)")
+    other = "cny" if money == "usd" else "usd"
+    if report["totals"].get(f"cost_pico{other}"):  # records priced in the other currency: never added up
+        note.append(f"Costs in {symbol} only; {SYMBOLS[other.upper()]}"
+                    f"{report['totals'][f'cost_{other}']:.6f} more was priced in {other.upper()} "
+                    f"(cost_{other} in the JSON report)")
     return "\n".join([fmt.format(*heads), rule, *(fmt.format(*line) for line in lines[:-1]), rule,
                       fmt.format(*lines[-1]), *note]) + "\n"
 

@@ -10,8 +10,7 @@ from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from app.errors import APIError
-from app.metering.calls import call_cost_picousd
-from app.metering.pricing import cost_bound_picousd
+from app.metering.pricing import Pricing
 from app.profiles import ModelProfile
 from app.quotas.gate import Quotas, refusal_error
 from app.quotas.model import Admission, Refusal
@@ -45,6 +44,9 @@ class Exchange(Protocol):
     def model(self) -> str: ...
 
     @property
+    def priced_as(self) -> str: ...
+
+    @property
     def ts(self) -> float: ...
 
     @property
@@ -55,10 +57,13 @@ class Exchange(Protocol):
 
 
 class Admitter:
-    def __init__(self, quotas: Quotas, settings: Settings, profiles: dict[str, ModelProfile]) -> None:
+    def __init__(self, quotas: Quotas, settings: Settings, profiles: dict[str, ModelProfile],
+                 pricing: Pricing) -> None:
         self.quotas = quotas
         self.settings = settings
         self.profiles = profiles
+        self.pricing = pricing
+        self.refuse_unpriced = settings.limits.unpriced == "refuse"
 
     async def admit(self, ex: Exchange, verdict: Verdict | None,
                     media: Callable[[], Awaitable[int]] | None = None) -> Refusal | None:
@@ -66,24 +71,25 @@ class Admitter:
         `media` counts what its images and documents add (asked only when a limit applies)."""
         extra = await media() if media is not None and await self.quotas.limited(
             ex.identity.team, ex.identity.key_id) else 0
+        model = ex.priced_as or ex.model
 
         def bounds(at: float) -> tuple[int, int]:  # only asked when the caller has limits
             if (tool := ex.tool) is not None:  # a tool API: no tokens, the price of one call
-                price = call_cost_picousd(tool, 1, at)
+                price = self.pricing.call_cost(tool, 1, at)
                 return 0, price if price is not None else UNKNOWN_CALL_HOLD_PICOUSD
             profile = verdict.profile if verdict is not None else self.profiles.get(ex.model)
             prompt = len(ex.body) + extra
             top = profile.max_tokens_max if profile is not None else self.settings.limits.default_max_tokens
             wanted = verdict.max_tokens if verdict is not None and verdict.max_tokens is not None else None
             completion = min(wanted if wanted is not None else self.settings.limits.default_max_tokens, top)
-            pricing, prices = self.settings.pricing, profile.prices if profile is not None else None
-            cost = cost_bound_picousd(prompt, completion, prices, at, pricing.peak_hours_utc,
-                                      pricing.off_peak_multiplier)
-            return prompt + completion, cost
+            return prompt + completion, self.pricing.bound(prompt, completion, model, at)
 
         # at the request's start, as its usage record will be priced and counted: a wait for admission that
         # crosses into the peak hours, or into the next budget period, must not reserve by the later time
-        admitted = await self.quotas.admit(ex.identity.team, ex.identity.key_id, bounds, started_at=ex.ts)
+        priced = (not self.refuse_unpriced or ex.tool is not None
+                  or self.pricing.rates(model, ex.ts) is not None)
+        admitted = await self.quotas.admit(ex.identity.team, ex.identity.key_id, bounds, started_at=ex.ts,
+                                           priced=priced)
         if isinstance(admitted, Refusal):
             return admitted
         ex.admission = admitted

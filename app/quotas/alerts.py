@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx2
 
-from app.metering.pricing import picousd_to_usd
+from app.metering.pricing import to_units
 from app.settings import AlertSettings
 from app.store.base import AlertStore, StoreError
 
@@ -19,8 +19,9 @@ log = logging.getLogger("chatgate.alerts")
 
 
 class Alerts:
-    def __init__(self, settings: AlertSettings, store: AlertStore | None) -> None:
+    def __init__(self, settings: AlertSettings, store: AlertStore | None, currency: str = "USD") -> None:
         self.settings = settings
+        self.currency = currency
         self.store = store
         self._marked: set[tuple[str, str, float, str]] = set()  # without a store: this process only
         self.tasks: set[asyncio.Task[None]] = set()
@@ -49,7 +50,10 @@ class Alerts:
         self._marked.add(key)
         payload = {"event": "budget_alert", "level": level, scope: subject, "scope": scope,
                    "subject": subject, "period": period, "period_start": period_start,
-                   "spent_usd": float(picousd_to_usd(spent)), "budget_usd": float(picousd_to_usd(budget)),
+                   "currency": self.currency, "spent": float(to_units(spent)),
+                   "budget": float(to_units(budget)),
+                   f"spent_{self.currency.lower()}": float(to_units(spent)),
+                   f"budget_{self.currency.lower()}": float(to_units(budget)),
                    "percent": round(100 * spent / budget, 2), "ts": time.time()}
         task = asyncio.get_running_loop().create_task(self._deliver(key, payload))
         self.tasks.add(task)

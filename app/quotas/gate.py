@@ -22,6 +22,7 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from app.errors import APIError
+from app.metering.catalogue import SYMBOLS
 from app.quotas.alerts import Alerts
 from app.quotas.book import LimitBook
 from app.quotas.budgets import Ledger, LocalBudgets, StoreBudgets
@@ -54,10 +55,12 @@ class Known:
 
 
 class Quotas:
-    def __init__(self, settings: Settings, store: Store | None, clock: Callable[[], float] = time.time
-                 ) -> None:
+    def __init__(self, settings: Settings, store: Store | None, clock: Callable[[], float] = time.time,
+                 currency: str = "USD") -> None:
         limits = settings.limits
         self.settings = settings
+        self.currency = currency  # of the prices, and so of every budget (docs/keys-and-limits.md)
+        self.symbol = SYMBOLS[currency]
         self.store = store
         self.clock = clock
         self.book = LimitBook(store, limits.cache_seconds)
@@ -75,7 +78,7 @@ class Quotas:
         self.hold_seconds = settings.upstream.total_timeout + 60
         self.budgets: LocalBudgets | StoreBudgets = (StoreBudgets(store, self.hold_seconds, clock)
                                                      if shared and store is not None else LocalBudgets(store))
-        self.alerts = Alerts(settings.alerts, store)
+        self.alerts = Alerts(settings.alerts, store, currency)
         self.fail_open = limits.on_backend_error == "fail_open"
         self._ids_prefix = uuid.uuid4().hex[:16] + "-"  # reservation ids: unique across replicas, cheap
         self._ids = itertools.count()
@@ -115,7 +118,7 @@ class Quotas:
                 subjects.append(Subject(scope, name, row))
         if len(self._plans) > 10_000:
             self._plans.clear()
-        plan = Plan.of(subjects)
+        plan = Plan.of(subjects, self.currency)
         self._plans[(team, key_id)] = Known(rows, plan, until, book.generation)
         return plan
 
@@ -149,11 +152,12 @@ class Quotas:
         return None
 
     async def admit(self, team: str, key_id: str, bounds: Callable[[float], tuple[int, int]],
-                    started_at: float | None = None) -> Admission | Refusal | None:
+                    started_at: float | None = None, priced: bool = True) -> Admission | Refusal | None:
         """None: no limit applies. `bounds(t)` (asked only when a limit applies) is the request's upper bound
         of tokens and the cost of those tokens at time t (peak or off-peak), in picoUSD. t is `started_at`
         (when the request started: its usage record is priced at that time and counted in the budget
-        period that time falls in, so its reservation is too), else now."""
+        period that time falls in, so its reservation is too), else now. `priced` False: the model has no
+        price and limits.unpriced is "refuse": refused where a budget applies."""
         known = self._known(team, key_id)
         if known is not None:
             plan = known.plan
@@ -164,6 +168,8 @@ class Quotas:
                 return self._backend_down(exc)
         if not plan.subjects:
             return None
+        if plan.budgeted and (not priced or plan.foreign is not None):
+            return self._unbudgetable(plan, priced)
         now = self.clock()
         at = now if started_at is None else started_at
         tokens, cost = bounds(at)
@@ -292,23 +298,28 @@ class Quotas:
         (for the admin API, the CLI and the dashboard)."""
         row = await asyncio.to_thread(self.store.get_limits, scope, name) if self.store is not None else None
         limits = row or LimitRow(scope, name)
+        cur = limits.budget_currency.lower() if limits.budget_picousd is not None else self.currency.lower()
         out: dict[str, Any] = {
-            "budget_usd": None if limits.budget_picousd is None else limits.budget_picousd / 1e12,
+            f"budget_{cur}": None if limits.budget_picousd is None else limits.budget_picousd / 1e12,
             "budget_period": limits.budget_period if limits.budget_picousd is not None else None,
-            "rpm": limits.rpm, "tpm": limits.tpm, "max_concurrent": limits.max_concurrent}
+            "rpm": limits.rpm, "tpm": limits.tpm, "max_concurrent": limits.max_concurrent,
+            "currency": cur.upper()}
         if limits.budget_picousd is None or self.store is None:  # the calendar month's spend, for reference
             start = period_start(self.clock(), "month")
-            spent = 0 if self.store is None else await asyncio.to_thread(self.store.spend, scope, name, start)
-            out.update(period_start=start, spent_usd=spent / 1e12, held_usd=0.0, remaining_usd=None)
+            spent = 0 if self.store is None else await asyncio.to_thread(self.store.spend, scope, name, start,
+                                                                         cur.upper())
+            out.update({"period_start": start, f"spent_{cur}": spent / 1e12, f"held_{cur}": 0.0,
+                        f"remaining_{cur}": None})
             return out
         period = limits.budget_period or "month"
         start = period_start(self.clock(), period)
         spent, held = await self.budgets.state(scope, name, start, self.clock())
-        out.update(budget_period=period, period_start=start, period_end=period_end(start + 1, period),
-                   spent_usd=spent / 1e12, held_usd=held / 1e12,
-                   remaining_usd=max(limits.budget_picousd - spent - held, 0) / 1e12,
-                   used_percent=round(100 * spent / limits.budget_picousd, 2) if limits.budget_picousd
-                   else None)
+        out.update({"budget_period": period, "period_start": start,
+                    "period_end": period_end(start + 1, period),
+                    f"spent_{cur}": spent / 1e12, f"held_{cur}": held / 1e12,
+                    f"remaining_{cur}": max(limits.budget_picousd - spent - held, 0) / 1e12,
+                    "used_percent": round(100 * spent / limits.budget_picousd, 2) if limits.budget_picousd
+                    else None})
         return out
 
     def forget(self, scope: str, name: str) -> None:
@@ -345,9 +356,26 @@ class Quotas:
         renews = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(end)) if end is not None else ""
         until = f" It renews at {renews}." if renews else ""
         return Refusal("budget", subject, hold.budget_picousd, None,
-                       f"The {period} budget of {subject.label} (${hold.budget_picousd / 1e12:.2f}) is "
+                       f"The {period} budget of {subject.label} "
+                       f"({self.symbol}{hold.budget_picousd / 1e12:.2f}) is "
                        f"spent, "
                        f"or this request could cost more than what is left.{until}")
+
+    def _unbudgetable(self, plan: Plan, priced: bool) -> Refusal:
+        """A budget that cannot be kept: the model has no price (limits.unpriced = "refuse"), or the budget is
+        in another currency than the prices (pricing.currency)."""
+        if not priced:
+            subject = plan.budgeted[0]
+            return Refusal("unpriced", subject, 0, None,
+                           f"chatgate has no {self.currency} price for this model, so the budget of "
+                           f"{subject.label} cannot be kept (limits.unpriced = \"refuse\"). Use a priced "
+                           "model, or ask the administrator to set its price.")
+        foreign = plan.foreign
+        assert foreign is not None
+        return Refusal("budget", foreign, 0, None,
+                       f"The budget of {foreign.label} is set in {foreign.limits.budget_currency} but "
+                       f"chatgate prices in {self.currency} (pricing.currency): it cannot be kept. The "
+                       f"administrator sets it again in {self.currency}.")
 
     def _backend_down(self, exc: BaseException) -> Refusal | None:
         self.backend_errors += 1
@@ -375,6 +403,9 @@ def refusal_error(refusal: Refusal) -> APIError:
     if refusal.kind == "unavailable":
         return APIError(503, refusal.message, "server_error", None, "limits_unavailable",
                         headers={"retry-after": "5"})
+    if refusal.kind == "unpriced":
+        return APIError(400, refusal.message, "invalid_request_error", "model", "unpriced_model",
+                        headers={"x-should-retry": "false"})
     if refusal.kind == "budget":
         return APIError(429, refusal.message, "insufficient_quota", None, "insufficient_quota",
                         headers={"x-should-retry": "false"})

@@ -91,7 +91,7 @@ _BOTH = (b"x-ratelimit-limit-requests: %d\r\nx-ratelimit-remaining-requests: %d\
 
 @dataclass(frozen=True, slots=True)
 class Refusal:
-    kind: str  # rpm, tpm, concurrency, budget, or unavailable (a backend down, fail_closed)
+    kind: str  # rpm, tpm, concurrency, budget, unpriced, or unavailable (a backend down, fail_closed)
     subject: Subject | None
     limit: int
     retry_after: float | None  # seconds; None when waiting cannot help (the request alone is too big)
@@ -111,12 +111,15 @@ class Plan:
     subjects: list[Subject]
     rated: list[Subject]  # those with an rpm, tpm or max_concurrent
     budgeted: list[Subject]  # those with a budget
+    foreign: Subject | None = None  # one whose budget is in another currency than the prices
 
     @staticmethod
-    def of(subjects: list[Subject]) -> Plan:
+    def of(subjects: list[Subject], currency: str = "USD") -> Plan:
         rated = [s for s in subjects if s.limits.rpm is not None or s.limits.tpm is not None
                  or s.limits.max_concurrent is not None]
-        return Plan(subjects, rated, [s for s in subjects if s.limits.budget_picousd is not None])
+        budgeted = [s for s in subjects if s.limits.budget_picousd is not None]
+        foreign = next((s for s in budgeted if s.limits.budget_currency != currency), None)
+        return Plan(subjects, rated, budgeted, foreign)
 
 
 @dataclass(slots=True)

@@ -166,6 +166,12 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # 11: what DeepSeek bills for an uploaded document in a request (issue 48): counted once, at upload;
     # NULL where it cannot be known (a file that is not text).
     ("ALTER TABLE file_owners ADD COLUMN tokens BIGINT",),
+    # 12: yuan (issue 46): the currency of each record's costs (its *_picousd columns hold pico-units of
+    # it) and of each budget; the rows before were all USD.
+    (
+        "ALTER TABLE usage ADD COLUMN currency TEXT NOT NULL DEFAULT 'USD'",
+        "ALTER TABLE limits ADD COLUMN budget_currency TEXT NOT NULL DEFAULT 'USD'",
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -210,12 +216,13 @@ USAGE_COLUMNS = (
     "billed_unit",
     "billed_estimated",
     "billed_picousd",
+    "currency",
 )
 FILE_OWNER_COLUMNS = ("file_id", "team", "key_id", "created_at", "tokens")
 FILE_IDS_PER_QUERY = 500  # below every SQLite's limit on a statement's parameters (999 before 3.32)
 _KEY_SELECT = "SELECT key_id, name, team, prefix, created_at, revoked_at FROM api_keys"
 LIMIT_COLUMNS = ("scope", "subject", "budget_picousd", "budget_period", "rpm", "tpm", "max_concurrent",
-                 "updated_at")
+                 "updated_at", "budget_currency")
 
 _GROUP_FIELDS: dict[GroupBy, tuple[tuple[str, str], ...]] = {
     "key": (("key_id", "key_id"), ("key_name", "max(key_name)"), ("team", "max(team)")),
@@ -243,19 +250,26 @@ _COUNTER_SQL = {
     "prompt_cache_hit_tokens": "sum(prompt_cache_hit_tokens)",
     "prompt_cache_miss_tokens": "sum(prompt_cache_miss_tokens)",
     "reasoning_tokens": "sum(reasoning_tokens)",
-    "cost_picousd": "sum(cost_picousd)",
+    "cost_picousd": "sum(CASE WHEN currency = 'CNY' THEN 0 ELSE cost_picousd END)",
+    "cost_picocny": "sum(CASE WHEN currency = 'CNY' THEN cost_picousd ELSE 0 END)",
     "estimated_requests": "sum(CASE WHEN tokens_exact THEN 0 ELSE 1 END)",
     "unpriced_requests": "sum(CASE WHEN unpriced THEN 1 ELSE 0 END)",
-    "cache_saved_picousd": "sum(cache_saved_picousd)",
+    "cache_saved_picousd": "sum(CASE WHEN currency = 'CNY' THEN 0 ELSE cache_saved_picousd END)",
+    "cache_saved_picocny": "sum(CASE WHEN currency = 'CNY' THEN cache_saved_picousd ELSE 0 END)",
     "cache_breaks": "sum(CASE WHEN cache_break IS NULL THEN 0 ELSE 1 END)",
     "cache_lost_tokens": "sum(cache_lost_tokens)",
-    "cache_lost_picousd": "sum(cache_lost_picousd)",
+    "cache_lost_picousd": "sum(CASE WHEN currency = 'CNY' THEN 0 ELSE cache_lost_picousd END)",
+    "cache_lost_picocny": "sum(CASE WHEN currency = 'CNY' THEN cache_lost_picousd ELSE 0 END)",
     "billed_calls": "sum(CASE WHEN billed_unit = 'call' THEN billed_units ELSE 0 END)",
     "billed_pages": "sum(CASE WHEN billed_unit = 'page' THEN billed_units ELSE 0 END)",
     "billed_characters": "sum(CASE WHEN billed_unit = 'character' THEN billed_units ELSE 0 END)",
-    "billed_picousd": "sum(billed_picousd)",
+    "billed_picousd": "sum(CASE WHEN currency = 'CNY' THEN 0 ELSE billed_picousd END)",
+    "billed_picocny": "sum(CASE WHEN currency = 'CNY' THEN billed_picousd ELSE 0 END)",
     "billed_estimated_requests": "sum(CASE WHEN billed_estimated THEN 1 ELSE 0 END)",
 }
+# the currency of a subject's budget, in a statement over its usage records
+_BUDGET_CURRENCY = ("coalesce((SELECT budget_currency FROM limits WHERE limits.scope = {scope} "
+                    "AND limits.subject = usage.{subject}), 'USD')")
 _COUNTER_SELECT = ", ".join(_COUNTER_SQL[name] for name in COUNTERS)
 
 
@@ -331,18 +345,23 @@ class Queries:
         return f"DELETE FROM budget_ledger WHERE scope = {p} AND subject = {p}"
 
     def spend(self, scope: str) -> str:
-        """The usage recorded for a team or key since a time (the column depends on the scope)."""
-        column = "team" if scope == "team" else "key_id"
+        """The usage recorded for a team or key since a time, in a currency (NULL: its budget's, USD
+        without one; the column depends on the scope)."""
+        column, literal = ("team", "'team'") if scope == "team" else ("key_id", "'key'")
         p = self.placeholder
-        return f"SELECT coalesce(sum(cost_picousd), 0) FROM usage WHERE {column} = {p} AND ts >= {p}"
+        return (f"SELECT coalesce(sum(cost_picousd), 0) FROM usage WHERE {column} = {p} AND ts >= {p} "
+                f"AND currency = coalesce(CAST({p} AS TEXT), "
+                f"{_BUDGET_CURRENCY.format(scope=literal, subject=column)[len('coalesce('):]}")
 
     def seed_ledger(self, scope: str) -> str:
-        """A period's ledger row, started from what the usage table already holds for it."""
-        column = "team" if scope == "team" else "key_id"
+        """A period's ledger row, started from what the usage table already holds for it (its records in
+        the budget's currency)."""
+        column, literal = ("team", "'team'") if scope == "team" else ("key_id", "'key'")
         p = self.placeholder
         return (f"INSERT INTO budget_ledger (scope, subject, period_start, spent_picousd) "
                 f"SELECT {p}, {p}, {p}, coalesce(sum(cost_picousd), 0) FROM usage WHERE {column} = {p} "
-                f"AND ts >= {p} ON CONFLICT (scope, subject, period_start) DO NOTHING")
+                f"AND ts >= {p} AND currency = {_BUDGET_CURRENCY.format(scope=literal, subject=column)} "
+                "ON CONFLICT (scope, subject, period_start) DO NOTHING")
 
     @property
     def ledger_spent(self) -> str:
@@ -470,9 +489,9 @@ def limit_params(row: LimitRow) -> tuple[Any, ...]:
 
 
 def limit_from_row(row: Sequence[Any]) -> LimitRow:
-    scope, subject, budget, period, rpm, tpm, conc, updated = row
+    scope, subject, budget, period, rpm, tpm, conc, updated, currency = row
     return LimitRow(scope, subject, _int_or_none(budget), period, _int_or_none(rpm), _int_or_none(tpm),
-                    _int_or_none(conc), float(updated))
+                    _int_or_none(conc), float(updated), currency)
 
 
 def _int_or_none(value: Any) -> int | None:

@@ -45,7 +45,7 @@ class UsageRecord:
     prompt_cache_hit_tokens: int = 0
     prompt_cache_miss_tokens: int = 0
     reasoning_tokens: int = 0
-    cost_picousd: int = 0  # 1e-12 USD, integer so sums are exact
+    cost_picousd: int = 0  # 1e-12 of `currency` (USD unless said), integer so sums are exact
     latency_ms: float = 0.0
     ttfb_ms: float | None = None
     tokens_exact: bool = True
@@ -64,6 +64,8 @@ class UsageRecord:
     billed_unit: str | None = None  # "call", "page", "character"
     billed_estimated: bool = False  # counted from the answer's result blocks, not read from its usage
     billed_picousd: int = 0
+    # the currency of the costs above (USD or CNY: pricing.currency); the *_picousd fields hold 1e-12 of it
+    currency: str = "USD"
 
     @property
     def day(self) -> str:
@@ -123,13 +125,14 @@ class LimitRow:
     tpm: int | None = None
     max_concurrent: int | None = None
     updated_at: float = 0.0
+    budget_currency: str = "USD"  # the budget's (budget_picousd holds 1e-12 of it)
 
     @property
     def empty(self) -> bool:
         return all(v is None for v in (self.budget_picousd, self.rpm, self.tpm, self.max_concurrent))
 
 
-LIMIT_FIELDS = ("budget_picousd", "budget_period", "rpm", "tpm", "max_concurrent")
+LIMIT_FIELDS = ("budget_picousd", "budget_period", "rpm", "tpm", "max_concurrent", "budget_currency")
 
 
 @dataclass(slots=True)  # not frozen: one per budget per request, and a frozen __init__ pays a call per field
@@ -200,6 +203,10 @@ COUNTERS = (
     "billed_characters",
     "billed_picousd",
     "billed_estimated_requests",
+    "billed_picocny",
+    "cost_picocny",
+    "cache_saved_picocny",
+    "cache_lost_picocny",
 )
 
 
@@ -255,8 +262,9 @@ class LimitStore(Protocol):
     def set_limits(self, row: LimitRow) -> None:
         """Insert or replace; a row with no limit left is deleted."""
 
-    def spend(self, scope: str, subject: str, since: float) -> int:
-        """picoUSD recorded in usage for the team or key since `since` (inclusive)."""
+    def spend(self, scope: str, subject: str, since: float, currency: str | None = None) -> int:
+        """Pico-units of `currency` recorded in usage for the team or key since `since` (inclusive); None:
+        the currency of its budget (USD without one)."""
 
     def reserve(self, holds: Sequence[Hold], now: float) -> Hold | None:
         """Insert all the holds, or none: None when every budget fits, else the first hold that does not.

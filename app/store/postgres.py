@@ -79,12 +79,14 @@ BUDGET_FUNCTIONS = (
             IF scope_ = 'team' THEN
                 INSERT INTO budget_ledger (scope, subject, period_start, spent_picousd)
                     SELECT scope_, subject_, start_, coalesce(sum(cost_picousd), 0) FROM usage
-                    WHERE team = subject_ AND ts >= start_
+                    WHERE team = subject_ AND ts >= start_ AND currency = coalesce((SELECT budget_currency
+                        FROM limits WHERE limits.scope = scope_ AND limits.subject = subject_), 'USD')
                     ON CONFLICT (scope, subject, period_start) DO NOTHING;
             ELSE
                 INSERT INTO budget_ledger (scope, subject, period_start, spent_picousd)
                     SELECT scope_, subject_, start_, coalesce(sum(cost_picousd), 0) FROM usage
-                    WHERE key_id = subject_ AND ts >= start_
+                    WHERE key_id = subject_ AND ts >= start_ AND currency = coalesce((SELECT budget_currency
+                        FROM limits WHERE limits.scope = scope_ AND limits.subject = subject_), 'USD')
                     ON CONFLICT (scope, subject, period_start) DO NOTHING;
             END IF;
             SELECT spent_picousd INTO spent FROM budget_ledger
@@ -356,9 +358,9 @@ class PostgresStore:
             if row.budget_picousd is None:
                 conn.execute(_Q.drop_ledger, (row.scope, row.subject))
 
-    def spend(self, scope: str, subject: str, since: float) -> int:
+    def spend(self, scope: str, subject: str, since: float, currency: str | None = None) -> int:
         with self._connection(self._slow_timeout) as conn:
-            row = conn.execute(_Q.spend(scope), (subject, since)).fetchone()
+            row = conn.execute(_Q.spend(scope), (subject, since, currency)).fetchone()
         return 0 if row is None else int(row[0])
 
     def reserve(self, holds: Sequence[Hold], now: float) -> Hold | None:

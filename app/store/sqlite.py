@@ -293,9 +293,9 @@ class SQLiteStore:
             if row.budget_picousd is None:
                 conn.execute(_Q.drop_ledger, (row.scope, row.subject))
 
-    def spend(self, scope: str, subject: str, since: float) -> int:
+    def spend(self, scope: str, subject: str, since: float, currency: str | None = None) -> int:
         with self._errors():
-            return int(self._conn().execute(_Q.spend(scope), (subject, since)).fetchone()[0])
+            return int(self._conn().execute(_Q.spend(scope), (subject, since, currency)).fetchone()[0])
 
     def reserve(self, holds: Sequence[Hold], now: float) -> Hold | None:
         """BEGIN IMMEDIATE holds the database's write lock for the whole check: nothing can interleave."""

@@ -180,7 +180,8 @@ def spans_of(t: ExchangeTrace) -> list[SpanRecord]:
         attrs["chatgate.outcome"] = record.outcome
         attrs["chatgate.team"] = record.team
         attrs["chatgate.key_id"] = record.key_id
-        attrs["chatgate.cost_usd"] = record.cost_picousd / 1e12
+        cost = "chatgate.cost_cny" if record.currency == "CNY" else "chatgate.cost_usd"
+        attrs[cost] = record.cost_picousd / 1e12
         attrs["gen_ai.request.model"] = record.model
         if record.repairs:
             attrs["chatgate.repairs"] = record.repairs.split(",")
@@ -319,6 +320,7 @@ _REQUEST_ID = _Entries("chatgate.request_id")
 _TEAM = _Entries("chatgate.team")
 _KEY_ID = _Entries("chatgate.key_id")
 _COST = _double_prefix("chatgate.cost_usd")
+_COST_CNY = _double_prefix("chatgate.cost_cny")
 _REQ_MODEL = _Entries("gen_ai.request.model")
 _REPAIRS = _Entries("chatgate.repairs", lambda r: r.split(","))
 _RULES = _Entries("chatgate.rules", list)  # by the tuple of the refusal's rule codes
@@ -405,8 +407,9 @@ def _encode_trace(t: ExchangeTrace, out: list[bytes]) -> None:
         if t.early_code:
             parts.append(_RULE[t.early_code])
     else:
+        cost = _COST_CNY if record.currency == "CNY" else _COST
         parts += (_OUTCOME[record.outcome], _TEAM[record.team], _KEY_ID[record.key_id],
-                  _COST + _pack_double(record.cost_picousd / 1e12), _REQ_MODEL[record.model])
+                  cost + _pack_double(record.cost_picousd / 1e12), _REQ_MODEL[record.model])
         if record.repairs:
             parts.append(_REPAIRS[record.repairs])
         if t.rules:

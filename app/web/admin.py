@@ -5,9 +5,10 @@
 - `GET /admin/teams`, `GET|PUT|PATCH /admin/teams/{team}` (PUT replaces the limits, PATCH changes the fields
   sent).
 
-Limits are `budget_usd` over `budget_period` (day, week, month: calendar, UTC; or total; month when a budget
-is set without one), `rpm`, `tpm` and `max_concurrent`; `null` clears one. USD amounts are decimals, kept
-exactly as integer picoUSD (1e-12 USD): a body's numbers are parsed as `Decimal`, never as floats. A change
+Limits are `budget_usd` (or `budget_cny`: yuan, for chatgate pricing in CNY) over `budget_period` (day,
+week, month: calendar, UTC; or total; month when a budget is set without one), `rpm`, `tpm` and
+`max_concurrent`; `null` clears one. Amounts are decimals, kept exactly as integer pico-units (1e-12 USD or
+CNY): a body's numbers are parsed as `Decimal`, never as floats. A change
 applies to this replica at once (`Quotas.forget`), to the others within `limits.cache_seconds`.
 
 `Admin` is shared with `chatgate teams …` and `chatgate keys …` (app.cli), so that both say the same.
@@ -48,9 +49,12 @@ LIMIT_INPUTS = ("budget_usd", "budget_period", "rpm", "tpm", "max_concurrent")
 FINGERPRINT = re.compile(r"fp-[0-9a-f]{12}")  # app.gateway.auth.fingerprint
 NO_STORE = "no-store"
 
+BUDGETS = {"budget_usd": "USD", "budget_cny": "CNY"}  # a budget's input, by its currency
 EXPECTED = {
     "budget_usd": "expected an amount of USD >= 0 with at most 12 decimal places (a number, or a string such "
                   "as \"12.50\"), or null to clear it",
+    "budget_cny": "expected an amount of CNY (yuan) >= 0 with at most 12 decimal places (a number, or a "
+                  "string such as \"80.50\"), or null to clear it",
     "budget_period": f"expected one of {', '.join(BUDGET_PERIODS)}, or null",
     "rpm": "expected a whole number >= 0, or null to clear it",
     "tpm": "expected a whole number >= 0, or null to clear it",
@@ -91,9 +95,10 @@ class KeyNotFound(LookupError):
 
 
 def usd_to_picousd(value: Decimal, param: str = "budget_usd") -> int:
-    """An exact amount of USD as integer picoUSD; anything finer than a picoUSD is refused, not rounded."""
+    """An exact amount of USD (or of CNY, for budget_cny) as integer pico-units; anything finer than a
+    pico-unit is refused, not rounded."""
     if not value.is_finite():
-        raise LimitsError(param, "expected a finite amount of USD")
+        raise LimitsError(param, f"expected a finite amount of {BUDGETS.get(param, 'USD')}")
     if value < 0:
         raise LimitsError(param, f"must be 0 or more, got {value}")
     if value > MAX_BUDGET_USD:
@@ -113,16 +118,16 @@ def usd_text(pico: int) -> str:
     return f"{whole}.{frac:012d}".rstrip("0").rstrip(".")
 
 
-def parse_usd(text: str) -> int | None:
-    """`--budget-usd`: a decimal amount, or none."""
+def parse_usd(text: str, param: str = "budget_usd") -> int | None:
+    """`--budget-usd` (`--budget-cny`: param budget_cny): a decimal amount, or none."""
     if text.strip().lower() == "none":
         return None
     try:
         value = Decimal(text.strip())
     except InvalidOperation:
-        raise LimitsError("budget_usd", f"expected an amount of USD such as 50 or 12.50, or none; got "
-                                        f"{text!r}") from None
-    return usd_to_picousd(value)
+        raise LimitsError(param, f"expected an amount of {BUDGETS[param]} such as 50 or 12.50, or none; got "
+                                 f"{text!r}") from None
+    return usd_to_picousd(value, param)
 
 
 def parse_count(text: str, param: str) -> int | None:
@@ -155,14 +160,22 @@ def check_name(param: str, value: str) -> str:
 
 def merge(current: LimitRow | None, scope: str, subject: str, change: dict[str, Any], replace: bool,
           now: float) -> LimitRow:
-    """The limits after a change: `change` maps LIMIT_INPUTS sent to their value (budget_usd in picoUSD;
-    None clears); the others stay (PATCH, `--flag`s) or are cleared (`replace`: PUT). A budget without a
-    period is a month's; a period without a budget is refused."""
+    """The limits after a change: `change` maps LIMIT_INPUTS sent (and budget_cny) to their value (a
+    budget in pico-units of its currency; None clears); the others stay (PATCH, `--flag`s) or are cleared
+    (`replace`: PUT). A budget without a period is a month's; a period without a budget is refused."""
     values: dict[str, Any] = dict.fromkeys(LIMIT_FIELDS)
     if current is not None and not replace:
         values.update({name: getattr(current, name) for name in LIMIT_FIELDS})
+    if sum(change.get(name) is not None for name in BUDGETS) > 1:
+        raise LimitsError("budget_cny", "a budget is in one currency: set budget_usd or budget_cny, not both")
     for name, value in change.items():
-        values["budget_picousd" if name == "budget_usd" else name] = value
+        if name in BUDGETS:
+            if value is not None or values["budget_currency"] == BUDGETS[name] or not any(
+                    change.get(n) is not None for n in BUDGETS):
+                values["budget_picousd"], values["budget_currency"] = value, BUDGETS[name]
+        else:
+            values[name] = value
+    values["budget_currency"] = values["budget_currency"] or "USD"
     if values["budget_picousd"] is None:
         if change.get("budget_period") is not None:
             raise LimitsError("budget_period", "a budget period needs a budget: set the budget too")
@@ -177,20 +190,31 @@ def limits_json(row: LimitRow | None) -> dict[str, Any]:
     JSON number written from the integer picoUSD, never through a float."""
     row = row or LimitRow("", "")
     budget = None if row.budget_picousd is None else orjson.Fragment(usd_text(row.budget_picousd).encode())
-    return {"budget_usd": budget, "budget_period": row.budget_period, "rpm": row.rpm, "tpm": row.tpm,
-            "max_concurrent": row.max_concurrent}
+    return {f"budget_{row.budget_currency.lower()}": budget, "budget_period": row.budget_period,
+            "rpm": row.rpm, "tpm": row.tpm, "max_concurrent": row.max_concurrent}
+
+
+def _shown(limits: dict[str, Any]) -> list[str]:
+    """LIMIT_INPUTS, the budget's name in its own currency (budget_usd or budget_cny)."""
+    budget = next((name for name in BUDGETS if name in limits), "budget_usd")
+    return [budget if name == "budget_usd" else name for name in LIMIT_INPUTS]
 
 
 def limits_cells(limits: dict[str, Any], none: str = "-") -> tuple[str, ...]:
-    """The values of `limits_json` as text, in LIMIT_INPUTS order (for the CLI)."""
-    return tuple(none if limits[name] is None else orjson.dumps(limits[name]).decode().strip('"')
-                 for name in LIMIT_INPUTS)
+    """The values of `limits_json` as text, in LIMIT_INPUTS order (for the CLI); a budget in CNY says so."""
+    names = _shown(limits)
+    cells = [none if limits[name] is None else orjson.dumps(limits[name]).decode().strip('"')
+             for name in names]
+    if names[0] == "budget_cny" and limits["budget_cny"] is not None:
+        cells[0] += " CNY"
+    return tuple(cells)
 
 
 def limits_text(limits: dict[str, Any]) -> str:
     """`budget_usd=50 budget_period=month rpm=60 tpm=none max_concurrent=4`, for the CLI."""
-    return " ".join(f"{name}={value}" for name, value in zip(LIMIT_INPUTS, limits_cells(limits, "none"),
-                                                              strict=True))
+    names = _shown(limits)
+    cells = ["none" if limits[n] is None else orjson.dumps(limits[n]).decode().strip('"') for n in names]
+    return " ".join(f"{name}={cell}" for name, cell in zip(names, cells, strict=True))
 
 
 def spend_json(status: dict[str, Any]) -> dict[str, Any]:
@@ -198,9 +222,10 @@ def spend_json(status: dict[str, Any]) -> dict[str, Any]:
     period = status.get("budget_period") or "month"
     start = status["period_start"]
     end = status["period_end"] if "period_end" in status else period_end(start + 1, period)
-    return {"period": period, "period_start": start, "period_end": end, "spent_usd": status["spent_usd"],
-            "held_usd": status["held_usd"], "remaining_usd": status["remaining_usd"],
-            "used_percent": status.get("used_percent")}
+    cur = status["currency"].lower()
+    return {"period": period, "period_start": start, "period_end": end, "currency": status["currency"],
+            f"spent_{cur}": status[f"spent_{cur}"], f"held_{cur}": status[f"held_{cur}"],
+            f"remaining_{cur}": status[f"remaining_{cur}"], "used_percent": status.get("used_percent")}
 
 
 # --- the operations (API and CLI) -----------------------------------------------------------------
@@ -340,18 +365,19 @@ class LimitsBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     budget_usd: Annotated[Decimal, Field(allow_inf_nan=False)] | None = None
+    budget_cny: Annotated[Decimal, Field(allow_inf_nan=False)] | None = None
     budget_period: Literal["day", "week", "month", "total"] | None = None
     rpm: Count | None = None
     tpm: Count | None = None
     max_concurrent: Count | None = None
 
     def change(self) -> dict[str, Any]:
-        """The fields sent, budget_usd as picoUSD."""
+        """The fields sent, a budget as pico-units of its currency."""
         out: dict[str, Any] = {}
-        for name in LIMIT_INPUTS:
+        for name in (*LIMIT_INPUTS, "budget_cny"):
             if name in self.model_fields_set:
                 value = getattr(self, name)
-                out[name] = usd_to_picousd(value) if name == "budget_usd" and value is not None else value
+                out[name] = usd_to_picousd(value, name) if name in BUDGETS and value is not None else value
         return out
 
 

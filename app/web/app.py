@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import httpx2
 from fastapi import FastAPI
@@ -60,9 +60,10 @@ INTERNAL_ERROR = APIError(500, "chatgate hit an internal error; it has been logg
 
 
 def create_app(settings: Settings | None = None, transport: httpx2.AsyncBaseTransport | None = None,
-               store: Store | None = None) -> FastAPI:
+               store: Store | None = None, clock: Callable[[], float] = time.time) -> FastAPI:
+    """`clock`: the time requests are recorded and priced at, and their limits counted by."""
     settings = settings or Settings()
-    state = State(settings, transport, store)
+    state = State(settings, transport, store, clock)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

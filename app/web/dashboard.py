@@ -78,7 +78,7 @@ def add_dashboard(app: FastAPI, state: State) -> None:
         starts = bucket_starts(bucket, since, until, time.time())
         if len(starts) > MAX_BUCKETS:
             raise _bad("since", f"That range has more than the {MAX_BUCKETS} {bucket} buckets allowed.")
-        body = await asyncio.to_thread(build_timeseries, store, by, bucket, starts)
+        body = await asyncio.to_thread(build_timeseries, store, by, bucket, starts, state.currency)
         return json_response(200, body, {"cache-control": "no-store"})
 
     async def rejections(request: Request) -> Response:
@@ -148,24 +148,26 @@ def _label(by: str, row: dict[str, Any]) -> str:
     return str(row.get(by) or "?")
 
 
-def build_timeseries(store: UsageStore, by: str, bucket: str, starts: list[float]) -> dict[str, Any]:
-    """Tokens (prompt + completion), cost, requests and the context cache's hit rate (None without prompt
-    tokens) per group for each bucket, zero-filled."""
+def build_timeseries(store: UsageStore, by: str, bucket: str, starts: list[float], currency: str = "USD"
+                     ) -> dict[str, Any]:
+    """Tokens (prompt + completion), cost (`cost`, in `currency`; `cost_usd` apart), requests and the context
+    cache's hit rate (None without prompt tokens) per group for each bucket, zero-filled."""
     width = BUCKETS[bucket]
     series: dict[str, dict[str, Any]] = {}
     for i, start in enumerate(starts):
-        report = build_report(store, ReportQuery(by, start, start + width))  # type: ignore[arg-type]
+        report = build_report(store, ReportQuery(by, start, start + width), currency)  # type: ignore[arg-type]
         for row in report["rows"]:
             label = _label(by, row)
             entry = series.setdefault(label, {
                 "label": label, "team": row.get("team"), "key_id": row.get("key_id"),
-                "tokens": [0] * len(starts), "cost_usd": [0.0] * len(starts),
+                "tokens": [0] * len(starts), "cost_usd": [0.0] * len(starts), "cost": [0.0] * len(starts),
                 "requests": [0] * len(starts), "rejected": [0] * len(starts),
                 "prompt_tokens": [0] * len(starts), "cache_hit_tokens": [0] * len(starts)})
             entry["tokens"][i] += row["prompt_tokens"] + row["completion_tokens"]
             entry["prompt_tokens"][i] += row["prompt_tokens"]
             entry["cache_hit_tokens"][i] += row["prompt_cache_hit_tokens"]
             entry["cost_usd"][i] = round(entry["cost_usd"][i] + row["cost_usd"], 9)
+            entry["cost"][i] = round(entry["cost"][i] + row["cost"], 9)
             entry["requests"][i] += row["requests"]
             entry["rejected"][i] += row["rejected"]
     for entry in series.values():
@@ -173,9 +175,10 @@ def build_timeseries(store: UsageStore, by: str, bucket: str, starts: list[float
                                                              strict=True)]
         entry["total_tokens"] = sum(entry["tokens"])
         entry["total_cost_usd"] = round(sum(entry["cost_usd"]), 9)
+        entry["total_cost"] = round(sum(entry["cost"]), 9)
     fmt = "%Y-%m-%d" if bucket == "day" else "%Y-%m-%dT%H:00Z"
     return {
-        "by": by, "bucket": bucket,
+        "by": by, "bucket": bucket, "currency": currency,
         "buckets": [dt.datetime.fromtimestamp(s, dt.UTC).strftime(fmt) for s in starts],
         "bucket_starts": starts,
         "series": sorted(series.values(), key=lambda e: (-e["total_tokens"], e["label"])),

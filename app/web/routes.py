@@ -245,7 +245,7 @@ def _admin_cache_handler(state: State) -> Any:
             by, since, until = cache_query(q.get("by") or "key", q.get("since"), q.get("until"))
         except ReportError as exc:
             raise APIError(400, str(exc), "invalid_request_error", "by", "invalid_value") from None
-        report = await asyncio.to_thread(build_cache_report, state.store, by, since, until)
+        report = await asyncio.to_thread(build_cache_report, state.store, by, since, until, state.currency)
         return json_response(200, report, {"cache-control": "no-store"})
     return admin_cache
 
@@ -261,6 +261,6 @@ def _admin_usage_handler(state: State) -> Any:
         except ReportError as exc:
             raise APIError(400, str(exc), "invalid_request_error", "by", "invalid_value") from None
         store = state.store
-        report = await asyncio.to_thread(build_report, store, query)
+        report = await asyncio.to_thread(build_report, store, query, state.currency)
         return json_response(200, report)
     return admin_usage

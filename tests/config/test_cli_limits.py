@@ -94,6 +94,22 @@ def test_teams_set_changes_only_the_flags_given_and_none_clears(store_url: str) 
     assert limits_of(store_url, "team", "default").budget_picousd == 500_000_000_000  # type: ignore[union-attr]
 
 
+def test_a_budget_in_yuan_from_the_cli(store_url: str, tmp_path: Path) -> None:
+    """--budget-cny (issue 46 §4): the budget's currency is kept; teams list, in a CNY deployment, shows the
+    spend in yuan."""
+    out = cli("teams", "set", "research", "--budget-cny", "300", "--store", store_url)
+    assert out.stdout.strip() == ("team research: budget_cny=300 budget_period=month rpm=none tpm=none "
+                                  "max_concurrent=none")
+    assert limits_of(store_url, "team", "research").budget_currency == "CNY"  # type: ignore[union-attr]
+    config = tmp_path / "cny.toml"
+    config.write_text('[pricing]\ncurrency = "CNY"\n')
+    header, *rows = cli("teams", "list", "--config", str(config), "--store", store_url).stdout.splitlines()
+    assert header.split()[7:9] == ["spent_cny", "remaining_cny"]
+    assert any(r.split()[:3] == ["research", "0", "300"] and "CNY" in r for r in rows)
+    bad = cli("teams", "set", "research", "--budget-cny", "abc", "--store", store_url, check=False)
+    assert bad.returncode == 2 and "--budget-cny" in bad.stderr
+
+
 def usage(team: str, key_id: str, ts: float, cost_usd: str) -> UsageRecord:
     from decimal import Decimal
 

@@ -92,7 +92,7 @@ CONFIG_FIELDS = (
     "usage_mode", "chunk_delay", "keepalive_count", "nonstream_keepalive_lines", "fault", "fault_count",
     "fault_after_chunks", "slow_delay", "hang_seconds", "error_content_type", "valid_keys", "validate",
     "tool_rounds", "tool_name", "tool_arguments",
-    "fault_attempts", "fault_ratio", "retry_after", "key_concurrency", "no_balance_keys",
+    "fault_attempts", "fault_ratio", "retry_after", "key_concurrency", "no_balance_keys", "balance_currency",
     "prefix_cache", "bill_media",
 )  # fmt: skip
 HTML_GARBAGE = b"<html><head><title>502 Bad Gateway</title></head><body><center>nginx</center></body></html>"
@@ -190,6 +190,7 @@ class FakeState:
     retry_after: str | None = None  # a Retry-After header on the error faults
     key_concurrency: dict[str, int] = field(default_factory=dict)  # key -> requests in flight it may have
     no_balance_keys: list[str] = field(default_factory=list)  # keys whose account has run out of balance
+    balance_currency: str = "USD"  # the currency /user/balance says the account holds (USD or CNY)
     prefix_cache: bool = False  # hits from a context cache like DeepSeek's (tests.fakes.prefix_cache)
     cache: PrefixCache = field(default_factory=PrefixCache, repr=False)
     # chat bills as DeepSeek does what the body's bytes do not show: 384 tokens per image part, and an

@@ -66,7 +66,8 @@ async def serve(fake: FakeDeepSeek, rec: RecordedRequest, conn: Conn) -> None:
     elif denied is not None:
         await fake.send_error(rec, conn, 401, denied)
     elif rec.path in BALANCE_PATHS:
-        await fake.send_json(rec, conn, 200, orjson.dumps(BALANCE))
+        infos = [{**BALANCE["balance_infos"][0], "currency": fake.state.balance_currency}]  # type: ignore[index]
+        await fake.send_json(rec, conn, 200, orjson.dumps({**BALANCE, "balance_infos": infos}))
     else:
         await fim(fake, rec, conn)
 

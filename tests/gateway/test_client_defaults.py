@@ -18,6 +18,7 @@ from app.errors import Problem
 from app.gateway.notices import Notices
 from app.metering.metrics import Metrics
 from app.metering.reports import build_report, render_table
+from app.metering.usage import TokenCounts
 from app.store.base import ReportQuery
 from app.store.sqlite import SQLiteStore
 from tests.fakes.server import RunningFake
@@ -170,7 +171,7 @@ def test_responses_records_carry_the_model_deepseek_served(
     assert row["model"] == "deepseek-flash" and row["prompt_tokens"] > 0
 
 
-def test_a_model_without_a_price_is_flagged_never_a_silent_zero(
+def test_a_model_without_a_price_is_flagged_and_priced_at_the_highest_price(
         start_gate: Callable[..., RunningChatgate], fake: RunningFake, tmp_path: Any) -> None:
     gate = start_gate()
     priced = post(gate, "/v1/responses", CODEX_BODY)
@@ -180,7 +181,10 @@ def test_a_model_without_a_price_is_flagged_never_a_silent_zero(
     by_model = {r["model"]: r for r in rows}
     assert by_model["deepseek-flash"]["cost_picousd"] > 0 and not by_model["deepseek-flash"]["unpriced"]
     new = by_model["deepseek-v5-preview"]
-    assert new["cost_picousd"] == 0 and new["unpriced"]
+    assert new["unpriced"] and new["cost_picousd"] > 0  # at the catalogue's highest price, never $0
+    assert new["cost_picousd"] == gate.state.pricing.cost(TokenCounts(
+        new["prompt_tokens"], new["completion_tokens"], new["prompt_cache_hit_tokens"],
+        new["prompt_cache_miss_tokens"], new["reasoning_tokens"]), "deepseek-v5-preview", new["ts"])
     assert metric(gate, "chatgate_unpriced_requests_total") == 1
     store = SQLiteStore(tmp_path / "usage.db")
     try:
@@ -189,4 +193,17 @@ def test_a_model_without_a_price_is_flagged_never_a_silent_zero(
         store.close()
     assert report["totals"]["unpriced_requests"] == 1 and report["unpriced_models"] == ["deepseek-v5-preview"]
     table = render_table(report)
-    assert "1 request(s) of models without a price, counted at $0: deepseek-v5-preview" in table
+    assert ("1 request(s) of models without a price, counted at the catalogue's highest price: "
+            "deepseek-v5-preview") in table
+
+
+def test_claude_codes_models_are_priced_as_the_deepseek_model_serving_them(
+        start_gate: Callable[..., RunningChatgate], fake: RunningFake, tmp_path: Any) -> None:
+    """A claude-* name on the Messages route is served by a DeepSeek model (claude-opus* by v4-pro): priced
+    as it, with no warning about a price."""
+    gate = start_gate()
+    for model in ("claude-sonnet-4-5", "claude-opus-4-1"):
+        resp = post(gate, "/anthropic/v1/messages", {**CLAUDE_CODE_BODY, "model": model})
+        assert resp.status_code == 200 and "x-chatgate-warning" not in resp.headers, resp.headers
+    rows = usage_rows(tmp_path, 2)
+    assert all(not r["unpriced"] and r["cost_picousd"] > 0 for r in rows)

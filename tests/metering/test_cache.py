@@ -382,3 +382,33 @@ def test_the_dashboards_cache_card_draws_hit_rates_and_the_costliest_breaks(run:
     expected = [b["param"] for b in run.cache_report("team")["rows"][0]["breaks"]]
     assert params == expected and len(params) == 5
     assert "move it to the last user message" in dom and MARKER not in dom
+
+
+def test_the_cache_report_is_in_the_pricing_currency(tmp_path: Path) -> None:
+    """A CNY deployment's report sums the yuan records' savings and losses (saved_cny, lost_picocny), never
+    the USD ones (a store written before in USD)."""
+    from app.metering.cache_report import build_cache_report, render_cache_table
+    from app.store.base import UsageRecord
+    from app.store.sqlite import SQLiteStore
+
+    store = SQLiteStore(tmp_path / "usage.db")
+    try:
+        store.migrate()
+        base = {"request_id": "r", "key_id": "k1", "key_name": "alpha", "team": "red",
+                "model": "deepseek-flash", "route": "/v1/chat/completions", "stream": False, "outcome": "ok",
+                "prompt_tokens": 640, "prompt_cache_hit_tokens": 512}
+        store.insert_usage([
+            UsageRecord(record_id="u", ts=1.0, **base, cache_saved_picousd=7, cache_break="tools",
+                        cache_lost_tokens=64, cache_lost_picousd=3),
+            UsageRecord(record_id="c", ts=2.0, **base, cache_saved_picousd=50, cache_break="tools",
+                        cache_lost_tokens=64, cache_lost_picousd=20, currency="CNY")])
+        usd, cny = (build_cache_report(store, "team", None, None, c) for c in ("USD", "CNY"))
+    finally:
+        store.close()
+    assert (usd["rows"][0]["saved_picousd"], usd["rows"][0]["lost_picousd"]) == (7, 3)
+    assert cny["currency"] == "CNY" and "saved_usd" not in cny["rows"][0]
+    (row,) = cny["rows"]
+    assert (row["saved_picocny"], row["lost_picocny"], row["breaks"][0]["lost_picocny"]) == (50, 20, 20)
+    assert (cny["totals"]["saved_picocny"], usd["totals"]["saved_picousd"]) == (50, 7)
+    table = render_cache_table(cny)
+    assert "saved_cny" in table.splitlines()[0] and "CNY lost" in table

@@ -31,7 +31,7 @@ pytestmark = pytest.mark.slow  # a module of metered traffic
 KEYS = ("sk-alpha-0001", "sk-beta-0002", "sk-gamma-0003")
 TOKEN_FIELDS = ("prompt_tokens", "completion_tokens", "prompt_cache_hit_tokens", "prompt_cache_miss_tokens",
                 "reasoning_tokens")
-REPORT_KEYS = {"group_by", "since", "until", "rows", "totals"}
+REPORT_KEYS = {"group_by", "since", "until", "currency", "rows", "totals"}
 COUNTER_KEYS = {*OUTPUT_COUNTERS, *DERIVED, *PICO_COUNTERS}
 GROUP_KEYS = {"key": {"key_id", "key_name", "team"}, "team": {"team"}, "model": {"model"}, "day": {"day"},
               "rule": {"rule_code"}}
@@ -219,6 +219,8 @@ def test_usage_json_shape_and_totals(traffic: Traffic, by: str) -> None:
     for name in TOKEN_FIELDS:
         assert totals[name] == sum(r[name] for r in recs), name
     assert totals["cost_usd"] == pytest.approx(totals["cost_picousd"] / 1e12, abs=1e-9)
+    assert report["currency"] == totals["currency"] == "USD" and totals["cost"] == totals["cost_usd"]
+    assert totals["cost_picocny"] == 0 and totals["cost_cny"] == 0
 
 
 def test_usage_by_key_names_each_passthrough_fingerprint(traffic: Traffic) -> None:

@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.gateway.media import DOCUMENT_OVERHEAD, IMAGE_TOKENS, MediaCounter
-from app.metering.pricing import cost_bound_picousd
 from app.quotas.admission import Admitter, limit_error
 from app.quotas.model import Refusal
 from app.settings import Settings
@@ -29,6 +28,7 @@ class Caller:
 class Ex:
     body: bytes
     model: str = "deepseek-v4-flash"
+    priced_as: str = ""
     ts: float = 1_800_000_000.0
     identity: Caller = field(default_factory=Caller)
     admission: Any = None
@@ -47,7 +47,7 @@ class Quotas:
         return True
 
     async def admit(self, team: str, key_id: str, bounds: Callable[[float], tuple[int, int]],
-                    started_at: float | None = None) -> Any:
+                    started_at: float | None = None, priced: bool = True) -> Any:
         self.asked.append((team, key_id, bounds(started_at or 0.0), started_at))
         return self.answer
 
@@ -73,7 +73,7 @@ def admit(body: bytes, verdict: Verdict | None, answer: Any = "admitted",
           counts: dict[str, int | None] | None = None, tool: str | None = None) -> tuple[Ex, Quotas, Any]:
     settings = Settings()
     quotas = Quotas(answer)
-    admitter = Admitter(quotas, settings, settings.profiles())  # type: ignore[arg-type]
+    admitter = Admitter(quotas, settings, settings.profiles(), settings.pricing_book("USD"))  # type: ignore[arg-type]
     media = MediaCounter(Here(), Counts(counts or {}), settings.profiles())  # type: ignore[arg-type]
     ex = Ex(body, tool=tool)
     refused = asyncio.run(admitter.admit(ex, verdict, functools.partial(media.tokens, ex, verdict)))
@@ -93,9 +93,7 @@ def test_the_bounds_are_the_body_its_images_and_the_completion_capped_by_the_mod
     completion = profile.max_tokens_max  # asked for more than the model gives
     assert (team, key_id, started_at) == ("team-a", "key-1", ex.ts)
     assert tokens == prompt + completion
-    pricing = settings.pricing
-    assert cost == cost_bound_picousd(prompt, completion, profile.prices, ex.ts, pricing.peak_hours_utc,
-                                      pricing.off_peak_multiplier)
+    assert cost == settings.pricing_book("USD").bound(prompt, completion, "deepseek-v4-flash", ex.ts)
 
 
 def test_images_are_counted_from_the_parse_not_the_bytes() -> None:

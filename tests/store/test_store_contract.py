@@ -864,6 +864,27 @@ def test_spend_sums_the_usage_of_a_team_or_key_since_a_time(store: Store) -> Non
     assert store.spend("key", "k1", T0) == 105 and store.spend("key", "none", 0) == 0
 
 
+def test_costs_and_budgets_keep_their_currency(store: Store) -> None:
+    """Yuan (issue 46): a record's costs are in its currency, summed apart in reports, never added to the
+    other's; a budget's currency is kept, and its spend and the ledger it starts count that currency only."""
+    store.insert_usage([record("u", team="red", cost_picousd=5, cache_saved_picousd=1, ts=T0),
+                        record("c", team="red", cost_picousd=70, cache_saved_picousd=9, ts=T0 + 1,
+                               currency="CNY")])
+    (row,) = store.usage_report(ReportQuery("team"))
+    assert (row.counters["cost_picousd"], row.counters["cost_picocny"]) == (5, 70)
+    assert (row.counters["cache_saved_picousd"], row.counters["cache_saved_picocny"]) == (1, 9)
+    assert store.spend("team", "red", T0) == 5  # no budget: USD
+    assert store.spend("team", "red", T0, "CNY") == 70
+    store.set_limits(LimitRow("team", "red", 1000, "month", updated_at=1.0, budget_currency="CNY"))
+    limits = store.get_limits("team", "red")
+    assert limits is not None and limits.budget_currency == "CNY"
+    assert store.spend("team", "red", T0) == 70  # its budget's currency
+    now = time.time()
+    assert store.reserve([hold("red", 900)], now) is None
+    assert store.budget_state("team", "red", T0, now) == (70, 900), "the ledger starts from the yuan records"
+    assert store.reserve([hold("red", 31)], now) is not None
+
+
 def test_reserve_is_all_or_nothing_and_counts_spend_and_holds(store: Store) -> None:
     store.insert_usage([record("old", team="red", cost_picousd=300, ts=T0 + 1)])
     now = time.time()

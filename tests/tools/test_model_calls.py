@@ -20,13 +20,8 @@ import orjson
 import pytest
 
 from app.anthropic.stream import MessagesMeter, calls_from_message
-from app.metering.calls import (
-    MODEL_CALLS_BILLED_FROM,
-    ModelCalls,
-    call_cost_picousd,
-    model_calls_cost_picousd,
-    server_tool_use,
-)
+from app.metering.calls import ModelCalls, server_tool_use
+from app.metering.pricing import call_cost
 from app.openai.chat import ChatFamily
 from app.openai.stream import StreamMeter
 from app.responses.stream import ResponsesMeter, calls_from_response
@@ -42,13 +37,16 @@ USED = {"web_search_requests": 2, "web_fetch_requests": 1}
 
 
 def test_the_per_call_prices_and_the_day_model_calls_became_billed() -> None:
-    assert MODEL_CALLS_BILLED_FROM == BILLED
-    assert call_cost_picousd("search", 1, 0) == call_cost_picousd("fetch", 1, 0) == CALL
-    assert call_cost_picousd("search", 1000, BILLED) == 750 * 10**9  # $0.75 per 1,000
-    assert call_cost_picousd("ocr", 10, BILLED) is None and call_cost_picousd("tts", 10, BILLED) is None
-    calls = ModelCalls(2, 1)
-    assert model_calls_cost_picousd(calls, BILLED - 0.001) == 0
-    assert model_calls_cost_picousd(calls, BILLED) == 3 * CALL
+    """The catalogue's per-call prices (app/metering/catalogue.toml): USD where DeepSeek publishes one, yuan
+    for every tool but ASR; a model's own calls free before 2026-11-01 00:00 Beijing."""
+    assert call_cost("search", 1, BILLED, "USD") == call_cost("fetch", 1, BILLED, "USD") == CALL
+    assert call_cost("search", 1000, BILLED, "USD") == 750 * 10**9  # $0.75 per 1,000
+    assert call_cost("search", 1000, BILLED, "CNY") == 5 * 10**12  # 5 元 per 1,000
+    assert call_cost("ocr", 10, BILLED + 30 * 86400, "USD") is None
+    assert call_cost("tts", 10, BILLED + 30 * 86400, "USD") is None
+    assert call_cost("ocr", 1000, BILLED + 30 * 86400, "CNY") == 1_500_000_000_000  # 1.5 元 per 1,000 pages
+    assert call_cost("search", 2, BILLED - 0.001, "USD", made_by_model=True) == 0
+    assert call_cost("search", 2, BILLED, "USD", made_by_model=True) == 2 * CALL
 
 
 def test_the_usage_says_how_many_calls() -> None:

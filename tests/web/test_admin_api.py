@@ -147,6 +147,24 @@ def test_budgets_are_exact_decimals(managed: Gate) -> None:
     assert managed.call("PATCH", path, {"budget_usd": "9223372.036854775807"}).status_code == 200
 
 
+def test_a_budget_in_yuan_keeps_its_currency(managed: Gate) -> None:
+    """budget_cny (issue 46 §4): kept exactly with its currency; shown under its own name; one currency at a
+    time; PATCHing another limit keeps it."""
+    key = managed.create()
+    path = f"/admin/keys/{key['id']}"
+    body = managed.call("PATCH", path, {"budget_cny": "80.5"}).json()
+    assert body["limits"] == {"budget_cny": 80.5, "budget_period": "month", "rpm": None, "tpm": None,
+                              "max_concurrent": None}
+    row = managed.store().get_limits("key", key["id"])
+    assert (row.budget_picousd, row.budget_currency) == (80_500_000_000_000, "CNY")
+    assert managed.call("PATCH", path, {"rpm": 5}).json()["limits"]["budget_cny"] == 80.5
+    both = managed.call("PATCH", path, {"budget_cny": 1, "budget_usd": 1})
+    assert both.status_code == 400 and "not both" in both.json()["error"]["message"]
+    usd = managed.call("PATCH", path, {"budget_usd": 2}).json()["limits"]
+    assert usd["budget_usd"] == 2 and "budget_cny" not in usd
+    assert managed.store().get_limits("key", key["id"]).budget_currency == "USD"
+
+
 def test_delete_revokes_and_a_second_delete_says_already_revoked(managed: Gate) -> None:
     key = managed.create()
     assert send_chat(managed.url, chat_body(1), key=key["secret"]).status_code == 200

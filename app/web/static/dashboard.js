@@ -45,9 +45,13 @@
     return node;
   }
 
+  // The currency symbol of the costs (the reports' currency: $ or ¥, set on each load).
+  let money = "$";
+
   function fmt(v, metric) {
-    if (v === 0) return metric === "cost_usd" ? "$0" : "0";
-    if (metric === "cost_usd") return "$" + (v >= 1 ? v.toFixed(2) : v >= 0.01 ? v.toFixed(4) : v.toPrecision(2));
+    const cost = metric === "cost" || metric === "cost_usd";
+    if (v === 0) return cost ? money + "0" : "0";
+    if (cost) return money + (v >= 1 ? v.toFixed(2) : v >= 0.01 ? v.toFixed(4) : v.toPrecision(2));
     if (v >= 1e6) return (v / 1e6).toFixed(1) + "M";
     if (v >= 1e3) return (v / 1e3).toFixed(1) + "k";
     return String(Math.round(v * 100) / 100);
@@ -118,7 +122,7 @@
     });
     svg.append(el("line", { x1: L, x2: W - R, y1: T + plotH, y2: T + plotH, stroke: "#9aa1ae" }));
     container.append(svg);
-    legend(container, series.map((s) => `${s.label} (${fmt(metric === "tokens" ? s.total_tokens : s.total_cost_usd, metric)})`));
+    legend(container, series.map((s) => `${s.label} (${fmt(metric === "tokens" ? s.total_tokens : s.total_cost, metric)})`));
   }
 
   // Horizontal bars: requests per code (rejections per rule code, repairs per repair).
@@ -229,8 +233,11 @@
   function breaksTable(container, report) {
     container.replaceChildren();
     const rows = [];
-    for (const r of report.rows) for (const b of r.breaks) rows.push({ team: r.team, ...b });
-    rows.sort((a, b) => b.lost_picousd - a.lost_picousd || b.count - a.count);
+    const cur = (report.currency || "USD").toLowerCase();  // lost_usd / lost_picousd, or _cny
+    for (const r of report.rows) {
+      for (const b of r.breaks) rows.push({ team: r.team, ...b, lost: b["lost_" + cur], pico: b["lost_pico" + cur] });
+    }
+    rows.sort((a, b) => b.pico - a.pico || b.count - a.count);
     container.dataset.rows = String(rows.length);
     if (!rows.length) {
       const p = document.createElement("p");
@@ -252,15 +259,15 @@
     for (const b of rows.slice(0, 10)) {
       const tr = tbody.insertRow();
       tr.className = "break-row";
-      Object.assign(tr.dataset, { team: b.team, param: b.param, lost: String(b.lost_usd), count: String(b.count) });
+      Object.assign(tr.dataset, { team: b.team, param: b.param, lost: String(b.lost), count: String(b.count) });
       [[b.team, ""], [b.param, "code"], [b.count, "num"], [fmt(b.lost_tokens, "tokens"), "num"],
-       [fmt(b.lost_usd, "cost_usd"), "num"], [b.hint, "hint"]]
+       [fmt(b.lost, "cost"), "num"], [b.hint, "hint"]]
         .forEach(([v, cls]) => { const td = tr.insertCell(); td.textContent = String(v); td.className = cls; });
     }
     container.append(table);
   }
 
-  const usd = (v) => fmt(v, "cost_usd");
+  const usd = (v) => fmt(v, "cost");
 
   // The pool of DeepSeek accounts: each one's state (available, set aside and why, no key), never a key.
   function accountsTable(container, answer) {
@@ -363,7 +370,8 @@
   function budgetsTable(container, teams) {
     container.replaceChildren();
     container.dataset.rows = String(teams.length);
-    container.dataset.budgets = String(teams.filter((t) => t.limits.budget_usd !== null).length);
+    const budgetOf = (t) => (t.limits.budget_usd !== undefined ? t.limits.budget_usd : t.limits.budget_cny);
+    container.dataset.budgets = String(teams.filter((t) => budgetOf(t) !== null).length);
     if (!teams.length) {
       const p = document.createElement("p");
       p.className = "empty";
@@ -382,12 +390,13 @@
     }
     const tbody = table.createTBody();
     for (const t of teams) {
-      const budget = t.limits.budget_usd, s = t.spend;
+      const budget = budgetOf(t), s = t.spend, cur = (s.currency || "USD").toLowerCase();
+      const spent = s["spent_" + cur], remaining = s["remaining_" + cur];
       const tr = tbody.insertRow();
       tr.className = "budget-row";
       Object.assign(tr.dataset, {
         team: t.team, budget: budget === null ? "" : String(budget), period: budget === null ? "" : s.period,
-        spent: String(s.spent_usd), remaining: s.remaining_usd === null ? "" : String(s.remaining_usd),
+        spent: String(spent), remaining: remaining === null ? "" : String(remaining), currency: cur,
         percent: s.used_percent === null ? "" : String(s.used_percent),
       });
       let period = "";
@@ -396,8 +405,8 @@
       }
       const cells = [[t.team, ""], [t.key_count, "num"],
                      [budget === null ? "no budget" : usd(budget), budget === null ? "num muted" : "num"], [period, ""],
-                     [usd(s.spent_usd) + (budget === null ? " (this month)" : ""), "num"],
-                     [budget === null ? "" : usd(s.remaining_usd), "num"]];
+                     [usd(spent) + (budget === null ? " (this month)" : ""), "num"],
+                     [budget === null ? "" : usd(remaining), "num"]];
       for (const [v, cls] of cells) {
         const td = tr.insertCell();
         td.textContent = String(v);
@@ -428,11 +437,13 @@
     const t = report.totals;
     for (const [label, value] of [["requests", t.requests], ["rejected", t.rejected],
                                   ["prompt tokens", t.prompt_tokens], ["completion tokens", t.completion_tokens],
-                                  ["cost (USD)", "$" + t.cost_usd.toFixed(4)],
+                                  [`cost (${report.currency})`, money + t.cost.toFixed(4)],
                                   ["tool calls billed", t.billed_calls],
-                                  ["their cost (USD)", "$" + t.billed_usd.toFixed(4)],
+                                  [`their cost (${report.currency})`,
+                                   money + t["billed_" + report.currency.toLowerCase()].toFixed(4)],
                                   ["cache hit rate", t.cache_hit_rate === null ? "-" : (100 * t.cache_hit_rate).toFixed(1) + "%"],
-                                  ["saved by the cache (USD)", "$" + t.cache_saved_usd.toFixed(4)]]) {
+                                  [`saved by the cache (${report.currency})`,
+                                   money + t["cache_saved_" + report.currency.toLowerCase()].toFixed(4)]]) {
       const d = document.createElement("div");
       d.className = "total";
       const b = document.createElement("b");
@@ -462,6 +473,7 @@
         api(`/admin/usage/timeseries?by=model&${q}`), api("/admin/usage?by=team"), api("/admin/rejections"),
         api("/admin/repairs"), api("/admin/teams"), api("/admin/accounts"),
         api(`/admin/cache?by=team&since=${Math.floor(since.getTime() / 1000)}`)]);
+      money = totals.currency === "CNY" ? "¥" : "$";
       const byName = { team, key, model };
       document.querySelectorAll(".chart[data-by]").forEach((c) => {
         const data = byName[c.dataset.by];
