@@ -171,7 +171,8 @@ def test_the_config_files_settings_hold_unless_the_environment_sets_them(tmp_pat
     """The precedence docker/chatgate.toml states: file < environment. A port written in the file is the
     port (the image's environment sets none); CHATGATE_SERVER_PORT still overrides it."""
     config = tmp_path / "chatgate.toml"
-    config.write_text((REPO_ROOT / "docker" / "chatgate.toml").read_text().replace("port = 8787", "port = 9001"))
+    text = (REPO_ROOT / "docker" / "chatgate.toml").read_text()
+    config.write_text(text.replace("port = 8787", "port = 9001"))
     assert load_settings(str(config), image_env()).settings.server.port == 9001
     env = {**image_env(), "CHATGATE_SERVER_PORT": "9002"}
     assert load_settings(str(config), env).settings.server.port == 9002
