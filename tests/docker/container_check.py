@@ -256,8 +256,12 @@ def check_image(docker: Docker, image: str) -> None:
     )
 
 
+CPUS_PROBE = "from app.gateway.checking import CHECKERS, usable_cpus; print(usable_cpus(), CHECKERS)"
+
+
 def check_serving(docker: Docker, box: Chatgate) -> None:
-    box.start()
+    # The CPU and memory limits of the Kubernetes example, scaled to this machine: one core, 512 MiB.
+    box.start("--cpus", "1", "--memory", "512m")
     say(f"serving on port {box.port}, taken from the bind-mounted /config/chatgate.toml (none in the env)")
     mounts = docker.inspect(box.name)["Mounts"]
     anonymous = [m for m in mounts if m["Type"] == "volume" and m["Name"] != box.volume]
@@ -305,6 +309,23 @@ def check_serving(docker: Docker, box: Chatgate) -> None:
     say(
         f"memory: {RESULTS['memory_idle_mib']} MiB idle, "
         f"{RESULTS['memory_tokenizer_mib']} MiB with the tokenizer loaded"
+    )
+
+    # The checker pool is sized by the container's CPU limit (1 core: 1 checker), not the machine's cores.
+    cpus = docker.out("exec", box.name, "python", "-c", CPUS_PROBE)
+    expect(cpus == "1 1", f"with --cpus 1, usable_cpus() and CHECKERS in the container: {cpus}")
+    big = {"model": "deepseek-flash", "messages": [{"role": "user", "content": "word " * 260_000}]}
+    resp = httpx2.post(box.url + "/v1/chat/completions", json=big, timeout=60,
+                       headers={"authorization": "Bearer sk-container-check", "x-request-id": "cc-big"})
+    expect(resp.status_code in (200, 400), f"a 1.3 MB body: {resp.status_code} {resp.text[:200]}")
+    top = docker.out("top", box.name, "-eo", "pid,args")
+    checkers = sum("spawn_main" in line for line in top.splitlines())
+    expect(checkers == 1, f"checker processes after a 1.3 MB body, with --cpus 1: {checkers}\n{top}")
+    time.sleep(1)
+    RESULTS["memory_one_checker_mib"] = memory_mib(docker, box.name)
+    say(
+        f"--cpus 1: usable_cpus() 1, one checker process after a 1.3 MB body "
+        f"({resp.status_code}); memory {RESULTS['memory_one_checker_mib']} MiB with it (limit 512 MiB)"
     )
 
     deadline = time.monotonic() + 40
@@ -401,6 +422,9 @@ def check_stop(docker: Docker, box: Chatgate, fake: Any) -> None:
 def check_stop_control(docker: Docker, box: Chatgate, fake: Any) -> None:
     """Docker's default 10 s grace on the same stream: it must be cut, or the check above proves nothing."""
     box.start(stop_timeout=None)
+    cores = os.cpu_count() or 1
+    cpus = docker.out("exec", box.name, "python", "-c", CPUS_PROBE)
+    expect(cpus.split()[0] == str(cores), f"without a CPU limit, usable_cpus() should be {cores}: {cpus}")
     result = stream_during_stop(docker, box, fake, [])
     RESULTS["stop_default"] = result
     expect(
