@@ -192,7 +192,7 @@ ln -sf "$COMPOSE" "$DOCKER_CONFIG/cli-plugins/docker-compose"
 # --- build ------------------------------------------------------------------------------------------
 say "building docker/Dockerfile (--network host)"
 t0=$(date +%s)
-"$DOCKER_BIN" build --network host -f docker/Dockerfile -t chatgate:check --label chatgate.container-check=1 . \
+timeout 1800 "$DOCKER_BIN" build --network host -f docker/Dockerfile -t chatgate:check --label chatgate.container-check=1 . \
   >"$RUN/build.log" 2>&1 || { tail -n 40 "$RUN/build.log"; die "docker build failed"; }
 BUILD_SECONDS=$(( $(date +%s) - t0 ))
 if grep -iE '(^|[^_])warn' "$RUN/build.log" | grep -v -iE 'pip as the .root. user' >"$RUN/build-warnings.log"; then
@@ -204,6 +204,8 @@ say "built chatgate:check in ${BUILD_SECONDS}s ($(grep -c 'Using cache' "$RUN/bu
 PY="$REPO/.venv/bin/python"
 [ -x "$PY" ] || { say "creating .venv (python3 run.py)"; python3 run.py test --collect-only -q tests/test_ci.py >/dev/null; }
 say "running the image (tests/docker/container_check.py)"
-"$PY" -m tests.docker.container_check --docker "$DOCKER_BIN" --image chatgate:check \
-  --build-seconds "$BUILD_SECONDS" --work "$RUN"
+timeout 900 "$PY" -m tests.docker.container_check --docker "$DOCKER_BIN" --image chatgate:check \
+  --build-seconds "$BUILD_SECONDS" --work "$RUN" || die "the image does not work (above)"
+# The images earlier builds left untagged (the build cache of this one stays).
+"$DOCKER_BIN" image prune -f >/dev/null
 say "passed in $(( $(date +%s) - START ))s"

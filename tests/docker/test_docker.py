@@ -348,3 +348,20 @@ def test_compose_runs_chatgate_read_only_without_capabilities(compose: dict[str,
     chatgate = compose["services"]["chatgate"]
     assert chatgate["read_only"] is True and chatgate["cap_drop"] == ["ALL"]
     assert "no-new-privileges:true" in chatgate["security_opt"]
+
+
+def test_git_ignores_the_env_file_with_the_secrets() -> None:
+    proc = subprocess.run(["git", "check-ignore", "-q", "docker/.env"], cwd=REPO_ROOT, timeout=30)
+    assert proc.returncode == 0, "docker/.env (the keys and the database password) is not ignored"
+    example = subprocess.run(["git", "check-ignore", "-q", "docker/env.example"], cwd=REPO_ROOT, timeout=30)
+    assert example.returncode != 0
+
+
+def test_the_docs_say_compose_v2_and_the_stop_grace() -> None:
+    """compose.yaml's top-level `name:` needs Compose v2 (Debian's docker-compose 1.29 rejects it); every
+    documented `docker run` stops with a grace above the shutdown grace."""
+    for path in (COMPOSE, REPO_ROOT / "docs" / "production.md"):
+        assert "Compose v2" in path.read_text(), path
+    for path in (REPO_ROOT / "docs" / "production.md", REPO_ROOT / "docker" / "README.md"):
+        runs = re.findall(r"docker run [^\n]*", path.read_text())
+        assert runs and all("--stop-timeout 45" in r for r in runs), (path, runs)
