@@ -18,16 +18,20 @@ from prometheus_client.parser import text_string_to_metric_families
 from app.gateway.auth import new_key
 from app.store.base import LimitRow
 from app.store.sqlite import SQLiteStore
+from tests.ci import missing
 from tests.fakes.server import run_fake_deepseek
 from tests.harness import REPO_ROOT, make_settings, run_chatgate
+
+try:
+    import promql_parser
+except ImportError:  # pragma: no cover - in the test extras
+    promql_parser = None
 
 FOLDER = REPO_ROOT / "docker" / "monitoring"
 DASHBOARD = FOLDER / "grafana-dashboard.json"
 ALERTS = FOLDER / "prometheus-alerts.yaml"
 # Labels Prometheus adds to every scraped series (the target's), and a histogram's bucket bound.
 TARGET_LABELS = {"instance", "job", "le"}
-PROMQL_WORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "offset", "and", "or",
-                "unless", "bool"}
 SUFFIXES = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_count", "_sum", "_created"),
             "gauge": ("",), "summary": ("_count", "_sum", "_created"), "info": ("_info",)}
 
@@ -44,19 +48,38 @@ def alert_rules() -> list[dict[str, Any]]:
     return [rule for group in data["groups"] for rule in group["rules"]]
 
 
-def chatgate_metrics(expr: str) -> set[str]:
-    return set(re.findall(r"\bchatgate_[a-z0-9_]+\b", expr))
+GRAFANA_VARIABLES = {"$__rate_interval": "5m", "$__interval": "1m", "$__range": "6h", "$instance": ".*",
+                     "$team": ".*"}
 
 
-def labels_used(expr: str) -> set[str]:
-    """Label names in matchers ({name="…"}), in by/without/on/ignoring (…), and in label_values(m, name)."""
-    names = set()
-    for matchers in re.findall(r"\{([^}]*)\}", expr):
-        names |= set(re.findall(r"([a-zA-Z_][a-zA-Z0-9_]*)\s*(?:=~|!~|!=|=)", matchers))
-    for group in re.findall(r"\b(?:by|without|on|ignoring)\s*\(([^)]*)\)", expr):
-        names |= {n.strip() for n in group.split(",") if n.strip()}
-    names |= set(re.findall(r"label_values\(\s*[a-z0-9_]+\s*,\s*([a-zA-Z_]+)\s*\)", expr))
-    return names - PROMQL_WORDS
+def promql(expr: str) -> Any:
+    """The expression parsed (Grafana's variables replaced as Grafana does); a syntax error raises."""
+    for name, value in sorted(GRAFANA_VARIABLES.items(), key=lambda kv: -len(kv[0])):
+        expr = expr.replace(name, value)
+    if promql_parser is None:
+        missing("promql-parser is not installed (in the test extras)")
+    return promql_parser.parse(expr)
+
+
+def selectors(expr: str) -> list[tuple[str, set[str]]]:
+    """(metric name, label names matched) of every selector, plus the labels of by/without/on/ignoring
+    (under the name ""); `label_values(metric, label)`, Grafana's, is read as a selector of that label."""
+    values = re.fullmatch(r"label_values\(\s*([a-zA-Z_:][\w:]*)\s*,\s*(\w+)\s*\)", expr.strip())
+    if values:
+        return [(values.group(1), {values.group(2)})]
+    found: list[tuple[str, set[str]]] = []
+
+    def visit(node: Any) -> None:
+        if isinstance(node, promql_parser.VectorSelector):
+            found.append((node.name or "", {m.name for m in node.matchers.matchers} - {"__name__"}))
+        elif isinstance(node, promql_parser.AggregateExpr) and node.modifier is not None:
+            found.append(("", set(node.modifier.labels)))
+        elif isinstance(node, promql_parser.BinaryExpr) and node.modifier is not None:
+            matching = node.modifier.matching
+            found.append(("", set(matching.labels) if matching is not None else set()))
+
+    promql_parser.walk(promql(expr), visit)
+    return found
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +145,7 @@ def test_the_files_are_well_formed() -> None:
         assert topic in titles, topic
     rules = alert_rules()
     names = {r["alert"] for r in rules}
-    assert {"ChatgateBudgetSpent", "ChatgateBudgetNearEnd", "ChatgateUpstreamErrors",
+    assert {"ChatgateBudgetSpent", "ChatgateTeamSpendSpike", "ChatgateUpstreamErrors",
             "ChatgateAccountSetAside", "ChatgateUsageWriterDropping"} <= names
     for rule in rules:
         assert rule["labels"]["severity"] in ("warning", "critical") and rule["annotations"]["summary"]
@@ -134,13 +157,14 @@ def test_every_metric_and_label_queried_is_served(served: tuple[dict[str, str], 
     exprs = dashboard_exprs() + [r["expr"] for r in alert_rules()]
     unknown, bad_labels = set(), set()
     for expr in exprs:
-        metrics = chatgate_metrics(expr)
-        assert metrics, f"queries no chatgate metric: {expr}"
+        found = selectors(expr)
+        metrics = {name for name, _ in found if name}
+        assert metrics, f"queries no metric: {expr}"
         unknown |= metrics - set(kinds)
-        known = set().union(*(labels.get(m, set()) for m in metrics)) | TARGET_LABELS
-        sampled = all(m in labels for m in metrics)
-        if sampled:  # a family with no sample yet shows no labels
-            bad_labels |= {f"{name} in {sorted(metrics)}" for name in labels_used(expr) - known}
+        if all(m in labels for m in metrics):  # a family with no sample yet shows no labels
+            known = set().union(*(labels[m] for m in metrics)) | TARGET_LABELS
+            used = set().union(*(names for _, names in found))
+            bad_labels |= {f"{name} in {sorted(metrics)}" for name in used - known}
     assert not unknown, f"not in chatgate's /metrics: {sorted(unknown)}"
     assert not bad_labels, f"labels chatgate does not set: {sorted(bad_labels)}"
 
@@ -159,12 +183,13 @@ def test_the_requests_made_the_series_the_alerts_watch(served: tuple[dict[str, s
     assert labels["chatgate_upstream_account_available"] == {"account"}
 
 
-def test_the_check_sees_an_unknown_metric_and_label() -> None:
-    expr = 'sum by (team) (rate(chatgate_nope_total{kind="x"}[5m]))'
-    assert chatgate_metrics(expr) == {"chatgate_nope_total"}
-    expr = 'sum by (team, model) (rate(chatgate_tokens_total{kind=~"cache_.*",a!="b"}[5m]))'
-    assert labels_used(expr) == {"team", "model", "kind", "a"}
-    assert labels_used("label_values(chatgate_tokens_total, team)") == {"team"}
+def test_the_check_sees_an_unknown_metric_a_label_and_bad_syntax() -> None:
+    expr = 'sum by (team, model) (rate(chatgate_nope_total{kind=~"cache_.*",a!="b"}[$__rate_interval]))'
+    assert selectors(expr) == [("", {"team", "model"}), ("chatgate_nope_total", {"kind", "a"})]
+    assert selectors("x / on (team) group_left y") == [("", {"team"}), ("x", set()), ("y", set())]
+    assert selectors("label_values(chatgate_tokens_total, team)") == [("chatgate_tokens_total", {"team"})]
+    with pytest.raises(ValueError):
+        promql("sum by (team (rate(chatgate_requests_total[5m]))")
 
 
 def test_the_docs_name_the_files() -> None:
