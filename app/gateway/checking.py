@@ -10,9 +10,8 @@ request (the in-place restore, which reads it, then takes the general repair pat
 
 The pool (CHECKERS processes, one core short of the cores chatgate may use, at most 4) starts with the first
 large body; the cores it may use are the machine's, fewer where the CPU affinity or a container's CPU limit
-(cgroup v2 `cpu.max`, v1 `cpu.cfs_quota_us`) says so: `usable_cpus`.
-a large body waits for a free checker. If a checker cannot be used (it died), the check runs on a thread, as
-a last resort.
+(cgroup v2 `cpu.max`, v1 `cpu.cfs_quota_us`) says so: `usable_cpus`. A large body waits for a free
+checker. If a checker cannot be used (it died), the check runs on a thread, as a last resort.
 """
 
 from __future__ import annotations
@@ -59,6 +58,13 @@ def cgroup_cpu_limit(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/f
     `cpu.cfs_period_us` in the cpu controller's hierarchy. The process's own cgroup is looked up under
     `root` first (the path /proc/self/cgroup names), then the mount's top (a container with its own cgroup
     namespace sees its cgroup there)."""
+    try:
+        return _cgroup_cpu_limit(proc_cgroup, root)
+    except (ValueError, ZeroDivisionError):  # not the kernel's format: no limit known, as without cgroups
+        return None
+
+
+def _cgroup_cpu_limit(proc_cgroup: str, root: str) -> float | None:
     text = _read(proc_cgroup)
     if text is None:
         return None

@@ -60,6 +60,11 @@ def test_v1_no_quota(tmp_path: Path) -> None:
     assert cgroup_cpu_limit(*v1(tmp_path, -1)) is None
 
 
+def test_a_file_not_in_the_kernels_format_is_no_limit(tmp_path: Path) -> None:
+    assert cgroup_cpu_limit(*v2(tmp_path / "a", "lots 100000")) is None
+    assert cgroup_cpu_limit(*v1(tmp_path / "b", 100000, period=0)) is None
+
+
 def test_no_cgroup_files(tmp_path: Path) -> None:
     assert cgroup_cpu_limit(str(tmp_path / "missing"), str(tmp_path)) is None
     assert cgroup_cpu_limit(*v2(tmp_path, None)) is None
