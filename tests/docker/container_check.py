@@ -6,7 +6,11 @@ Against the repository's fake DeepSeek on the host's loopback (containers use --
 - the image's own config file: chatgate serves on the port written in /config/chatgate.toml when the
   environment sets none (a file of ours, bind-mounted read-only: no anonymous /config volume is made);
 - /healthz, the image's HEALTHCHECK turning healthy, a chat and a stream;
+- the image: user 10001, /data its only volume, no CHATGATE_ variable in its environment, no Hugging Face
+  hub client but the tokenizer;
 - uid 10001 (not 0), a read-only root filesystem (a write fails), no capabilities (CapEff 0);
+- under --cpus 1 --memory 512m, the checker pool sized by the CPU limit (usable_cpus() 1, one checker
+  process after a 1.3 MB body), and without a limit by the machine's cores;
 - the usage rows in the /data volume surviving a container restart;
 - a stream in flight during `docker stop` (the container run with --stop-timeout 45, as the docs say) that
   finishes and is recorded, with exit code 0; and the control: with Docker's default 10 s the same stream is
@@ -15,7 +19,7 @@ Against the repository's fake DeepSeek on the host's loopback (containers use --
 - the compose file: `docker compose config` with docker/env.example, and the compose flow with PostgreSQL
   (the machine's server on 127.0.0.1:5432 standing in for the postgres service:
   tests/docker/compose.check.yaml);
-- and measures the image's size and the container's memory, idle and with the tokenizer loaded.
+- and measures the image's size and the container's memory: idle, with the tokenizer loaded, with a checker.
 
 Every failure raises with the container's log; the script's exit code is not 0.
 """
