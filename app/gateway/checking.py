@@ -8,9 +8,10 @@ shared with other jobs, 2026-12-02; /healthz and a stream beside two such checks
 costs the loop the copy of the body into a pipe; what comes back is the verdict without the validated
 request (the in-place restore, which reads it, then takes the general repair path).
 
-The pool (CHECKERS processes, one core short of the machine's, at most 4) starts with the first large body;
-a large body waits for a free checker. If a checker cannot be used (it died), the check runs on a thread, as
-a last resort.
+The pool (CHECKERS processes, one core short of the cores chatgate may use, at most 4) starts with the first
+large body; the cores it may use are the machine's, fewer where the CPU affinity or a container's CPU limit
+(cgroup v2 `cpu.max`, v1 `cpu.cfs_quota_us`) says so: `usable_cpus`. A large body waits for a free
+checker. If a checker cannot be used (it died), the check runs on a thread, as a last resort.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import ctypes
 import functools
 import importlib
 import logging
+import math
 import multiprocessing
 import os
 import threading
@@ -39,8 +41,75 @@ OFF_LOOP_BYTES = 1024 * 1024  # about 20 ms of checks on the loop
 # conversation that grows past it is likely to pass OFF_LOOP_BYTES, whose first body would otherwise wait
 # ~0.5 s for a new interpreter to import chatgate (the pool's processes are spawned).
 WARM_BYTES = OFF_LOOP_BYTES // 4
-# One core left to the event loop: beside two checkers on two cores, /healthz waited up to 1.4 s
-CHECKERS = max(1, min(4, (os.cpu_count() or 2) - 1))
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def cgroup_cpu_limit(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> float | None:
+    """The CPU limit of this process's cgroup, in cores (a quota of 150000 per 100000 µs: 1.5), or None.
+
+    cgroup v2: `cpu.max` ("max 100000" or "<quota> <period>"); v1: `cpu.cfs_quota_us` (-1: none) over
+    `cpu.cfs_period_us` in the cpu controller's hierarchy. The process's own cgroup is looked up under
+    `root` first (the path /proc/self/cgroup names), then the mount's top (a container with its own cgroup
+    namespace sees its cgroup there)."""
+    try:
+        return _cgroup_cpu_limit(proc_cgroup, root)
+    except (ValueError, ZeroDivisionError):  # not the kernel's format: no limit known, as without cgroups
+        return None
+
+
+def _cgroup_cpu_limit(proc_cgroup: str, root: str) -> float | None:
+    text = _read(proc_cgroup)
+    if text is None:
+        return None
+    for line in text.splitlines():
+        _id, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        path = path.strip().lstrip("/")
+        if controllers == "":  # v2
+            for folder in (os.path.join(root, path), root):
+                value = _read(os.path.join(folder, "cpu.max"))
+                if value is not None:
+                    quota, _, period = value.partition(" ")
+                    if quota == "max":
+                        return None
+                    return int(quota) / int(period or 100000)
+        elif "cpu" in controllers.split(","):  # v1
+            for mount in (controllers, "cpu", "cpu,cpuacct"):
+                for folder in (os.path.join(root, mount, path), os.path.join(root, mount)):
+                    quota_text = _read(os.path.join(folder, "cpu.cfs_quota_us"))
+                    period_text = _read(os.path.join(folder, "cpu.cfs_period_us"))
+                    if quota_text is not None and period_text is not None:
+                        quota_us = int(quota_text)
+                        return None if quota_us < 0 else quota_us / int(period_text)
+    return None
+
+
+def usable_cpus(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> int:
+    """The cores chatgate may use: the machine's, fewer by CPU affinity or by a cgroup CPU limit (rounded up:
+    a limit of 1.5 cores is 2)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 2
+    limit = cgroup_cpu_limit(proc_cgroup, root)
+    if limit is not None:
+        cores = min(cores, max(1, math.ceil(limit)))
+    return cores
+
+
+def checker_count(cores: int) -> int:
+    # One core left to the event loop: beside two checkers on two cores, /healthz waited up to 1.4 s
+    return max(1, min(4, cores - 1))
+
+
+CHECKERS = checker_count(usable_cpus())
 T = TypeVar("T")
 log = logging.getLogger("chatgate")
 

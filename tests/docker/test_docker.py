@@ -19,7 +19,7 @@ import httpx2
 import pytest
 import yaml
 
-from app.settings import load_settings
+from app.settings import ServerSettings, load_settings
 from tests import lifeline
 from tests.ci import missing
 from tests.fakes.server import run_fake_deepseek
@@ -114,13 +114,14 @@ def test_image_installs_the_repo_and_declares_port_volumes_and_entrypoint() -> N
     runs = " ".join(a for w, a in instructions() if w == "RUN")
     assert re.search(r"pip install [^&]*\.(\s|$)", runs), runs
     assert ("EXPOSE", "8787") in final_stage()
+    # /data only: /config/chatgate.toml is a file in the image, replaced by a bind mount (no anonymous volume
+    # per `docker run`, and compose's edits of docker/chatgate.toml reach the container).
     [volumes] = [exec_form(a) for w, a in final_stage() if w == "VOLUME"]
-    assert set(volumes) == {"/config", "/data"}
+    assert set(volumes) == {"/data"}
     assert entrypoint_argv() == ["chatgate", "serve", "--host", "0.0.0.0",
                                  "--config", "/config/chatgate.toml"]
-    env = image_env()
-    assert env["CHATGATE_STORE_URL"].startswith("sqlite:////data/")
-    assert env["CHATGATE_STORE_SPOOL_DIR"].startswith("/data/")
+    # No setting in the image's environment: it would override the file (docs: file < environment).
+    assert not [k for k in image_env() if k.startswith(("CHATGATE_", "DEEPSEEK_"))], image_env()
     health = healthcheck_argv()
     assert health[0] == "python" and "/healthz" in health[-1] and "curl" not in " ".join(health)
 
@@ -159,11 +160,22 @@ def test_build_context_sends_what_the_copies_need_and_nothing_else() -> None:
         assert ignored(private, patterns), private
 
 
-def test_default_config_file_in_the_image_is_valid_with_the_image_env(tmp_path: Path) -> None:
-    env = {k: v.replace("/data", str(tmp_path)) for k, v in image_env().items()}
-    loaded = load_settings(str(REPO_ROOT / "docker" / "chatgate.toml"), env)
+def test_default_config_file_in_the_image_is_valid_with_the_image_env() -> None:
+    loaded = load_settings(str(REPO_ROOT / "docker" / "chatgate.toml"), image_env())
     assert loaded.settings.server.port == 8787
-    assert loaded.settings.store.url == f"sqlite:///{tmp_path}/chatgate.db"
+    assert loaded.settings.store.url == "sqlite:////data/chatgate.db"
+    assert loaded.settings.store.spool_dir == "/data/spool"
+
+
+def test_the_config_files_settings_hold_unless_the_environment_sets_them(tmp_path: Path) -> None:
+    """The precedence docker/chatgate.toml states: file < environment. A port written in the file is the
+    port (the image's environment sets none); CHATGATE_SERVER_PORT still overrides it."""
+    config = tmp_path / "chatgate.toml"
+    text = (REPO_ROOT / "docker" / "chatgate.toml").read_text()
+    config.write_text(text.replace("port = 8787", "port = 9001"))
+    assert load_settings(str(config), image_env()).settings.server.port == 9001
+    env = {**image_env(), "CHATGATE_SERVER_PORT": "9002"}
+    assert load_settings(str(config), env).settings.server.port == 9002
 
 
 # --- the image's commands, run here ----------------------------------------------------------
@@ -171,21 +183,24 @@ def test_default_config_file_in_the_image_is_valid_with_the_image_env(tmp_path: 
 
 @pytest.mark.slow
 def test_entrypoint_serves_healthz_and_the_healthcheck_agrees(tmp_path: Path) -> None:
-    """The exact ENTRYPOINT argv (bind 127.0.0.1 instead of 0.0.0.0, a temp config), with the image's
-    ENV pointed at a temp /data; then the HEALTHCHECK command, before and after the server stops."""
+    """The exact ENTRYPOINT argv (bind 127.0.0.1 instead of 0.0.0.0) with the image's config file, its port,
+    upstream and /data changed in the file (the image's environment sets nothing); then the HEALTHCHECK
+    command, which reads the port from the same file, before and after the server stops."""
     port = free_port()
     config = tmp_path / "chatgate.toml"
+    data = tmp_path / "data"
     with run_fake_deepseek() as fake:
         config.write_text((REPO_ROOT / "docker" / "chatgate.toml").read_text()
-                          .replace("https://api.deepseek.com", fake.url))
+                          .replace("https://api.deepseek.com", fake.url)
+                          .replace("port = 8787", f"port = {port}")
+                          .replace('"/data/', f'"{data}/').replace("sqlite:////data/", f"sqlite:///{data}/"))
         argv = [arg.replace("0.0.0.0", "127.0.0.1").replace("/config/chatgate.toml", str(config))
                 for arg in entrypoint_argv()]
         argv[0] = str(VENV_BIN / argv[0])
-        data = tmp_path / "data"
         env = {k: v for k, v in os.environ.items() if not k.startswith("CHATGATE_")}
-        env.update({k: v.replace("/data", str(data)) for k, v in image_env().items()})
-        env["CHATGATE_SERVER_PORT"] = str(port)
-        health = [sys.executable if healthcheck_argv()[0] == "python" else "", *healthcheck_argv()[1:]]
+        env.update(image_env())
+        health = [sys.executable if healthcheck_argv()[0] == "python" else "",
+                  *(a.replace("/config/chatgate.toml", str(config)) for a in healthcheck_argv()[1:])]
         log = (tmp_path / "serve.log").open("wb")
         proc = lifeline.Popen(argv, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
@@ -247,10 +262,16 @@ def test_compose_has_chatgate_and_postgres_16_with_declared_volumes(compose: dic
     for service in services.values():
         for mount in service.get("volumes", []):
             source, target = mount.split(":")[:2]
-            assert source in declared, f"volume {source} is not declared"
+            if source.startswith((".", "/")):  # a bind mount: the file is in the repository
+                assert (COMPOSE.parent / source).is_file(), source
+            else:
+                assert source in declared, f"volume {source} is not declared"
             assert target.startswith("/")
-    targets = {m.split(":")[1] for m in services["chatgate"]["volumes"]}
-    assert targets == {"/config", "/data"}
+    mounts = {m.split(":")[1]: m for m in services["chatgate"]["volumes"]}
+    assert set(mounts) == {"/config/chatgate.toml", "/data"}
+    # docker/chatgate.toml itself, read-only: an edit reaches the deployment at the next restart (a volume
+    # would be filled once, and keep the first version for ever).
+    assert mounts["/config/chatgate.toml"] == "./chatgate.toml:/config/chatgate.toml:ro"
     assert "/var/lib/postgresql/data" in {m.split(":")[1] for m in services["postgres"]["volumes"]}
 
 
@@ -293,8 +314,55 @@ def test_compose_env_configures_chatgate_for_the_postgres_service(compose: dict[
     assert loaded.auth.mode == "managed"
     assert loaded.auth.admin_key is not None and loaded.auth.admin_key.get_secret_value() == ADMIN_SECRET
     assert loaded.auth.upstream_api_key is not None
-    # With no .env at all, the defaults still make a valid configuration (passthrough, no admin key).
-    bare = {k: interpolate(str(v), {}) for k, v in environment.items()}
+    # With only a password, the defaults make a valid configuration (passthrough, no admin key).
+    bare = {k: interpolate(str(v), {"POSTGRES_PASSWORD": "pw"}) for k, v in environment.items()}
     assert bare["DEEPSEEK_API_KEY"] == "" and bare["CHATGATE_ADMIN_KEY"] == ""
     defaults = load_settings(str(REPO_ROOT / "docker" / "chatgate.toml"), bare).settings
     assert defaults.auth.mode == "passthrough" and defaults.auth.admin_key is None
+
+
+def test_compose_requires_a_postgres_password(compose: dict[str, Any]) -> None:
+    """No silent default password: without POSTGRES_PASSWORD compose refuses the file (`${VAR:?…}`), for the
+    database and for chatgate's URL alike (the container check runs `docker compose config` on it)."""
+    pg = compose["services"]["postgres"]["environment"]["POSTGRES_PASSWORD"]
+    url = compose["services"]["chatgate"]["environment"]["CHATGATE_STORE_URL"]
+    for value in (pg, url):
+        assert "${POSTGRES_PASSWORD:?" in value, value
+        with pytest.raises(AssertionError, match="POSTGRES_PASSWORD"):
+            interpolate(value, {})
+
+
+def seconds(duration: str) -> float:
+    m = re.fullmatch(r"(?:(\d+)m)?(?:(\d+)s)?", duration)
+    assert m and duration, duration
+    return int(m.group(1) or 0) * 60 + int(m.group(2) or 0)
+
+
+def test_compose_stops_chatgate_with_a_grace_above_its_shutdown_grace(compose: dict[str, Any]) -> None:
+    """Docker's default 10 s kills a stream chatgate would finish within server.shutdown_grace_seconds (30 s),
+    and its usage record is lost (the container check shows both)."""
+    shutdown_grace = ServerSettings().shutdown_grace_seconds
+    assert seconds(compose["services"]["chatgate"]["stop_grace_period"]) > shutdown_grace
+
+
+def test_compose_runs_chatgate_read_only_without_capabilities(compose: dict[str, Any]) -> None:
+    chatgate = compose["services"]["chatgate"]
+    assert chatgate["read_only"] is True and chatgate["cap_drop"] == ["ALL"]
+    assert "no-new-privileges:true" in chatgate["security_opt"]
+
+
+def test_git_ignores_the_env_file_with_the_secrets() -> None:
+    proc = subprocess.run(["git", "check-ignore", "-q", "docker/.env"], cwd=REPO_ROOT, timeout=30)
+    assert proc.returncode == 0, "docker/.env (the keys and the database password) is not ignored"
+    example = subprocess.run(["git", "check-ignore", "-q", "docker/env.example"], cwd=REPO_ROOT, timeout=30)
+    assert example.returncode != 0
+
+
+def test_the_docs_say_compose_v2_and_the_stop_grace() -> None:
+    """compose.yaml's top-level `name:` needs Compose v2 (Debian's docker-compose 1.29 rejects it); every
+    documented `docker run` stops with a grace above the shutdown grace."""
+    for path in (COMPOSE, REPO_ROOT / "docs" / "production.md"):
+        assert "Compose v2" in path.read_text(), path
+    for path in (REPO_ROOT / "docs" / "production.md", REPO_ROOT / "docker" / "README.md"):
+        runs = re.findall(r"docker run [^\n]*", path.read_text())
+        assert runs and all("--stop-timeout 45" in r for r in runs), (path, runs)
