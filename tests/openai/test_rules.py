@@ -644,9 +644,15 @@ def test_129_tools_are_invalid_and_128_valid_r30() -> None:
     assert_valid(check(request([user()], tools=[_tool(f"t{n}") for n in range(128)])))
 
 
-def test_non_function_tool_type_is_invalid_r30() -> None:
-    tools = [WEATHER_TOOL, {"type": "retrieval", "function": {"name": "r"}}]
-    only_problem(check(request([user()], tools=tools)), "invalid_tool", "tools[1].type", "R30")
+def test_unknown_tool_type_is_forwarded_with_a_warning_r30() -> None:
+    tools = [WEATHER_TOOL, {"type": "retrieval", "function": {"name": "r"}}, {"type": "code_runner"}]
+    checked = check(request([user()], tools=tools))
+    assert checked.ok
+    assert [(w.code, w.param, w.rule) for w in checked.warnings] == [
+        ("unknown_tool_type", "tools[1].type", "R30"), ("unknown_tool_type", "tools[2].type", "R30")]
+    strict = check(request([user()], tools=tools), strict=True)
+    assert [(p.code, p.param) for p in strict.problems] == [
+        ("unknown_tool_type", "tools[1].type"), ("unknown_tool_type", "tools[2].type")]
 
 
 @pytest.mark.parametrize("name", ["github.create_issue", "fs:read", "搜索", "a" * 65, ""])
@@ -734,10 +740,11 @@ def test_unknown_tool_choice_string_is_invalid_r33(choice: str) -> None:
     says(problem, "expected one of `none`, `auto`, `required` or a tool")
 
 
-def test_tool_choice_object_type_must_be_function_r33() -> None:
-    choice = {"type": "tool", "function": {"name": "get_weather"}}
-    only_problem(check(request([user()], model="deepseek-chat", tools=TOOLS, tool_choice=choice)),
-                 "invalid_tool_choice", "tool_choice.type", "R33")
+def test_tool_choice_object_of_another_type_is_forwarded_with_a_warning_r33() -> None:
+    for choice in ({"type": "tool", "function": {"name": "get_weather"}}, {"type": "deepseek_web_search"}):
+        req = request([user()], tools=[*TOOLS, {"type": "deepseek_web_search"}], tool_choice=choice)
+        only_warning(check(req), "invalid_tool_choice", "tool_choice.type", "R33")
+        only_problem(check(req, strict=True), "invalid_tool_choice", "tool_choice.type", "R33")
 
 
 def test_named_tool_choice_must_name_a_defined_tool_only_strict_r33() -> None:
@@ -833,10 +840,20 @@ def test_reasoning_efforts_deepseek_maps_are_valid_r36(effort: str) -> None:
     assert_valid(check(request([user()], reasoning_effort=effort, thinking={"type": "enabled"})))
 
 
-def test_user_id_pattern_and_length_r37() -> None:
-    for bad in ("alice smith", "a" * 513, "ünï", ""):
-        only_problem(check(request([user()], user_id=bad)), "invalid_user_id", "user_id", "R37")
+def test_user_id_over_512_utf8_bytes_is_refused_r37() -> None:
+    for bad in ("a" * 513, "用" * 171):  # 171 three-byte characters: 513 bytes
+        problem = only_problem(check(request([user()], user_id=bad)), "invalid_user_id", "user_id", "R37")
+        says(problem, "513 UTF-8 bytes", "at most 512")
     assert_valid(check(request([user()], user_id="team-7_user-" + "a" * 500)))
+    assert_valid(check(request([user()], user_id="a" * 512)))
+
+
+def test_user_id_characters_are_only_recommended_r37() -> None:
+    """Since 2026-11 DeepSeek only recommends [a-zA-Z0-9_-] (§13.2): other characters are a warning."""
+    for unusual in ("alice smith", "ünï", "", "bob@example.com", "用户 42", "用" * 170):
+        body = request([user()], user_id=unusual)
+        only_warning(check(body), "invalid_user_id", "user_id", "R37")
+        only_problem(check(body, strict=True), "invalid_user_id", "user_id", "R37")
 
 
 def test_n_other_than_one_is_invalid_r38() -> None:

@@ -18,6 +18,7 @@ from tests.openai.conversations import (
     check,
     image_part,
     only_problem,
+    only_warning,
     request,
     says,
     summary,
@@ -133,11 +134,24 @@ def test_developer_role_r5() -> None:
     says(problem, "messages[0].role 'developer' is not supported by DeepSeek", "use 'system'")
 
 
-@pytest.mark.parametrize("role", ["function", "model", "System", 3])
-def test_other_unknown_roles_r5(role: Any) -> None:
-    problem = only_problem(check(request([user(), {"role": role, "content": "x"}])),
-                           "invalid_role", "messages[1].role", "R5")
-    says(problem, "use one of system, user, assistant, tool")
+@pytest.mark.parametrize("role", ["function", "model", "System"])
+def test_other_unknown_roles_are_forwarded_with_a_warning_r5(role: str) -> None:
+    """Unknown is not invalid: only `developer` was seen refused (docs/rules-chat.md, R5)."""
+    body = request([user(), {"role": role, "content": "x", "extra": [1]}, user("again")])
+    warning = only_warning(check(body), "unknown_role", "messages[1].role", "R5")
+    says(warning, f"'{role}'", "forwarded")
+    only_problem(check(body, strict=True), "unknown_role", "messages[1].role", "R5")
+
+
+def test_a_role_that_is_not_a_string_r5() -> None:
+    problem = only_problem(check(request([user(), {"role": 3, "content": "x"}])),
+                           "invalid_type", "messages[1].role", "R5")
+    says(problem, "a string")
+
+
+def test_developer_beside_an_unknown_role_is_still_refused_r5() -> None:
+    checked = check(request([{"role": "developer", "content": "x"}, {"role": "critic", "content": "y"}, user()]))
+    assert ("invalid_role", "messages[0].role") in summary(checked)
 
 
 def test_missing_role_r5() -> None:
@@ -177,11 +191,18 @@ def test_tool_content_number_r6() -> None:
 # --- R7 content parts ----------------------------------------------------------------------------------
 
 
-def test_unknown_content_part_type_r7() -> None:
+def test_unknown_content_part_type_is_forwarded_with_a_warning_r7() -> None:
     part = {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}
-    problem = only_problem(check(request([{"role": "user", "content": [text_part(), part]}])),
-                           "invalid_content_part", "messages[0].content[1].type", "R7")
-    says(problem, "messages[0] (role user)", "'input_audio' is not supported", "image_url")
+    body = request([{"role": "user", "content": [text_part(), part]}])
+    warning = only_warning(check(body), "unknown_content_part", "messages[0].content[1].type", "R7")
+    says(warning, "messages[0] (role user)", "'input_audio'", "forwarded")
+    only_problem(check(body, strict=True), "unknown_content_part", "messages[0].content[1].type", "R7")
+
+
+def test_an_unknown_part_beside_a_wrong_known_one_reports_the_known_one_r7() -> None:
+    parts = [{"type": "web_result", "url": "https://example.com"}, {"type": "text", "text": 5}]
+    only_problem(check(request([{"role": "user", "content": parts}])), "invalid_content_part",
+                 "messages[0].content[1].text", "R7")
 
 
 def test_content_part_without_type_r7() -> None:
