@@ -887,3 +887,84 @@ def test_every_problem_is_listed_earliest_message_first() -> None:
     ]
     assert [p.rule for p in checked.problems] == ["R10", "R16", "R17", "R27", "R38"]
     assert not checked.ok
+
+
+# --- the November 2026 surface (docs/rules-chat.md#the-november-2026-surface) ----------------------------
+
+WEB_TOOLS = [{"type": "deepseek_web_search"}, {"type": "deepseek_read_url"}]
+
+
+def test_server_web_tools_are_valid_on_deepseek_flash_r30() -> None:
+    checked = check(request([user("What happened today?")], tools=[*WEB_TOOLS, WEATHER_TOOL]))
+    assert_valid(checked)
+    assert checked.warnings == []
+
+
+def test_server_web_tools_alone_with_a_tool_choice_are_valid_r30() -> None:
+    for choice in ("auto", "none", "required"):
+        assert_valid(check(request([user()], tools=WEB_TOOLS, tool_choice=choice,
+                                   thinking={"type": "disabled"})))
+
+
+def test_server_web_tools_on_another_model_are_forwarded_with_a_warning_r30() -> None:
+    warning = only_warning(check(request([user()], model="deepseek-v4-pro", tools=WEB_TOOLS[:1])),
+                           "server_tool_model", "tools[0].type", "R30")
+    says(warning, "deepseek_web_search", "deepseek-flash only", "deepseek-v4-pro")
+
+
+def test_function_rules_apply_to_function_tools_only_r31_r32() -> None:
+    tools = [*WEB_TOOLS, _tool("bad name"), {"type": "function", "function": {"name": "s", "strict": True}}]
+    checked = check(request([user()], tools=tools), beta=True)
+    assert summary(checked) == [("invalid_function_name", "tools[2].function.name")]
+
+
+def test_a_function_tool_without_its_function_is_refused_r30() -> None:
+    only_problem(check(request([user()], tools=[{"type": "function"}])), "missing_required_parameter",
+                 "tools[0].function", "R30")
+
+
+def test_named_tool_choice_strict_check_skips_server_tools_r33() -> None:
+    req = request([user()], tools=[*WEB_TOOLS, WEATHER_TOOL], thinking={"type": "disabled"},
+                  tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    assert_valid(check(req, strict=True))
+
+
+def test_a_function_tool_choice_without_its_function_r33() -> None:
+    only_problem(check(request([user()], model="deepseek-chat", tools=TOOLS, tool_choice={"type": "function"})),
+                 "missing_required_parameter", "tool_choice.function", "R33")
+
+
+@pytest.mark.parametrize("level", ["high", "low"])
+def test_safety_check_levels_are_valid_r42(level: str) -> None:
+    checked = check(request([user()], safety_check={"level": level}, title={"enabled": True}))
+    assert_valid(checked)
+    assert checked.warnings == []
+
+
+@pytest.mark.parametrize("level", ["medium", "HIGH", "none", ""])
+def test_other_safety_check_levels_are_refused_r42(level: str) -> None:
+    problem = only_problem(check(request([user()], safety_check={"level": level})), "invalid_safety_check",
+                           "safety_check.level", "R42")
+    says(problem, f"unknown variant `{level}`, expected `high` or `low`")
+
+
+def test_safety_check_level_of_another_type_is_a_type_error_r42() -> None:
+    only_problem(check(request([user()], safety_check={"level": 2})), "invalid_type", "safety_check.level", "R42")
+    only_problem(check(request([user()], safety_check="high")), "invalid_type", "safety_check", "R42")
+
+
+def _reminder() -> dict[str, Any]:
+    return {"role": "latest_reminder", "content": "2026-11-11,Wednesday,Singapore,Web,English"}
+
+
+def test_latest_reminder_before_its_user_message_keeps_tool_rounds_valid_r5() -> None:
+    messages = [system(), _reminder(), user("Weather?"), *weather_round("call_1")[1:], _reminder(),
+                user("And tomorrow?")]
+    checked = check(request(messages, tools=TOOLS))
+    assert_valid(checked)
+    assert checked.warnings == []
+
+
+def test_latest_reminder_is_not_a_turn_for_the_legacy_order_rules_r19_r20() -> None:
+    messages = [_reminder(), user("Hi"), assistant("Hello"), _reminder(), user("Again")]
+    assert_valid(check(request(messages, model="deepseek-reasoner"), legacy=True))
