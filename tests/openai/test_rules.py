@@ -930,8 +930,8 @@ def test_named_tool_choice_strict_check_skips_server_tools_r33() -> None:
 
 
 def test_a_function_tool_choice_without_its_function_r33() -> None:
-    only_problem(check(request([user()], model="deepseek-chat", tools=TOOLS, tool_choice={"type": "function"})),
-                 "missing_required_parameter", "tool_choice.function", "R33")
+    req = request([user()], model="deepseek-chat", tools=TOOLS, tool_choice={"type": "function"})
+    only_problem(check(req), "missing_required_parameter", "tool_choice.function", "R33")
 
 
 @pytest.mark.parametrize("level", ["high", "low"])
@@ -949,7 +949,8 @@ def test_other_safety_check_levels_are_refused_r42(level: str) -> None:
 
 
 def test_safety_check_level_of_another_type_is_a_type_error_r42() -> None:
-    only_problem(check(request([user()], safety_check={"level": 2})), "invalid_type", "safety_check.level", "R42")
+    only_problem(check(request([user()], safety_check={"level": 2})), "invalid_type", "safety_check.level",
+                 "R42")
     only_problem(check(request([user()], safety_check="high")), "invalid_type", "safety_check", "R42")
 
 

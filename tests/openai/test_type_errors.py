@@ -150,7 +150,8 @@ def test_a_role_that_is_not_a_string_r5() -> None:
 
 
 def test_developer_beside_an_unknown_role_is_still_refused_r5() -> None:
-    checked = check(request([{"role": "developer", "content": "x"}, {"role": "critic", "content": "y"}, user()]))
+    messages = [{"role": "developer", "content": "x"}, {"role": "critic", "content": "y"}, user()]
+    checked = check(request(messages))
     assert ("invalid_role", "messages[0].role") in summary(checked)
 
 
