@@ -133,7 +133,7 @@ Content = Annotated[
 
 @with_config(WIRE)
 class Message(TypedDict):
-    role: str  # user or assistant (A3: checked by the rules, with DeepSeek's words)
+    role: str  # user, assistant or latest_reminder (A3: checked by the rules, with DeepSeek's words)
     content: Content
 
 
@@ -163,6 +163,10 @@ class Metadata(WireModel):
     user_id: str | None = None
 
 
+class SafetyCheck(WireModel):
+    level: str | None = None
+
+
 def _system_kind(value: Any) -> str | None:
     return "text" if isinstance(value, str) else "blocks" if isinstance(value, list) else None
 
@@ -189,3 +193,4 @@ class MessagesRequest(WireModel):
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
     output_config: OutputConfig | None = None
+    safety_check: SafetyCheck | None = None
