@@ -280,7 +280,8 @@ def test_safety_check_levels_are_valid_a24(level: str) -> None:
 
 def test_another_safety_check_level_is_refused_a24() -> None:
     (problem,) = check(request([user()], safety_check={"level": "strict"})).problems
-    assert (problem.code, problem.param, problem.rule) == ("invalid_safety_check", "safety_check.level", "A24")
+    assert (problem.code, problem.param, problem.rule) == (
+        "invalid_safety_check", "safety_check.level", "A24")
     assert "unknown variant `strict`, expected `high` or `low`" in problem.message
 
 
