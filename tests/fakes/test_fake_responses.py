@@ -296,8 +296,8 @@ def test_what_deepseek_accepts(fake: RunningFake) -> None:
     {"input": "x"},
     [1],
 ], ids=["custom-tool", "function-name", "duplicate-name", "web-search-forced", "system-image", "user",
-        "safety-check", "max-output", "top-logprobs", "temperature", "role", "empty-call-id", "duplicate-call-id",
-        "input-type",
+        "safety-check", "max-output", "top-logprobs", "temperature", "role", "empty-call-id",
+        "duplicate-call-id", "input-type",
         "no-model", "not-an-object"])
 def test_what_deepseek_refuses(fake: RunningFake, body: Any) -> None:
     assert refusal(fake, body)
