@@ -327,7 +327,8 @@ def check_tool_order(messages: list[dict[str, Any]]) -> None:
         raise Refused(CALLS_UNANSWERED)
 
 
-def check_tools(path: str, tools: list[dict[str, Any]]) -> None:
+def check_tools(path: str, all_tools: list[dict[str, Any]]) -> None:
+    tools = [tool for tool in all_tools if "function" in tool]  # server tools have none (R30, §13.1)
     for k, tool in enumerate(tools):
         name = tool["function"]["name"]
         if not FUNCTION_NAME.fullmatch(name):  # R31
