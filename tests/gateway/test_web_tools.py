@@ -1,7 +1,7 @@
 """DeepSeek's November 2026 surface through a real chatgate, on every family, with the real SDKs: the server
 web tools (declared, answered with the fake's stand-in results, passed back in a second round), `title`,
-`safety_check`, `latest_reminder` and user ids of up to 512 UTF-8 bytes (docs/rules-chat.md#the-november-2026-surface).
-Streamed and not; what the answers carry is relayed as DeepSeek sent it and is not metered as text."""
+`safety_check`, `latest_reminder` and user ids of up to 512 UTF-8 bytes
+(docs/rules-chat.md#the-november-2026-surface). Streamed and not; what the answers carry is relayed as DeepSeek sent it and is not metered as text."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def forwarded(fake: RunningFake, n: int = -1) -> dict[str, Any]:
 def test_chat_server_tools_answer_and_the_second_round_passes_them_back(
         gate: RunningChatgate, fake: RunningFake, tmp_path: Path) -> None:
     client = openai_client(gate)
-    first_messages: list[Any] = [REMINDER, {"role": "user", "content": "News on https://example.org/a today?"}]
+    first_messages: list[Any] = [REMINDER, {"role": "user", "content": "News on https://example.org/a?"}]
     raw = client.chat.completions.with_raw_response.create(
         model="deepseek-flash", messages=first_messages, tools=CHAT_WEB,  # type: ignore[arg-type]
         extra_body={"title": {"enabled": True}, "safety_check": {"level": "high"}, "user_id": USER_ID})
@@ -137,7 +137,8 @@ def test_messages_server_tools_blocks_and_the_second_round(gate: RunningChatgate
     first: list[Any] = [REMINDER, {"role": "user", "content": "What is new on https://example.org/b?"}]
     raw = client.messages.with_raw_response.create(
         model="deepseek-flash", max_tokens=2048, messages=first, tools=MESSAGES_WEB,  # type: ignore[arg-type]
-        metadata={"user_id": USER_ID}, extra_body={"title": {"enabled": True}, "safety_check": {"level": "low"}})
+        metadata={"user_id": USER_ID},
+        extra_body={"title": {"enabled": True}, "safety_check": {"level": "low"}})
     assert "x-chatgate-warning" not in raw.headers
     data = orjson.loads(raw.http_response.content)
     kinds = [b["type"] for b in data["content"]]
@@ -158,7 +159,8 @@ def test_messages_stream_relays_the_title_and_the_server_blocks(gate: RunningCha
                                                                 tmp_path: Path) -> None:
     with anthropic_client(gate).messages.stream(
             model="claude-sonnet-4-5", max_tokens=2048, tools=MESSAGES_WEB,  # type: ignore[arg-type]
-            messages=[{"role": "user", "content": "Search it"}], extra_body={"title": {"enabled": True}}) as s:
+            messages=[{"role": "user", "content": "Search it"}],
+            extra_body={"title": {"enabled": True}}) as s:
         events = list(s)
         final = s.get_final_message()
     deltas = [e for e in events if e.type == "message_delta"]
