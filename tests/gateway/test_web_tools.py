@@ -1,7 +1,8 @@
 """DeepSeek's November 2026 surface through a real chatgate, on every family, with the real SDKs: the server
 web tools (declared, answered with the fake's stand-in results, passed back in a second round), `title`,
 `safety_check`, `latest_reminder` and user ids of up to 512 UTF-8 bytes
-(docs/rules-chat.md#the-november-2026-surface). Streamed and not; what the answers carry is relayed as DeepSeek sent it and is not metered as text."""
+(docs/rules-chat.md#the-november-2026-surface). Streamed and not; what the answers carry is relayed as
+DeepSeek sent it and is not metered as text."""
 
 from __future__ import annotations
 
