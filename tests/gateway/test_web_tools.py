@@ -48,7 +48,7 @@ def forwarded(fake: RunningFake, n: int = -1) -> dict[str, Any]:
 def test_chat_server_tools_answer_and_the_second_round_passes_them_back(
         gate: RunningChatgate, fake: RunningFake, tmp_path: Path) -> None:
     client = openai_client(gate)
-    first_messages: list[Any] = [REMINDER, {"role": "user", "content": "News on https://example.org/a?"}]
+    first_messages: list[Any] = [REMINDER, {"role": "user", "content": "See https://example.org/a now"}]
     raw = client.chat.completions.with_raw_response.create(
         model="deepseek-flash", messages=first_messages, tools=CHAT_WEB,  # type: ignore[arg-type]
         extra_body={"title": {"enabled": True}, "safety_check": {"level": "high"}, "user_id": USER_ID})
