@@ -1,7 +1,7 @@
 """DeepSeek's November 2026 requests (tests/corpus/november/november.jsonl, written by build.py) through a
-real chatgate on default settings in front of the fake DeepSeek: every valid one is forwarded as sent and answered
-(streamed or not), every invalid one is refused in its family's shape and never reaches DeepSeek. What the
-rules alone make of the corpus on another tree: `python -m tests.corpus.november.measure`."""
+real chatgate on default settings in front of the fake DeepSeek: every valid one is forwarded as sent and
+answered (streamed or not), every invalid one is refused in its family's shape and never reaches DeepSeek.
+What the rules alone make of the corpus on another tree: `python -m tests.corpus.november.measure`."""
 
 from __future__ import annotations
 
