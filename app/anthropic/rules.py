@@ -1,4 +1,4 @@
-"""Request rules of DeepSeek's Anthropic-format route (docs/rules-anthropic.md, A1-A23) as pure functions.
+"""Request rules of DeepSeek's Anthropic-format route (docs/rules-anthropic.md, A1-A24) as pure functions.
 
 What that page marks certain is enforced (a 400 in Anthropic's shape); what it marks uncertain is a warning
 (forwarded, `x-chatgate-warning`) and refused only in strict mode: a false alarm breaks Claude Code, a miss

@@ -1,4 +1,4 @@
-"""Request rules (docs/rules-chat.md, R1-R41) as pure functions over the parsed request.
+"""Request rules (docs/rules-chat.md, R1-R42) as pure functions over the parsed request.
 
 `check_body` parses the bytes once with pydantic and returns every problem found; the
 proxy answers 400 when there is any. Rules marked uncertain there (U1-U12) are warnings (the

@@ -1,4 +1,4 @@
-"""Request rules of DeepSeek's native Responses API (docs/rules-responses.md, P1-P22) as pure functions.
+"""Request rules of DeepSeek's native Responses API (docs/rules-responses.md, P1-P23) as pure functions.
 
 What DeepSeek documents or was seen refusing is enforced (a 400 in the OpenAI shape, DeepSeek's words where
 they are known); what it leaves uncertain is a warning (forwarded, `x-chatgate-warning`) and refused only in

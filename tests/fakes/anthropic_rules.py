@@ -1,6 +1,6 @@
 """What api.deepseek.com refuses on its Anthropic-format route (`POST /anthropic/v1/messages`), for the fake.
 
-Written from docs/rules-anthropic.md (A1-A23, with their sources) and docs/rules-chat.md
+Written from docs/rules-anthropic.md (A1-A24, with their sources) and docs/rules-chat.md
 (docs/rules-chat.md#models), never from the product: `anthropic_error(body, size)` gives DeepSeek's 400
 message for a parsed JSON object, or None if DeepSeek would accept it. Only the rules the spec holds certain
 or likely are enforced; where DeepSeek's behaviour is unknown or not enforced any more (A5, A8, A14, A15, A17,

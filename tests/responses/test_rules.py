@@ -1,4 +1,4 @@
-"""The Responses route's rules P1-P22 (docs/rules-responses.md): what DeepSeek documents or was seen refusing
+"""The Responses route's rules P1-P23 (docs/rules-responses.md): what DeepSeek documents or was seen refusing
 is refused with its words and a precise param; what is uncertain is warned and refused only in strict mode;
 what DeepSeek silently ignores is never refused; Codex's own shapes pass."""
 
