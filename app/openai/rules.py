@@ -364,11 +364,16 @@ def rule_tool_sequence(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator
         end = i + 1
         while end < len(roles) and roles[end] == "tool":
             end += 1
-        answered.update(range(i + 1, end))
+        block: range | list[int] = range(i + 1, end)
+        if end < len(roles) and roles[end] == "latest_reminder":  # not a turn: read past it (R5)
+            while end < len(roles) and roles[end] in _IN_BLOCK:
+                end += 1
+            block = [t for t in range(i + 1, end) if roles[t] == "tool"]
+        answered.update(block)
         ids = [call["id"] for call in msg.get("tool_calls") or ()]
         # The usual block answers each call once, in order: nothing to report unless strict (duplicate ids).
-        if ctx.strict or [answers[t] for t in range(i + 1, end)] != ids:
-            yield from _tool_block(messages, i, ids, end, ctx)
+        if ctx.strict or [answers[t] for t in block] != ids:
+            yield from _tool_block(messages, i, ids, end, ctx, block)
     if len(answered) == len(answers):
         return
     for t in answers:
@@ -387,11 +392,14 @@ def _orphan_tool(i: int, msg: ToolMessage, after_tool: bool) -> Problem:
                    "result directly after the assistant message whose tool_calls it answers.", "R14")
 
 
-def _tool_block(messages: list[Message], i: int, ids: list[str], end: int,
-                ctx: RuleContext) -> Iterator[Problem]:
+_IN_BLOCK = ("tool", "latest_reminder")
+
+
+def _tool_block(messages: list[Message], i: int, ids: list[str], end: int, ctx: RuleContext,
+                block: range | list[int]) -> Iterator[Problem]:
     pending = set(ids)
     unknown: list[tuple[int, ToolMessage]] = []
-    for t in range(i + 1, end):
+    for t in block:
         tool = messages[t]
         assert tool["role"] == "tool"
         answers = tool["tool_call_id"]
@@ -408,7 +416,7 @@ def _tool_block(messages: list[Message], i: int, ids: list[str], end: int,
     # mode only. When a call is left unanswered, both are certain only with too few tool messages: R15 is
     # inferred for DeepSeek (docs/rules-chat.md, R15 and U6) and its R16 check counts them ("insufficient tool
     # messages", R16).
-    doubt = end - i - 1 >= len(ids) and not ctx.strict
+    doubt = len(block) >= len(ids) and not ctx.strict
     if unknown and (pending or ctx.strict):
         for t, tool in unknown:
             yield Problem("unknown_tool_call_id", f"messages[{t}].tool_call_id",

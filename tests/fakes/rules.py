@@ -314,6 +314,8 @@ def check_tool_order(messages: list[dict[str, Any]]) -> None:
     """R14-R16: tool messages directly follow an assistant with tool_calls and answer every call."""
     pending: set[str] | None = None  # ids still unanswered while inside a block of tool answers
     for message in messages:
+        if message["role"] == "latest_reminder":  # where DeepSeek checks it is not known: read past it
+            continue
         if message["role"] == "tool":
             if pending is None:
                 raise Refused(TOOL_WITHOUT_CALLS)

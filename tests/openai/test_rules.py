@@ -969,3 +969,12 @@ def test_latest_reminder_before_its_user_message_keeps_tool_rounds_valid_r5() ->
 def test_latest_reminder_is_not_a_turn_for_the_legacy_order_rules_r19_r20() -> None:
     messages = [_reminder(), user("Hi"), assistant("Hello"), _reminder(), user("Again")]
     assert_valid(check(request(messages, model="deepseek-reasoner"), legacy=True))
+
+
+def test_a_latest_reminder_inside_a_tool_block_is_read_past_r14_r16() -> None:
+    messages = [user(), calls(call("call_a"), call("call_b")), tool("call_b"), _reminder(), tool("call_a"),
+                assistant()]
+    assert_valid(check(request(messages, tools=TOOLS)))
+    short = [user(), calls(call("call_a"), call("call_b")), tool("call_a"), _reminder(), user()]
+    assert summary(check(request(short, tools=TOOLS))) == [
+        ("tool_calls_unanswered", "messages[1].tool_calls")]
