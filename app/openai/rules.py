@@ -235,11 +235,15 @@ def rule_messages_not_empty(req: ChatCompletionRequest, ctx: RuleContext) -> Ite
 
 
 def rule_roles(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem]:
-    """R5: a role chatgate does not know is forwarded with a warning (`developer`, which DeepSeek was seen
-    refusing, never gets here: it is a type error)."""
+    """R5: a role chatgate does not know is forwarded with a warning. `developer`, which DeepSeek was seen
+    refusing, is a type error of the fast pass; the lenient one meets it only in a large body whose fast
+    pass stopped at an earlier unknown role."""
     for i in ctx.index.unknown:
         role = req.messages[i]["role"]
-        if role not in REFUSED_ROLES:
+        if role in REFUSED_ROLES:
+            yield Problem("invalid_role", f"messages[{i}].role",
+                          f"messages[{i}].role '{role}' is not supported by DeepSeek; use 'system'.", "R5")
+        else:
             yield Problem("unknown_role", f"messages[{i}].role",
                           f"messages[{i}].role '{role}' is not a role chatgate knows (DeepSeek documents "
                           "system, user, assistant, tool and latest_reminder); forwarded as sent.", "R5",

@@ -149,6 +149,18 @@ def test_a_role_that_is_not_a_string_r5() -> None:
     says(problem, "a string")
 
 
+def test_developer_after_an_unknown_role_in_a_large_body_is_still_refused_r5() -> None:
+    """A body over 256 KB is type-checked failing fast: its first error is the unknown role, and the lenient
+    pass that follows meets the developer message."""
+    filler = [user("x" * 1000), assistant("y" * 1000)] * 150
+    messages = [user(), {"role": "critic", "content": "y"}, *filler, {"role": "developer", "content": "x"},
+                user()]
+    checked = check(request(messages))
+    assert checked.request is not None, "read by the lenient pass"
+    assert summary(checked) == [("invalid_role", f"messages[{len(messages) - 2}].role")]
+    assert [w.code for w in checked.warnings] == ["unknown_role"]
+
+
 def test_developer_beside_an_unknown_role_is_still_refused_r5() -> None:
     messages = [{"role": "developer", "content": "x"}, {"role": "critic", "content": "y"}, user()]
     checked = check(request(messages))
