@@ -139,7 +139,7 @@ class Message(TypedDict):
 
 @with_config(WIRE)
 class Tool(TypedDict):
-    name: str
+    name: NotRequired[str]  # a client tool's is required (A17, checked by the rules); a new type may lack one
     type: NotRequired[str | None]  # absent or "custom" for client tools; server tools such as web_search_*
     description: NotRequired[str | None]
     input_schema: NotRequired[dict[str, Any] | None]

@@ -411,6 +411,9 @@ def rule_server_tools(req: MessagesRequest, ctx: Context) -> Iterator[Problem]:
     know (Claude Code's advisor_*, tool_search, …) is forwarded with a warning."""
     for k, tool in enumerate(req.tools or ()):
         kind = tool.get("type") or "custom"
+        if kind == "custom" and "name" not in tool:
+            yield Problem("missing_required_parameter", f"tools[{k}].name",
+                          f"Missing required parameter: 'tools[{k}].name'.", "A17")
         if kind == "custom" or kind.startswith("web_search"):
             continue
         if kind in SERVER_TOOLS:

@@ -291,3 +291,10 @@ def test_user_id_over_512_utf8_bytes_is_refused_and_other_characters_warned_a15(
     for unusual in ("用户 42", "alice@example.com", "用" * 170):
         verdict = check(request([user()], metadata={"user_id": unusual}))
         assert summary(verdict) == [] and warned(verdict) == [("invalid_user_id", "metadata.user_id", "A15")]
+
+
+def test_a_client_tool_needs_its_name_and_a_new_type_may_have_none_a17() -> None:
+    assert summary(check(request([user()], tools=[{"input_schema": {"type": "object"}}]))) == [
+        ("missing_required_parameter", "tools[0].name", "A17")]
+    verdict = check(request([user()], tools=[{"type": "memory_20270101"}]))
+    assert summary(verdict) == [] and warned(verdict) == [("unsupported_server_tool", "tools[0].type", "A17")]
