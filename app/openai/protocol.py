@@ -111,9 +111,12 @@ class FunctionCall(TypedDict):
 
 @with_config(WIRE)
 class ToolCall(TypedDict):
+    """A function call; a call of another type (how DeepSeek's server tools may come back: not documented)
+    has no `function` and is forwarded with a warning (R11)."""
+
     id: str
-    type: NotRequired[Literal["function"] | None]
-    function: FunctionCall
+    type: NotRequired[str | None]
+    function: NotRequired[FunctionCall]
 
 
 # --- messages ------------------------------------------------------------------

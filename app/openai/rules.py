@@ -346,6 +346,17 @@ def rule_tool_call_shape(req: ChatCompletionRequest, ctx: RuleContext) -> Iterat
     for i, msg in ctx.index.with_calls:
         for k, call in enumerate(msg.get("tool_calls") or ()):
             call_id = call["id"]
+            kind = call.get("type")
+            if kind is not None and kind != "function":
+                yield Problem("unknown_tool_call_type", f"messages[{i}].tool_calls[{k}].type",
+                              f"{where(i, msg)}: tool_calls[{k}] has type '{kind}', which chatgate does not "
+                              "know (DeepSeek documents function calls); forwarded as sent (without a "
+                              "'function', no tool message is expected for it).", "R11",
+                              warning=not ctx.strict)
+            elif "function" not in call:  # (a call without one is not paired with tool messages, R14-R16)
+                yield Problem("invalid_tool_call", f"messages[{i}].tool_calls[{k}].function",
+                              f"Missing required parameter: 'messages[{i}].tool_calls[{k}].function' "
+                              f"({where(i, msg)}).", "R11")
             if not call_id:
                 # R11: no source shows DeepSeek refusing an empty id (its parser only requires the field).
                 yield Problem("invalid_tool_call", f"messages[{i}].tool_calls[{k}].id",
@@ -374,7 +385,7 @@ def rule_tool_sequence(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator
                 end += 1
             block = [t for t in range(i + 1, end) if roles[t] == "tool"]
         answered.update(block)
-        ids = [call["id"] for call in msg.get("tool_calls") or ()]
+        ids = [call["id"] for call in msg.get("tool_calls") or () if "function" in call]
         # The usual block answers each call once, in order: nothing to report unless strict (duplicate ids).
         if ctx.strict or [answers[t] for t in block] != ids:
             yield from _tool_block(messages, i, ids, end, ctx, block)

@@ -978,3 +978,22 @@ def test_a_latest_reminder_inside_a_tool_block_is_read_past_r14_r16() -> None:
     short = [user(), calls(call("call_a"), call("call_b")), tool("call_a"), _reminder(), user()]
     assert summary(check(request(short, tools=TOOLS))) == [
         ("tool_calls_unanswered", "messages[1].tool_calls")]
+
+
+def test_a_tool_call_of_another_type_passed_back_is_forwarded_with_a_warning_r11() -> None:
+    """How DeepSeek's chat answer carries its server tools' work is not documented: a call of another type in
+    `tool_calls` is forwarded, and needs no tool message (R14-R16 pair function calls only)."""
+    server = {"id": "ws_1", "type": "deepseek_web_search", "deepseek_web_search": {"query": "news"}}
+    turn = calls(call("call_1"), reasoning="Search, then the weather.")
+    turn["tool_calls"].insert(0, server)
+    messages = [user(), turn, tool("call_1"), assistant(), user("More?")]
+    warning = only_warning(check(request(messages, tools=[*TOOLS, {"type": "deepseek_web_search"}])),
+                           "unknown_tool_call_type", "messages[1].tool_calls[0].type", "R11")
+    says(warning, "'deepseek_web_search'", "forwarded")
+
+
+def test_a_function_call_without_its_function_is_refused_r11() -> None:
+    turn = calls(call("call_1"))
+    del turn["tool_calls"][0]["function"]
+    only_problem(check(request([user(), turn, tool("call_1")], tools=TOOLS)), "invalid_tool_call",
+                 "messages[1].tool_calls[0].function", "R11")

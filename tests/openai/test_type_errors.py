@@ -279,16 +279,20 @@ def test_arguments_as_object_is_invalid_r11() -> None:
      "messages[3].tool_calls[0].id", "Missing required parameter"),
     ({"id": 17, "type": "function", "function": {"name": "get_weather", "arguments": "{}"}},
      "messages[3].tool_calls[0].id", "expected a string"),
-    ({"id": "call_1", "type": "tool_use", "function": {"name": "get_weather", "arguments": "{}"}},
-     "messages[3].tool_calls[0].type", "'function'"),
     ({"id": "call_1", "type": "function", "function": "get_weather({})"},
      "messages[3].tool_calls[0].function", "expected an object"),
-], ids=["arguments-null", "arguments-missing", "name-missing", "id-missing", "id-number", "type-tool_use",
-        "function-string"])
+], ids=["arguments-null", "arguments-missing", "name-missing", "id-missing", "id-number", "function-string"])
 def test_tool_call_shape_errors_r11(bad: dict[str, Any], param: str, words: str) -> None:
     checked = check(request(_history_with_call(bad), tools=TOOLS))
     problem = only_problem(checked, "invalid_tool_call", param, "R11")
     says(problem, "messages[3] (role assistant)", words)
+
+
+def test_a_tool_call_of_an_unknown_type_is_forwarded_with_a_warning_r11() -> None:
+    bad = {"id": "call_1", "type": "tool_use", "function": {"name": "get_weather", "arguments": "{}"}}
+    warning = only_warning(check(request(_history_with_call(bad), tools=TOOLS)), "unknown_tool_call_type",
+                           "messages[3].tool_calls[0].type", "R11")
+    says(warning, "messages[3] (role assistant)", "'tool_use'")
 
 
 def test_tool_calls_not_an_array_r11() -> None:
