@@ -133,13 +133,13 @@ Content = Annotated[
 
 @with_config(WIRE)
 class Message(TypedDict):
-    role: str  # user or assistant (A3: checked by the rules, with DeepSeek's words)
+    role: str  # user, assistant or latest_reminder (A3: checked by the rules, with DeepSeek's words)
     content: Content
 
 
 @with_config(WIRE)
 class Tool(TypedDict):
-    name: str
+    name: NotRequired[str]  # a client tool's is required (A17, checked by the rules); a new type may lack one
     type: NotRequired[str | None]  # absent or "custom" for client tools; server tools such as web_search_*
     description: NotRequired[str | None]
     input_schema: NotRequired[dict[str, Any] | None]
@@ -161,6 +161,10 @@ class OutputConfig(WireModel):
 
 class Metadata(WireModel):
     user_id: str | None = None
+
+
+class SafetyCheck(WireModel):
+    level: str | None = None
 
 
 def _system_kind(value: Any) -> str | None:
@@ -189,3 +193,4 @@ class MessagesRequest(WireModel):
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
     output_config: OutputConfig | None = None
+    safety_check: SafetyCheck | None = None

@@ -172,11 +172,15 @@ def _merge_tool_results(messages: list[Any], found: Sequence[Problem]) -> list[A
             continue
         ids, _ = tool_calls_of(msg)
         ids = tuple(x for x, b in zip(ids, _tool_use_kinds(msg), strict=True) if b == "tool_use")
-        nxt = messages[i + 1]
+        at = i + 1  # the message after the calls (a latest_reminder before it stays before it)
+        while at + 1 < len(messages) and isinstance(messages[at], dict) \
+                and messages[at].get("role") == "latest_reminder":
+            at += 1
+        nxt = messages[at]
         present = {b.get("tool_use_id") for b in _list(nxt)} if nxt.get("role") == "user" else set()
         missing = [x for x in ids if x not in present]
         moves: list[tuple[int, int]] = []
-        for k in range(i + 2, len(messages)):
+        for k in range(at + 1, len(messages)):
             if messages[k].get("role") != "user":
                 continue
             for j, block in enumerate(_list(messages[k])):
@@ -195,7 +199,8 @@ def _merge_tool_results(messages: list[Any], found: Sequence[Problem]) -> list[A
             nxt["content"] = [*(b for b in content if b.get("type") == "tool_result"), *moved,
                               *(b for b in content if b.get("type") != "tool_result")]
         else:
-            messages.insert(i + 1, {"role": "user", "content": moved})
+            at = at if nxt.get("role") != "latest_reminder" else at + 1
+            messages.insert(at, {"role": "user", "content": moved})
             emptied = {k + 1 for k in emptied}
         applied.append(Applied("split_tool_results", f"messages[{i}].content",
                                "moved " + ", ".join(str(b.get("tool_use_id")) for b in moved)))

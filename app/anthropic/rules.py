@@ -1,4 +1,4 @@
-"""Request rules of DeepSeek's Anthropic-format route (docs/rules-anthropic.md, A1-A23) as pure functions.
+"""Request rules of DeepSeek's Anthropic-format route (docs/rules-anthropic.md, A1-A24) as pure functions.
 
 What that page marks certain is enforced (a 400 in Anthropic's shape); what it marks uncertain is a warning
 (forwarded, `x-chatgate-warning`) and refused only in strict mode: a false alarm breaks Claude Code, a miss
@@ -19,6 +19,14 @@ from app.anthropic.protocol import SUPPORTED_BLOCKS, UNSUPPORTED_BLOCKS, Message
 from app.anthropic.type_errors import problems_from_validation_error
 from app.errors import Problem
 from app.profiles import DEFAULT_PROFILES, ModelProfile, generic_profile
+from app.surface import (
+    SAFETY_LEVELS,
+    SERVER_TOOLS,
+    USER_ID_MAX_BYTES,
+    safety_level_message,
+    server_tool_model_note,
+    user_id_too_long,
+)
 from app.verdict import Verdict
 from app.wire import validate_body
 
@@ -93,6 +101,25 @@ def _blocks(msg: Message) -> list[Any]:
     return content if isinstance(content, list) else []
 
 
+REMINDER = "latest_reminder"  # DeepSeek's role for the context line before a user message (2026-11)
+
+
+def _after(msgs: list[Message], i: int) -> int:
+    """The index of the message after msgs[i], a latest_reminder passed over (len(msgs) if none)."""
+    k = i + 1
+    while k < len(msgs) and msgs[k]["role"] == REMINDER:
+        k += 1
+    return k
+
+
+def _before(msgs: list[Message], i: int) -> int:
+    """The index of the message before msgs[i], a latest_reminder passed over (-1 if none)."""
+    k = i - 1
+    while k >= 0 and msgs[k]["role"] == REMINDER:
+        k -= 1
+    return k
+
+
 # --- the model and max_tokens (A2, A18, A19) ---------------------------------------------------------
 
 
@@ -131,12 +158,29 @@ def rule_roles(req: MessagesRequest, ctx: Context) -> Iterator[Problem]:
         role = msg["role"]
         if role in ("user", "assistant"):
             continue
-        fix = ("move it into the top-level 'system' (or enable the system_messages repair)"
-               if role == "system" else "tool results are 'tool_result' blocks in a user message"
-               if role == "tool" else "use 'user' or 'assistant'")
-        yield Problem("invalid_role", f"messages[{i}].role",
-                      f"messages[{i}].role: unknown variant `{role}`, expected `user` or `assistant`: {fix}.",
-                      "A3")
+        if role == REMINDER:
+            yield from _reminder_place(req.messages, i, ctx)
+        elif role in ("system", "tool"):  # both seen refused by DeepSeek (docs/rules-anthropic.md, A3)
+            fix = ("move it into the top-level 'system' (or enable the system_messages repair)"
+                   if role == "system" else "tool results are 'tool_result' blocks in a user message")
+            yield Problem("invalid_role", f"messages[{i}].role",
+                          f"messages[{i}].role: unknown variant `{role}`, expected `user` or `assistant`: "
+                          f"{fix}.", "A3")
+        else:
+            yield Problem("unknown_role", f"messages[{i}].role",
+                          f"messages[{i}].role '{role}' is not a role chatgate knows on this route (DeepSeek "
+                          "documents user, assistant and latest_reminder); forwarded as sent.", "A3",
+                          warning=not ctx.strict)
+
+
+def _reminder_place(msgs: list[Message], i: int, ctx: Context) -> Iterator[Problem]:
+    """A3: DeepSeek documents latest_reminder directly before its user message; elsewhere it is not known
+    to refuse it."""
+    if i + 1 < len(msgs) and msgs[i + 1]["role"] == "user":
+        return
+    yield Problem("latest_reminder_placement", f"messages[{i}].role",
+                  f"messages[{i}] is a latest_reminder that is not directly before a user message, where "
+                  "DeepSeek documents it; forwarded as sent.", "A3", warning=not ctx.strict)
 
 
 def rule_not_empty(req: MessagesRequest, ctx: Context) -> Iterator[Problem]:
@@ -163,13 +207,14 @@ def rule_tool_results(req: MessagesRequest, ctx: Context) -> Iterator[Problem]:
         if msg["role"] != "assistant":
             continue
         uses = _tool_uses(msg)
-        if not uses or i == len(msgs) - 1:
+        after = _after(msgs, i)
+        if not uses or after == len(msgs):
             continue
-        following = msgs[i + 1]
+        following = msgs[after]
         answered = {tid for _, tid in _tool_results(following)} if following["role"] == "user" else set()
         missing = [tid for _, tid in uses if tid not in answered]
         if missing:
-            later = any(tid in {t for _, t in _tool_results(m)} for m in msgs[i + 2:] for tid in missing)
+            later = any(tid in {t for _, t in _tool_results(m)} for m in msgs[after + 1:] for tid in missing)
             hint = (" They are answered in a later message: merge the tool_result blocks into the message "
                     "right "
                     "after (or enable the split_tool_results repair)." if later else
@@ -188,7 +233,8 @@ def rule_tool_result_ids(req: MessagesRequest, ctx: Context) -> Iterator[Problem
         results = _tool_results(msg) if msg["role"] == "user" else []
         if not results:
             continue
-        previous = msgs[i - 1] if i else None
+        k = _before(msgs, i)
+        previous = msgs[k] if k >= 0 else None
         assistant = previous is not None and previous["role"] == "assistant"
         before = {tid for _, tid in _tool_uses(previous)} if previous is not None and assistant else set()
         for j, tid in results:
@@ -196,7 +242,7 @@ def rule_tool_result_ids(req: MessagesRequest, ctx: Context) -> Iterator[Problem
                 yield Problem("unknown_tool_use_id", f"messages[{i}].content[{j}].tool_use_id",
                               f"{where(i, msg)}: content[{j}] answers tool_use_id '{tid}', which is not a "
                               f"tool_use "
-                              f"of messages[{i - 1}]. Keep each tool_result right after the assistant "
+                              f"of messages[{k}]. Keep each tool_result right after the assistant "
                               f"message "
                               "that called the tool.", "A8", warning=not ctx.strict)
 
@@ -326,33 +372,68 @@ def rule_sampling(req: MessagesRequest, ctx: Context) -> Iterator[Problem]:
                           f"Invalid '{name}': expected a value in [0, {top:g}], got {value:g}.", "A20")
 
 
-_USER_ID = re.compile(r"^[a-zA-Z0-9_-]{1,512}$")
+_USER_ID = re.compile(r"^[a-zA-Z0-9_-]+$")
 
 
 def rule_user_id(req: MessagesRequest, ctx: Context) -> Iterator[Problem]:
+    """A15: over 512 UTF-8 bytes is refused; other characters than DeepSeek recommends are a notice (Claude
+    Code's JSON user id; DeepSeek only recommends the character set since 2026-11)."""
     user_id = req.metadata.user_id if req.metadata is not None else None
-    if user_id is not None and not _USER_ID.match(user_id):
+    if user_id is None:
+        return
+    size = user_id_too_long(user_id)
+    if size is not None:
         yield Problem("invalid_user_id", "metadata.user_id",
-                      "Invalid 'user_id': string does not match pattern. Expected a string that matches the "
-                      "pattern '^[a-zA-Z0-9_-]+$' (at most 512 characters). DeepSeek enforced it for one day "
-                      "(2026-05-06); enable the user_id repair to send a sanitised id.", "A15",
-                      warning=not ctx.strict, notice=not ctx.strict)
+                      f"Invalid 'metadata.user_id': {size} UTF-8 bytes; DeepSeek accepts at most "
+                      f"{USER_ID_MAX_BYTES}. Send a shorter id (or enable the user_id repair).", "A15")
+    elif not _USER_ID.match(user_id):
+        yield Problem("invalid_user_id", "metadata.user_id",
+                      "'metadata.user_id' has characters other than the letters, digits, '_' and '-' "
+                      "DeepSeek recommends (it refused them for one day, 2026-05-06); forwarded. Enable the "
+                      "user_id repair to send a sanitised id.", "A15", warning=not ctx.strict,
+                      notice=not ctx.strict)
+
+
+def rule_safety_check(req: MessagesRequest, ctx: Context) -> Iterator[Problem]:
+    """A24: `safety_check.level` is high or low (guides/safety, 2026-11)."""
+    check = req.safety_check
+    if check is not None and check.level is not None and check.level not in SAFETY_LEVELS:
+        yield Problem("invalid_safety_check", "safety_check.level",
+                      safety_level_message("safety_check.level", check.level), "A24")
+
+
+# Anthropic's own server tools that a report says fail the whole request on DeepSeek (bifrost #7093)
+REPORTED_FAILING = ("web_fetch", "code_execution", "computer", "bash", "memory", "text_editor", "mcp_toolset")
 
 
 def rule_server_tools(req: MessagesRequest, ctx: Context) -> Iterator[Problem]:
+    """A17: DeepSeek's own server tools and Anthropic's web_search run at DeepSeek; a type chatgate does not
+    know (Claude Code's advisor_*, tool_search, …) is forwarded with a warning."""
     for k, tool in enumerate(req.tools or ()):
         kind = tool.get("type") or "custom"
-        if kind != "custom" and not kind.startswith("web_search"):
+        if kind == "custom" and "name" not in tool:
+            yield Problem("missing_required_parameter", f"tools[{k}].name",
+                          f"Missing required parameter: 'tools[{k}].name'.", "A17")
+        if kind == "custom" or kind.startswith("web_search"):
+            continue
+        if kind in SERVER_TOOLS:
+            note = server_tool_model_note(kind, req.model, ctx.profile.name)
+            if note is not None:
+                yield Problem("server_tool_model", f"tools[{k}].type", note, "A17", warning=not ctx.strict)
+        elif kind.startswith(REPORTED_FAILING):
             yield Problem("unsupported_server_tool", f"tools[{k}].type",
-                          f"tools[{k}] is the server tool '{kind}'; DeepSeek runs only web_search "
-                          f"server-side, "
-                          "and other server tools are reported to fail the whole request.", "A17",
-                          warning=not ctx.strict)
+                          f"tools[{k}] is Anthropic's server tool '{kind}'; DeepSeek runs web_search and its "
+                          "own deepseek_web_search / deepseek_read_url, and this one is reported to fail the "
+                          "whole request.", "A17", warning=not ctx.strict)
+        else:
+            yield Problem("unsupported_server_tool", f"tools[{k}].type",
+                          f"tools[{k}] has type '{kind}', which chatgate does not know on this route; "
+                          "forwarded as sent.", "A17", warning=not ctx.strict)
 
 
 Rule = Any
 RULES: tuple[Rule, ...] = (
     rule_model, rule_max_tokens, rule_roles, rule_not_empty, rule_tool_results, rule_tool_result_ids,
     rule_blocks, rule_thinking_passed_back, rule_thinking_params, rule_tool_choice, rule_sampling,
-    rule_user_id, rule_server_tools,
+    rule_user_id, rule_safety_check, rule_server_tools,
 )

@@ -10,7 +10,8 @@ from app.errors import Problem
 from app.wire import json_type, param_of, problems_of, type_message
 
 _RULES = {"model": "A1", "messages": "A1", "max_tokens": "A2", "temperature": "A20", "top_p": "A20",
-          "thinking": "A11", "tool_choice": "A13", "output_config": "A14", "metadata": "A15", "tools": "A17"}
+          "thinking": "A11", "tool_choice": "A13", "output_config": "A14", "metadata": "A15", "tools": "A17",
+          "safety_check": "A24"}
 _TAGS = ("text", "blocks", "image", "thinking", "redacted_thinking", "tool_use", "tool_result", "other")
 
 

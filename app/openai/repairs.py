@@ -247,7 +247,8 @@ def _unanswered(messages: list[Any], i: int) -> tuple[int, list[str]]:
     if not isinstance(calls, list):
         return i, []
     ids: list[str] = [c["id"] for c in calls
-                      if isinstance(c, dict) and isinstance(c.get("id"), str) and c["id"]]
+                      if isinstance(c, dict) and isinstance(c.get("id"), str) and c["id"]
+                      and "function" in c]
     end = i
     answered: set[Any] = set()
     while end + 1 < len(messages) and isinstance(messages[end + 1], dict) and \

@@ -1,4 +1,4 @@
-"""Request rules (docs/rules-chat.md, R1-R41) as pure functions over the parsed request.
+"""Request rules (docs/rules-chat.md, R1-R42) as pure functions over the parsed request.
 
 `check_body` parses the bytes once with pydantic and returns every problem found; the
 proxy answers 400 when there is any. Rules marked uncertain there (U1-U12) are warnings (the
@@ -11,23 +11,34 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any, Literal
 
 import pydantic
 
 from app.errors import Problem
 from app.openai.protocol import (
+    REFUSED_ROLES,
     AssistantMessage,
     ChatCompletionRequest,
     FilePart,
     FileRef,
     ImageURLPart,
+    LenientRequest,
     Message,
     ToolMessage,
     UserMessage,
 )
 from app.openai.type_errors import problems_from_validation_error
 from app.profiles import DEFAULT_PROFILES, ModelProfile, generic_profile
+from app.surface import (
+    SAFETY_LEVELS,
+    SERVER_TOOLS,
+    USER_ID_MAX_BYTES,
+    safety_level_message,
+    server_tool_model_note,
+    user_id_too_long,
+)
 from app.wire import validate_body
 
 UnknownModels = Literal["pass", "reject"]
@@ -60,6 +71,7 @@ class MessageIndex:
     arrays: list[tuple[int, UserMessage | ToolMessage]]  # content given as an array of parts
     tools: dict[int, str]  # position of each tool message -> its tool_call_id
     other_arrays: bool = False  # another message's content is an array (a latest_reminder's may be)
+    unknown: tuple[int, ...] = ()  # messages whose role chatgate does not know (read by the lenient pass)
 
     @property
     def media(self) -> bool:
@@ -74,6 +86,7 @@ def index_messages(messages: list[Message]) -> MessageIndex:
     arrays: list[tuple[int, UserMessage | ToolMessage]] = []
     tools: dict[int, str] = {}
     other_arrays = False
+    unknown: list[int] = []
     for i, msg in enumerate(messages):
         roles.append(msg["role"])
         if msg["role"] == "assistant":
@@ -89,7 +102,9 @@ def index_messages(messages: list[Message]) -> MessageIndex:
                 arrays.append((i, msg))
         else:
             other_arrays = other_arrays or type(msg.get("content")) is list
-    return MessageIndex(roles, assistants, with_calls, arrays, tools, other_arrays)
+            if msg["role"] != "system" and msg["role"] != "latest_reminder":
+                unknown.append(i)
+    return MessageIndex(roles, assistants, with_calls, arrays, tools, other_arrays, tuple(unknown))
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,8 +150,22 @@ def check_body(body: bytes, policy: Policy, *, beta: bool = False, origin: str |
     try:
         request = validate_body(ChatCompletionRequest, body)
     except pydantic.ValidationError as exc:
-        return Checked(None, problems_from_validation_error(exc, body))
+        if not _unknown_tag(exc):
+            return Checked(None, problems_from_validation_error(exc, body))
+        try:  # a role or part type the fast pass does not know: unknown is not invalid (R5, R7)
+            request = validate_body(LenientRequest, body)
+        except pydantic.ValidationError as again:
+            return Checked(None, problems_from_validation_error(again, body))
     return check_request(request, policy, beta=beta, origin=origin)
+
+
+def _unknown_tag(exc: pydantic.ValidationError) -> bool:
+    """Whether the fast pass failed on a role or part type it does not know, and on none DeepSeek refuses
+    (`developer`: refused as the type error it is, R5)."""
+    tags = [error for error in exc.errors(include_url=False, include_input=False)
+            if error["type"] == "union_tag_invalid" and error["loc"][:1] == ("messages",)]
+    return bool(tags) and not any(len(error["loc"]) == 2 and error["ctx"]["tag"] in REFUSED_ROLES
+                                  for error in tags)
 
 
 def check_request(request: ChatCompletionRequest, policy: Policy, *, beta: bool = False,
@@ -205,6 +234,22 @@ def rule_messages_not_empty(req: ChatCompletionRequest, ctx: RuleContext) -> Ite
                       "but got an empty array instead. Send at least one message.", "R4")
 
 
+def rule_roles(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem]:
+    """R5: a role chatgate does not know is forwarded with a warning. `developer`, which DeepSeek was seen
+    refusing, is a type error of the fast pass; the lenient one meets it only in a large body whose fast
+    pass stopped at an earlier unknown role."""
+    for i in ctx.index.unknown:
+        role = req.messages[i]["role"]
+        if role in REFUSED_ROLES:
+            yield Problem("invalid_role", f"messages[{i}].role",
+                          f"messages[{i}].role '{role}' is not supported by DeepSeek; use 'system'.", "R5")
+        else:
+            yield Problem("unknown_role", f"messages[{i}].role",
+                          f"messages[{i}].role '{role}' is not a role chatgate knows (DeepSeek documents "
+                          "system, user, assistant, tool and latest_reminder); forwarded as sent.", "R5",
+                          warning=not ctx.strict)
+
+
 # --- content (R6-R9) ---------------------------------------------------------------
 
 IMAGE_URL_MAX = 8192
@@ -226,12 +271,23 @@ def rule_content(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Probl
         for j, part in enumerate(parts):
             if part["type"] == "text":
                 continue
+            if part["type"] != "image_url" and part["type"] != "file":
+                yield _unknown_part(ctx, i, msg, j, part["type"])
+                continue
             images += 1
             yield from _media_part(req, ctx, i, msg, j, part)
     if images > IMAGES_MAX:
         yield Problem("invalid_image", "messages",
                       f"Too many images: {images} in this request, DeepSeek accepts at most "
                       f"{IMAGES_MAX}.", "R9")
+
+
+def _unknown_part(ctx: RuleContext, i: int, msg: Message, j: int, kind: str) -> Problem:
+    """R7: a part type chatgate does not know (a server tool's result passed back may be one): forwarded."""
+    return Problem("unknown_content_part", f"messages[{i}].content[{j}].type",
+                   f"{where(i, msg)}: content[{j}] has type '{kind}', which chatgate does not know (DeepSeek "
+                   "documents text, image_url and file parts); forwarded as sent.", "R7",
+                   warning=not ctx.strict)
 
 
 def _media_part(req: ChatCompletionRequest, ctx: RuleContext, i: int, msg: Message, j: int,
@@ -290,6 +346,17 @@ def rule_tool_call_shape(req: ChatCompletionRequest, ctx: RuleContext) -> Iterat
     for i, msg in ctx.index.with_calls:
         for k, call in enumerate(msg.get("tool_calls") or ()):
             call_id = call["id"]
+            kind = call.get("type")
+            if kind is not None and kind != "function":
+                yield Problem("unknown_tool_call_type", f"messages[{i}].tool_calls[{k}].type",
+                              f"{where(i, msg)}: tool_calls[{k}] has type '{kind}', which chatgate does not "
+                              "know (DeepSeek documents function calls); forwarded as sent (without a "
+                              "'function', no tool message is expected for it).", "R11",
+                              warning=not ctx.strict)
+            elif "function" not in call:  # (a call without one is not paired with tool messages, R14-R16)
+                yield Problem("invalid_tool_call", f"messages[{i}].tool_calls[{k}].function",
+                              f"Missing required parameter: 'messages[{i}].tool_calls[{k}].function' "
+                              f"({where(i, msg)}).", "R11")
             if not call_id:
                 # R11: no source shows DeepSeek refusing an empty id (its parser only requires the field).
                 yield Problem("invalid_tool_call", f"messages[{i}].tool_calls[{k}].id",
@@ -312,11 +379,16 @@ def rule_tool_sequence(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator
         end = i + 1
         while end < len(roles) and roles[end] == "tool":
             end += 1
-        answered.update(range(i + 1, end))
-        ids = [call["id"] for call in msg.get("tool_calls") or ()]
+        block: range | list[int] = range(i + 1, end)
+        if end < len(roles) and roles[end] == "latest_reminder":  # not a turn: read past it (R5)
+            while end < len(roles) and roles[end] in _IN_BLOCK:
+                end += 1
+            block = [t for t in range(i + 1, end) if roles[t] == "tool"]
+        answered.update(block)
+        ids = [call["id"] for call in msg.get("tool_calls") or () if "function" in call]
         # The usual block answers each call once, in order: nothing to report unless strict (duplicate ids).
-        if ctx.strict or [answers[t] for t in range(i + 1, end)] != ids:
-            yield from _tool_block(messages, i, ids, end, ctx)
+        if ctx.strict or [answers[t] for t in block] != ids:
+            yield from _tool_block(messages, i, ids, end, ctx, block)
     if len(answered) == len(answers):
         return
     for t in answers:
@@ -335,11 +407,14 @@ def _orphan_tool(i: int, msg: ToolMessage, after_tool: bool) -> Problem:
                    "result directly after the assistant message whose tool_calls it answers.", "R14")
 
 
-def _tool_block(messages: list[Message], i: int, ids: list[str], end: int,
-                ctx: RuleContext) -> Iterator[Problem]:
+_IN_BLOCK = ("tool", "latest_reminder")
+
+
+def _tool_block(messages: list[Message], i: int, ids: list[str], end: int, ctx: RuleContext,
+                block: range | list[int]) -> Iterator[Problem]:
     pending = set(ids)
     unknown: list[tuple[int, ToolMessage]] = []
-    for t in range(i + 1, end):
+    for t in block:
         tool = messages[t]
         assert tool["role"] == "tool"
         answers = tool["tool_call_id"]
@@ -356,7 +431,7 @@ def _tool_block(messages: list[Message], i: int, ids: list[str], end: int,
     # mode only. When a call is left unanswered, both are certain only with too few tool messages: R15 is
     # inferred for DeepSeek (docs/rules-chat.md, R15 and U6) and its R16 check counts them ("insufficient tool
     # messages", R16).
-    doubt = end - i - 1 >= len(ids) and not ctx.strict
+    doubt = len(block) >= len(ids) and not ctx.strict
     if unknown and (pending or ctx.strict):
         for t, tool in unknown:
             yield Problem("unknown_tool_call_id", f"messages[{t}].tool_call_id",
@@ -438,7 +513,8 @@ def rule_thinking_conflict(req: ChatCompletionRequest, ctx: RuleContext) -> Iter
 
 def rule_tool_choice_thinking(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem]:
     forced = req.tool_choice == "required" or (
-        req.tool_choice is not None and not isinstance(req.tool_choice, str))
+        req.tool_choice is not None and not isinstance(req.tool_choice, str)
+        and req.tool_choice.type == "function" and req.tool_choice.function is not None)
     if ctx.thinking and forced:
         yield Problem("tool_choice_in_thinking", "tool_choice",
                       "Thinking mode does not support this tool_choice: 'required' and a named function are "
@@ -466,12 +542,12 @@ def rule_legacy_reasoner(req: ChatCompletionRequest, ctx: RuleContext) -> Iterat
 
 
 def _successive_roles(req: ChatCompletionRequest) -> Iterator[Problem]:
-    for i in range(1, len(req.messages)):
-        a, b = req.messages[i - 1], req.messages[i]
+    turns = [(i, m) for i, m in enumerate(req.messages) if m["role"] != "latest_reminder"]
+    for (h, a), (i, b) in pairwise(turns):
         if a["role"] == b["role"] and a["role"] in ("user", "assistant"):
             yield Problem("successive_roles", f"messages[{i}].role",
                           f"deepseek-reasoner does not support successive user or assistant messages "
-                          f"(messages[{i - 1}] and messages[{i}] in your input, both role "
+                          f"(messages[{h}] and messages[{i}] in your input, both role "
                           f"{b['role']}). You should "
                           "interleave the user/assistant messages in the message sequence: merge "
                           "them into one "
@@ -480,7 +556,7 @@ def _successive_roles(req: ChatCompletionRequest) -> Iterator[Problem]:
 
 def _reasoner_order(req: ChatCompletionRequest) -> Iterator[Problem]:
     msgs = req.messages
-    first = next((i for i, m in enumerate(msgs) if m["role"] != "system"), None)
+    first = next((i for i, m in enumerate(msgs) if m["role"] not in ("system", "latest_reminder")), None)
     if first is not None and msgs[first]["role"] != "user":
         yield Problem("reasoner_order", f"messages[{first}].role",
                       "The first message (except the system message) of deepseek-reasoner must be a user "
@@ -601,13 +677,33 @@ def rule_logprobs(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Prob
                       "used.", "R35")
 
 
-_USER_ID = re.compile(r"^[a-zA-Z0-9_-]{1,512}$")
+_USER_ID = re.compile(r"^[a-zA-Z0-9_-]+$")
 
 
 def rule_user_id(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem]:
-    if req.user_id is not None and not _USER_ID.match(req.user_id):
+    """R37: over 512 UTF-8 bytes is refused; other characters than DeepSeek recommends are a warning (its
+    rate-limit page only recommends them since 2026-11)."""
+    user_id = req.user_id
+    if user_id is None:
+        return
+    size = user_id_too_long(user_id)
+    if size is not None:
         yield Problem("invalid_user_id", "user_id",
-                      "Invalid 'user_id': use 1-512 characters from a-z, A-Z, 0-9, '-' and '_'.", "R37")
+                      f"Invalid 'user_id': {size} UTF-8 bytes; DeepSeek accepts at most {USER_ID_MAX_BYTES}. "
+                      "Send a shorter id (a hash of it, for example).", "R37")
+    elif not _USER_ID.match(user_id):
+        yield Problem("invalid_user_id", "user_id",
+                      "'user_id' has characters other than the letters, digits, '_' and '-' DeepSeek "
+                      "recommends (or is empty); forwarded, DeepSeek accepts up to 512 UTF-8 bytes.", "R37",
+                      warning=not ctx.strict)
+
+
+def rule_safety_check(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem]:
+    """R42: `safety_check.level` is high or low (guides/safety, 2026-11)."""
+    check = req.safety_check
+    if check is not None and check.level is not None and check.level not in SAFETY_LEVELS:
+        yield Problem("invalid_safety_check", "safety_check.level",
+                      safety_level_message("safety_check.level", check.level), "R42")
 
 
 def rule_n(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem]:
@@ -630,11 +726,17 @@ def rule_tools(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem
                       f"{TOOLS_MAX}.", "R30")
     names: dict[str, int] = {}
     for k, tool in enumerate(tools):
+        function = tool.get("function")
         if tool["type"] != "function":
-            yield Problem("invalid_tool", f"tools[{k}].type",
-                          f"Invalid 'tools[{k}].type': '{tool['type']}'. Only \"function\" is supported.",
+            yield from _other_tool(req, ctx, k, tool["type"])
+            continue
+        if function is None:
+            yield Problem("missing_required_parameter", f"tools[{k}].function",
+                          f"Missing required parameter: 'tools[{k}].function' (a function tool is "
+                          "{\"type\": \"function\", \"function\": {\"name\": …, \"parameters\": {…}}}).",
                           "R30")
-        name = tool["function"]["name"]
+            continue
+        name = function["name"]
         if not _FUNCTION_NAME.match(name):
             yield Problem("invalid_function_name", f"tools[{k}].function.name",
                           f"Invalid 'tools[{k}].function.name': string does not match pattern. "
@@ -650,11 +752,24 @@ def rule_tools(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem
         names.setdefault(name, k)
 
 
+def _other_tool(req: ChatCompletionRequest, ctx: RuleContext, k: int, kind: str) -> Iterator[Problem]:
+    """R30: DeepSeek's server tools are valid (a warning off deepseek-flash); an unknown type is forwarded."""
+    if kind in SERVER_TOOLS:
+        note = server_tool_model_note(kind, req.model, ctx.profile.name)
+        if note is not None:
+            yield Problem("server_tool_model", f"tools[{k}].type", note, "R30", warning=not ctx.strict)
+        return
+    yield Problem("unknown_tool_type", f"tools[{k}].type",
+                  f"tools[{k}] has type '{kind}', which chatgate does not know (DeepSeek documents function "
+                  "tools and its server tools deepseek_web_search and deepseek_read_url); forwarded as sent.",
+                  "R30", warning=not ctx.strict)
+
+
 def rule_strict_tools(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem]:
     """R32: strict schemas are a Beta feature. Off /beta DeepSeek accepts `strict: true` and does not enforce
     it (docs/rules-chat.md U11): openai-agents and pydantic-ai send it on every tool, so it is forwarded with
     a warning."""
-    strict = [k for k, tool in enumerate(req.tools or ()) if tool["function"].get("strict")]
+    strict = [k for k, tool in enumerate(req.tools or ()) if tool.get("function", _NO_FUNCTION).get("strict")]
     if not strict:
         return
     if not ctx.beta:
@@ -670,12 +785,13 @@ def rule_strict_tools(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[
                       f"accepted and ignored. For strict schemas, {ctx.beta_hint()}.", "R32", warning=True)
         return
     for k in strict:
-        function = (req.tools or [])[k]["function"]
+        function = (req.tools or [])[k].get("function", _NO_FUNCTION)
         for path, why in strict_schema_problems(function.get("parameters") or {}, "parameters"):
             yield Problem("invalid_parameters_schema", f"tools[{k}].function.{path}",
                           f"tools[{k}].function.{path}: {why} (strict mode).", "R32")
 
 
+_NO_FUNCTION: dict[str, Any] = {}
 STRICT_UNSUPPORTED = ("minLength", "maxLength", "minItems", "maxItems")
 
 
@@ -730,9 +846,17 @@ def rule_tool_choice(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[P
                           f"tool_choice '{choice}' needs 'tools'; none are defined.", "R33")
         return
     if choice.type != "function":
+        # a server tool's type, or one chatgate does not know: DeepSeek documents neither (forwarded)
         yield Problem("invalid_tool_choice", "tool_choice.type",
-                      f"tool_choice.type must be \"function\", got '{choice.type}'.", "R33")
-    elif ctx.strict and choice.function.name not in {t["function"]["name"] for t in req.tools or ()}:
+                      f"tool_choice of type '{choice.type}' is not documented by DeepSeek (none, auto, "
+                      "required or {\"type\": \"function\", \"function\": {\"name\": …}}); forwarded as "
+                      "sent.", "R33", warning=not ctx.strict)
+    elif choice.function is None:
+        yield Problem("missing_required_parameter", "tool_choice.function",
+                      "Missing required parameter: 'tool_choice.function' (a named function is "
+                      "{\"type\": \"function\", \"function\": {\"name\": …}}).", "R33")
+    elif ctx.strict and choice.function.name not in {
+            t["function"]["name"] for t in req.tools or () if "function" in t}:
         yield Problem("invalid_tool_choice", "tool_choice.function.name",
                       f"tool_choice names function '{choice.function.name}', which is not in 'tools'.", "R33")
 
@@ -740,6 +864,7 @@ def rule_tool_choice(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[P
 RULES: tuple[Rule, ...] = (
     rule_model_known,
     rule_messages_not_empty,
+    rule_roles,
     rule_content,
     rule_assistant_not_empty,
     rule_tool_call_shape,
@@ -757,6 +882,7 @@ RULES: tuple[Rule, ...] = (
     rule_stream_options,
     rule_logprobs,
     rule_user_id,
+    rule_safety_check,
     rule_n,
     rule_tools,
     rule_strict_tools,

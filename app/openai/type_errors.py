@@ -17,7 +17,7 @@ _PARAM_RULES = {
     "model": "R2", "messages": "R4", "temperature": "R25", "top_p": "R25", "frequency_penalty": "R26",
     "presence_penalty": "R26", "max_tokens": "R27", "stop": "R28", "stream": "R29", "stream_options": "R29",
     "tools": "R30", "tool_choice": "R33", "logprobs": "R35", "top_logprobs": "R35", "thinking": "R36",
-    "reasoning_effort": "R36", "user_id": "R37", "n": "R38", "response_format": "R23",
+    "reasoning_effort": "R36", "user_id": "R37", "n": "R38", "response_format": "R23", "safety_check": "R42",
 }
 
 
@@ -61,7 +61,8 @@ def _path(loc: tuple[Any, ...]) -> tuple[list[Any], str | None]:
             continue
         if isinstance(prev, int) and len(path) >= 2 and path[-2] == "content" and part in _PART_TAGS:
             continue
-        if isinstance(part, str) and ("[" in part or part[:1].isupper() or part in ("str", "int")):
+        if isinstance(part, str) and ("[" in part or part[:1].isupper() or part[:1] == "~"
+                                      or part in ("str", "int")):
             continue  # a union member label such as 'list[str]' or 'ToolChoiceFunction'
         path.append(part)
     return path, role
@@ -108,7 +109,7 @@ def _message_problem(kind: str, error: Any, path: list[Any], param: str, role: s
                           else " Send the text as a JSON string" + (" (or null beside tool_calls)."
                                                                      if role == "assistant" else ".")),
                        "R6")
-    other_rule = "R13" if field == "tool_call_id" else "R21" if field == "prefix" else None
+    other_rule = {"tool_call_id": "R13", "prefix": "R21", "role": "R5"}.get(str(field))
     return Problem("invalid_type", param, f"{who}: {type_message(kind, error, param)}", other_rule)
 
 

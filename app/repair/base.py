@@ -54,7 +54,7 @@ CATALOG: tuple[RepairSpec, ...] = (
                "strips a trailing [1m] from the model name (a client-side context hint DeepSeek does not "
                "know; lossless)"),
     RepairSpec("redacted_thinking", ("A5",), False, "drops redacted_thinking blocks"),
-    # The Responses route (issue 17), rules P1-P22.
+    # The Responses route (issue 17), rules P1-P23.
     RepairSpec("responses_output_order", ("P10",), True,
                "moves each function_call_output directly after its batch of calls (what stood between, a "
                "developer message or a later turn's reasoning, now follows the outputs; lossless)"),

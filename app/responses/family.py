@@ -1,5 +1,5 @@
 """The Responses API family as the gateway sees it (app/gateway/family.py): DeepSeek's native `/responses`
-(since 2026-07-31, "specifically adapted for Codex"), validated by rules P1-P22, repaired, relayed event by
+(since 2026-07-31, "specifically adapted for Codex"), validated by rules P1-P23, repaired, relayed event by
 event and metered; errors in the OpenAI shape, so the openai SDKs and Codex raise and show them."""
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ class WireModel(BaseModel):
 # --- content parts -----------------------------------------------------------------------------------
 
 TEXT_PARTS = ("input_text", "output_text")
-ROLES = ("user", "assistant", "system", "developer")
+ROLES = ("user", "assistant", "system", "developer")  # documented; another role is forwarded (P4)
 
 
 @with_config(WIRE)
@@ -276,6 +276,10 @@ class TextOptions(WireModel):
     verbosity: str | None = None
 
 
+class SafetyCheck(WireModel):
+    level: str | None = None
+
+
 class ResponsesRequest(WireModel):
     model: str
     input: Input | None = None
@@ -290,6 +294,7 @@ class ResponsesRequest(WireModel):
     reasoning: Reasoning | None = None
     text: TextOptions | None = None
     user: str | None = None
+    safety_check: SafetyCheck | None = None
     # Ignored by DeepSeek (stateless): read only to warn (P20), any type accepted.
     previous_response_id: Any = None
     conversation: Any = None

@@ -1,4 +1,4 @@
-"""Request rules of DeepSeek's native Responses API (docs/rules-responses.md, P1-P22) as pure functions.
+"""Request rules of DeepSeek's native Responses API (docs/rules-responses.md, P1-P23) as pure functions.
 
 What DeepSeek documents or was seen refusing is enforced (a 400 in the OpenAI shape, DeepSeek's words where
 they are known); what it leaves uncertain is a warning (forwarded, `x-chatgate-warning`) and refused only in
@@ -25,6 +25,14 @@ from app.errors import Problem
 from app.profiles import ModelProfile, generic_profile
 from app.responses.protocol import ITEM_TYPES, ROLES, Item, ResponsesRequest
 from app.responses.type_errors import problems_from_validation_error
+from app.surface import (
+    SAFETY_LEVELS,
+    SERVER_TOOLS,
+    USER_ID_MAX_BYTES,
+    safety_level_message,
+    server_tool_model_note,
+    user_id_too_long,
+)
 from app.verdict import Verdict
 from app.wire import validate_body
 
@@ -222,11 +230,14 @@ def rule_messages(ctx: Context) -> Iterator[Problem]:
             continue
         role = item["role"]  # type: ignore[typeddict-item]
         if role not in ROLES:
+            # No refusal of an unknown role is known on this route: forwarded (docs/rules-responses.md, P4).
             fix = (" Tool results are function_call_output items." if role == "tool"
-                   else " Use user, assistant, system or developer.")
-            yield Problem("invalid_role", f"input[{i}].role",
-                          f"input[{i}].role: unknown variant `{role}`, expected one of `user`, `assistant`, "
-                          f"`system`, `developer`.{fix}", "P4")
+                   else " latest_reminder is a Chat Completions and Messages feature, not a Responses one."
+                   if role == "latest_reminder" else " DeepSeek documents user, assistant, system and "
+                   "developer.")
+            yield Problem("unknown_role", f"input[{i}].role",
+                          f"input[{i}].role '{role}' is not a role DeepSeek documents for /responses; "
+                          f"forwarded as sent.{fix}", "P4", warning=not ctx.strict)
             continue
         content = item["content"]  # type: ignore[typeddict-item]
         for j, part in enumerate(content if isinstance(content, list) else ()):
@@ -442,16 +453,25 @@ def rule_tools(ctx: Context) -> Iterator[Problem]:
                               f"tools[{k}] is the custom tool '{name}'; DeepSeek supports only the custom "
                               "tool {\"type\": \"custom\", \"name\": \"apply_patch\"}. Define it as a "
                               "function tool instead.", "P13")
-        elif not kind.startswith("web_search"):
+        elif kind in SERVER_TOOLS:
+            note = server_tool_model_note(kind, ctx.request.model, ctx.profile.name)
+            if note is not None:
+                yield Problem("server_tool_model", f"tools[{k}].type", note, "P13", warning=not ctx.strict)
+        elif kind in IGNORED_TOOLS or kind.startswith("computer_use"):
             yield Problem("ignored_tool", f"tools[{k}].type",
-                          f"tools[{k}] has type '{kind}', which DeepSeek ignores (it runs function, custom "
-                          "apply_patch and web_search tools only): the model will not see it.", "P13",
-                          warning=True, notice=kind in CLIENT_OWN_TOOLS)
+                          f"tools[{k}] has type '{kind}', which DeepSeek documents as ignored (it runs "
+                          "function, custom apply_patch, web_search and its own deepseek_web_search / "
+                          "deepseek_read_url tools): the model will not see it.", "P13", warning=True)
+        elif not kind.startswith("web_search"):
+            yield Problem("unknown_tool_type", f"tools[{k}].type",
+                          f"tools[{k}] has type '{kind}', which DeepSeek does not document for /responses; "
+                          "forwarded as sent.", "P13", warning=True, notice=kind in CLIENT_OWN_TOOLS)
 
 
 # Tool types a client defines for itself, which its user cannot take out (Codex groups its sub-agent tools
 # in a `namespace`): a notice, not a warning on every request.
 CLIENT_OWN_TOOLS = frozenset({"namespace"})
+IGNORED_TOOLS = frozenset({"file_search", "code_interpreter", "mcp"})  # DOC-resp: "ignored"
 TOOL_CHOICES = ("none", "auto", "required")
 
 
@@ -503,17 +523,19 @@ def _forced(ctx: Context, what: str) -> Iterator[Problem]:
 
 # --- parameters (P15-P20) ------------------------------------------------------------------------------
 
-_USER = re.compile(r"^[a-zA-Z0-9_-]{1,512}$")
+_USER = re.compile(r"^[a-zA-Z0-9_-]+$")
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 TEXT_FORMATS = ("text", "json_object", "json_schema")
 
 
 def rule_parameters(ctx: Context) -> Iterator[Problem]:
     req = ctx.request
-    if req.user is not None and not _USER.match(req.user):
-        yield Problem("invalid_user", "user",
-                      "Invalid 'user': use 1-512 characters from a-z, A-Z, 0-9, '-' and '_' (DeepSeek "
-                      "documents this pattern). Send a hash or an id instead of an e-mail address.", "P15")
+    if req.user is not None:
+        yield from _user(req.user, ctx)
+    if req.safety_check is not None and req.safety_check.level is not None \
+            and req.safety_check.level not in SAFETY_LEVELS:  # P23 (guides/safety, 2026-11)
+        yield Problem("invalid_safety_check", "safety_check.level",
+                      safety_level_message("safety_check.level", req.safety_check.level), "P23")
     # No effect in thinking mode (docs/rules-responses.md); whether DeepSeek range-checks them then is
     # unknown.
     if not ctx.thinking or ctx.strict:
@@ -538,6 +560,21 @@ def rule_parameters(ctx: Context) -> Iterator[Problem]:
                       f"reasoning.effort '{effort}' is not one of {', '.join(EFFORTS)} (DeepSeek maps them "
                       "to none, low, high and max).", "P19", warning=not ctx.strict)
     yield from _stateless(req)
+
+
+def _user(user: str, ctx: Context) -> Iterator[Problem]:
+    """P15: over 512 UTF-8 bytes is refused; other characters than DeepSeek recommends are a warning (the
+    character set is only recommended since 2026-11)."""
+    size = user_id_too_long(user)
+    if size is not None:
+        yield Problem("invalid_user", "user",
+                      f"Invalid 'user': {size} UTF-8 bytes; DeepSeek accepts at most {USER_ID_MAX_BYTES}. "
+                      "Send a hash or a shorter id.", "P15")
+    elif not _USER.match(user):
+        yield Problem("invalid_user", "user",
+                      "'user' has characters other than the letters, digits, '_' and '-' DeepSeek recommends "
+                      "(or is empty); forwarded, DeepSeek accepts up to 512 UTF-8 bytes.", "P15",
+                      warning=not ctx.strict)
 
 
 def _range(name: str, value: float | None, lo: float, hi: float) -> Iterator[Problem]:
@@ -568,6 +605,7 @@ def _stateless(req: ResponsesRequest) -> Iterator[Problem]:
 # --- what DeepSeek ignores in the input (P21, P22) -----------------------------------------------------
 
 
+DEEPSEEK_ITEMS = "deepseek_"
 IGNORED_HINTS = {
     "agent_message": " A sub-agent's task sent this way never reaches the model: send it as a user message.",
     "compaction_trigger": " DeepSeek has no remote compaction: give the Codex provider a name other than "
@@ -579,7 +617,9 @@ IGNORED_HINTS = {
 def rule_ignored_items(ctx: Context) -> Iterator[Problem]:
     seen: dict[str, list[int]] = {}
     for i, kind in enumerate(ctx.shape.kinds):
-        if kind not in ITEM_TYPES:
+        # DeepSeek's own output items (its server tools' results, shape not documented) are passed back as
+        # sent: the web_tools guide asks for exactly that.
+        if kind not in ITEM_TYPES and not kind.startswith(DEEPSEEK_ITEMS):
             seen.setdefault(kind, []).append(i)
     for kind, where_ in seen.items():
         hint = IGNORED_HINTS.get(kind, "")

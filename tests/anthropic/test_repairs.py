@@ -123,6 +123,17 @@ def test_split_tool_results_are_merged_into_the_next_message_a7() -> None:
     assert after.problems == []
 
 
+def test_split_tool_results_behind_a_latest_reminder_stay_behind_it_a7() -> None:
+    reminder = {"role": "latest_reminder", "content": "2026-11-11,Wednesday,Singapore,Web,English"}
+    msgs = [user(), assistant(thinking(), tool_use("toolu_a"), tool_use("toolu_b")), reminder,
+            user(tool_result("toolu_a")), user(tool_result("toolu_b"))]
+    data, applied, after = repaired(request(msgs, tools=TOOLS))
+    assert applied == [("split_tool_results", "messages[1].content")]
+    assert [m["role"] for m in data["messages"]] == ["user", "assistant", "latest_reminder", "user"]
+    assert [b.get("tool_use_id") for b in data["messages"][3]["content"]] == ["toolu_a", "toolu_b"]
+    assert after.problems == [] and after.warnings == []
+
+
 def test_results_that_are_nowhere_are_not_invented_a7() -> None:
     msgs = [user(), assistant(thinking(), tool_use("toolu_a")), user("I changed my mind")]
     _, applied, after = repaired(request(msgs, tools=TOOLS))

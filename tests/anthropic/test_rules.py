@@ -213,3 +213,88 @@ def test_sampling_ranges_outside_thinking_mode_a20() -> None:
                                   b' "max_tokens": 1}'])
 def test_malformed_bodies_are_problems_never_exceptions_a1(body: bytes) -> None:
     assert check(body).problems
+
+
+# --- the November 2026 surface (docs/rules-anthropic.md#the-november-2026-surface) -----------------------
+
+WEB_TOOLS = [{"type": "deepseek_web_search", "name": "deepseek_web_search"},
+             {"type": "deepseek_read_url", "name": "deepseek_read_url"}]
+
+
+def _reminder() -> dict[str, Any]:
+    return {"role": "latest_reminder", "content": "2026-11-11,Wednesday,Singapore,Web,English"}
+
+
+def test_server_web_tools_are_valid_without_a_warning_on_flash_a17() -> None:
+    for model in ("deepseek-flash", "claude-sonnet-4-5"):
+        verdict = check(request([user()], model=model, tools=[*WEB_TOOLS, *TOOLS]))
+        assert summary(verdict) == [] and warned(verdict) == []
+
+
+def test_server_web_tools_on_another_model_are_forwarded_with_a_warning_a17() -> None:
+    verdict = check(request([user()], model="deepseek-v4-pro", tools=WEB_TOOLS))
+    assert summary(verdict) == []
+    assert warned(verdict) == [("server_tool_model", "tools[0].type", "A17"),
+                               ("server_tool_model", "tools[1].type", "A17")]
+    assert "deepseek-flash only" in verdict.warnings[0].message
+    assert "fail" not in verdict.warnings[0].message
+
+
+@pytest.mark.parametrize("kind", ["advisor_20260301", "tool_search_tool_regex_20251119", "namespace"])
+def test_unknown_tool_types_are_forwarded_with_a_warning_a17(kind: str) -> None:
+    verdict = check(request([user()], tools=[*TOOLS, {"type": kind, "name": "x"}]))
+    assert summary(verdict) == [] and warned(verdict) == [("unsupported_server_tool", "tools[2].type", "A17")]
+    assert "forwarded" in verdict.warnings[0].message and "fail" not in verdict.warnings[0].message
+
+
+def test_latest_reminder_before_its_user_message_is_valid_a3() -> None:
+    messages = [_reminder(), user("Weather?"), assistant(thinking(), tool_use("toolu_1")), _reminder(),
+                user(tool_result("toolu_1")), assistant(text("Sunny.")), _reminder(), user("Thanks")]
+    verdict = check(request(messages, tools=TOOLS))
+    assert summary(verdict) == [] and warned(verdict) == []
+
+
+def test_latest_reminder_elsewhere_is_forwarded_with_a_warning_a3() -> None:
+    verdict = check(request([user(), _reminder(), assistant(text("Hi"))]))
+    assert summary(verdict) == []
+    assert warned(verdict) == [("latest_reminder_placement", "messages[1].role", "A3")]
+
+
+def test_a_reminder_does_not_hide_an_unanswered_tool_use_a7() -> None:
+    messages = [user(), assistant(thinking(), tool_use("toolu_1")), _reminder(), user("no result")]
+    assert [p[0] for p in summary(check(request(messages, tools=TOOLS)))] == ["tool_use_unanswered"]
+
+
+def test_an_unknown_role_is_forwarded_with_a_warning_but_system_and_tool_are_refused_a3() -> None:
+    verdict = check(request([user(), {"role": "critic", "content": "x"}, user("again")]))
+    assert summary(verdict) == [] and warned(verdict) == [("unknown_role", "messages[1].role", "A3")]
+    assert summary(check(request([user(), {"role": "tool", "content": "x"}]))) == [
+        ("invalid_role", "messages[1].role", "A3")]
+
+
+@pytest.mark.parametrize("level", ["high", "low"])
+def test_safety_check_levels_are_valid_a24(level: str) -> None:
+    verdict = check(request([user()], safety_check={"level": level}, title={"enabled": True}))
+    assert summary(verdict) == [] and warned(verdict) == []
+
+
+def test_another_safety_check_level_is_refused_a24() -> None:
+    (problem,) = check(request([user()], safety_check={"level": "strict"})).problems
+    assert (problem.code, problem.param, problem.rule) == (
+        "invalid_safety_check", "safety_check.level", "A24")
+    assert "unknown variant `strict`, expected `high` or `low`" in problem.message
+
+
+def test_user_id_over_512_utf8_bytes_is_refused_and_other_characters_warned_a15() -> None:
+    assert summary(check(request([user()], metadata={"user_id": "用" * 171}))) == [
+        ("invalid_user_id", "metadata.user_id", "A15")]
+    for unusual in ("用户 42", "alice@example.com", "用" * 170):
+        verdict = check(request([user()], metadata={"user_id": unusual}))
+        assert summary(verdict) == [] and warned(verdict) == [("invalid_user_id", "metadata.user_id", "A15")]
+
+
+def test_a_client_tool_needs_its_name_and_a_new_type_may_have_none_a17() -> None:
+    assert summary(check(request([user()], tools=[{"input_schema": {"type": "object"}}]))) == [
+        ("missing_required_parameter", "tools[0].name", "A17")]
+    verdict = check(request([user()], tools=[{"type": "memory_20270101"}]))
+    assert summary(verdict) == [] and warned(verdict) == [("unsupported_server_tool", "tools[0].type", "A17")]

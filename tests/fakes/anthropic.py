@@ -50,6 +50,7 @@ from tests.fakes.deepseek import (
     split_pieces,
 )
 from tests.fakes.rules import DESERIALIZE, kind
+from tests.fakes.server_tools import WebUse, anthropic_blocks, title_for, usage_field, wants_title, web_use
 from tests.fakes.tools import with_server_tool_use
 
 if TYPE_CHECKING:
@@ -87,10 +88,11 @@ def key_error(key: str | None, state: FakeState) -> bytes | None:
 class Block:
     """One content block the fake model "generates"; one piece = one output token (tool_use: +1)."""
 
-    type: str  # thinking | text | tool_use
+    type: str  # thinking | text | tool_use | server (the server tools' blocks, whole in `payload`)
     pieces: list[str]
     id: str = ""
     name: str = ""
+    payload: dict[str, Any] | None = None
 
     @property
     def tokens(self) -> int:
@@ -105,6 +107,8 @@ class Block:
 class MessagePlan:
     blocks: list[Block] = field(default_factory=list)
     stop_reason: str = "end_turn"
+    web: WebUse | None = None  # the server web tools it ran (tests.fakes.server_tools)
+    title: str | None = None  # with title: {"enabled": true}
 
     @property
     def completion_tokens(self) -> int:  # the name `FakeDeepSeek.nonstream` reads
@@ -169,9 +173,17 @@ def make_plan(body: dict[str, Any], script: ToolScript | None = None) -> Message
     )
     script = script or ToolScript()
     tool_name = wanted_tool(body, last, script)
+    first = messages[0] if messages and isinstance(messages[0], dict) else {}
+    opening = " ".join(str(b.get("text", "")) for b in blocks(first)) or str(first.get("content", ""))
+    title = title_for(opening) if wants_title(body) else None
     if tool_name is not None:
         call = Block("tool_use", script.pieces(), random_tool_call_id(), tool_name)
-        return MessagePlan([Block("thinking", thinking), call] if thinking else [call], "tool_use")
+        return MessagePlan([Block("thinking", thinking), call] if thinking else [call], "tool_use",
+                           title=title)
+    own = last.get("role") == "user" and not any(b.get("type") == "tool_result" for b in blocks(last))
+    words = " ".join(str(b.get("text", "")) for b in blocks(last)) or str(last.get("content", ""))
+    web = web_use(body.get("tools"), words if own else None)
+    searched = [Block("server", [], payload=b) for b in anthropic_blocks(web)] if web is not None else []
     text = split_pieces(answer_text(messages, last))
     stop_reason = "end_turn"
     max_tokens = body.get("max_tokens")  # counts the thinking too
@@ -185,7 +197,8 @@ def make_plan(body: dict[str, Any], script: ToolScript | None = None) -> Message
         text = text[: budget - len(thinking)]
         stop_reason = "max_tokens"
     plan = [Block("thinking", thinking)] if thinking else []
-    return MessagePlan([*plan, Block("text", text)] if text else plan, stop_reason)
+    plan += searched
+    return MessagePlan([*plan, Block("text", text)] if text else plan, stop_reason, web, title)
 
 
 def make_usage(raw_body: bytes, plan: MessagePlan, cached: tuple[int, int] | None = None) -> dict[str, Any]:
@@ -197,6 +210,7 @@ def make_usage(raw_body: bytes, plan: MessagePlan, cached: tuple[int, int] | Non
         "cache_creation_input_tokens": 0,
         "cache_read_input_tokens": hit,
         "output_tokens": plan.completion_tokens,
+        **(usage_field(plan.web) if plan.web is not None else {}),
     }
 
 
@@ -216,6 +230,8 @@ def recorded_usage(usage: dict[str, Any], plan: MessagePlan) -> dict[str, Any]:
 
 
 def block_json(block: Block, message_id: str) -> dict[str, Any]:
+    if block.payload is not None:
+        return block.payload
     if block.type == "thinking":
         return {"type": "thinking", "thinking": block.text, "signature": message_id}
     if block.type == "tool_use":
@@ -233,6 +249,7 @@ def message_json(message_id: str, model: str, plan: MessagePlan, usage: dict[str
         "stop_reason": plan.stop_reason,
         "stop_sequence": None,
         "usage": usage,
+        **({"title": plan.title} if plan.title is not None else {}),  # non-stream: the fake's stand-in
     }
 
 
@@ -244,6 +261,8 @@ def named_sse(payload: dict[str, Any]) -> bytes:
 
 
 def block_start(block: Block) -> dict[str, Any]:
+    if block.payload is not None:
+        return block.payload
     if block.type == "thinking":
         # no signature field (docs/rules-anthropic.md, new-api #4762)
         return {"type": "thinking", "thinking": ""}
@@ -277,7 +296,9 @@ def stream_events(
             delta = {"type": "signature_delta", "signature": message_id}
             events.append(Event(named_sse({"type": "content_block_delta", "index": index, "delta": delta})))
         events.append(Event(named_sse({"type": "content_block_stop", "index": index})))
-    final = {"stop_reason": plan.stop_reason, "stop_sequence": None}
+    final: dict[str, Any] = {"stop_reason": plan.stop_reason, "stop_sequence": None}
+    if plan.title is not None:
+        final["title"] = plan.title  # message_delta.delta.title (guides/conversation_title)
     events.append(
         Event(named_sse({"type": "message_delta", "delta": final, "usage": usage}), carries_usage=True)
     )

@@ -1,6 +1,6 @@
 """What api.deepseek.com refuses on its Anthropic-format route (`POST /anthropic/v1/messages`), for the fake.
 
-Written from docs/rules-anthropic.md (A1-A23, with their sources) and docs/rules-chat.md
+Written from docs/rules-anthropic.md (A1-A24, with their sources) and docs/rules-chat.md
 (docs/rules-chat.md#models), never from the product: `anthropic_error(body, size)` gives DeepSeek's 400
 message for a parsed JSON object, or None if DeepSeek would accept it. Only the rules the spec holds certain
 or likely are enforced; where DeepSeek's behaviour is unknown or not enforced any more (A5, A8, A14, A15, A17,
@@ -16,9 +16,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.fakes.rules import Deserializer, Refused
+from tests.fakes.rules import SAFETY_LEVELS, USER_ID_MAX_BYTES, USER_ID_TOO_LONG, Deserializer, Refused
 
-ROLES = ("user", "assistant")
+# latest_reminder: documented since 2026-11 directly before its user message (guides/latest_reminder); the
+# fake accepts it anywhere and reads the tool pairing past it (where DeepSeek checks it is not known).
+ROLES = ("user", "assistant", "latest_reminder")
 # A4 + A5: the supported blocks, then the documented "Not Supported" ones, which are accepted (A5: whether
 # DeepSeek drops or refuses them is not known). The list in the refusal text is the fake's own.
 BLOCK_TYPES = (
@@ -250,6 +252,11 @@ class MessagesDeserializer(Deserializer):
         if metadata is not None:  # any string: the A15 pattern was enforced for one day only (A15)
             self.string("metadata.user_id", metadata.get("user_id"), nullable=True)
 
+    def safety_check(self, value: Any) -> None:
+        check = self.optional_map("safety_check", value, "struct SafetyCheck")
+        if check is not None and check.get("level") is not None:
+            self.variant("safety_check.level", check["level"], SAFETY_LEVELS)  # 2026-11
+
     def output_config(self, value: Any) -> None:
         self.optional_map("output_config", value, "struct OutputConfig")  # any effort value (A14)
 
@@ -280,6 +287,7 @@ FIELD_CHECKS = {
     "metadata": MessagesDeserializer.metadata,
     "output_config": MessagesDeserializer.output_config,
     "stop_sequences": MessagesDeserializer.stop_sequences,
+    "safety_check": MessagesDeserializer.safety_check,
 }
 
 
@@ -292,6 +300,9 @@ def semantics(body: dict[str, Any]) -> None:
         raise Refused(MAX_RANGE)  # A2
     if served_model(body["model"]) is None:
         raise Refused(unknown_model(body["model"]))  # A18 (newer doc)
+    user_id = (body.get("metadata") or {}).get("user_id")
+    if isinstance(user_id, str) and len(user_id.encode("utf-8", "surrogatepass")) > USER_ID_MAX_BYTES:
+        raise Refused(USER_ID_TOO_LONG)  # A15, 2026-11: the length, not the characters
     temperature, top_p = body.get("temperature"), body.get("top_p")
     if temperature is not None and not 0 <= temperature <= 2:
         raise Refused(TEMPERATURE_RANGE)  # A20
@@ -327,7 +338,10 @@ def check_tool_results(messages: list[dict[str, Any]]) -> None:
         ids = [block["id"] for block in blocks(message) if block.get("type") == "tool_use"]
         if not ids:
             continue
-        following = messages[index + 1] if index + 1 < len(messages) else None
+        after = index + 1
+        while after < len(messages) and messages[after]["role"] == "latest_reminder":
+            after += 1
+        following = messages[after] if after < len(messages) else None
         answered = set()
         if following is not None and following["role"] == "user":
             answered = {b["tool_use_id"] for b in blocks(following) if b.get("type") == "tool_result"}

@@ -47,6 +47,7 @@ import orjson
 
 from tests.fakes.prefix_cache import PrefixCache
 from tests.fakes.rules import DESERIALIZE, deepseek_error, is_thinking, kind
+from tests.fakes.server_tools import WebUse, chat_message_field, title_for, usage_field, wants_title, web_use
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -344,6 +345,8 @@ class Plan:
     content: list[str]
     tool_call: ToolCall | None
     finish_reason: str
+    web: WebUse | None = None  # the server web tools it ran (tests.fakes.server_tools)
+    title: str | None = None  # with title: {"enabled": true}
 
     @property
     def completion_tokens(self) -> int:
@@ -393,8 +396,10 @@ def wants_tool_call(body: dict[str, Any], last: dict[str, Any]) -> str | None:
     if not isinstance(tools, list) or not tools or last.get("role") != "user" or choice == "none":
         return None
     named = choice.get("function") if isinstance(choice, dict) else None
-    first = tools[0].get("function") if isinstance(tools[0], dict) else None
-    function = named if isinstance(named, dict) else first if isinstance(first, dict) else {}
+    functions = [t["function"] for t in tools if isinstance(t, dict) and isinstance(t.get("function"), dict)]
+    if not isinstance(named, dict) and not functions:
+        return None  # only server tools: DeepSeek runs them itself
+    function = named if isinstance(named, dict) else functions[0]
     return str(function.get("name", "tool"))
 
 
@@ -422,14 +427,17 @@ def make_plan(body: dict[str, Any]) -> Plan:
     thinking = is_thinking(body)
     reasoning = split_pieces(f"The user sent {len(messages)} messages; I will answer.") if thinking else []
     tool_name = wants_tool_call(body, last)
+    title = title_for(message_text(messages[0]) if messages and isinstance(messages[0], dict) else "") \
+        if wants_title(body) else None
     if tool_name is not None:
         call = ToolCall(random_tool_call_id(), tool_name, ['{"q', '": "', 'x"}'])
-        return Plan(thinking, reasoning, [], call, "tool_calls")
+        return Plan(thinking, reasoning, [], call, "tool_calls", title=title)
+    web = web_use(body.get("tools"), message_text(last) if last.get("role") == "user" else None)
     content = split_pieces(answer_text(body, messages, last))
     max_tokens = body.get("max_tokens")
     if isinstance(max_tokens, int) and 0 <= max_tokens < len(content):
-        return Plan(thinking, reasoning, content[:max_tokens], None, "length")
-    return Plan(thinking, reasoning, content, None, "stop")
+        return Plan(thinking, reasoning, content[:max_tokens], None, "length", web, title)
+    return Plan(thinking, reasoning, content, None, "stop", web, title)
 
 
 def make_usage(raw_body: bytes, plan: Plan, cached: tuple[int, int] | None = None) -> dict[str, Any]:
@@ -443,6 +451,7 @@ def make_usage(raw_body: bytes, plan: Plan, cached: tuple[int, int] | None = Non
         "prompt_cache_hit_tokens": hit,
         "prompt_cache_miss_tokens": prompt - hit,
         "completion_tokens_details": {"reasoning_tokens": len(plan.reasoning)},
+        **(usage_field(plan.web) if plan.web is not None else {}),
     }
 
 
@@ -483,6 +492,10 @@ def completion_body(body: dict[str, Any], plan: Plan, usage: dict[str, Any]) -> 
     message: dict[str, Any] = {"role": "assistant", "content": "".join(plan.content)}
     if plan.thinking:
         message["reasoning_content"] = "".join(plan.reasoning)
+    if plan.web is not None:
+        message.update(chat_message_field(plan.web))
+    if plan.title is not None:
+        message["title"] = plan.title
     if plan.tool_call:
         call = plan.tool_call
         function = {"name": call.name, "arguments": "".join(call.arg_pieces)}
@@ -532,8 +545,11 @@ def stream_events(body: dict[str, Any], plan: Plan, usage: dict[str, Any], usage
 
     first = {"role": "assistant", "content": None, "reasoning_content": ""} if plan.thinking else None
     events = [Event(sse(chunk(first or {"role": "assistant", "content": ""})))]
+    if plan.web is not None:
+        events.append(Event(sse(chunk(chat_message_field(plan.web)))))
     events += [Event(sse(chunk(delta)), tokens=1) for delta in plan_deltas(plan)]
-    final = chunk({"content": ""}, plan.finish_reason)
+    last = {"content": ""} if plan.title is None else {"content": "", "title": plan.title}
+    final = chunk(last, plan.finish_reason)
     if not separate:
         events.append(Event(sse({**final, "usage": usage}), carries_usage=True))
     else:

@@ -59,7 +59,8 @@ from tests.fakes.deepseek import (
     random_tool_call_id,
     split_pieces,
 )
-from tests.fakes.rules import DESERIALIZE, Deserializer, Refused, kind
+from tests.fakes.rules import DESERIALIZE, SAFETY_LEVELS, USER_ID_MAX_BYTES, Deserializer, Refused, kind
+from tests.fakes.server_tools import WebUse, responses_items, title_for, usage_field, wants_title, web_use
 from tests.fakes.tools import with_server_tool_use
 
 if TYPE_CHECKING:
@@ -76,7 +77,6 @@ CALLS = ("function_call", "custom_tool_call")
 OUTPUTS = ("function_call_output", "custom_tool_call_output")
 ASSISTANT_SIDE = ("reasoning", "web_search_call", *CALLS)
 FUNCTION_NAME = re.compile(r"[a-zA-Z0-9_-]{1,128}")
-USER = re.compile(r"[a-zA-Z0-9_-]{1,512}")
 REASONING_MISSING = "The `reasoning_text` in the thinking mode must be passed back to the API."
 TOOL_ARGUMENT_PIECES = ('{"q', '": "', 'x"}')  # the arguments {"q": "x"}, one output token each
 RESPONSES_SUM_KEYS = ("input_tokens", "cached_tokens", "output_tokens")
@@ -140,6 +140,12 @@ def deserialize(d: Deserializer, body: Any) -> None:
     reasoning = top.get("reasoning")
     if reasoning is not None:
         d.string("reasoning.effort", d.mapping("reasoning", reasoning).get("effort"), nullable=True)
+    check = top.get("safety_check")
+    level = d.mapping("safety_check", check).get("level") if check is not None else None
+    if level is not None and level not in SAFETY_LEVELS:  # 2026-11
+        if not isinstance(level, str):
+            raise d.wrong("safety_check.level", level, "variant identifier")
+        raise d.fail("safety_check.level", f"unknown variant `{level}`, expected `high` or `low`")
 
 
 def deserialize_item(d: Deserializer, path: str, value: Any) -> None:
@@ -213,9 +219,9 @@ def semantics(body: dict[str, Any]) -> None:
     model = body["model"]
     if model not in MODELS + LEGACY_MODELS:
         raise Refused(f"The supported API model names are {', '.join(MODELS)}, but you passed {model}.")
-    user = body.get("user")
-    if isinstance(user, str) and not USER.fullmatch(user):
-        raise Refused("Invalid 'user': string does not match pattern '^[a-zA-Z0-9_-]+$' (at most 512).")
+    user = body.get("user")  # since 2026-11 the character set is only recommended; the length is the limit
+    if isinstance(user, str) and len(user.encode("utf-8", "surrogatepass")) > USER_ID_MAX_BYTES:
+        raise Refused("Invalid 'user': at most 512 UTF-8 bytes.")
     ranges = [("top_logprobs", 0, 20), ("max_output_tokens", 1, MAX_OUTPUT)]
     if not is_thinking(body):  # without effect in thinking mode
         ranges += [("temperature", 0, 2), ("top_p", 0, 1)]
@@ -312,11 +318,12 @@ def reasoning_before(items: list[dict[str, Any]], n: int) -> bool:
 class OutItem:
     """One output item the fake model "generates"; one piece = one output token (function_call: +1)."""
 
-    type: str  # reasoning | message | function_call
+    type: str  # reasoning | message | function_call | server (a server tool's item, whole in `payload`)
     pieces: list[str]
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
     call_id: str = ""
     name: str = ""
+    payload: dict[str, Any] | None = None
 
     @property
     def tokens(self) -> int:
@@ -331,6 +338,8 @@ class OutItem:
 class ResponsePlan:
     items: list[OutItem]
     incomplete: bool = False
+    web: WebUse | None = None  # the server web tools it ran (tests.fakes.server_tools)
+    title: str | None = None  # with title: {"enabled": true}
 
     @property
     def completion_tokens(self) -> int:  # the name `FakeDeepSeek.nonstream` reads
@@ -390,10 +399,14 @@ def make_plan(body: dict[str, Any], script: ToolScript | None = None) -> Respons
     thinking = split_pieces(f"The user sent {n} items; I will answer.") if is_thinking(body) else []
     script = script or ToolScript()
     function = wanted_function(body, last, items, script)
+    title = title_for(output_text(items[0].get("content")) if items else "") if wants_title(body) else None
     if function is not None:
         call = OutItem("function_call", script.pieces(), call_id=random_tool_call_id(),
                        name=function)
-        return ResponsePlan([OutItem("reasoning", thinking), call] if thinking else [call])
+        return ResponsePlan([OutItem("reasoning", thinking), call] if thinking else [call], title=title)
+    user_turn = item_type(last) == "message" and last.get("role") == "user"
+    web = web_use(body.get("tools"), output_text(last.get("content")) if user_turn else None)
+    searched = [OutItem("server", [], payload=item) for item in responses_items(web)] if web else []
     text = split_pieces(answer_text(body, n, last))
     asked = body.get("max_output_tokens")
     limit = asked if isinstance(asked, int) and not isinstance(asked, bool) else len(thinking) + len(text)
@@ -402,7 +415,8 @@ def make_plan(body: dict[str, Any], script: ToolScript | None = None) -> Respons
         thinking = thinking[:limit]
         text = text[:max(limit - len(thinking), 0)]
     plan = [OutItem("reasoning", thinking)] if thinking else []
-    return ResponsePlan([*plan, OutItem("message", text)] if text else plan, incomplete)
+    plan += searched
+    return ResponsePlan([*plan, OutItem("message", text)] if text else plan, incomplete, web, title)
 
 
 def make_usage(raw_body: bytes, plan: ResponsePlan, cached: tuple[int, int] | None = None) -> dict[str, Any]:
@@ -410,7 +424,7 @@ def make_usage(raw_body: bytes, plan: ResponsePlan, cached: tuple[int, int] | No
     output = plan.completion_tokens
     return {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": hit}, "output_tokens": output,
             "output_tokens_details": {"reasoning_tokens": plan.reasoning_tokens},
-            "total_tokens": prompt + output}
+            "total_tokens": prompt + output, **(usage_field(plan.web) if plan.web is not None else {})}
 
 
 def recorded_usage(usage: dict[str, Any]) -> dict[str, Any]:
@@ -426,6 +440,8 @@ def recorded_usage(usage: dict[str, Any]) -> dict[str, Any]:
 
 
 def item_json(item: OutItem, encrypted: bool, done: bool = True) -> dict[str, Any]:
+    if item.payload is not None:
+        return item.payload if done else {**item.payload, "status": "in_progress"}
     status = "completed" if done else "in_progress"
     if item.type == "reasoning":
         out: dict[str, Any] = {"id": f"rs_{item.id}", "type": "reasoning", "summary": [],
@@ -462,6 +478,7 @@ def response_json(response_id: str, body: dict[str, Any], plan: ResponsePlan, us
         "tool_choice": body.get("tool_choice", "auto"), "tools": body.get("tools") or [],
         "top_p": body.get("top_p", 1.0), "truncation": "disabled", "usage": usage if final else None,
         "user": None, "metadata": {},
+        **({"title": plan.title} if plan.title is not None and final else {}),
     }  # fmt: skip
 
 
@@ -500,7 +517,9 @@ def item_events(seq: Sequencer, index: int, item: OutItem, encrypted: bool) -> l
     where = {"item_id": item_id, "output_index": index}
     events = [seq.event({"type": "response.output_item.added", "output_index": index, "item": started},
                         tokens=int(item.type == "function_call"))]
-    if item.type == "function_call":
+    if item.type == "server":
+        pass  # added, then done: the fake's stand-in has no events of its own
+    elif item.type == "function_call":
         for piece in item.pieces:
             payload = {"type": "response.function_call_arguments.delta", **where, "delta": piece}
             events.append(seq.event(payload, tokens=1))

@@ -15,6 +15,8 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
+from tests.fakes.server_tools import SERVER_TOOLS
+
 DESERIALIZE = "Failed to deserialize the JSON body into the target type:"
 ROLES = ("system", "user", "assistant", "tool", "latest_reminder")
 THINKING_TYPES = ("adaptive", "enabled", "disabled")
@@ -24,6 +26,9 @@ MAX_TOKENS = 393_216  # 384K: V4 / V4.1 and the legacy names routed to them (doc
 FUNCTION_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 BETA_PATHS = frozenset({"/beta/chat/completions"})
 STRICT_UNSUPPORTED = ("minLength", "maxLength", "minItems", "maxItems")
+SAFETY_LEVELS = ("high", "low")  # guides/safety (2026-11): any other value is a 400
+USER_ID_MAX_BYTES = 512  # the rate-limit page (2026-11); the character set is only recommended
+USER_ID_TOO_LONG = "Invalid 'user_id': at most 512 UTF-8 bytes"  # the fake's words: DeepSeek's are unknown
 
 TOOL_WITHOUT_CALLS = "Messages with role 'tool' must be a response to a preceding message with 'tool_calls'"
 CALLS_UNANSWERED = (
@@ -198,7 +203,9 @@ class Deserializer:
         for k, raw in enumerate(self.sequence("tools", value)):
             tool = self.mapping(f"tools[{k}]", raw, "struct Tool")
             if tool.get("type") is not None:
-                self.variant(f"tools[{k}].type", tool["type"], ("function",))
+                self.variant(f"tools[{k}].type", tool["type"], ("function", *SERVER_TOOLS))
+            if tool.get("type") in SERVER_TOOLS:  # DeepSeek's server web tools have no function (§13.1)
+                continue
             if "function" not in tool:
                 raise self.missing(f"tools[{k}]", "function")
             function = self.mapping(f"tools[{k}].function", tool["function"], "struct FunctionObject")
@@ -212,6 +219,8 @@ class Deserializer:
             raise self.fail("tool_choice", "expected one of `none`, `auto`, `required` or a tool")
         if value is not None and not isinstance(value, str):
             choice = self.mapping("tool_choice", value, "one of `none`, `auto`, `required` or a tool")
+            if choice.get("type") in SERVER_TOOLS:  # not documented: accepted (DeepSeek may)
+                return
             function = self.mapping("tool_choice.function", choice.get("function"), "struct Function")
             if "name" not in function:
                 raise self.missing("tool_choice.function", "name")
@@ -220,6 +229,21 @@ class Deserializer:
     def response_format(self, value: Any) -> None:
         if value is not None:
             self.mapping("response_format", value, "struct ResponseFormat")
+
+    def safety_check(self, value: Any) -> None:
+        if value is None:
+            return
+        check = self.mapping("safety_check", value, "struct SafetyCheck")
+        level = check.get("level")
+        if level is None:
+            return
+        if not isinstance(level, str):
+            raise self.wrong("safety_check.level", level, "variant identifier")
+        if level not in SAFETY_LEVELS:
+            raise self.fail("safety_check.level", f"unknown variant `{level}`, expected `high` or `low`")
+
+    def user_id(self, value: Any) -> None:
+        self.string("user_id", value, nullable=True)
 
 
 FIELD_CHECKS = {
@@ -233,6 +257,8 @@ FIELD_CHECKS = {
     "tools": Deserializer.tools,
     "tool_choice": Deserializer.tool_choice,
     "response_format": Deserializer.response_format,
+    "safety_check": Deserializer.safety_check,
+    "user_id": Deserializer.user_id,
 }
 
 
@@ -258,6 +284,9 @@ def semantics(path: str, body: dict[str, Any]) -> None:
     effort = body.get("reasoning_effort")
     if thinking.get("type") == "disabled" and effort not in (None, "none"):
         raise Refused(DISABLED_WITH_EFFORT)  # R41
+    user_id = body.get("user_id")
+    if isinstance(user_id, str) and len(user_id.encode("utf-8", "surrogatepass")) > USER_ID_MAX_BYTES:
+        raise Refused(USER_ID_TOO_LONG)  # R37 (2026-11)
     response_format = body.get("response_format") or {}
     if response_format.get("type", "text") not in RESPONSE_FORMATS:
         raise Refused(RESPONSE_FORMAT)  # R23
@@ -285,6 +314,8 @@ def check_tool_order(messages: list[dict[str, Any]]) -> None:
     """R14-R16: tool messages directly follow an assistant with tool_calls and answer every call."""
     pending: set[str] | None = None  # ids still unanswered while inside a block of tool answers
     for message in messages:
+        if message["role"] == "latest_reminder":  # where DeepSeek checks it is not known: read past it
+            continue
         if message["role"] == "tool":
             if pending is None:
                 raise Refused(TOOL_WITHOUT_CALLS)
@@ -298,7 +329,8 @@ def check_tool_order(messages: list[dict[str, Any]]) -> None:
         raise Refused(CALLS_UNANSWERED)
 
 
-def check_tools(path: str, tools: list[dict[str, Any]]) -> None:
+def check_tools(path: str, all_tools: list[dict[str, Any]]) -> None:
+    tools = [tool for tool in all_tools if "function" in tool]  # server tools have none (R30, §13.1)
     for k, tool in enumerate(tools):
         name = tool["function"]["name"]
         if not FUNCTION_NAME.fullmatch(name):  # R31

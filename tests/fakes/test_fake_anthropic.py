@@ -431,11 +431,14 @@ REFUSED: dict[str, tuple[Any, str]] = {
     "A2 null": (body(max_tokens=None), serde("max_tokens: invalid type: null, expected u32")),
     "A3 system role": (
         body(messages=[*USER, {"role": "system", "content": "s"}]),
-        serde("messages[1].role: unknown variant `system`, expected `user` or `assistant`"),
+        # the enum grew by latest_reminder in 2026-11 (DeepSeek's new list: inferred)
+        serde("messages[1].role: unknown variant `system`, expected one of `user`, `assistant`, "
+              "`latest_reminder`"),
     ),
     "A3 tool role": (
         body(messages=[{"role": "tool", "content": "s"}]),
-        serde("messages[0].role: unknown variant `tool`, expected `user` or `assistant`"),
+        serde("messages[0].role: unknown variant `tool`, expected one of `user`, `assistant`, "
+              "`latest_reminder`"),
     ),
     "A3 no content": (body(messages=[{"role": "user"}]), serde("messages[0]: missing field `content`")),
     "A4 unknown block": (

@@ -284,7 +284,8 @@ def test_what_deepseek_accepts(fake: RunningFake) -> None:
     {"model": "deepseek-flash", "input": "x", "tool_choice": {"type": "web_search"}},
     {"model": "deepseek-flash", "input": [{"role": "system", "content": [{"type": "input_image",
                                                                           "image_url": "https://x"}]}]},
-    {"model": "deepseek-flash", "input": "x", "user": "a@b.c"},
+    {"model": "deepseek-flash", "input": "x", "user": "用" * 171},  # 513 bytes; "a@b.c" is fine since 2026-11
+    {"model": "deepseek-flash", "input": "x", "safety_check": {"level": "medium"}},
     {"model": "deepseek-flash", "input": "x", "max_output_tokens": 393_217},
     {"model": "deepseek-flash", "input": "x", "top_logprobs": 21},
     {"model": "deepseek-flash", "input": "x", "temperature": 3, "reasoning": {"effort": "none"}},
@@ -295,8 +296,8 @@ def test_what_deepseek_accepts(fake: RunningFake) -> None:
     {"input": "x"},
     [1],
 ], ids=["custom-tool", "function-name", "duplicate-name", "web-search-forced", "system-image", "user",
-        "max-output", "top-logprobs", "temperature", "role", "empty-call-id", "duplicate-call-id",
-        "input-type",
+        "safety-check", "max-output", "top-logprobs", "temperature", "role", "empty-call-id",
+        "duplicate-call-id", "input-type",
         "no-model", "not-an-object"])
 def test_what_deepseek_refuses(fake: RunningFake, body: Any) -> None:
     assert refusal(fake, body)

@@ -41,7 +41,9 @@ def responses_body(items: int) -> bytes:
 def chat_body(messages: int) -> bytes:
     pair = [{"role": "user", "content": "hi hi hi hi"}, {"role": "assistant", "content": "ok ok ok ok"}]
     return orjson.dumps({"model": "deepseek-flash", "messages": [*pair * (messages // 2),
-                                                                 {"role": "robot", "content": "x"}]})
+                                                                 # a role DeepSeek refuses (an unknown one
+                                                                 # is forwarded: R5)
+                                                                 {"role": "developer", "content": "x"}]})
 
 
 def test_large_bodies_are_checked_beside_other_requests(gate: RunningChatgate, fake: RunningFake) -> None:

@@ -91,9 +91,9 @@ def test_notices_are_counted_every_time_and_logged_once_per_key_and_hour(
             assert resp.status_code == 200 and "x-chatgate-warning" not in resp.headers
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("notice")]
     assert len(said) == 2, said
-    assert any("code=ignored_tool" in line and "'namespace'" in line for line in said)
+    assert any("code=unknown_tool_type" in line and "'namespace'" in line for line in said)
     assert any("code=invalid_user_id" in line for line in said)
-    assert metric(gate, "chatgate_notices_total", route="/responses", code="ignored_tool") == 3
+    assert metric(gate, "chatgate_notices_total", route="/responses", code="unknown_tool_type") == 3
     assert metric(gate, "chatgate_notices_total", route="/anthropic/v1/messages", code="invalid_user_id") == 3
     # what a caller can act on is still a warning on its own request
     other = {**CODEX_BODY, "tools": [*CODEX_BODY["tools"], {"type": "file_search", "vector_store_ids": []}]}

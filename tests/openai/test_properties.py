@@ -1005,5 +1005,6 @@ def test_tool_block_shortcut_reports_what_the_detailed_check_reports(
                       index_messages(req.messages), None)
     reported = sorted((p.code, p.param or "", p.message) for p in rule_tool_sequence(req, ctx))
     detailed = sorted((p.code, p.param or "", p.message)
-                      for p in _tool_block(req.messages, 1, ids, 2 + len(answers), ctx))
+                      for p in _tool_block(req.messages, 1, ids, 2 + len(answers), ctx,
+                                   range(2, 2 + len(answers))))
     assert reported == detailed

@@ -644,9 +644,15 @@ def test_129_tools_are_invalid_and_128_valid_r30() -> None:
     assert_valid(check(request([user()], tools=[_tool(f"t{n}") for n in range(128)])))
 
 
-def test_non_function_tool_type_is_invalid_r30() -> None:
-    tools = [WEATHER_TOOL, {"type": "retrieval", "function": {"name": "r"}}]
-    only_problem(check(request([user()], tools=tools)), "invalid_tool", "tools[1].type", "R30")
+def test_unknown_tool_type_is_forwarded_with_a_warning_r30() -> None:
+    tools = [WEATHER_TOOL, {"type": "retrieval", "function": {"name": "r"}}, {"type": "code_runner"}]
+    checked = check(request([user()], tools=tools))
+    assert checked.ok
+    assert [(w.code, w.param, w.rule) for w in checked.warnings] == [
+        ("unknown_tool_type", "tools[1].type", "R30"), ("unknown_tool_type", "tools[2].type", "R30")]
+    strict = check(request([user()], tools=tools), strict=True)
+    assert [(p.code, p.param) for p in strict.problems] == [
+        ("unknown_tool_type", "tools[1].type"), ("unknown_tool_type", "tools[2].type")]
 
 
 @pytest.mark.parametrize("name", ["github.create_issue", "fs:read", "搜索", "a" * 65, ""])
@@ -734,10 +740,11 @@ def test_unknown_tool_choice_string_is_invalid_r33(choice: str) -> None:
     says(problem, "expected one of `none`, `auto`, `required` or a tool")
 
 
-def test_tool_choice_object_type_must_be_function_r33() -> None:
-    choice = {"type": "tool", "function": {"name": "get_weather"}}
-    only_problem(check(request([user()], model="deepseek-chat", tools=TOOLS, tool_choice=choice)),
-                 "invalid_tool_choice", "tool_choice.type", "R33")
+def test_tool_choice_object_of_another_type_is_forwarded_with_a_warning_r33() -> None:
+    for choice in ({"type": "tool", "function": {"name": "get_weather"}}, {"type": "deepseek_web_search"}):
+        req = request([user()], tools=[*TOOLS, {"type": "deepseek_web_search"}], tool_choice=choice)
+        only_warning(check(req), "invalid_tool_choice", "tool_choice.type", "R33")
+        only_problem(check(req, strict=True), "invalid_tool_choice", "tool_choice.type", "R33")
 
 
 def test_named_tool_choice_must_name_a_defined_tool_only_strict_r33() -> None:
@@ -833,10 +840,20 @@ def test_reasoning_efforts_deepseek_maps_are_valid_r36(effort: str) -> None:
     assert_valid(check(request([user()], reasoning_effort=effort, thinking={"type": "enabled"})))
 
 
-def test_user_id_pattern_and_length_r37() -> None:
-    for bad in ("alice smith", "a" * 513, "ünï", ""):
-        only_problem(check(request([user()], user_id=bad)), "invalid_user_id", "user_id", "R37")
+def test_user_id_over_512_utf8_bytes_is_refused_r37() -> None:
+    for bad in ("a" * 513, "用" * 171):  # 171 three-byte characters: 513 bytes
+        problem = only_problem(check(request([user()], user_id=bad)), "invalid_user_id", "user_id", "R37")
+        says(problem, "513 UTF-8 bytes", "at most 512")
     assert_valid(check(request([user()], user_id="team-7_user-" + "a" * 500)))
+    assert_valid(check(request([user()], user_id="a" * 512)))
+
+
+def test_user_id_characters_are_only_recommended_r37() -> None:
+    """Since 2026-11 DeepSeek only recommends [a-zA-Z0-9_-] (§13.2): other characters are a warning."""
+    for unusual in ("alice smith", "ünï", "", "bob@example.com", "用户 42", "用" * 170):
+        body = request([user()], user_id=unusual)
+        only_warning(check(body), "invalid_user_id", "user_id", "R37")
+        only_problem(check(body, strict=True), "invalid_user_id", "user_id", "R37")
 
 
 def test_n_other_than_one_is_invalid_r38() -> None:
@@ -870,3 +887,113 @@ def test_every_problem_is_listed_earliest_message_first() -> None:
     ]
     assert [p.rule for p in checked.problems] == ["R10", "R16", "R17", "R27", "R38"]
     assert not checked.ok
+
+
+# --- the November 2026 surface (docs/rules-chat.md#the-november-2026-surface) ----------------------------
+
+WEB_TOOLS = [{"type": "deepseek_web_search"}, {"type": "deepseek_read_url"}]
+
+
+def test_server_web_tools_are_valid_on_deepseek_flash_r30() -> None:
+    checked = check(request([user("What happened today?")], tools=[*WEB_TOOLS, WEATHER_TOOL]))
+    assert_valid(checked)
+    assert checked.warnings == []
+
+
+def test_server_web_tools_alone_with_a_tool_choice_are_valid_r30() -> None:
+    for choice in ("auto", "none", "required"):
+        assert_valid(check(request([user()], tools=WEB_TOOLS, tool_choice=choice,
+                                   thinking={"type": "disabled"})))
+
+
+def test_server_web_tools_on_another_model_are_forwarded_with_a_warning_r30() -> None:
+    warning = only_warning(check(request([user()], model="deepseek-v4-pro", tools=WEB_TOOLS[:1])),
+                           "server_tool_model", "tools[0].type", "R30")
+    says(warning, "deepseek_web_search", "deepseek-flash only", "deepseek-v4-pro")
+
+
+def test_function_rules_apply_to_function_tools_only_r31_r32() -> None:
+    tools = [*WEB_TOOLS, _tool("bad name"), {"type": "function", "function": {"name": "s", "strict": True}}]
+    checked = check(request([user()], tools=tools), beta=True)
+    assert summary(checked) == [("invalid_function_name", "tools[2].function.name")]
+
+
+def test_a_function_tool_without_its_function_is_refused_r30() -> None:
+    only_problem(check(request([user()], tools=[{"type": "function"}])), "missing_required_parameter",
+                 "tools[0].function", "R30")
+
+
+def test_named_tool_choice_strict_check_skips_server_tools_r33() -> None:
+    req = request([user()], tools=[*WEB_TOOLS, WEATHER_TOOL], thinking={"type": "disabled"},
+                  tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    assert_valid(check(req, strict=True))
+
+
+def test_a_function_tool_choice_without_its_function_r33() -> None:
+    req = request([user()], model="deepseek-chat", tools=TOOLS, tool_choice={"type": "function"})
+    only_problem(check(req), "missing_required_parameter", "tool_choice.function", "R33")
+
+
+@pytest.mark.parametrize("level", ["high", "low"])
+def test_safety_check_levels_are_valid_r42(level: str) -> None:
+    checked = check(request([user()], safety_check={"level": level}, title={"enabled": True}))
+    assert_valid(checked)
+    assert checked.warnings == []
+
+
+@pytest.mark.parametrize("level", ["medium", "HIGH", "none", ""])
+def test_other_safety_check_levels_are_refused_r42(level: str) -> None:
+    problem = only_problem(check(request([user()], safety_check={"level": level})), "invalid_safety_check",
+                           "safety_check.level", "R42")
+    says(problem, f"unknown variant `{level}`, expected `high` or `low`")
+
+
+def test_safety_check_level_of_another_type_is_a_type_error_r42() -> None:
+    only_problem(check(request([user()], safety_check={"level": 2})), "invalid_type", "safety_check.level",
+                 "R42")
+    only_problem(check(request([user()], safety_check="high")), "invalid_type", "safety_check", "R42")
+
+
+def _reminder() -> dict[str, Any]:
+    return {"role": "latest_reminder", "content": "2026-11-11,Wednesday,Singapore,Web,English"}
+
+
+def test_latest_reminder_before_its_user_message_keeps_tool_rounds_valid_r5() -> None:
+    messages = [system(), _reminder(), user("Weather?"), *weather_round("call_1")[1:], _reminder(),
+                user("And tomorrow?")]
+    checked = check(request(messages, tools=TOOLS))
+    assert_valid(checked)
+    assert checked.warnings == []
+
+
+def test_latest_reminder_is_not_a_turn_for_the_legacy_order_rules_r19_r20() -> None:
+    messages = [_reminder(), user("Hi"), assistant("Hello"), _reminder(), user("Again")]
+    assert_valid(check(request(messages, model="deepseek-reasoner"), legacy=True))
+
+
+def test_a_latest_reminder_inside_a_tool_block_is_read_past_r14_r16() -> None:
+    messages = [user(), calls(call("call_a"), call("call_b")), tool("call_b"), _reminder(), tool("call_a"),
+                assistant()]
+    assert_valid(check(request(messages, tools=TOOLS)))
+    short = [user(), calls(call("call_a"), call("call_b")), tool("call_a"), _reminder(), user()]
+    assert summary(check(request(short, tools=TOOLS))) == [
+        ("tool_calls_unanswered", "messages[1].tool_calls")]
+
+
+def test_a_tool_call_of_another_type_passed_back_is_forwarded_with_a_warning_r11() -> None:
+    """How DeepSeek's chat answer carries its server tools' work is not documented: a call of another type in
+    `tool_calls` is forwarded, and needs no tool message (R14-R16 pair function calls only)."""
+    server = {"id": "ws_1", "type": "deepseek_web_search", "deepseek_web_search": {"query": "news"}}
+    turn = calls(call("call_1"), reasoning="Search, then the weather.")
+    turn["tool_calls"].insert(0, server)
+    messages = [user(), turn, tool("call_1"), assistant(), user("More?")]
+    warning = only_warning(check(request(messages, tools=[*TOOLS, {"type": "deepseek_web_search"}])),
+                           "unknown_tool_call_type", "messages[1].tool_calls[0].type", "R11")
+    says(warning, "'deepseek_web_search'", "forwarded")
+
+
+def test_a_function_call_without_its_function_is_refused_r11() -> None:
+    turn = calls(call("call_1"))
+    del turn["tool_calls"][0]["function"]
+    only_problem(check(request([user(), turn, tool("call_1")], tools=TOOLS)), "invalid_tool_call",
+                 "messages[1].tool_calls[0].function", "R11")

@@ -18,6 +18,7 @@ from tests.openai.conversations import (
     check,
     image_part,
     only_problem,
+    only_warning,
     request,
     says,
     summary,
@@ -133,11 +134,37 @@ def test_developer_role_r5() -> None:
     says(problem, "messages[0].role 'developer' is not supported by DeepSeek", "use 'system'")
 
 
-@pytest.mark.parametrize("role", ["function", "model", "System", 3])
-def test_other_unknown_roles_r5(role: Any) -> None:
-    problem = only_problem(check(request([user(), {"role": role, "content": "x"}])),
-                           "invalid_role", "messages[1].role", "R5")
-    says(problem, "use one of system, user, assistant, tool")
+@pytest.mark.parametrize("role", ["function", "model", "System"])
+def test_other_unknown_roles_are_forwarded_with_a_warning_r5(role: str) -> None:
+    """Unknown is not invalid: only `developer` was seen refused (docs/rules-chat.md, R5)."""
+    body = request([user(), {"role": role, "content": "x", "extra": [1]}, user("again")])
+    warning = only_warning(check(body), "unknown_role", "messages[1].role", "R5")
+    says(warning, f"'{role}'", "forwarded")
+    only_problem(check(body, strict=True), "unknown_role", "messages[1].role", "R5")
+
+
+def test_a_role_that_is_not_a_string_r5() -> None:
+    problem = only_problem(check(request([user(), {"role": 3, "content": "x"}])),
+                           "invalid_type", "messages[1].role", "R5")
+    says(problem, "a string")
+
+
+def test_developer_after_an_unknown_role_in_a_large_body_is_still_refused_r5() -> None:
+    """A body over 256 KB is type-checked failing fast: its first error is the unknown role, and the lenient
+    pass that follows meets the developer message."""
+    filler = [user("x" * 1000), assistant("y" * 1000)] * 150
+    messages = [user(), {"role": "critic", "content": "y"}, *filler, {"role": "developer", "content": "x"},
+                user()]
+    checked = check(request(messages))
+    assert checked.request is not None, "read by the lenient pass"
+    assert summary(checked) == [("invalid_role", f"messages[{len(messages) - 2}].role")]
+    assert [w.code for w in checked.warnings] == ["unknown_role"]
+
+
+def test_developer_beside_an_unknown_role_is_still_refused_r5() -> None:
+    messages = [{"role": "developer", "content": "x"}, {"role": "critic", "content": "y"}, user()]
+    checked = check(request(messages))
+    assert ("invalid_role", "messages[0].role") in summary(checked)
 
 
 def test_missing_role_r5() -> None:
@@ -177,11 +204,18 @@ def test_tool_content_number_r6() -> None:
 # --- R7 content parts ----------------------------------------------------------------------------------
 
 
-def test_unknown_content_part_type_r7() -> None:
+def test_unknown_content_part_type_is_forwarded_with_a_warning_r7() -> None:
     part = {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}
-    problem = only_problem(check(request([{"role": "user", "content": [text_part(), part]}])),
-                           "invalid_content_part", "messages[0].content[1].type", "R7")
-    says(problem, "messages[0] (role user)", "'input_audio' is not supported", "image_url")
+    body = request([{"role": "user", "content": [text_part(), part]}])
+    warning = only_warning(check(body), "unknown_content_part", "messages[0].content[1].type", "R7")
+    says(warning, "messages[0] (role user)", "'input_audio'", "forwarded")
+    only_problem(check(body, strict=True), "unknown_content_part", "messages[0].content[1].type", "R7")
+
+
+def test_an_unknown_part_beside_a_wrong_known_one_reports_the_known_one_r7() -> None:
+    parts = [{"type": "web_result", "url": "https://example.com"}, {"type": "text", "text": 5}]
+    only_problem(check(request([{"role": "user", "content": parts}])), "invalid_content_part",
+                 "messages[0].content[1].text", "R7")
 
 
 def test_content_part_without_type_r7() -> None:
@@ -245,16 +279,20 @@ def test_arguments_as_object_is_invalid_r11() -> None:
      "messages[3].tool_calls[0].id", "Missing required parameter"),
     ({"id": 17, "type": "function", "function": {"name": "get_weather", "arguments": "{}"}},
      "messages[3].tool_calls[0].id", "expected a string"),
-    ({"id": "call_1", "type": "tool_use", "function": {"name": "get_weather", "arguments": "{}"}},
-     "messages[3].tool_calls[0].type", "'function'"),
     ({"id": "call_1", "type": "function", "function": "get_weather({})"},
      "messages[3].tool_calls[0].function", "expected an object"),
-], ids=["arguments-null", "arguments-missing", "name-missing", "id-missing", "id-number", "type-tool_use",
-        "function-string"])
+], ids=["arguments-null", "arguments-missing", "name-missing", "id-missing", "id-number", "function-string"])
 def test_tool_call_shape_errors_r11(bad: dict[str, Any], param: str, words: str) -> None:
     checked = check(request(_history_with_call(bad), tools=TOOLS))
     problem = only_problem(checked, "invalid_tool_call", param, "R11")
     says(problem, "messages[3] (role assistant)", words)
+
+
+def test_a_tool_call_of_an_unknown_type_is_forwarded_with_a_warning_r11() -> None:
+    bad = {"id": "call_1", "type": "tool_use", "function": {"name": "get_weather", "arguments": "{}"}}
+    warning = only_warning(check(request(_history_with_call(bad), tools=TOOLS)), "unknown_tool_call_type",
+                           "messages[3].tool_calls[0].type", "R11")
+    says(warning, "messages[3] (role assistant)", "'tool_use'")
 
 
 def test_tool_calls_not_an_array_r11() -> None:

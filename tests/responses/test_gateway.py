@@ -202,8 +202,8 @@ REFUSED: list[Any] = [
                  "tool_choice.type", "web_search_not_enabled", id="P14-web-search"),
     pytest.param({"model": "deepseek-flash", "input": "x", "max_output_tokens": 400_000},
                  "max_output_tokens", "max_output_tokens_out_of_range", id="P17-max-output"),
-    pytest.param({"model": "deepseek-flash", "input": [{"role": "tool", "content": "x"}]}, "input[0].role",
-                 "invalid_role", id="P4-role"),
+    pytest.param({"model": "deepseek-flash", "input": "x", "user": "用" * 171}, "user", "invalid_user",
+                 id="P15-user-bytes"),
 ]
 
 

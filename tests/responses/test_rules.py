@@ -1,4 +1,4 @@
-"""The Responses route's rules P1-P22 (docs/rules-responses.md): what DeepSeek documents or was seen refusing
+"""The Responses route's rules P1-P23 (docs/rules-responses.md): what DeepSeek documents or was seen refusing
 is refused with its words and a precise param; what is uncertain is warned and refused only in strict mode;
 what DeepSeek silently ignores is never refused; Codex's own shapes pass."""
 
@@ -138,12 +138,21 @@ def test_a_missing_or_empty_input_is_only_warned_p3() -> None:
 # --- P4-P6: messages, parts, images -------------------------------------------------------------------------
 
 
-def test_roles_are_the_documented_four_p4() -> None:
+def test_roles_are_the_documented_four_and_others_forwarded_p4() -> None:
     for role in ("user", "assistant", "system", "developer"):
         assert summary(check({"model": "deepseek-flash", "input": [{"role": role, "content": "x"}]})) == []
-    problem = only(check({"model": "deepseek-flash", "input": [{"role": "tool", "content": "x"}]}).problems)
-    assert (problem.code, problem.param, problem.rule) == ("invalid_role", "input[0].role", "P4")
-    assert "function_call_output" in problem.message
+    body = {"model": "deepseek-flash", "input": [{"role": "tool", "content": "x"}]}
+    verdict = check(body)
+    assert summary(verdict) == [] and warned(verdict) == [("unknown_role", "input[0].role", "P4")]
+    assert "function_call_output" in verdict.warnings[0].message
+    assert summary(check(body, strict=True)) == [("unknown_role", "input[0].role", "P4")]
+
+
+def test_latest_reminder_is_not_a_responses_feature_p4() -> None:
+    reminder = {"role": "latest_reminder", "content": "2026-11-11,Wednesday,Singapore,Web,English"}
+    verdict = check({"model": "deepseek-flash", "input": [reminder, {"role": "user", "content": "hi"}]})
+    assert summary(verdict) == [] and warned(verdict) == [("unknown_role", "input[0].role", "P4")]
+    assert "Chat Completions and Messages" in verdict.warnings[0].message
 
 
 def test_unknown_parts_and_files_are_warned_p5() -> None:
@@ -359,10 +368,12 @@ def test_tool_choice_values_p14() -> None:
 
 def test_user_follows_the_documented_pattern_p15() -> None:
     assert summary(check({"model": "deepseek-flash", "input": "x", "user": "team-a_42"})) == []
-    assert summary(check({"model": "deepseek-flash", "input": "x", "user": "ana@example.com"})) == [
-        ("invalid_user", "user", "P15")]
-    assert summary(check({"model": "deepseek-flash", "input": "x", "user": "u" * 513})) == [
-        ("invalid_user", "user", "P15")]
+    for unusual in ("ana@example.com", "用户 42", "用" * 170):  # recommended against only, since 2026-11
+        verdict = check({"model": "deepseek-flash", "input": "x", "user": unusual})
+        assert summary(verdict) == [] and warned(verdict) == [("invalid_user", "user", "P15")]
+    for long in ("u" * 513, "用" * 171):
+        assert summary(check({"model": "deepseek-flash", "input": "x", "user": long})) == [
+            ("invalid_user", "user", "P15")]
 
 
 def test_sampling_ranges_outside_thinking_mode_p16() -> None:
@@ -418,7 +429,7 @@ def test_openais_encrypted_reasoning_is_warned_and_deepseeks_own_is_not_p22() ->
 
 
 def test_problems_come_in_input_order_with_the_model_first() -> None:
-    body = request([user(), call("b"), user(), output("zz")], model="deepseek-v5", user="a b")
+    body = request([user(), call("b"), user(), output("zz")], model="deepseek-v5", user="a" * 600)
     verdict = check(body, unknown_models="reject")
     params = [p.param for p in verdict.problems]
     assert params[0] == "model" and params[-1] == "user"
@@ -434,3 +445,45 @@ def test_the_retired_chat_names_are_unknown_here_p2() -> None:
     for model in ("deepseek-chat", "deepseek-reasoner"):
         assert warned(check({"model": model, "input": "hi"})) == [("model_not_found", "model", "P2")]
     assert warned(check({"model": "deepseek-v4-flash", "input": "hi"})) == [], "legacy flash is still served"
+
+
+# --- the November 2026 surface (docs/rules-responses.md#the-november-2026-surface) -----------------------
+
+
+def test_server_web_tools_are_valid_p13() -> None:
+    tools = [{"type": "deepseek_web_search"}, {"type": "deepseek_read_url"}, *TOOLS]
+    verdict = check({"model": "deepseek-flash", "input": "x", "tools": tools})
+    assert summary(verdict) == [] and warned(verdict) == []
+    other = check({"model": "deepseek-v4-pro", "input": "x", "tools": tools[:1]})
+    assert summary(other) == [] and warned(other) == [("server_tool_model", "tools[0].type", "P13")]
+    assert "ignores" not in other.warnings[0].message
+
+
+def test_unknown_tool_types_are_forwarded_and_documented_ignored_ones_say_so_p13() -> None:
+    verdict = check({"model": "deepseek-flash", "input": "x",
+                     "tools": [{"type": "tool_search"}, {"type": "file_search"}]})
+    assert summary(verdict) == []
+    assert warned(verdict) == [("unknown_tool_type", "tools[0].type", "P13"),
+                               ("ignored_tool", "tools[1].type", "P13")]
+    assert "forwarded" in verdict.warnings[0].message and "ignored" in verdict.warnings[1].message
+
+
+def test_deepseeks_own_output_items_passed_back_are_not_warned_p21() -> None:
+    item = {"type": "deepseek_web_search_call", "id": "ws_1", "status": "completed", "results": []}
+    verdict = check(request([user(), item, {"role": "assistant", "content": "Found it."}, user()]))
+    assert summary(verdict) == [] and warned(verdict) == []
+
+
+@pytest.mark.parametrize("level", ["high", "low"])
+def test_safety_check_levels_p23(level: str) -> None:
+    verdict = check({"model": "deepseek-flash", "input": "x", "safety_check": {"level": level},
+                     "title": {"enabled": True}})
+    assert summary(verdict) == [] and warned(verdict) == []
+
+
+def test_another_safety_check_level_is_refused_p23() -> None:
+    body = {"model": "deepseek-flash", "input": "x", "safety_check": {"level": "Low"}}
+    problem = only(check(body).problems)
+    assert (problem.code, problem.param, problem.rule) == (
+        "invalid_safety_check", "safety_check.level", "P23")
+    assert "unknown variant `Low`, expected `high` or `low`" in problem.message
