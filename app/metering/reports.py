@@ -162,8 +162,10 @@ def render_table(report: dict[str, Any]) -> str:
         models = [m for m in unpriced if m not in TOOLS]
         tools = [m for m in unpriced if m in TOOLS]
         if models:
-            note.append(f"request(s) of models without a price, counted at the catalogue's highest price: "
-                        f"{', '.join(models)} (set their prices: docs/metering.md#models-without-a-price)")
+            count = f"{totals['unpriced_requests']} " if not tools else ""
+            note.append(f"{count}request(s) of models without a price, counted at the catalogue's highest "
+                        f"price: {', '.join(models)} "
+                        "(set their prices: docs/metering.md#models-without-a-price)")
         if tools:
             note.append(f"tool calls without a published {money.upper()} price, counted at 0: "
                         f"{', '.join(tools)} (docs/metering.md#tool-calls)")
