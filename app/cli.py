@@ -198,10 +198,17 @@ def _load(args: argparse.Namespace) -> LoadedSettings:
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from app import server
+    from app import banner, server
 
     loaded = _load(args)  # fail here, once, with exit code 2
     s = loaded.settings.server
+    try:
+        banner.check_port(s.host, s.port)
+    except OSError as exc:
+        print(banner.bind_failure(s.host, s.port, exc), file=sys.stderr)
+        return 3
+    for line in banner.banner(loaded, os.environ) + banner.warnings(loaded, os.environ):
+        print(line, file=sys.stderr)
     os.environ[FLAGS_ENV] = json.dumps({"config": loaded.config_path, "flags": _flags(args)})
     _configure_logging()
     _absorb_replayed_stop_signals()
