@@ -3,6 +3,7 @@ managed mode with no DeepSeek key), and why it could not listen (a port in use).
 
 from __future__ import annotations
 
+import datetime as dt
 import errno
 import os
 import socket
@@ -91,3 +92,23 @@ def _version() -> str:
     from app import __version__
 
     return __version__
+
+
+def missing_store(url: str, source: str, path: Path) -> str:
+    """A report's store is a file that is not there: where it was looked for, and how to name the right one
+    (a report never creates a store)."""
+    given = "the default" if source == "default" else f"from the {source}"
+    relative = "" if url.startswith("sqlite:////") else f", relative to the current directory {Path.cwd()}"
+    return (f"chatgate: no store at {path} (store.url = {url}, {given}{relative}); nothing was created. "
+            "Point at the store `chatgate serve` writes: --store sqlite:////absolute/path/chatgate.db, "
+            "CHATGATE_STORE_URL, or store.url in the config file (--config FILE, CHATGATE_CONFIG).")
+
+
+def empty_period(url: str, since: float | None, until: float | None, what: str) -> str:
+    def when(ts: float | None, open_end: str) -> str:
+        if ts is None:
+            return open_end
+        return dt.datetime.fromtimestamp(ts, dt.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+    return (f"chatgate: the store {describe_store(url)} holds no {what} from "
+            f"{when(since, 'the first record')} to {when(until, 'now')}.")

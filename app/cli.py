@@ -288,6 +288,27 @@ def _store(args: argparse.Namespace) -> Any:
     return store, loaded
 
 
+def _report_store(args: argparse.Namespace, refusals: bool = False) -> tuple[Any, LoadedSettings] | None:
+    """A report's store, named on stderr; None (and why, on stderr) when its SQLite file is not there: a
+    report never creates a store."""
+    from app import banner
+    from app.refusals.store import open_refusal_store
+    from app.store import open_store
+
+    loaded = _load(args)
+    url = loaded.settings.store.url
+    if not loaded.settings.store.enabled:
+        raise ConfigError("store.url: reports read a store, got none")
+    path = banner.sqlite_path(url)
+    if path is not None and not path.is_file():
+        print(banner.missing_store(url, loaded.sources.get("store.url", "default"), path), file=sys.stderr)
+        return None
+    print(f"chatgate: store {banner.describe_store(url)}", file=sys.stderr)
+    store = open_refusal_store(url) if refusals else open_store(url)
+    store.migrate()
+    return store, loaded
+
+
 def _limit_change(args: argparse.Namespace) -> dict[str, Any]:
     """The limit flags given, parsed (LimitsError for a bad value): budget_usd in picoUSD, None clears."""
     from app.web.admin import parse_count, parse_period, parse_usd
@@ -478,18 +499,25 @@ def _plain(usd: float | None) -> str:
 
 
 def cmd_usage(args: argparse.Namespace) -> int:
+    from app import banner
     from app.metering.recorder import replay_spools
     from app.metering.reports import ReportError, build_report, make_query, render_csv, render_table
 
-    store, loaded = _store(args)
     try:
         query = make_query(args.by, args.since, args.until)
     except ReportError as exc:
         print(f"chatgate: {exc}", file=sys.stderr)
         return 2
+    opened = _report_store(args)
+    if opened is None:
+        return 1
+    store, loaded = opened
     replay_spools(store, loaded.settings.store.spool_dir)
     report = build_report(store, query)
     store.close()
+    if not report["rows"]:
+        print(banner.empty_period(loaded.settings.store.url, query.since, query.until, "usage records"),
+              file=sys.stderr)
     if args.format == "json":
         print(json.dumps(report))
     elif args.format == "csv":
@@ -500,19 +528,25 @@ def cmd_usage(args: argparse.Namespace) -> int:
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
+    from app import banner
     from app.metering.cache_report import build_cache_report, cache_query, render_cache_table
     from app.metering.recorder import replay_spools
     from app.metering.reports import ReportError
 
-    store, loaded = _store(args)
     try:
         by, since, until = cache_query(args.by, args.since, args.until)
     except ReportError as exc:
         print(f"chatgate: {exc}", file=sys.stderr)
         return 2
+    opened = _report_store(args)
+    if opened is None:
+        return 1
+    store, loaded = opened
     replay_spools(store, loaded.settings.store.spool_dir)
     report = build_cache_report(store, by, since, until)
     store.close()
+    if not report["rows"]:
+        print(banner.empty_period(loaded.settings.store.url, since, until, "usage records"), file=sys.stderr)
     if args.format == "json":
         print(json.dumps(report))
     else:
@@ -549,17 +583,6 @@ def cmd_config_check(args: argparse.Namespace) -> int:
 # --- refusals -----------------------------------------------------------------------------------
 
 
-def _refusal_store(args: argparse.Namespace) -> Any:
-    from app.refusals.store import open_refusal_store
-
-    loaded = _load(args)
-    if not loaded.settings.store.enabled:
-        raise ConfigError("store.url: the refusal inspector needs a store, got none")
-    store = open_refusal_store(loaded.settings.store.url)
-    store.migrate()
-    return store, loaded
-
-
 def cmd_refusals_list(args: argparse.Namespace) -> int:
     from app.metering.reports import ReportError, parse_time
     from app.refusals.service import list_refusals
@@ -570,12 +593,15 @@ def cmd_refusals_list(args: argparse.Namespace) -> int:
     except ReportError as exc:
         print(f"chatgate: {exc}", file=sys.stderr)
         return 2
-    store, loaded = _refusal_store(args)
     try:
         after = parse_cursor(args.cursor) if args.cursor else None
     except ValueError as exc:
         print(f"chatgate: --cursor: {exc}", file=sys.stderr)
         return 2
+    opened = _report_store(args, refusals=True)
+    if opened is None:
+        return 1
+    store, loaded = opened
     query = RefusalQuery(args.team, args.key, args.rule, since, args.limit, after)
     rows, cursor = list_refusals(store, query, loaded.settings.server.refusal_ttl_hours)
     store.close()
@@ -598,7 +624,10 @@ def cmd_refusals_show(args: argparse.Namespace) -> int:
     from app.gateway.endpoints import build_endpoints
     from app.refusals.service import Ambiguous, show_refusal
 
-    store, loaded = _refusal_store(args)
+    opened = _report_store(args, refusals=True)
+    if opened is None:
+        return 1
+    store, loaded = opened
     settings = loaded.settings
     endpoints = build_endpoints(settings)[0]
 
