@@ -15,6 +15,8 @@ from app.settings import ConfigError, LoadedSettings, effective, load_settings
 from app.store.base import GROUP_BYS
 
 FLAGS_ENV = "_CHATGATE_SERVE_FLAGS"  # how `serve` hands its flags to uvicorn's worker processes
+SINCE_HELP = "from this time, inclusive: a date or datetime (UTC), 24h, 7d, 2w (back from now), today"
+UNTIL_HELP = "to this time, exclusive: a date or datetime (UTC), 24h, 7d, 2w (back from now), today"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -95,8 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     usage.add_argument("--by", choices=list(GROUP_BYS), default="team",
                        help="group by client key, team, model, UTC day, rejecting rule, repair, or the "
                        "DeepSeek account that answered")
-    usage.add_argument("--since", help="from this date/datetime (UTC), inclusive")
-    usage.add_argument("--until", help="to this date/datetime (UTC), exclusive")
+    usage.add_argument("--since", help=SINCE_HELP)
+    usage.add_argument("--until", help=UNTIL_HELP)
     usage.add_argument("--format", choices=["table", "csv", "json"], default="table")
     _config_arg(usage)
     _store_arg(usage)
@@ -106,8 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
                            description="Per caller: DeepSeek context-cache hit rate, the money hits saved, "
                            "and the prompt-prefix breaks that cost money (estimated; docs/cache.md).")
     cache.add_argument("--by", choices=["key", "team", "model"], default="key")
-    cache.add_argument("--since", help="from this date/datetime (UTC), inclusive")
-    cache.add_argument("--until", help="to this date/datetime (UTC), exclusive")
+    cache.add_argument("--since", help=SINCE_HELP)
+    cache.add_argument("--until", help=UNTIL_HELP)
     cache.add_argument("--format", choices=["table", "json"], default="table",
                        help="json: the document GET /admin/cache answers")
     _config_arg(cache)
@@ -130,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     r_list.add_argument("--team")
     r_list.add_argument("--key", help="a key id (key_…) or passthrough fingerprint (fp-…)")
     r_list.add_argument("--rule", help="a rule (R16, A3, …) or problem code")
-    r_list.add_argument("--since", help="from this date/datetime (UTC), inclusive")
+    r_list.add_argument("--since", help=SINCE_HELP)
     r_list.add_argument("--limit", type=int, default=100, help="at most this many (1 to 1000)")
     r_list.add_argument("--cursor", help="the page after this one's last (printed when there are more)")
     r_list.add_argument("--format", choices=["table", "json"], default="table")
