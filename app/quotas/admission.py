@@ -6,6 +6,7 @@ its record is made (app/gateway/ledger.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
@@ -13,7 +14,7 @@ from app.errors import APIError
 from app.metering.calls import call_cost_picousd
 from app.metering.pricing import cost_bound_picousd
 from app.profiles import ModelProfile
-from app.quotas.gate import Quotas, refusal_error
+from app.quotas.gate import Quotas, refusal_error, usd_text
 from app.quotas.model import Admission, Refusal
 from app.settings import Settings
 from app.verdict import Verdict
@@ -66,6 +67,7 @@ class Admitter:
         `media` counts what its images and documents add (asked only when a limit applies)."""
         extra = await media() if media is not None and await self.quotas.limited(
             ex.identity.team, ex.identity.key_id) else 0
+        reserved: list[str] = []  # what the bound is made of, for a budget refusal's message
 
         def bounds(at: float) -> tuple[int, int]:  # only asked when the caller has limits
             if (tool := ex.tool) is not None:  # a tool API: no tokens, the price of one call
@@ -73,21 +75,42 @@ class Admitter:
                 return 0, price if price is not None else UNKNOWN_CALL_HOLD_PICOUSD
             profile = verdict.profile if verdict is not None else self.profiles.get(ex.model)
             prompt = len(ex.body) + extra
-            top = profile.max_tokens_max if profile is not None else self.settings.limits.default_max_tokens
+            default = self.settings.limits.default_max_tokens
+            top = profile.max_tokens_max if profile is not None else default
             wanted = verdict.max_tokens if verdict is not None and verdict.max_tokens is not None else None
-            completion = min(wanted if wanted is not None else self.settings.limits.default_max_tokens, top)
+            completion = min(wanted if wanted is not None else default, top)
             pricing, prices = self.settings.pricing, profile.prices if profile is not None else None
             cost = cost_bound_picousd(prompt, completion, prices, at, pricing.peak_hours_utc,
                                       pricing.off_peak_multiplier)
+            reserved[:] = [reservation_text(prompt, extra, completion, wanted, cost)]
             return prompt + completion, cost
 
         # at the request's start, as its usage record will be priced and counted: a wait for admission that
         # crosses into the peak hours, or into the next budget period, must not reserve by the later time
         admitted = await self.quotas.admit(ex.identity.team, ex.identity.key_id, bounds, started_at=ex.ts)
         if isinstance(admitted, Refusal):
+            if admitted.kind == "budget" and reserved:
+                return dataclasses.replace(admitted, message=f"{admitted.message} {reserved[0]}")
             return admitted
         ex.admission = admitted
         return None
+
+
+def reservation_text(prompt: int, media: int, completion: int, wanted: int | None, cost: int) -> str:
+    """What a request's budget reservation is made of, and how to make it smaller."""
+    what = f"its body's {prompt - media:,} bytes"
+    if media:
+        what += f" and {media:,} for its images and documents"
+    if wanted is None:
+        output = (f"{completion:,} output tokens (no max_tokens was sent: the default, "
+                  "limits.default_max_tokens)")
+        hint = (" Set max_tokens (max_output_tokens on the Responses API) to what the answer needs, and the "
+                "request reserves that much instead.")
+    else:
+        output = f"{completion:,} output tokens (its max_tokens)"
+        hint = " A lower max_tokens reserves less."
+    return (f"The reservation: {prompt:,} prompt tokens at most ({what}) + {output} = {usd_text(cost)} at "
+            f"this hour's prices.{hint}")
 
 
 def limit_error(refusal: Refusal) -> APIError:
