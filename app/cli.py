@@ -212,7 +212,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     for line in banner.banner(loaded, os.environ) + banner.warnings(loaded, os.environ):
         print(line, file=sys.stderr)
     os.environ[FLAGS_ENV] = json.dumps({"config": loaded.config_path, "flags": _flags(args)})
-    _configure_logging()
+    _configure_logging(s.log_format)
     _absorb_replayed_stop_signals()
     grace = int(s.shutdown_grace_seconds) or None
     config = uvicorn.Config("app.cli:app_from_env", factory=True, host=s.host, port=s.port, workers=s.workers,
@@ -246,7 +246,7 @@ def app_from_env() -> Any:
     spec = json.loads(os.environ.get(FLAGS_ENV, "{}"))
     loaded = load_settings(spec.get("config"), os.environ, spec.get("flags") or {})
     server.configure(loaded.settings.server)  # in a worker process, the protocol's class is a fresh import
-    _configure_logging()
+    _configure_logging(loaded.settings.server.log_format)
     app = create_app(loaded.settings)
     tune_gc()
     return app
@@ -263,13 +263,15 @@ def tune_gc() -> None:
     gc.set_threshold(50_000, 50, 100)
 
 
-def _configure_logging() -> None:
+def _configure_logging(log_format: str) -> None:
     import logging
+
+    from app.gateway.accesslog import log_formatter
 
     if logging.getLogger().handlers:
         return
     handler = logging.StreamHandler(sys.stdout)
-    handler.setFormatter(logging.Formatter("%(message)s"))
+    handler.setFormatter(log_formatter(log_format))
     root = logging.getLogger()
     root.addHandler(handler)
     root.setLevel(logging.INFO)

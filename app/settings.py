@@ -39,6 +39,7 @@ class ServerSettings(Section):
     accept_listeners: int = Field(default=16, ge=1, le=256)  # connections accepted per event-loop round
     shutdown_grace_seconds: float = Field(default=30.0, ge=0)
     access_log: bool = True
+    log_format: Literal["json", "text"] = "json"  # the access log's and the other log lines' form
     log_content: bool = False  # prompt and completion text in logs: off unless asked for
     capture_refusals: int = Field(default=1000, ge=0)  # refused requests kept per process (0: off)
     refusal_ttl_hours: float = Field(default=72.0, gt=0)

@@ -4,6 +4,7 @@ warning for managed mode without a DeepSeek key; a port in use named, with `--po
 
 from __future__ import annotations
 
+import re
 import socket
 from pathlib import Path
 
@@ -72,3 +73,16 @@ def test_a_port_in_use_is_named_with_the_way_to_pick_another(tmp_path: Path) -> 
     assert f"port {port} on 127.0.0.1 is already in use" in out.stderr
     assert f"--port {port + 1}" in out.stderr
     assert "Errno" not in out.stderr + out.stdout
+
+
+@pytest.mark.parametrize(("log_format", "pattern"), [
+    ("json", r'^\{"event":"log","time":"\d{4}-\d\d-\d\dT[\d:.]+Z","level":"INFO","logger":"uvicorn.error",'
+             r'"message":"Uvicorn running on'),
+    ("text", r"^\d{4}-\d\d-\d\dT[\d:.]+Z INFO uvicorn.error: Uvicorn running on "),
+])
+def test_the_log_format_applies_to_every_log_line_of_serve(tmp_path: Path, log_format: str, pattern: str
+                                                            ) -> None:
+    env = {"CHATGATE_SERVER_LOG_FORMAT": log_format}
+    with spawn_chatgate(tmp_path, "--upstream", "http://127.0.0.1:9", env=env) as gate:
+        log = gate.log()
+    assert any(re.match(pattern, line) for line in log.splitlines()), log
