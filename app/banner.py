@@ -10,7 +10,7 @@ import socket
 from collections.abc import Mapping
 from pathlib import Path
 
-from app.settings import LoadedSettings, redact_url
+from app.settings import LEGACY_STORE_URL, LoadedSettings, data_dir, redact_url
 
 
 def sqlite_path(url: str) -> Path | None:
@@ -48,8 +48,26 @@ def banner(loaded: LoadedSettings, env: Mapping[str, str]) -> list[str]:
     ]
 
 
+def legacy_store(loaded: LoadedSettings, env: Mapping[str, str]) -> str | None:
+    """The notice for a store found at the old default, ./data/chatgate.db (read until it is moved)."""
+    if "store.url" in loaded.sources or loaded.settings.store.url != LEGACY_STORE_URL:
+        return None
+    here, new = os.path.abspath("data"), data_dir(env)
+    return (f"notice: using the store at the old default place, {here}/chatgate.db (relative to the current "
+            f"directory). The default is now {new}/chatgate.db, the same from any directory: stop chatgate "
+            f"and move it there (mkdir -p {new} && mv {here}/chatgate.db* {here}/spool {new}/), or keep it "
+            f"here with store.url = \"sqlite:///{here}/chatgate.db\" and store.spool_dir = \"{here}/spool\".")
+
+
 def warnings(loaded: LoadedSettings, env: Mapping[str, str]) -> list[str]:
     """What will go wrong later and can be fixed now."""
+    legacy = legacy_store(loaded, env)
+    if legacy is not None:
+        return [legacy, *warnings_of_mode(loaded, env)]
+    return warnings_of_mode(loaded, env)
+
+
+def warnings_of_mode(loaded: LoadedSettings, env: Mapping[str, str]) -> list[str]:
     s = loaded.settings
     if s.auth.mode != "managed":
         return []

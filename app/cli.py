@@ -308,6 +308,9 @@ def _report_store(args: argparse.Namespace, refusals: bool = False) -> tuple[Any
         print(banner.missing_store(url, loaded.sources.get("store.url", "default"), path), file=sys.stderr)
         return None
     print(f"chatgate: store {banner.describe_store(url)}", file=sys.stderr)
+    legacy = banner.legacy_store(loaded, os.environ)
+    if legacy is not None:
+        print(f"chatgate: {legacy}", file=sys.stderr)
     store = open_refusal_store(url) if refusals else open_store(url)
     store.migrate()
     return store, loaded

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from app.store.sqlite import SQLiteStore
 from tests.config.test_cli_config import chatgate
 from tests.harness import spawn_chatgate
 
@@ -51,6 +52,7 @@ def test_managed_mode_without_a_deepseek_key_warns_at_start(tmp_path: Path) -> N
     assert "managed mode on" in log
     assert lines["admin key"].startswith("not set")
     assert lines["config"].startswith("none")
+    assert lines["store"] == f"SQLite {tmp_path}/xdg/chatgate/chatgate.db", "the per-user default"
     assert lines["tracing"] == "on"
     assert "warning: managed mode without a DeepSeek key: DEEPSEEK_API_KEY is not set" in log
 
@@ -86,3 +88,15 @@ def test_the_log_format_applies_to_every_log_line_of_serve(tmp_path: Path, log_f
     with spawn_chatgate(tmp_path, "--upstream", "http://127.0.0.1:9", env=env) as gate:
         log = gate.log()
     assert any(re.match(pattern, line) for line in log.splitlines()), log
+
+
+def test_a_store_at_the_old_default_is_served_with_a_notice_to_move_it(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    (work / "data").mkdir(parents=True)
+    SQLiteStore(work / "data" / "chatgate.db").migrate()
+    with spawn_chatgate(tmp_path, "--upstream", "http://127.0.0.1:9", cwd=work) as gate:
+        log = gate.log()
+    assert banner_of(log)["store"] == f"SQLite {work}/data/chatgate.db"
+    assert f"notice: using the store at the old default place, {work}/data/chatgate.db" in log
+    assert f"The default is now {tmp_path}/xdg/chatgate/chatgate.db" in log
+    assert not (tmp_path / "xdg").exists()

@@ -1,6 +1,8 @@
 """Reports read a store, never create one (issue 50 §3): a missing SQLite file is named with the way to
-point at the right one (exit 1, nothing created in the current directory); every report names the store it
-read on stderr (stdout stays the report), and says when the store holds nothing for the period."""
+point at the right one (exit 1, nothing created); every report names the store it read on stderr (stdout
+stays the report), and says when the store holds nothing for the period. The default store is in the
+per-user data directory, whatever the current directory; one at the old default, ./data/chatgate.db, is
+still read, with a notice to move it."""
 
 from __future__ import annotations
 
@@ -16,8 +18,8 @@ from app.cli import main
 from app.store.sqlite import SQLiteStore
 from tests.fakes.server import run_fake_deepseek
 from tests.gateway.conftest import usage_rows
-from tests.harness import make_settings, run_chatgate
-from tests.metering.helpers import cli
+from tests.harness import make_settings, run_chatgate, spawn_chatgate
+from tests.metering.helpers import cli, wait_for
 
 REPORTS = [["usage"], ["usage", "--by", "model", "--format", "json"], ["cache", "--format", "json"],
            ["refusals", "list"], ["refusals", "show", "req-x"]]
@@ -25,9 +27,10 @@ REPORTS = [["usage"], ["usage", "--by", "model", "--format", "json"], ["cache", 
 
 @pytest.fixture
 def elsewhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """An empty current directory, no CHATGATE_* settings from outside."""
+    """An empty current directory, no CHATGATE_* settings from outside, the data directory under tmp_path."""
     for name in [n for n in os.environ if n.startswith("CHATGATE_")]:
         monkeypatch.delenv(name)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
     work = tmp_path / "elsewhere"
     work.mkdir()
     monkeypatch.chdir(work)
@@ -35,15 +38,50 @@ def elsewhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]
 
 
 @pytest.mark.parametrize("command", REPORTS, ids=lambda c: " ".join(c))
-def test_a_report_run_elsewhere_names_the_missing_store_and_creates_nothing(
-        elsewhere: Path, command: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_report_without_a_store_names_the_missing_one_and_creates_nothing(
+        elsewhere: Path, tmp_path: Path, command: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert main(command) == 1
     out, err = capsys.readouterr()
     assert out == ""
-    assert f"no store at {elsewhere / 'data' / 'chatgate.db'}" in err
-    assert "the default" in err and f"relative to the current directory {elsewhere}" in err
+    default = tmp_path / "xdg" / "chatgate" / "chatgate.db"
+    assert f"no store at {default} (store.url = sqlite:///{default}, the default)" in err
     assert "--store" in err and "CHATGATE_STORE_URL" in err and "config file" in err
     assert list(elsewhere.iterdir()) == [], "nothing created"
+    assert not (tmp_path / "xdg").exists()
+
+
+def test_a_relative_store_url_is_named_with_the_current_directory(
+        elsewhere: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["usage", "--store", "sqlite:///usage/x.db"]) == 1
+    err = capsys.readouterr().err
+    assert f"no store at {elsewhere}/usage/x.db (store.url = sqlite:///usage/x.db, from the flag, relative " \
+           f"to the current directory {elsewhere})" in err
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_the_default_store_is_the_same_from_any_directory(elsewhere: Path, tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    default = tmp_path / "xdg" / "chatgate" / "chatgate.db"
+    default.parent.mkdir(parents=True)
+    SQLiteStore(default).migrate()
+    for where in (elsewhere, tmp_path):
+        os.chdir(where)
+        assert main(["usage", "--format", "json"]) == 0
+        assert f"chatgate: store SQLite {default}\n" in capsys.readouterr().err
+
+
+def test_a_store_at_the_old_default_is_read_with_a_notice_to_move_it(
+        elsewhere: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (elsewhere / "data").mkdir()
+    SQLiteStore(elsewhere / "data" / "chatgate.db").migrate()
+    assert main(["usage", "--format", "json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["rows"] == []
+    assert f"chatgate: store SQLite {elsewhere}/data/chatgate.db\n" in err
+    new = tmp_path / "xdg" / "chatgate"
+    assert f"notice: using the store at the old default place, {elsewhere}/data/chatgate.db" in err
+    assert f"The default is now {new}/chatgate.db" in err and f"mv {elsewhere}/data/chatgate.db*" in err
+    assert not new.exists()
 
 
 def test_a_missing_store_given_by_the_environment_says_so(elsewhere: Path, tmp_path: Path,
@@ -52,7 +90,8 @@ def test_a_missing_store_given_by_the_environment_says_so(elsewhere: Path, tmp_p
     monkeypatch.setenv("CHATGATE_STORE_URL", f"sqlite:///{tmp_path}/gone/usage.db")
     assert main(["usage"]) == 1
     err = capsys.readouterr().err
-    assert f"no store at {tmp_path}/gone/usage.db" in err and "from the env" in err
+    gone = f"{tmp_path}/gone/usage.db"
+    assert f"no store at {gone} (store.url = sqlite:///{gone}, from the env)" in err
     assert "relative to" not in err
     assert not (tmp_path / "gone").exists()
 
@@ -90,9 +129,20 @@ def test_a_report_of_records_names_its_store_and_keeps_stdout_clean(
 
 
 @pytest.mark.slow
-def test_the_real_cli_run_elsewhere_exits_non_zero_and_leaves_no_data_directory(tmp_path: Path) -> None:
-    env = {"CHATGATE_STORE_SPOOL_DIR": "data/spool"}  # the defaults, relative to the current directory
-    proc = cli("usage", "--by", "team", cwd=tmp_path, env=env, check=False)
-    assert proc.returncode == 1 and proc.stdout == ""
-    assert f"no store at {tmp_path}/data/chatgate.db" in proc.stderr
-    assert not (tmp_path / "data").exists()
+def test_serve_and_a_report_meet_at_the_default_store_from_different_directories(tmp_path: Path) -> None:
+    """The real processes: `serve` started in one directory writes the default store, a report run in
+    another reads it; neither leaves a data/ directory behind."""
+    xdg, served, elsewhere = tmp_path / "xdg", tmp_path / "served", tmp_path / "elsewhere"
+    served.mkdir()
+    elsewhere.mkdir()
+    env = {"XDG_DATA_HOME": str(xdg)}
+    with run_fake_deepseek() as fake, spawn_chatgate(tmp_path, "--upstream", fake.url, cwd=served,
+                                                      env=env) as gate:
+        body = {"model": "deepseek-flash", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+        resp = httpx2.post(gate.url + "/v1/chat/completions", json=body, timeout=20,
+                           headers={"authorization": "Bearer sk-default-store"})
+        assert resp.status_code == 200, resp.text
+        assert f"SQLite {xdg}/chatgate/chatgate.db" in gate.log()
+        wait_for(lambda: json.loads(cli("usage", "--format", "json", cwd=elsewhere, env=env).stdout)
+                 ["totals"]["requests"] == 1, what="the record, read from another directory")
+    assert not (served / "data").exists() and not (elsewhere / "data").exists()
