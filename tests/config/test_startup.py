@@ -93,7 +93,9 @@ def test_the_log_format_applies_to_every_log_line_of_serve(tmp_path: Path, log_f
 def test_a_store_at_the_old_default_is_served_with_a_notice_to_move_it(tmp_path: Path) -> None:
     work = tmp_path / "work"
     (work / "data").mkdir(parents=True)
-    SQLiteStore(work / "data" / "chatgate.db").migrate()
+    store = SQLiteStore(work / "data" / "chatgate.db")
+    store.migrate()
+    store.close()
     with spawn_chatgate(tmp_path, "--upstream", "http://127.0.0.1:9", cwd=work) as gate:
         log = gate.log()
     assert banner_of(log)["store"] == f"SQLite {work}/data/chatgate.db"

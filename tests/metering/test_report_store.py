@@ -25,6 +25,12 @@ REPORTS = [["usage"], ["usage", "--by", "model", "--format", "json"], ["cache", 
            ["refusals", "list"], ["refusals", "show", "req-x"]]
 
 
+def empty_store(path: Path) -> None:
+    store = SQLiteStore(path)
+    store.migrate()
+    store.close()
+
+
 @pytest.fixture
 def elsewhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """An empty current directory, no CHATGATE_* settings from outside, the data directory under tmp_path."""
@@ -63,7 +69,7 @@ def test_the_default_store_is_the_same_from_any_directory(elsewhere: Path, tmp_p
                                                           capsys: pytest.CaptureFixture[str]) -> None:
     default = tmp_path / "xdg" / "chatgate" / "chatgate.db"
     default.parent.mkdir(parents=True)
-    SQLiteStore(default).migrate()
+    empty_store(default)
     for where in (elsewhere, tmp_path):
         os.chdir(where)
         assert main(["usage", "--format", "json"]) == 0
@@ -73,7 +79,7 @@ def test_the_default_store_is_the_same_from_any_directory(elsewhere: Path, tmp_p
 def test_a_store_at_the_old_default_is_read_with_a_notice_to_move_it(
         elsewhere: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (elsewhere / "data").mkdir()
-    SQLiteStore(elsewhere / "data" / "chatgate.db").migrate()
+    empty_store(elsewhere / "data" / "chatgate.db")
     assert main(["usage", "--format", "json"]) == 0
     out, err = capsys.readouterr()
     assert json.loads(out)["rows"] == []
@@ -99,7 +105,7 @@ def test_a_missing_store_given_by_the_environment_says_so(elsewhere: Path, tmp_p
 def test_an_empty_store_is_named_and_said_empty_for_the_period(elsewhere: Path, tmp_path: Path,
                                                                capsys: pytest.CaptureFixture[str]) -> None:
     db = tmp_path / "empty.db"
-    SQLiteStore(db).migrate()
+    empty_store(db)
     url = f"sqlite:///{db}"
     assert main(["usage", "--format", "json", "--store", url, "--since", "2026-11-01",
                  "--until", "2026-12-01"]) == 0
