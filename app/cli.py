@@ -15,6 +15,8 @@ from app.settings import ConfigError, LoadedSettings, effective, load_settings
 from app.store.base import GROUP_BYS
 
 FLAGS_ENV = "_CHATGATE_SERVE_FLAGS"  # how `serve` hands its flags to uvicorn's worker processes
+SINCE_HELP = "from this time, inclusive: a date or datetime (UTC), 24h, 7d, 2w (back from now), today"
+UNTIL_HELP = "to this time, exclusive: a date or datetime (UTC), 24h, 7d, 2w (back from now), today"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -95,8 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     usage.add_argument("--by", choices=list(GROUP_BYS), default="team",
                        help="group by client key, team, model, UTC day, rejecting rule, repair, or the "
                        "DeepSeek account that answered")
-    usage.add_argument("--since", help="from this date/datetime (UTC), inclusive")
-    usage.add_argument("--until", help="to this date/datetime (UTC), exclusive")
+    usage.add_argument("--since", help=SINCE_HELP)
+    usage.add_argument("--until", help=UNTIL_HELP)
     usage.add_argument("--format", choices=["table", "csv", "json"], default="table")
     _config_arg(usage)
     _store_arg(usage)
@@ -118,8 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
                            description="Per caller: DeepSeek context-cache hit rate, the money hits saved, "
                            "and the prompt-prefix breaks that cost money (estimated; docs/cache.md).")
     cache.add_argument("--by", choices=["key", "team", "model"], default="key")
-    cache.add_argument("--since", help="from this date/datetime (UTC), inclusive")
-    cache.add_argument("--until", help="to this date/datetime (UTC), exclusive")
+    cache.add_argument("--since", help=SINCE_HELP)
+    cache.add_argument("--until", help=UNTIL_HELP)
     cache.add_argument("--format", choices=["table", "json"], default="table",
                        help="json: the document GET /admin/cache answers")
     _config_arg(cache)
@@ -142,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     r_list.add_argument("--team")
     r_list.add_argument("--key", help="a key id (key_…) or passthrough fingerprint (fp-…)")
     r_list.add_argument("--rule", help="a rule (R16, A3, …) or problem code")
-    r_list.add_argument("--since", help="from this date/datetime (UTC), inclusive")
+    r_list.add_argument("--since", help=SINCE_HELP)
     r_list.add_argument("--limit", type=int, default=100, help="at most this many (1 to 1000)")
     r_list.add_argument("--cursor", help="the page after this one's last (printed when there are more)")
     r_list.add_argument("--format", choices=["table", "json"], default="table")
@@ -212,12 +214,19 @@ def _load(args: argparse.Namespace) -> LoadedSettings:
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from app import server
+    from app import banner, server
 
     loaded = _load(args)  # fail here, once, with exit code 2
     s = loaded.settings.server
+    try:
+        banner.check_port(s.host, s.port)
+    except OSError as exc:
+        print(banner.bind_failure(s.host, s.port, exc), file=sys.stderr)
+        return 3
+    for line in banner.banner(loaded, os.environ) + banner.warnings(loaded, os.environ):
+        print(line, file=sys.stderr)
     os.environ[FLAGS_ENV] = json.dumps({"config": loaded.config_path, "flags": _flags(args)})
-    _configure_logging()
+    _configure_logging(s.log_format)
     _absorb_replayed_stop_signals()
     grace = int(s.shutdown_grace_seconds) or None
     config = uvicorn.Config("app.cli:app_from_env", factory=True, host=s.host, port=s.port, workers=s.workers,
@@ -251,7 +260,7 @@ def app_from_env() -> Any:
     spec = json.loads(os.environ.get(FLAGS_ENV, "{}"))
     loaded = load_settings(spec.get("config"), os.environ, spec.get("flags") or {})
     server.configure(loaded.settings.server)  # in a worker process, the protocol's class is a fresh import
-    _configure_logging()
+    _configure_logging(loaded.settings.server.log_format)
     app = create_app(loaded.settings)
     tune_gc()
     return app
@@ -268,13 +277,15 @@ def tune_gc() -> None:
     gc.set_threshold(50_000, 50, 100)
 
 
-def _configure_logging() -> None:
+def _configure_logging(log_format: str) -> None:
     import logging
+
+    from app.gateway.accesslog import log_formatter
 
     if logging.getLogger().handlers:
         return
     handler = logging.StreamHandler(sys.stdout)
-    handler.setFormatter(logging.Formatter("%(message)s"))
+    handler.setFormatter(log_formatter(log_format))
     root = logging.getLogger()
     root.addHandler(handler)
     root.setLevel(logging.INFO)
@@ -291,6 +302,30 @@ def _store(args: argparse.Namespace) -> Any:
     if not loaded.settings.store.enabled:
         raise ConfigError("store.url: metering and keys need a store, got none")
     store = open_store(loaded.settings.store.url)
+    store.migrate()
+    return store, loaded
+
+
+def _report_store(args: argparse.Namespace, refusals: bool = False) -> tuple[Any, LoadedSettings] | None:
+    """A report's store, named on stderr; None (and why, on stderr) when its SQLite file is not there: a
+    report never creates a store."""
+    from app import banner
+    from app.refusals.store import open_refusal_store
+    from app.store import open_store
+
+    loaded = _load(args)
+    url = loaded.settings.store.url
+    if not loaded.settings.store.enabled:
+        raise ConfigError("store.url: reports read a store, got none")
+    path = banner.sqlite_path(url)
+    if path is not None and not path.is_file():
+        print(banner.missing_store(url, loaded.sources.get("store.url", "default"), path), file=sys.stderr)
+        return None
+    print(f"chatgate: store {banner.describe_store(url)}", file=sys.stderr)
+    legacy = banner.legacy_store(loaded, os.environ)
+    if legacy is not None:
+        print(f"chatgate: {legacy}", file=sys.stderr)
+    store = open_refusal_store(url) if refusals else open_store(url)
     store.migrate()
     return store, loaded
 
@@ -495,18 +530,25 @@ def _plain(usd: float | None) -> str:
 
 
 def cmd_usage(args: argparse.Namespace) -> int:
+    from app import banner
     from app.metering.recorder import replay_spools
     from app.metering.reports import ReportError, build_report, make_query, render_csv, render_table
 
-    store, loaded = _store(args)
     try:
         query = make_query(args.by, args.since, args.until)
     except ReportError as exc:
         print(f"chatgate: {exc}", file=sys.stderr)
         return 2
+    opened = _report_store(args)
+    if opened is None:
+        return 1
+    store, loaded = opened
     replay_spools(store, loaded.settings.store.spool_dir)
     report = build_report(store, query, loaded.settings.pricing.currency)
     store.close()
+    if not report["rows"]:
+        print(banner.empty_period(loaded.settings.store.url, query.since, query.until, "usage records"),
+              file=sys.stderr)
     if args.format == "json":
         print(json.dumps(report))
     elif args.format == "csv":
@@ -541,19 +583,25 @@ def cmd_prices(args: argparse.Namespace) -> int:
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
+    from app import banner
     from app.metering.cache_report import build_cache_report, cache_query, render_cache_table
     from app.metering.recorder import replay_spools
     from app.metering.reports import ReportError
 
-    store, loaded = _store(args)
     try:
         by, since, until = cache_query(args.by, args.since, args.until)
     except ReportError as exc:
         print(f"chatgate: {exc}", file=sys.stderr)
         return 2
+    opened = _report_store(args)
+    if opened is None:
+        return 1
+    store, loaded = opened
     replay_spools(store, loaded.settings.store.spool_dir)
     report = build_cache_report(store, by, since, until, _currency(loaded))
     store.close()
+    if not report["rows"]:
+        print(banner.empty_period(loaded.settings.store.url, since, until, "usage records"), file=sys.stderr)
     if args.format == "json":
         print(json.dumps(report))
     else:
@@ -590,17 +638,6 @@ def cmd_config_check(args: argparse.Namespace) -> int:
 # --- refusals -----------------------------------------------------------------------------------
 
 
-def _refusal_store(args: argparse.Namespace) -> Any:
-    from app.refusals.store import open_refusal_store
-
-    loaded = _load(args)
-    if not loaded.settings.store.enabled:
-        raise ConfigError("store.url: the refusal inspector needs a store, got none")
-    store = open_refusal_store(loaded.settings.store.url)
-    store.migrate()
-    return store, loaded
-
-
 def cmd_refusals_list(args: argparse.Namespace) -> int:
     from app.metering.reports import ReportError, parse_time
     from app.refusals.service import list_refusals
@@ -611,12 +648,15 @@ def cmd_refusals_list(args: argparse.Namespace) -> int:
     except ReportError as exc:
         print(f"chatgate: {exc}", file=sys.stderr)
         return 2
-    store, loaded = _refusal_store(args)
     try:
         after = parse_cursor(args.cursor) if args.cursor else None
     except ValueError as exc:
         print(f"chatgate: --cursor: {exc}", file=sys.stderr)
         return 2
+    opened = _report_store(args, refusals=True)
+    if opened is None:
+        return 1
+    store, loaded = opened
     query = RefusalQuery(args.team, args.key, args.rule, since, args.limit, after)
     rows, cursor = list_refusals(store, query, loaded.settings.server.refusal_ttl_hours)
     store.close()
@@ -639,7 +679,10 @@ def cmd_refusals_show(args: argparse.Namespace) -> int:
     from app.gateway.endpoints import build_endpoints
     from app.refusals.service import Ambiguous, show_refusal
 
-    store, loaded = _refusal_store(args)
+    opened = _report_store(args, refusals=True)
+    if opened is None:
+        return 1
+    store, loaded = opened
     settings = loaded.settings
     endpoints = build_endpoints(settings)[0]
 

@@ -41,6 +41,7 @@ class ServerSettings(Section):
     accept_listeners: int = Field(default=16, ge=1, le=256)  # connections accepted per event-loop round
     shutdown_grace_seconds: float = Field(default=30.0, ge=0)
     access_log: bool = True
+    log_format: Literal["json", "text"] = "json"  # the access log's and the other log lines' form
     log_content: bool = False  # prompt and completion text in logs: off unless asked for
     capture_refusals: int = Field(default=1000, ge=0)  # refused requests kept per process (0: off)
     refusal_ttl_hours: float = Field(default=72.0, gt=0)
@@ -138,9 +139,30 @@ class AuthSettings(Section):
         return value
 
 
+LEGACY_STORE_URL = "sqlite:///data/chatgate.db"  # the default before issue 50, from the current directory
+LEGACY_SPOOL_DIR = "data/spool"
+
+
+def data_dir(env: Mapping[str, str]) -> str:
+    """chatgate's per-user data directory: $XDG_DATA_HOME/chatgate, else ~/.local/share/chatgate."""
+    xdg = env.get("XDG_DATA_HOME", "")
+    home = env.get("HOME") or os.path.expanduser("~")
+    return os.path.join(xdg if os.path.isabs(xdg) else os.path.join(home, ".local", "share"), "chatgate")
+
+
+def default_store(env: Mapping[str, str]) -> tuple[str, str]:
+    """(store.url, store.spool_dir) when neither is set: in the per-user data directory, whatever the current
+    directory; but an existing ./data/chatgate.db (the old default) is kept, with its spool, until moved."""
+    if os.path.isfile(LEGACY_STORE_URL.removeprefix("sqlite:///")):
+        return LEGACY_STORE_URL, LEGACY_SPOOL_DIR
+    base = data_dir(env)
+    return f"sqlite:///{os.path.join(base, 'chatgate.db')}", os.path.join(base, "spool")
+
+
 class StoreSettings(Section):
-    url: str = "sqlite:///data/chatgate.db"
-    spool_dir: str = "data/spool"
+    # load_settings puts default_store()'s in place of these two when they are not set
+    url: str = LEGACY_STORE_URL
+    spool_dir: str = LEGACY_SPOOL_DIR
     batch_max: int = Field(default=1000, ge=1)
     flush_interval_ms: float = Field(default=100.0, ge=0)
     retry_seconds: float = Field(default=1.0, gt=0)
@@ -420,6 +442,11 @@ def load_settings(config_path: str | None = None, env: Mapping[str, str] | None 
     for source, layer in layers:
         _merge(merged, layer, source, sources, "")
     deprecated = _drop_deprecated(merged, sources)
+    url, spool_dir = default_store(env)
+    store = merged.setdefault("store", {})
+    if isinstance(store, dict):  # else the validation below names the bad section
+        store.setdefault("url", url)
+        store.setdefault("spool_dir", spool_dir)
     try:
         settings = Settings.model_validate(merged)
     except pydantic.ValidationError as exc:

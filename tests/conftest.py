@@ -1,12 +1,14 @@
-"""Suite-wide set-up: pytest-xdist workers die with the run that started them (tests/lifeline.py), the
-HTTP clients of a test process share one default SSL context (`_one_ssl_context`), and a session ends once
-its throw-away PostgreSQL databases are dropped (tests/pgutil.py)."""
+"""Suite-wide set-up: a data directory of the run's own (the default store's place), pytest-xdist workers
+die with the run that started them (tests/lifeline.py), the HTTP clients of a test process share one
+default SSL context (`_one_ssl_context`), and a session ends once its throw-away PostgreSQL databases are
+dropped (tests/pgutil.py)."""
 
 from __future__ import annotations
 
 import os
 import ssl
 import sys
+import tempfile
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
@@ -16,6 +18,10 @@ import httpx2._transports.default
 import pytest
 
 from tests import lifeline
+
+# chatgate's default store is in the per-user data directory: a test (or a process it starts) that sets no
+# store gets this process's own, never the user's ~/.local/share/chatgate
+os.environ["XDG_DATA_HOME"] = tempfile.mkdtemp(prefix="chatgate-tests-data-")
 
 
 def _one_ssl_context(transports: ModuleType) -> None:

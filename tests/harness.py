@@ -215,6 +215,7 @@ def spawn_chatgate(tmp_path: Path, *args: str, env: dict[str, str] | None = None
     log_path = tmp_path / f"{name}-{port}.log"
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("CHATGATE_")}
     full_env.setdefault("CHATGATE_STORE_SPOOL_DIR", str(tmp_path / "spool"))
+    full_env["XDG_DATA_HOME"] = str(tmp_path / "xdg")  # the default store: the test's own, not the user's
     if module != "app":
         full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), full_env.get("PYTHONPATH")]))
     full_env.update(env or {})

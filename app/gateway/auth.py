@@ -69,6 +69,19 @@ def client_key(headers: Mapping[str, str]) -> str | None:
     return f"Bearer {api_key}" if api_key else authorization
 
 
+def unknown_key_message(token: str) -> str:
+    """The managed mode's 401 for a key the store does not know (or a revoked one), naming what a chatgate
+    key looks like; a DeepSeek key (`sk-…`) sent by mistake is called one (the client reads the wrong
+    variable)."""
+    message = (f"Invalid chatgate API key: unknown or revoked. chatgate runs in managed mode, where a client "
+               f"sends a chatgate key ({KEY_PREFIX}…), made by `chatgate keys create --team T --name N`.")
+    if token.startswith("sk-"):
+        message += (" The key sent looks like a DeepSeek API key (sk-…): in managed mode the DeepSeek "
+                    "key stays on the server (DEEPSEEK_API_KEY) and clients send their chatgate key instead "
+                    "(point the client at a variable of its own, e.g. CHATGATE_API_KEY).")
+    return message
+
+
 def fingerprint(secret: str) -> str:
     return _fingerprint_of(hash_key(secret))
 
@@ -108,8 +121,7 @@ class Authenticator:
         digest = hash_key(token)
         key = await self._lookup(digest)
         if key is None or not key.active:
-            raise unauthorized("Invalid chatgate API key: unknown or revoked. Check the key, or create a new "
-                               "one with `chatgate keys create`.")
+            raise unauthorized(unknown_key_message(token))
         identity = Identity(key.key_id, key.name, key.team, self._upstream, key.key_id)
         cached = self._cache.get(digest)
         if cached is not None and cached[1] is key:  # kept as long as the key's cache entry

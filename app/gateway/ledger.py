@@ -32,7 +32,8 @@ class Ledger:
         self.metrics = metrics
         self.quotas = quotas  # an admitted exchange's reservations are settled by its record
         self.spawn = spawn  # runs a settlement that needs I/O (shared counters) off the request
-        self.access_log = AccessLog() if settings.server.access_log else None
+        server = settings.server
+        self.access_log = AccessLog(log_format=server.log_format) if server.access_log else None
         c = settings.cache
         self.advisor = Advisor(c.breaks, c.memory_per_caller, c.memory_bytes)
 

@@ -306,7 +306,10 @@ def _remove_unborn(path: Path) -> None:
 
 
 def replay_spools(store: Store, spool_dir: str) -> None:
-    """Write records left in spool files by dead processes (used by the CLI before reporting)."""
+    """Write records left in spool files by dead processes (used by the CLI before reporting); a spool
+    directory that is not there holds none, and is not created."""
+    if not Path(spool_dir).is_dir():
+        return
     recorder = Recorder(store, spool_dir)
     recorder.spool_dir.mkdir(parents=True, exist_ok=True)
     recorder._replay_orphans()  # it owns no spool file, so every matching unlocked one is an orphan

@@ -6,6 +6,8 @@ import csv
 import datetime as dt
 import io
 import math
+import re
+import time
 from decimal import Decimal
 from typing import Any
 
@@ -34,10 +36,23 @@ class ReportError(ValueError):
 MAX_SECONDS = 253_402_300_799  # 9999-12-31T23:59:59Z
 
 
-def parse_time(value: str | None, name: str) -> float | None:
-    """ISO date or datetime (UTC unless it says otherwise), or unix seconds."""
+RELATIVE = re.compile(r"^(\d{1,6})([hdw])$")
+UNIT_SECONDS = {"h": 3600, "d": 86_400, "w": 7 * 86_400}
+
+
+def parse_time(value: str | None, name: str, now: float | None = None) -> float | None:
+    """ISO date or datetime (UTC unless it says otherwise), unix seconds, a span back from now (`24h`, `7d`,
+    `2w`), or `today` / `yesterday` (from 00:00 UTC)."""
     if value is None or value == "":
         return None
+    now = time.time() if now is None else now
+    word = value.strip().lower()
+    if word in ("today", "yesterday"):
+        midnight = dt.datetime.fromtimestamp(now, dt.UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+        return (midnight - dt.timedelta(days=1 if word == "yesterday" else 0)).timestamp()
+    relative = RELATIVE.match(word)
+    if relative:
+        return now - int(relative.group(1)) * UNIT_SECONDS[relative.group(2)]
     try:
         seconds = float(value)
     except ValueError:
@@ -50,7 +65,8 @@ def parse_time(value: str | None, name: str) -> float | None:
         parsed = dt.datetime.fromisoformat(value)
     except ValueError:
         raise ReportError(
-            f"--{name}: expected a date (2026-11-30), a datetime or unix seconds, got {value!r}") from None
+            f"--{name}: expected a date (2026-11-30), a datetime (2026-11-30T08:00), unix seconds, a span "
+            f"back from now (24h, 7d, 2w) or today / yesterday (UTC), got {value!r}") from None
     if parsed.tzinfo is None:
         parsed = parsed.replace(tzinfo=dt.UTC)
     return parsed.timestamp()

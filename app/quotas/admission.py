@@ -6,13 +6,15 @@ its record is made (app/gateway/ledger.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from app.errors import APIError
 from app.metering.pricing import Pricing
 from app.profiles import ModelProfile
-from app.quotas.gate import Quotas, refusal_error
+from app.metering.catalogue import SYMBOLS
+from app.quotas.gate import Quotas, money_text, refusal_error
 from app.quotas.model import Admission, Refusal
 from app.settings import Settings
 from app.verdict import Verdict
@@ -72,6 +74,7 @@ class Admitter:
         extra = await media() if media is not None and await self.quotas.limited(
             ex.identity.team, ex.identity.key_id) else 0
         model = ex.priced_as or ex.model
+        reserved: list[str] = []  # what the bound is made of, for a budget refusal's message
 
         def bounds(at: float) -> tuple[int, int]:  # only asked when the caller has limits
             if (tool := ex.tool) is not None:  # a tool API: no tokens, the price of one call
@@ -79,10 +82,14 @@ class Admitter:
                 return 0, price if price is not None else UNKNOWN_CALL_HOLD_PICOUSD
             profile = verdict.profile if verdict is not None else self.profiles.get(ex.model)
             prompt = len(ex.body) + extra
-            top = profile.max_tokens_max if profile is not None else self.settings.limits.default_max_tokens
+            default = self.settings.limits.default_max_tokens
+            top = profile.max_tokens_max if profile is not None else default
             wanted = verdict.max_tokens if verdict is not None and verdict.max_tokens is not None else None
-            completion = min(wanted if wanted is not None else self.settings.limits.default_max_tokens, top)
-            return prompt + completion, self.pricing.bound(prompt, completion, model, at)
+            completion = min(wanted if wanted is not None else default, top)
+            cost = self.pricing.bound(prompt, completion, model, at)
+            reserved[:] = [reservation_text(prompt, extra, completion, wanted,
+                                          money_text(cost, SYMBOLS[self.pricing.currency]))]
+            return prompt + completion, cost
 
         # at the request's start, as its usage record will be priced and counted: a wait for admission that
         # crosses into the peak hours, or into the next budget period, must not reserve by the later time
@@ -91,9 +98,28 @@ class Admitter:
         admitted = await self.quotas.admit(ex.identity.team, ex.identity.key_id, bounds, started_at=ex.ts,
                                            priced=priced)
         if isinstance(admitted, Refusal):
+            if admitted.kind == "budget" and reserved:
+                return dataclasses.replace(admitted, message=f"{admitted.message} {reserved[0]}")
             return admitted
         ex.admission = admitted
         return None
+
+
+def reservation_text(prompt: int, media: int, completion: int, wanted: int | None, cost: str) -> str:
+    """What a request's budget reservation is made of, and how to make it smaller."""
+    what = f"its body's {prompt - media:,} bytes"
+    if media:
+        what += f" and {media:,} for its images and documents"
+    if wanted is None:
+        output = (f"{completion:,} output tokens (no max_tokens was sent: the default, "
+                  "limits.default_max_tokens)")
+        hint = (" Set max_tokens (max_output_tokens on the Responses API) to what the answer needs, and the "
+                "request reserves that much instead.")
+    else:
+        output = f"{completion:,} output tokens (its max_tokens)"
+        hint = " A lower max_tokens reserves less."
+    return (f"The reservation: {prompt:,} prompt tokens at most ({what}) + {output} = {cost} at "
+            f"this hour's prices.{hint}")
 
 
 def limit_error(refusal: Refusal) -> APIError:

@@ -17,6 +17,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any
 
 from redis.exceptions import RedisError
@@ -33,6 +34,7 @@ from app.quotas.redis_rates import RedisRates
 from app.settings import Settings
 from app.store.base import Hold, LimitRow, Store, StoreError
 
+PICO_PER_USD = Decimal(10**12)
 log = logging.getLogger("chatgate.quotas")
 
 BACKEND_ERRORS = (StoreError, RedisError, OSError, TimeoutError)
@@ -347,19 +349,28 @@ class Quotas:
     async def _over_budget(self, hold: Hold, subjects: list[Subject], now: float) -> Refusal:
         subject = next(s for s in subjects if s.scope == hold.scope)
         period = subject.limits.budget_period or "month"
+        # refused because this request might not fit: the message (and the alert) say what is really spent
+        spent, held = await self.budgets.state(hold.scope, hold.subject, hold.period_start, now)
         if self.alerts.due("hard", hold.scope, hold.subject, hold.period_start):
-            # refused because this request might not fit: the alert reports what is really spent
-            spent, _ = await self.budgets.state(hold.scope, hold.subject, hold.period_start, now)
             self.alerts.fire("hard", hold.scope, hold.subject, period, hold.period_start, spent,
                              hold.budget_picousd)
         end = period_end(hold.period_start + 1, period)
         renews = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(end)) if end is not None else ""
         until = f" It renews at {renews}." if renews else ""
-        return Refusal("budget", subject, hold.budget_picousd, None,
-                       f"The {period} budget of {subject.label} "
-                       f"({self.symbol}{hold.budget_picousd / 1e12:.2f}) is "
-                       f"spent, "
-                       f"or this request could cost more than what is left.{until}")
+        budget = hold.budget_picousd
+        left = max(budget - spent - held, 0)
+        used = f"{100 * spent / budget:.1f}% used" if budget else "none allowed"
+        in_flight = f", {self.money(held)} held by requests in flight" if held else ""
+        state = "is used up" if left == 0 else f"has {self.money(left)} left"
+        return Refusal("budget", subject, budget, None,
+                       f"The {period} budget of {subject.label} ({self.money(budget)}) {state}: spent "
+                       f"{self.money(spent)} ({used}){in_flight}. This request would reserve up to "
+                       f"{self.money(hold.amount_picousd)} (its upper bound, settled to what it uses), more "
+                       f"than is left.{until}")
+
+    def money(self, pico: int) -> str:
+        """An amount of the prices' currency, as a refusal's message shows it."""
+        return money_text(pico, self.symbol)
 
     def _unbudgetable(self, plan: Plan, priced: bool) -> Refusal:
         """A budget that cannot be kept: the model has no price (limits.unpriced = "refuse"), or the budget is
@@ -395,6 +406,18 @@ class Quotas:
                         exc)
         await self.alerts.drain()
         await self.rates.close()
+
+
+def money_text(pico: int, symbol: str = "$") -> str:
+    """An amount in pico-units of a currency with two decimals, and with the digits an amount below one unit
+    needs to show four significant ones ($0.0001, not $0.00)."""
+    value = Decimal(pico) / PICO_PER_USD
+    places = 2 if value == 0 or abs(value) >= 1 else min(max(2, 3 - value.adjusted()), 12)
+    text = f"{value:.{places}f}"
+    if places > 2:
+        whole, _, decimals = text.partition(".")
+        text = f"{whole}.{decimals.rstrip('0').ljust(2, '0')}"
+    return f"{symbol}{text}"
 
 
 def refusal_error(refusal: Refusal) -> APIError:

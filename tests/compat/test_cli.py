@@ -203,7 +203,7 @@ enabled = false
 name = "chatgate"
 base_url = "{url}/v1"
 wire_api = "responses"
-env_key = "DEEPSEEK_API_KEY"
+env_key = "CHATGATE_API_KEY"
 """
 
 
@@ -212,7 +212,7 @@ def codex(gate: Gate, tmp_path: Path, key: str, prompt: str, *flags: str, extra_
     codex_home = Path(env["HOME"]) / ".codex"
     codex_home.mkdir(exist_ok=True)
     (codex_home / "config.toml").write_text(extra_config + CODEX_CONFIG.format(url=gate.url))
-    env.update({"CODEX_HOME": str(codex_home), "DEEPSEEK_API_KEY": key})
+    env.update({"CODEX_HOME": str(codex_home), "CHATGATE_API_KEY": key})
     return run([str(gate.bins / "codex"), "exec", "--sandbox", "read-only", "--skip-git-repo-check", *flags,
                 prompt], work, env, key)
 

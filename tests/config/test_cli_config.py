@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import tomllib
 from pathlib import Path
 
@@ -25,8 +26,10 @@ def chatgate(*args: str, env: dict[str, str] | None = None, cwd: Path | None = N
              ) -> subprocess.CompletedProcess[str]:
     clean = {k: v for k, v in os.environ.items()
              if not k.startswith("CHATGATE_") and k not in ("DEEPSEEK_API_KEY",)}
+    data = {"XDG_DATA_HOME": tempfile.mkdtemp(prefix="chatgate-cli-data-")}  # never the user's default store
     return subprocess.run([sys.executable, "-m", "app", *args], capture_output=True, text=True, timeout=30,
-                          env={**clean, "PYTHONPATH": str(REPO_ROOT), **(env or {})}, cwd=cwd or REPO_ROOT)
+                          env={**clean, "PYTHONPATH": str(REPO_ROOT), **data, **(env or {})},
+                          cwd=cwd or REPO_ROOT)
 
 
 def all_settings() -> list[str]:
@@ -214,7 +217,7 @@ def test_bad_flag_value_names_the_setting(tmp_path: Path, no_server: None, capsy
 
 def test_example_config_loads_and_restates_the_defaults() -> None:
     loaded = load_settings(str(EXAMPLE), env={}, flags={})
-    assert loaded.settings == Settings()
+    assert loaded.settings == load_settings(None, env={}, flags={}).settings
 
 
 def test_example_config_names_every_setting() -> None:
@@ -223,7 +226,8 @@ def test_example_config_names_every_setting() -> None:
     for dotted in all_settings():
         section, key = dotted.split(".")
         default = getattr(getattr(Settings(), section), key)
-        if dotted in SECRETS or default is None:  # TOML has no null: an unset default is shown commented out
+        # TOML has no null: an unset default is shown commented out, and so is one that is each user's own
+        if dotted in SECRETS or default is None or dotted in ("store.url", "store.spool_dir"):
             assert re.search(rf"^# {key} = ", text, re.M), f"{dotted} should be shown commented out"
             assert key not in data.get(section, {}), f"{dotted}: must not be set in the example"
         else:

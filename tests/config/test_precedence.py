@@ -37,11 +37,42 @@ def config(tmp_path: Path) -> str:
     return str(path)
 
 
-def test_defaults_when_nothing_is_given() -> None:
-    loaded = load_settings(None, env={}, flags={})
-    assert loaded.settings == Settings()
+def test_defaults_when_nothing_is_given(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    loaded = load_settings(None, env={"HOME": "/home/u"}, flags={})
+    assert loaded.settings.model_copy(update={"store": Settings().store}) == Settings()
     assert loaded.sources == {}
     assert loaded.settings.server.host == "127.0.0.1" and loaded.settings.server.port == 8787
+    store = loaded.settings.store
+    assert (store.url, store.spool_dir) == ("sqlite:////home/u/.local/share/chatgate/chatgate.db",
+                                            "/home/u/.local/share/chatgate/spool")
+
+
+@pytest.mark.parametrize(("env", "data"), [
+    ({"HOME": "/home/u", "XDG_DATA_HOME": "/data/u"}, "/data/u/chatgate"),
+    ({"HOME": "/home/u", "XDG_DATA_HOME": "relative/ignored"}, "/home/u/.local/share/chatgate"),
+    ({"HOME": "/home/u", "XDG_DATA_HOME": ""}, "/home/u/.local/share/chatgate"),
+])
+def test_the_default_store_is_in_the_per_user_data_directory(
+        env: dict[str, str], data: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for where in (tmp_path, tmp_path.parent):  # whatever the current directory
+        monkeypatch.chdir(where)
+        store = load_settings(None, env=env).settings.store
+        assert (store.url, store.spool_dir) == (f"sqlite:///{data}/chatgate.db", f"{data}/spool")
+
+
+def test_a_store_at_the_old_default_place_is_kept_and_a_set_one_wins(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "chatgate.db").write_bytes(b"")
+    store = load_settings(None, env={"HOME": "/home/u"}).settings.store
+    assert (store.url, store.spool_dir) == ("sqlite:///data/chatgate.db", "data/spool")
+    loaded = load_settings(None, env={"HOME": "/home/u", "CHATGATE_STORE_URL": "sqlite:///elsewhere.db"})
+    assert loaded.settings.store.url == "sqlite:///elsewhere.db" and loaded.sources["store.url"] == "env"
+    monkeypatch.chdir(tmp_path.parent)
+    store = load_settings(None, env={"HOME": "/home/u", "CHATGATE_STORE_URL": "sqlite:///x.db"}).settings.store
+    assert store.spool_dir == "/home/u/.local/share/chatgate/spool", "the spool's default is the user's"
 
 
 def test_file_overrides_defaults(config: str) -> None:

@@ -168,3 +168,21 @@ def test_a_managed_identity_is_kept_as_long_as_its_key_and_a_revocation_here_end
 
     asyncio.run(calls())
     assert store.lookups == [digest, digest, digest, digest], "one look-up each, none while cached"
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/responses", "/anthropic/v1/messages"])
+def test_a_deepseek_key_sent_in_managed_mode_is_named_as_one(
+        start_gate: Callable[..., RunningChatgate], fake: RunningFake, path: str) -> None:
+    gate = start_gate(auth={"mode": "managed", "upstream_api_key": "sk-house"})
+    resp = httpx2.post(gate.url + path, json=MESSAGES, timeout=20,
+                       headers={"authorization": "Bearer sk-0123456789abcdef0123456789abcdef"})
+    assert resp.status_code == 401, resp.text
+    message = resp.text
+    assert "cg-…" in message and "chatgate keys create" in message
+    assert "looks like a DeepSeek API key (sk-…)" in message and "CHATGATE_API_KEY" in message
+    assert not fake.state.requests, "nothing went upstream"
+
+    other = httpx2.post(gate.url + path, json=MESSAGES, timeout=20,
+                        headers={"authorization": "Bearer cg-made-up"})
+    assert other.status_code == 401
+    assert "cg-…" in other.text and "DeepSeek API key" not in other.text

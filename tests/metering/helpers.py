@@ -91,6 +91,7 @@ def cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
     full_env["PYTHONPATH"] = str(REPO_ROOT)
     # `usage` replays orphaned spool files: never let it pick up another process's default data/spool.
     full_env["CHATGATE_STORE_SPOOL_DIR"] = tempfile.mkdtemp(prefix="chatgate-cli-spool-")
+    full_env["XDG_DATA_HOME"] = tempfile.mkdtemp(prefix="chatgate-cli-data-")  # not the user's default store
     full_env.update(env or {})
     proc = subprocess.run([sys.executable, "-m", "app", *args], cwd=cwd or REPO_ROOT, env=full_env,
                           capture_output=True, text=True, timeout=60)

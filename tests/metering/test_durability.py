@@ -167,6 +167,11 @@ def test_usage_cli_replays_a_dead_process_spool_only_into_its_own_store(tmp_path
         finally:
             blocker.execute("ROLLBACK")
             blocker.close()
+    from app.store.sqlite import SQLiteStore
+
+    store_b = SQLiteStore(db_b)  # a report reads a store that exists (it never creates one)
+    store_b.migrate()
+    store_b.close()
     assert usage_json(f"sqlite:///{db_b}", "key", env=spool_env)["totals"]["requests"] == 0
     assert list(tmp_path.joinpath("spool").glob("spool-*.jsonl")), "A's spool is still waiting for A"
     report = usage_json(f"sqlite:///{db_a}", "key", env=spool_env)

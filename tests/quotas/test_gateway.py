@@ -7,6 +7,7 @@ it), and nothing refused ever reaches DeepSeek or goes unrecorded."""
 
 from __future__ import annotations
 
+import re
 import sqlite3
 import threading
 import time
@@ -18,6 +19,7 @@ import httpx2
 import openai
 import pytest
 
+from app.quotas.gate import money_text as usd_text
 from tests.fakes.server import RunningFake, run_fake_deepseek
 from tests.harness import ADMIN_KEY, RunningChatgate, make_settings, run_chatgate
 from tests.quotas.support import ask, client, key_subject, set_limits, usd, webhook_receiver
@@ -289,6 +291,48 @@ def test_a_budget_too_small_for_one_request_says_so(
         ask(gate.url, secret, 1, max_tokens=100)
     assert caught.value.code == "insufficient_quota"
     assert chat_requests(fake) == 0
+
+
+@pytest.mark.parametrize("budgets", ["local", "store"])
+def test_a_budget_refusal_names_the_reservation_the_spend_and_max_tokens(
+        tmp_path: Path, start: Callable[..., RunningChatgate], fake: RunningFake, budgets: str) -> None:
+    """Issue 50 §2: a request without max_tokens reserves the default output (32,768 tokens); its 429 says
+    so, with the budget's spend and what is left, in amounts below a cent that are not printed as $0.00."""
+    gate = start(limits={"budgets": budgets})
+    secret = "sk-budget-message-0012"
+    set_limits(store_url(tmp_path), "key", key_subject(secret), budget_picousd=usd("0.0001"),
+               budget_period="month")
+    assert ask(gate.url, secret, 1, max_tokens=8).http_response.status_code == 200  # fits
+    spent = records(tmp_path, 1)[0]["cost_picousd"]
+    assert 0 < spent < usd("0.0001")
+    with pytest.raises(openai.RateLimitError) as caught:
+        ask(gate.url, secret, 2, max_tokens=None)
+    message = caught.value.message
+    assert "The month budget of key fp-" in message and "($0.0001)" in message
+    assert "$0.00)" not in message and "$0.00 " not in message
+    spent_text = usd_text(spent)
+    assert f"has {usd_text(usd('0.0001') - spent)} left: spent {spent_text} (" in message
+    assert f"({100 * spent / usd('0.0001'):.1f}% used)" in message
+    assert "32,768 output tokens (no max_tokens was sent: the default, limits.default_max_tokens)" in message
+    assert "Set max_tokens" in message
+    reserve = re.search(r"would reserve up to (\$[0-9.]+)", message)
+    assert reserve is not None and reserve.group(1) in message.split("The reservation:")[1]
+    assert caught.value.code == "insufficient_quota"
+
+    with pytest.raises(openai.RateLimitError) as bounded:  # with max_tokens: its own, and no advice to set it
+        ask(gate.url, secret, 3, max_tokens=4000)
+    assert "4,000 output tokens (its max_tokens)" in bounded.value.message
+    assert "Set max_tokens" not in bounded.value.message
+    assert chat_requests(fake) == 1
+
+
+@pytest.mark.parametrize(("picousd", "text"), [
+    (0, "$0.00"), (usd("0.0001"), "$0.0001"), (usd("0.000097"), "$0.000097"), (usd("50"), "$50.00"),
+    (usd("12.5"), "$12.50"), (usd("0.009216"), "$0.009216"), (usd("0.5"), "$0.50"), (usd("0.015"), "$0.015"),
+    (usd("1234.567"), "$1234.57"), (usd("0.00001234567"), "$0.00001235"),
+])
+def test_amounts_below_a_cent_keep_their_digits(picousd: int, text: str) -> None:
+    assert usd_text(picousd) == text
 
 
 def test_budget_alerts_fire_once_each_at_the_soft_threshold_and_when_spent(

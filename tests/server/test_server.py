@@ -76,4 +76,4 @@ def test_serve_exits_3_when_the_port_is_taken(tmp_path: Path) -> None:
                              text=True, timeout=60, cwd=tmp_path,
                              env={**os.environ, "CHATGATE_STORE_URL": "none"})
     assert out.returncode == 3, out.stdout + out.stderr
-    assert "address already in use" in (out.stdout + out.stderr).lower()
+    assert f"port {port} on 127.0.0.1 is already in use" in out.stderr and "--port" in out.stderr
