@@ -11,9 +11,9 @@ from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from app.errors import APIError
+from app.metering.catalogue import SYMBOLS
 from app.metering.pricing import Pricing
 from app.profiles import ModelProfile
-from app.metering.catalogue import SYMBOLS
 from app.quotas.gate import Quotas, money_text, refusal_error
 from app.quotas.model import Admission, Refusal
 from app.settings import Settings
