@@ -13,7 +13,7 @@ APP = Path(__file__).resolve().parents[1] / "app"
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("app.__main__",),
     ("app.cli",),  # the entry points: the CLI, which runs the uvicorn runner and the offline lint
-    ("app.server", "app.lint"),
+    ("app.server", "app.lint", "app.banner"),  # the uvicorn runner, the offline lint, the start-up banner
     ("app.web",),
     ("app.files",),  # the Files API: its routes and relay, above the gateway they use
     ("app.gateway",),

@@ -337,5 +337,5 @@ def test_chatgate_prices_prints_the_table_the_calendar_and_the_next_peak(tmp_pat
     text = cli("prices", "--at", "2026-10-03T12:00:00Z", "--config", str(config)).stdout
     assert "¥0.04 / ¥2 / ¥8" in text and "$" not in text.split("Per call:")[0]
     assert "next peak window 2026-10-09T01:00:00Z to 2026-10-09T04:00:00Z" in text
-    bad = cli("prices", "--at", "yesterday", check=False)
+    bad = cli("prices", "--at", "the-day-before", check=False)
     assert bad.returncode == 2 and "--at" in bad.stderr

@@ -11,7 +11,7 @@ import re
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,41 +20,11 @@ import openai
 import pytest
 
 from app.quotas.gate import money_text as usd_text
-from tests.fakes.server import RunningFake, run_fake_deepseek
+from tests.fakes.server import RunningFake
 from tests.harness import ADMIN_KEY, RunningChatgate, make_settings, run_chatgate
 from tests.quotas.support import ask, client, key_subject, set_limits, usd, webhook_receiver
 
 pytestmark = pytest.mark.slow  # limits waited out in real time
-
-
-@pytest.fixture(scope="module")
-def fake_server() -> Iterator[RunningFake]:
-    with run_fake_deepseek() as running:
-        yield running
-
-
-@pytest.fixture
-def fake(fake_server: RunningFake) -> Iterator[RunningFake]:
-    fake_server.state.reset()
-    yield fake_server
-    assert fake_server.state.wait_idle(10)
-    fake_server.state.reset()
-
-
-@pytest.fixture
-def start(tmp_path: Path, fake: RunningFake) -> Iterator[Callable[..., RunningChatgate]]:
-    stack: list[Any] = []
-
-    def run(**sections: dict[str, Any]) -> RunningChatgate:
-        limits = {"cache_seconds": 0, **sections.pop("limits", {})}
-        settings = make_settings(tmp_path, fake.url, limits=limits, **sections)
-        cm = run_chatgate(settings)
-        stack.append(cm)
-        return cm.__enter__()
-
-    yield run
-    for cm in reversed(stack):
-        cm.__exit__(None, None, None)
 
 
 def store_url(tmp_path: Path) -> str:

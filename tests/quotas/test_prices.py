@@ -9,7 +9,7 @@ import datetime as dt
 import json
 import sqlite3
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -17,8 +17,8 @@ from typing import Any
 import openai
 import pytest
 
-from tests.fakes.server import RunningFake, run_fake_deepseek
-from tests.harness import RunningChatgate, make_settings, run_chatgate
+from tests.fakes.server import RunningFake
+from tests.harness import RunningChatgate
 from tests.metering.helpers import cli
 from tests.quotas.support import client, key_subject, set_limits, usd
 
@@ -35,36 +35,6 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
-
-
-@pytest.fixture(scope="module")
-def fake_server() -> Iterator[RunningFake]:
-    with run_fake_deepseek() as running:
-        yield running
-
-
-@pytest.fixture
-def fake(fake_server: RunningFake) -> Iterator[RunningFake]:
-    fake_server.state.reset()
-    yield fake_server
-    assert fake_server.state.wait_idle(10)
-    fake_server.state.reset()
-
-
-@pytest.fixture
-def start(tmp_path: Path, fake: RunningFake) -> Iterator[Callable[..., RunningChatgate]]:
-    stack: list[Any] = []
-
-    def run(clock: Clock | None = None, **sections: dict[str, Any]) -> RunningChatgate:
-        limits = {"cache_seconds": 0, **sections.pop("limits", {})}
-        settings = make_settings(tmp_path, fake.url, limits=limits, **sections)
-        cm = run_chatgate(settings, clock=clock)
-        stack.append(cm)
-        return cm.__enter__()
-
-    yield run
-    for cm in reversed(stack):
-        cm.__exit__(None, None, None)
 
 
 def records(tmp_path: Path, count: int, timeout: float = 10) -> list[dict[str, Any]]:
