@@ -1,6 +1,7 @@
 """docker/monitoring/: the Grafana dashboard and the Prometheus alert rules query only metrics and labels
 that chatgate's /metrics really serves: chatgate runs in this process (managed mode, two DeepSeek accounts,
-a team with a spent budget, which the budget gauges show) in front of the fake DeepSeek, takes a few requests, and its /metrics is read."""
+a team with a spent budget, which the budget gauges show) in front of the fake DeepSeek, takes a few
+requests, and its /metrics is read."""
 
 from __future__ import annotations
 
@@ -145,8 +146,8 @@ def test_the_files_are_well_formed() -> None:
         assert topic in titles, topic
     rules = alert_rules()
     names = {r["alert"] for r in rules}
-    assert {"ChatgateBudgetSpent", "ChatgateBudgetNearItsEnd", "ChatgateTeamSpendSpike", "ChatgateUpstreamErrors",
-            "ChatgateAccountSetAside", "ChatgateUsageWriterDropping"} <= names
+    assert {"ChatgateBudgetSpent", "ChatgateBudgetNearItsEnd", "ChatgateTeamSpendSpike",
+            "ChatgateUpstreamErrors", "ChatgateAccountSetAside", "ChatgateUsageWriterDropping"} <= names
     for rule in rules:
         assert rule["labels"]["severity"] in ("warning", "critical") and rule["annotations"]["summary"]
         assert not re.search(r"^\d+$", str(rule.get("for", "1m"))), "for: needs a unit"
