@@ -59,6 +59,7 @@ def test_the_budget_gauges_show_each_budget_its_limit_and_its_spend(
     store = SQLiteStore(tmp_path / "usage.db")
     store.migrate()
     settings = make_settings(tmp_path, fake.url, auth={"mode": "managed", "admin_key": "a" * 40,
+                                                       "upstream_api_key": "sk-upstream-account-01",
                                                        "key_cache_seconds": 0},
                              limits={"cache_seconds": 0, "budgets": budgets})
     key_id, secret, digest, prefix = new_key()
