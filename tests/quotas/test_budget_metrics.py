@@ -17,6 +17,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.gateway.auth import new_key
+from app.quotas.budgets import StoreBudgets
 from app.store.base import LimitRow
 from app.store.sqlite import SQLiteStore
 from tests.fakes.server import RunningFake, run_fake_deepseek
@@ -87,6 +88,14 @@ def test_the_budget_gauges_show_each_budget_its_limit_and_its_spend(
             if (cost and spent == pytest.approx(cost / 1e12, abs=1e-15)) or time.monotonic() > deadline:
                 break
             time.sleep(0.05)
+        if budgets == "store":  # the leases are given back once idle (~1 s): the spend stays shown
+            leases = gate.state.quotas.budgets
+            assert isinstance(leases, StoreBudgets)
+            deadline = time.monotonic() + 10
+            while leases.leases and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert not leases.leases
+            assert scrape(gate.url) == series
     assert 0 < cost <= usd("0.0004")
     assert series[("chatgate_budget_limit", key)] == pytest.approx(0.0004)
     assert series[("chatgate_budget_spent", key)] == pytest.approx(cost / 1e12, abs=1e-15)
