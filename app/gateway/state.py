@@ -92,6 +92,7 @@ class State:
         self.pricing = s.pricing_book(currency)
         self.metrics.tally.currency = currency.lower()
         self.quotas = Quotas(s, self.store, self.clock, currency)
+        self.metrics.watch_budgets(self.quotas.budget_gauges)
         self.gateway = Gateway(s, upstream, self.recorder, Authenticator(s.auth, self.store), self.metrics,
                                self.memory, self.quotas, self.store, pricing=self.pricing, clock=self.clock)
         await self._observability()

@@ -142,6 +142,10 @@ class Metrics:
         """chatgate_upstream_account_available{account}: 1 while the account takes requests."""
         self.registry.register(_AccountsCollector(states))
 
+    def watch_budgets(self, budgets: Callable[[], Iterable[BudgetState]]) -> None:
+        """chatgate_budget_limit, chatgate_budget_spent and chatgate_budget_held, read at each scrape."""
+        self.registry.register(_BudgetsCollector(budgets))
+
     def observe_status(self, route: str, status: int) -> None:
         key = (route, status, "")
         requests = self.tally.requests
@@ -259,3 +263,52 @@ class _AccountsCollector(Collector):
         for row in self.states():
             gauge.add_metric([row["name"]], 1.0 if row["state"] == "available" else 0.0)
         yield gauge
+
+
+class BudgetState(Protocol):
+    """A budget as /metrics shows it (app.quotas.gate.BudgetGauge); amounts in pico-units of `currency`."""
+
+    @property
+    def scope(self) -> str: ...
+    @property
+    def subject(self) -> str: ...
+    @property
+    def period(self) -> str: ...
+    @property
+    def currency(self) -> str: ...
+    @property
+    def limit(self) -> int: ...
+    @property
+    def spent(self) -> int | None: ...
+    @property
+    def held(self) -> int | None: ...
+
+
+BUDGET_LABELS = ["scope", "subject", "period", "currency"]
+
+
+class _BudgetsCollector(Collector):
+    """One series per budget this process knows (a team or key with a budget that sent it a request since
+    it started; at most the limit book's 10,000 rows), in units of the budget's currency."""
+
+    def __init__(self, budgets: Callable[[], Iterable[BudgetState]]) -> None:
+        self.budgets = budgets
+
+    def collect(self) -> Iterator[Metric]:
+        limit = GaugeMetricFamily("chatgate_budget_limit", "The budget of a team or key for its period, in "
+                                  "units of its currency (docs/keys-and-limits.md)", labels=BUDGET_LABELS)
+        spent = GaugeMetricFamily("chatgate_budget_spent", "Spent in the budget's current period, in units "
+                                  "of its currency, as this process knows it (with a shared store: the "
+                                  "store's ledger at its last renewal plus what it settled since)",
+                                  labels=BUDGET_LABELS)
+        held = GaugeMetricFamily("chatgate_budget_held", "Reserved against the budget's current period by "
+                                 "this process's requests in flight, in units of its currency",
+                                 labels=BUDGET_LABELS)
+        for b in self.budgets():
+            labels = [b.scope, b.subject, b.period, b.currency]
+            limit.add_metric(labels, b.limit / 1e12)
+            if b.spent is not None:
+                spent.add_metric(labels, b.spent / 1e12)
+            if b.held is not None:
+                held.add_metric(labels, b.held / 1e12)
+        yield from (limit, spent, held)

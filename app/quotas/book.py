@@ -58,6 +58,12 @@ class LimitBook:
             self._cache[key] = (now + self.ttl, row)
         return row
 
+    def budgeted(self) -> list[LimitRow]:
+        """The rows with a budget this book holds, expired ones too (the last read of each; a row forgotten
+        is gone): at most the 10,000 rows it keeps."""
+        return [row for _, row in list(self._cache.values())
+                if row is not None and row.budget_picousd is not None]
+
     def forget(self, scope: str, subject: str) -> None:
         """A change made by this process applies to it at once (a look-up under way is not cached)."""
         self._cache.pop((scope, subject), None)

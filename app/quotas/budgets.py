@@ -95,6 +95,12 @@ class LocalBudgets:
         ledger = await self._ledger(scope, subject, period_start)
         return ledger.spent, ledger.held
 
+    def seen(self, scope: str, subject: str, period_start: float) -> tuple[int, int] | None:
+        """(spent, held) of the period as this process keeps it, with no I/O (for /metrics); None when no
+        request of the period was admitted or refused here yet (its ledger is read from the store then)."""
+        ledger = self.known(scope, subject, period_start)
+        return (ledger.spent, ledger.held) if ledger is not None else None
+
     async def close(self) -> None:
         """Nothing is held outside this process."""
 
@@ -157,6 +163,8 @@ class StoreBudgets:
         self.prefix = f"lease:{uuid.uuid4().hex[:16]}:"
         self._count = itertools.count()
         self.flush_errors = 0
+        # (scope, subject, period start) -> the ledger's spend when its lease was given back (for /metrics)
+        self.last_spent: dict[tuple[str, str, float], int] = {}
         self._keeper: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._closing = False
@@ -167,6 +175,8 @@ class StoreBudgets:
         for lease in self.leases.values():
             if (lease.scope, lease.subject) == (scope, subject):
                 lease.flushed, lease.spent, lease.budget = lease.flushed + lease.spent, 0, -1
+        for key in [key for key in self.last_spent if key[:2] == (scope, subject)]:
+            del self.last_spent[key]
 
     def _lease(self, hold: Hold) -> Lease:
         key = (hold.scope, hold.subject, hold.period_start)
@@ -306,6 +316,10 @@ class StoreBudgets:
                 self._granted(lease, ask, grant, lease.budget)
                 if idle and not lease.holds and not lease.spent and lease.granted == 0:
                     del self.leases[key]
+                    if lease.budget >= 0:
+                        if len(self.last_spent) >= 10_000:
+                            self.last_spent.clear()
+                        self.last_spent[key] = lease.ledger_spent
 
     async def close(self) -> None:
         """Give every lease back (what is settled goes to the ledger). The keeper ends its flush first:
@@ -323,3 +337,15 @@ class StoreBudgets:
         lease = self.leases.get((scope, subject, period_start))
         local = lease.spent if lease is not None else 0
         return spent + local, max(held - local, 0)
+
+    def seen(self, scope: str, subject: str, period_start: float) -> tuple[int, int] | None:
+        """(spent, held) of the period with no I/O (for /metrics): the store's ledger (every replica's
+        flushed spend) at this replica's last renewal of its lease plus what it settled since, and what it
+        holds for its own requests in flight (other replicas' are not known here). A lease given back leaves
+        its last spend. None when this replica has not renewed a lease for the period yet."""
+        key = (scope, subject, period_start)
+        lease = self.leases.get(key)
+        if lease is not None and lease.expires_at > 0 and lease.budget >= 0:
+            return lease.ledger_spent + lease.spent, lease.keep
+        spent = self.last_spent.get(key)
+        return (spent, 0) if spent is not None else None

@@ -56,6 +56,19 @@ class Known:
     forgets: int = -1  # LocalBudgets.forgets when the ledgers were found
 
 
+@dataclass(frozen=True, slots=True)
+class BudgetGauge:
+    """One budget's state for /metrics (amounts in pico-units of `currency`)."""
+
+    scope: str
+    subject: str
+    period: str
+    currency: str
+    limit: int
+    spent: int | None
+    held: int | None
+
+
 class Quotas:
     def __init__(self, settings: Settings, store: Store | None, clock: Callable[[], float] = time.time,
                  currency: str = "USD") -> None:
@@ -322,6 +335,21 @@ class Quotas:
                     f"remaining_{cur}": max(limits.budget_picousd - spent - held, 0) / 1e12,
                     "used_percent": round(100 * spent / limits.budget_picousd, 2) if limits.budget_picousd
                     else None})
+        return out
+
+    def budget_gauges(self) -> list[BudgetGauge]:
+        """Every budget this process knows (a team or key with a budget that called it: the limit book's
+        rows) and its current period's spend and holds as the budgets keep them, with no I/O: read when
+        /metrics is scraped. Spent and held are None until a request of the current period was admitted
+        or refused here."""
+        now = self.clock()
+        out = []
+        for row in self.book.budgeted():
+            assert row.budget_picousd is not None
+            period = row.budget_period or "month"
+            seen = self.budgets.seen(row.scope, row.subject, period_start(now, period))
+            out.append(BudgetGauge(row.scope, row.subject, period, row.budget_currency, row.budget_picousd,
+                                   *(seen if seen is not None else (None, None))))
         return out
 
     def forget(self, scope: str, name: str) -> None:

@@ -1,6 +1,7 @@
 """docker/monitoring/: the Grafana dashboard and the Prometheus alert rules query only metrics and labels
 that chatgate's /metrics really serves: chatgate runs in this process (managed mode, two DeepSeek accounts,
-a team with a spent budget) in front of the fake DeepSeek, takes a few requests, and its /metrics is read."""
+a team with a spent budget, which the budget gauges show) in front of the fake DeepSeek, takes a few
+requests, and its /metrics is read."""
 
 from __future__ import annotations
 
@@ -145,8 +146,8 @@ def test_the_files_are_well_formed() -> None:
         assert topic in titles, topic
     rules = alert_rules()
     names = {r["alert"] for r in rules}
-    assert {"ChatgateBudgetSpent", "ChatgateTeamSpendSpike", "ChatgateUpstreamErrors",
-            "ChatgateAccountSetAside", "ChatgateUsageWriterDropping"} <= names
+    assert {"ChatgateBudgetSpent", "ChatgateBudgetNearItsEnd", "ChatgateTeamSpendSpike",
+            "ChatgateUpstreamErrors", "ChatgateAccountSetAside", "ChatgateUsageWriterDropping"} <= names
     for rule in rules:
         assert rule["labels"]["severity"] in ("warning", "critical") and rule["annotations"]["summary"]
         assert not re.search(r"^\d+$", str(rule.get("for", "1m"))), "for: needs a unit"
@@ -172,14 +173,17 @@ def test_every_metric_and_label_queried_is_served(served: tuple[dict[str, str], 
 def test_the_requests_made_the_series_the_alerts_watch(served: tuple[dict[str, str], dict[str, set[str]]]
                                                        ) -> None:
     """Not only the families: the requests above produced the samples (with their labels) that the
-    budget, upstream, account and writer alerts read."""
+    budget, upstream, account and writer alerts read (the budget gauges: the team "broke" refused)."""
     _kinds, labels = served
     for name in ("chatgate_limited_total", "chatgate_upstream_attempts_total", "chatgate_cost_usd_total",
                  "chatgate_upstream_account_available", "chatgate_usage_records_written_total",
                  "chatgate_rejections_total", "chatgate_tokens_total", "chatgate_auth_failures_total",
-                 "chatgate_upstream_latency_seconds_bucket"):
+                 "chatgate_upstream_latency_seconds_bucket", "chatgate_budget_limit", "chatgate_budget_spent",
+                 "chatgate_budget_held"):
         assert name in labels, name
     assert labels["chatgate_limited_total"] == {"limit"}
+    for name in ("chatgate_budget_limit", "chatgate_budget_spent", "chatgate_budget_held"):
+        assert labels[name] == {"scope", "subject", "period", "currency"}, name
     assert labels["chatgate_upstream_account_available"] == {"account"}
 
 
