@@ -179,8 +179,8 @@ def render_table(report: dict[str, Any]) -> str:
     rule = "  ".join("-" * w for w in widths)
     note = []
     if totals.get("estimated_requests"):
-        note.append(f"{totals['estimated_requests']} request(s) with tokens counted by chatgate, not DeepSeek "
-                    "(estimated_requests in the JSON report)")
+        note.append(f"{totals['estimated_requests']} request(s) with tokens counted by chatgate, not "
+                    "DeepSeek (estimated_requests in the JSON report)")
     if totals.get("billed_pages") or totals.get("billed_characters"):
         note.append(f"billed units besides calls: {totals.get('billed_pages', 0)} OCR page(s), "
                     f"{totals.get('billed_characters', 0)} TTS character(s) (priced in yuan only: see "

@@ -1,6 +1,6 @@
-"""Every request counted under what became of it (issue 50, item 4): refused by a rule of chatgate's, limited
-by one of its limits (rpm, budget), refused by DeepSeek (its 400), failed at DeepSeek (a 503 after the retries,
-a body cut off). A real chatgate in front of the fake DeepSeek; what each record holds, then what `chatgate
+"""Every request counted under what became of it (issue 50, item 4): refused by a rule of chatgate's,
+limited by one of its limits (rpm, budget), refused by DeepSeek (its 400), failed at DeepSeek (a 503 after
+the retries, a body cut off). A real chatgate in front of the fake DeepSeek; what each record holds, then what `chatgate
 usage` (JSON, CSV, table) and `GET /admin/usage` say of it."""
 
 from __future__ import annotations
@@ -136,8 +136,9 @@ def test_admin_usage_is_the_same_report(served: Served) -> None:
 
 
 def test_the_table_by_team_fits_120_columns_with_large_numbers() -> None:
-    counters = {"requests": 12_345_678, "rejected": 123_456, "limited": 1_234_567, "upstream_refused": 12_345,
-                "upstream_failed": 1_234, "prompt_tokens": 987_654_321_098, "completion_tokens": 98_765_432_109,
+    counters = {"requests": 12_345_678, "rejected": 123_456, "limited": 1_234_567,
+                "upstream_refused": 12_345, "upstream_failed": 1_234, "prompt_tokens": 987_654_321_098,
+                "completion_tokens": 98_765_432_109,
                 "cache_hit_rate": 0.512345, "cost_usd": 123_456.123456, "cache_saved_usd": 12_345.123456}
     report = {"group_by": "team", "currency": "USD", "rows": [{"team": "platform-eng", **counters}],
               "totals": dict(counters)}

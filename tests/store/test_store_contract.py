@@ -339,7 +339,8 @@ def test_report_counts_each_outcome_apart(store: Store) -> None:
     kinds = [("ok", None, 200), ("rejected", "empty_array", None), ("limited", "rpm:key", None),
              ("limited", "budget:team", None), ("upstream_error", None, 400), ("upstream_error", None, 401),
              ("upstream_error", None, 429), ("upstream_error", None, 503), ("upstream_error", None, 200),
-             ("upstream_failed", None, None), ("upstream_failed", None, 200), ("client_disconnected", None, 200)]
+             ("upstream_failed", None, None), ("upstream_failed", None, 200),
+             ("client_disconnected", None, 200)]
     store.insert_usage([record(f"o{i}", ts=T0 + i, outcome=outcome, rule_code=code, upstream_status=status)
                         for i, (outcome, code, status) in enumerate(kinds)])
     (row,) = store.usage_report(ReportQuery("team"))

@@ -124,9 +124,9 @@ def dashboard_traffic(tmp_path: Path) -> Iterator[Traffic]:
                                   headers={"authorization": f"Bearer {ADMIN_KEY}"}, timeout=10)
                 assert resp.status_code == 200, resp.text
             # support's budget is spent: its next request is limited (429, budget:team)
-            resp = httpx2.post(f"{gate.url}/v1/chat/completions", json={"model": "deepseek-flash", "messages": [
-                {"role": "user", "content": "one more"}]}, headers={
-                "authorization": f"Bearer {traffic.keys['helpdesk-bot'][1]}"}, timeout=10)
+            body = {"model": "deepseek-flash", "messages": [{"role": "user", "content": "one more"}]}
+            resp = httpx2.post(f"{gate.url}/v1/chat/completions", json=body, timeout=10, headers={
+                "authorization": f"Bearer {traffic.keys['helpdesk-bot'][1]}"})
             assert resp.status_code == 429, resp.text
             traffic.limited_codes["budget:team"] = 1
             traffic.finished = time.time()
