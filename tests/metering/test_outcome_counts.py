@@ -1,7 +1,7 @@
 """Every request counted under what became of it (issue 50, item 4): refused by a rule of chatgate's,
 limited by one of its limits (rpm, budget), refused by DeepSeek (its 400), failed at DeepSeek (a 503 after
-the retries, a body cut off). A real chatgate in front of the fake DeepSeek; what each record holds, then what `chatgate
-usage` (JSON, CSV, table) and `GET /admin/usage` say of it."""
+the retries, a body cut off). A real chatgate in front of the fake DeepSeek; what each record holds, then
+what `chatgate usage` (JSON, CSV, table) and `GET /admin/usage` say of it."""
 
 from __future__ import annotations
 
