@@ -93,10 +93,13 @@ def build_parser() -> argparse.ArgumentParser:
         _store_arg(p)
         p.set_defaults(func=func)
 
-    usage = sub.add_parser("usage", help="usage report", description="Token usage and cost, grouped.")
+    usage = sub.add_parser("usage", help="usage report", description=(
+        "Token usage and cost, grouped, with the requests refused by chatgate's rules (rejected), by its "
+        "limits (limited), by DeepSeek (ds_refused: its 4xx) and failed at DeepSeek (ds_failed: 5xx, no "
+        "answer) counted apart (docs/metering.md)."))
     usage.add_argument("--by", choices=list(GROUP_BYS), default="team",
-                       help="group by client key, team, model, UTC day, rejecting rule, repair, or the "
-                       "DeepSeek account that answered")
+                       help="group by client key, team, model, UTC day, rejecting rule or limit, repair, or "
+                       "the DeepSeek account that answered")
     usage.add_argument("--since", help=SINCE_HELP)
     usage.add_argument("--until", help=UNTIL_HELP)
     usage.add_argument("--format", choices=["table", "csv", "json"], default="table")

@@ -150,17 +150,27 @@ def render_csv(report: dict[str, Any]) -> str:
     return buf.getvalue()
 
 
+# the table's outcome columns: chatgate's refusals by a rule (rejected) and by a limit (limited), DeepSeek's
+# 4xx (ds_refused) and its 5xx or no answer (ds_failed)
+OUTCOME_COLUMNS = (("rejected", "rejected"), ("limited", "limited"), ("ds_refused", "upstream_refused"),
+                   ("ds_failed", "upstream_failed"))
+
+
 def render_table(report: dict[str, Any]) -> str:
+    """The report for people, narrow enough for 120 columns by team: the cache's hit and miss tokens, the
+    reasoning tokens and the estimated and unpriced counts are in the JSON and CSV reports (a note below the
+    table says when any request was estimated); the billed tool calls get their columns only when there
+    were some."""
     group = list(GROUP_FIELDS[report["group_by"]])
     money = report.get("currency", "USD").lower()
     symbol = SYMBOLS[money.upper()]
-    heads = [*group, "requests", "rejected", "prompt", "completion", "cache_hit", "cache_miss", "hit_rate",
-             "reasoning", "calls", f"calls_{money}", f"cost_{money}", f"saved_{money}", "estimated",
-             "unpriced"]
-    keys = [*group, "requests", "rejected", "prompt_tokens", "completion_tokens", "prompt_cache_hit_tokens",
-            "prompt_cache_miss_tokens", "cache_hit_rate", "reasoning_tokens", "billed_calls",
-            f"billed_{money}", f"cost_{money}", f"cache_saved_{money}", "estimated_requests",
-            "unpriced_requests"]
+    totals = report["totals"]
+    calls = bool(totals.get("billed_calls"))
+    heads = [*group, "requests", *(h for h, _ in OUTCOME_COLUMNS), "prompt", "completion", "hit_rate",
+             *(("calls", f"calls_{money}") if calls else ()), f"cost_{money}", f"saved_{money}"]
+    keys = [*group, "requests", *(k for _, k in OUTCOME_COLUMNS), "prompt_tokens", "completion_tokens",
+            "cache_hit_rate", *(("billed_calls", f"billed_{money}") if calls else ()), f"cost_{money}",
+            f"cache_saved_{money}"]
     lines = [[_cell(row.get(k)) for k in keys] for row in report["rows"]]
     total = {**report["totals"], group[0]: "TOTAL"}
     lines.append([_cell(total.get(k)) for k in keys])
@@ -168,7 +178,9 @@ def render_table(report: dict[str, Any]) -> str:
     fmt = "  ".join(f"{{:<{w}}}" if i < len(group) else f"{{:>{w}}}" for i, w in enumerate(widths))
     rule = "  ".join("-" * w for w in widths)
     note = []
-    totals = report["totals"]
+    if totals.get("estimated_requests"):
+        note.append(f"{totals['estimated_requests']} request(s) with tokens counted by chatgate, not "
+                    "DeepSeek (estimated_requests in the JSON report)")
     if totals.get("billed_pages") or totals.get("billed_characters"):
         note.append(f"billed units besides calls: {totals.get('billed_pages', 0)} OCR page(s), "
                     f"{totals.get('billed_characters', 0)} TTS character(s) (priced in yuan only: see "

@@ -241,10 +241,18 @@ _GROUP_FIELDS: dict[GroupBy, tuple[tuple[str, str], ...]] = {
     "break_model": (("model", "model"), ("cache_break", "cache_break"),
                     ("example_request_id", "max(request_id)")),
 }
+# DeepSeek's answer was a 4xx (a record's upstream_status is DeepSeek's status; chatgate's own answer may
+# differ: a 401 to chatgate's key in managed mode is a 502 to the client); any other upstream_error is a 5xx
+# after the retries, or a stream that ended with DeepSeek's error event (upstream_status 200)
+_UPSTREAM_4XX = ("outcome = 'upstream_error' AND upstream_status IS NOT NULL AND upstream_status >= 400 "
+                 "AND upstream_status < 500")
 _COUNTER_SQL = {
     "requests": "count(*)",
     "rejected": "sum(CASE WHEN outcome = 'rejected' THEN 1 ELSE 0 END)",
     "limited": "sum(CASE WHEN outcome = 'limited' THEN 1 ELSE 0 END)",
+    "upstream_refused": f"sum(CASE WHEN {_UPSTREAM_4XX} THEN 1 ELSE 0 END)",
+    "upstream_failed": f"sum(CASE WHEN outcome = 'upstream_failed' OR (outcome = 'upstream_error' AND NOT "
+                       f"({_UPSTREAM_4XX})) THEN 1 ELSE 0 END)",
     "prompt_tokens": "sum(prompt_tokens)",
     "completion_tokens": "sum(completion_tokens)",
     "prompt_cache_hit_tokens": "sum(prompt_cache_hit_tokens)",

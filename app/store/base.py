@@ -184,8 +184,10 @@ class ReportQuery:
 
 COUNTERS = (
     "requests",
-    "rejected",
-    "limited",
+    "rejected",  # refused by chatgate: a rule (rule_code), or a file the caller's team does not own
+    "limited",  # refused by a limit with a 429 (rule_code: rpm, tpm, concurrency, budget, unpriced: scope)
+    "upstream_refused",  # DeepSeek answered 4xx (its 400, 401, 402, 422, 429 ...)
+    "upstream_failed",  # DeepSeek answered 5xx after the retries, broke off, or never answered
     "prompt_tokens",
     "completion_tokens",
     "prompt_cache_hit_tokens",

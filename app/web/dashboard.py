@@ -7,8 +7,8 @@ sessionStorage and sends it as `Authorization: Bearer <admin key>` to:
 - `GET /admin/usage/timeseries?by=team|key|model&bucket=day|hour[&since=&until=]`: tokens and cost
   per group per time bucket, built from `app.metering.reports.build_report` over each bucket,
 - `GET /admin/cache?by=team` (app.web.routes): the Cache card's costliest prefix breaks,
-- `GET /admin/rejections`: rejected requests by rule code and the keys with the most rejected
-  requests, both from the store (all time, every replica),
+- `GET /admin/rejections`: the requests chatgate refused, by rule code and by limit, and the keys with the
+  most of them, both from the store (all time, every replica),
 - `GET /admin/accounts`: the DeepSeek accounts of the pool and each one's state (app/gateway/accounts.py),
 - `GET /admin/refusals` and `GET /admin/refusals/{request_id}` (app.web.refusals): the recent refusals.
 """
@@ -40,6 +40,9 @@ BUCKETS = {"day": 86400, "hour": 3600}
 DEFAULT_SPAN = {"day": 14, "hour": 48}  # buckets shown when `since` is not given
 MAX_BUCKETS = 400
 SERIES_BY = ("team", "key", "model")
+# the requests that got no answer of DeepSeek's model: refused by chatgate's rules, by its limits, refused by
+# DeepSeek (4xx), failed at DeepSeek (5xx, no answer); app/store/base.py COUNTERS
+REFUSED = ("rejected", "limited", "upstream_refused", "upstream_failed")
 PAGE_HEADERS = {
     "content-security-policy": "default-src 'none'; script-src 'self'; style-src 'self'; "
                                "connect-src 'self'; img-src 'self' data:; base-uri 'none'; "
@@ -161,7 +164,7 @@ def build_timeseries(store: UsageStore, by: str, bucket: str, starts: list[float
             entry = series.setdefault(label, {
                 "label": label, "team": row.get("team"), "key_id": row.get("key_id"),
                 "tokens": [0] * len(starts), "cost_usd": [0.0] * len(starts), "cost": [0.0] * len(starts),
-                "requests": [0] * len(starts), "rejected": [0] * len(starts),
+                "requests": [0] * len(starts), **{name: [0] * len(starts) for name in REFUSED},
                 "prompt_tokens": [0] * len(starts), "cache_hit_tokens": [0] * len(starts)})
             entry["tokens"][i] += row["prompt_tokens"] + row["completion_tokens"]
             entry["prompt_tokens"][i] += row["prompt_tokens"]
@@ -169,7 +172,8 @@ def build_timeseries(store: UsageStore, by: str, bucket: str, starts: list[float
             entry["cost_usd"][i] = round(entry["cost_usd"][i] + row["cost_usd"], 9)
             entry["cost"][i] = round(entry["cost"][i] + row["cost"], 9)
             entry["requests"][i] += row["requests"]
-            entry["rejected"][i] += row["rejected"]
+            for name in REFUSED:
+                entry[name][i] += row[name]
     for entry in series.values():
         entry["hit_rate"] = [hit_rate(h, p) for h, p in zip(entry["cache_hit_tokens"], entry["prompt_tokens"],
                                                              strict=True)]
@@ -186,18 +190,22 @@ def build_timeseries(store: UsageStore, by: str, bucket: str, starts: list[float
 
 
 def top_offenders(store: UsageStore, limit: int) -> list[dict[str, Any]]:
-    """Keys with the most rejected requests (all time), most first."""
+    """Keys with the most requests refused by chatgate (by a rule or a limit; all time), most first."""
     rows = build_report(store, ReportQuery("key"))["rows"]
-    worst = sorted((r for r in rows if r["rejected"]), key=lambda r: (-r["rejected"], str(r["key_id"])))
+    worst = sorted((r for r in rows if r["rejected"] or r["limited"]),
+                   key=lambda r: (-r["rejected"] - r["limited"], str(r["key_id"])))
     return [{"key_id": r["key_id"], "key_name": r["key_name"], "team": r["team"], "rejected": r["rejected"],
-             "requests": r["requests"]} for r in worst[:limit]]
+             "limited": r["limited"], "requests": r["requests"]} for r in worst[:limit]]
 
 
 def rejections_by_rule(store: UsageStore) -> list[dict[str, Any]]:
-    """Rejected requests by rule code (all time, every replica that writes to this store), most first."""
+    """Requests chatgate refused, by rule code (`kind` "rule") and by limit (`kind` "limit": rpm:key,
+    budget:team ...; all time, every replica that writes to this store), most first."""
     rows = build_report(store, ReportQuery("rule"))["rows"]
-    counts = [(str(r["rule_code"]), int(r["rejected"])) for r in rows if r["rejected"]]
-    return [{"code": code, "count": n} for code, n in sorted(counts, key=lambda kv: (-kv[1], kv[0]))]
+    counts = [(str(r["rule_code"]), kind, int(r[name])) for r in rows
+              for kind, name in (("rule", "rejected"), ("limit", "limited")) if r[name]]
+    return [{"code": code, "kind": kind, "count": n}
+            for code, kind, n in sorted(counts, key=lambda c: (-c[2], c[0], c[1]))]
 
 
 def repairs_by_code(store: UsageStore) -> list[dict[str, Any]]:

@@ -77,7 +77,7 @@ def random_records(n: int, seed: int) -> list[UsageRecord]:
             stream=rnd.random() < 0.5,
             outcome=rnd.choice(OUTCOMES),
             rule_code=rnd.choice([None, "max_tokens"]),
-            upstream_status=rnd.choice([None, 200, 429]),
+            upstream_status=rnd.choice([None, 200, 400, 401, 429, 499, 500, 503]),
             latency_ms=rnd.uniform(1, 5000),
             ttfb_ms=rnd.choice([None, 12.5]),
             tokens_exact=rnd.random() < 0.8,
@@ -117,6 +117,11 @@ def reference_report(records: Sequence[UsageRecord], query: ReportQuery) -> list
             counters["requests"] += 1
             counters["rejected"] += r.outcome == "rejected"
             counters["limited"] += r.outcome == "limited"
+            deepseek_4xx = r.outcome == "upstream_error" and r.upstream_status is not None \
+                and 400 <= r.upstream_status < 500
+            counters["upstream_refused"] += deepseek_4xx
+            counters["upstream_failed"] += r.outcome == "upstream_failed" or (
+                r.outcome == "upstream_error" and not deepseek_4xx)
             counters["estimated_requests"] += not r.tokens_exact
             counters["unpriced_requests"] += r.unpriced
             for unit in ("call", "page", "character"):
@@ -325,6 +330,26 @@ def test_report_by_hand(store: Store) -> None:
     assert store.usage_report(ReportQuery("team", since=T0 + 10, until=T0 + DAY)) == [
         ReportRow({"team": "red"}, counters(requests=1, rejected=1))
     ]
+
+
+def test_report_counts_each_outcome_apart(store: Store) -> None:
+    """refused by a rule, limited, refused by DeepSeek (4xx), failed at DeepSeek (5xx after the retries, a
+    stream ended by DeepSeek's error event, no answer): each its own counter; answered and disconnected in
+    none of them."""
+    kinds = [("ok", None, 200), ("rejected", "empty_array", None), ("limited", "rpm:key", None),
+             ("limited", "budget:team", None), ("upstream_error", None, 400), ("upstream_error", None, 401),
+             ("upstream_error", None, 429), ("upstream_error", None, 503), ("upstream_error", None, 200),
+             ("upstream_failed", None, None), ("upstream_failed", None, 200),
+             ("client_disconnected", None, 200)]
+    store.insert_usage([record(f"o{i}", ts=T0 + i, outcome=outcome, rule_code=code, upstream_status=status)
+                        for i, (outcome, code, status) in enumerate(kinds)])
+    (row,) = store.usage_report(ReportQuery("team"))
+    assert {name: row.counters[name] for name in ("requests", "rejected", "limited", "upstream_refused",
+                                                    "upstream_failed")} == {
+        "requests": 12, "rejected": 1, "limited": 2, "upstream_refused": 3, "upstream_failed": 4}
+    by_rule = {r.group["rule_code"]: (r.counters["rejected"], r.counters["limited"])
+               for r in store.usage_report(ReportQuery("rule"))}
+    assert by_rule == {"": (0, 0), "budget:team": (0, 1), "empty_array": (1, 0), "rpm:key": (0, 1)}
 
 
 @pytest.mark.parametrize("group_by", GROUP_BYS)

@@ -78,7 +78,9 @@ def test_timeseries_by_team_per_day_adds_up_to_the_usage_report(traffic: Traffic
         s = by_team[row["team"]]
         assert s["tokens"][-1] == row["prompt_tokens"] + row["completion_tokens"] > 0
         assert s["tokens"][:-1] == [0] * 13  # all traffic happened on that day
-        assert s["requests"][-1] == row["requests"] and s["rejected"][-1] == row["rejected"]
+        assert s["requests"][-1] == row["requests"]
+        for name in ("rejected", "limited", "upstream_refused", "upstream_failed"):
+            assert s[name][-1] == row[name], (row["team"], name)
         assert s["total_cost_usd"] == pytest.approx(row["cost_usd"], abs=1e-9)
 
 
@@ -112,11 +114,18 @@ def test_repairs_by_code(traffic: Traffic) -> None:
 
 def test_rejections_by_rule_code_and_top_offenders(traffic: Traffic) -> None:
     body = traffic.admin("/admin/rejections").json()
-    assert {r["code"]: r["count"] for r in body["by_rule"]} == traffic.rejected_codes
+    assert {r["code"]: r["count"] for r in body["by_rule"] if r["kind"] == "rule"} == traffic.rejected_codes
+    assert {r["code"]: r["count"] for r in body["by_rule"] if r["kind"] == "limit"} == traffic.limited_codes
     offenders = body["top_offenders"]
     assert [o["key_name"] for o in offenders] == ["helpdesk-bot", "copywriter", "ci-evals"]
-    assert [o["rejected"] for o in offenders] == [4, 2, 1]
-    assert offenders[0]["team"] == "support" and offenders[0]["requests"] == 6
+    assert [(o["rejected"], o["limited"]) for o in offenders] == [(4, 1), (2, 0), (1, 0)]
+    assert offenders[0]["team"] == "support" and offenders[0]["requests"] == 7
+
+
+def test_usage_totals_count_every_outcome(traffic: Traffic) -> None:
+    totals = traffic.admin("/admin/usage?by=team").json()["totals"]
+    assert (totals["requests"], totals["rejected"], totals["limited"], totals["upstream_refused"],
+            totals["upstream_failed"]) == (traffic.requests, traffic.rejected, 1, 1, 1)
 
 
 def test_teams_budget_use_matches_the_usage_report(traffic: Traffic) -> None:
@@ -176,8 +185,13 @@ def test_headless_chromium_renders_every_chart(traffic: Traffic, tmp_path: Path)
     assert chart_attrs(dom, "chart-tokens-team")["data-total"] == str(
         sum(s["total_tokens"] for s in traffic.admin("/admin/usage/timeseries?by=team").json()["series"]))
     rejections = chart_attrs(dom, "chart-rejections")
-    assert rejections["data-series"] == str(len(traffic.rejected_codes))
-    assert rejections["data-total"] == str(traffic.rejected)
+    assert rejections["data-series"] == str(len(traffic.rejected_codes) + len(traffic.limited_codes))
+    assert rejections["data-total"] == str(traffic.rejected + sum(traffic.limited_codes.values()))
+    tiles = dict((label, value) for value, label in re.findall(
+        r'<div class="total"><b>([^<]*)</b><span>([^<]*)</span></div>', dom))
+    assert tiles["requests"] == str(traffic.requests) and tiles["rejected by a rule"] == str(traffic.rejected)
+    assert (tiles["limited (429)"], tiles["refused by DeepSeek (4xx)"],
+            tiles["failed at DeepSeek (5xx, no answer)"]) == ("1", "1", "1")
     repairs = chart_attrs(dom, "chart-repairs")
     assert (repairs["data-series"], repairs["data-total"]) == ("1", str(traffic.repaired))
     assert dom.count('class="bar"') >= 3 + 4 + 3 + len(traffic.rejected_codes) + 1
@@ -209,11 +223,12 @@ def test_headless_chromium_renders_every_chart(traffic: Traffic, tmp_path: Path)
 def test_headless_chromium_lists_the_recent_refusals_and_opens_one_by_its_link(traffic: Traffic,
                                                                              tmp_path: Path) -> None:
     deadline = time.monotonic() + 10  # the inspector writes its refusals in batches, off the request path
-    while len(kept := traffic.admin("/admin/refusals?limit=50").json()["data"]) < traffic.rejected:
-        assert time.monotonic() < deadline, f"{len(kept)} of {traffic.rejected} refusals kept"
+    refused = traffic.rejected + traffic.upstream_refused  # chatgate's and DeepSeek's 400s
+    while len(kept := traffic.admin("/admin/refusals?limit=50").json()["data"]) < refused:
+        assert time.monotonic() < deadline, f"{len(kept)} of {refused} refusals kept"
         time.sleep(0.05)
-    assert len(kept) == traffic.rejected  # every rejected request of the traffic, each with its request id
-    one = kept[0]["request_id"]
+    assert len(kept) == refused  # every refused request of the traffic, each with its request id
+    one = next(r["request_id"] for r in kept if r["source"] == "chatgate")  # DeepSeek's has no rule marks
     dom = chromium(tmp_path, "--dump-dom",
                    f"{traffic.gate.url}/admin/dashboard#key={ADMIN_KEY}&refusal={one}").stdout
     assert 'data-state="ready"' in dom, dom[:3000]

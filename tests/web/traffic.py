@@ -54,8 +54,16 @@ class Traffic:
     rejected: int = 0
     rejected_codes: dict[str, int] = field(default_factory=dict)
     repaired: int = 0  # requests repaired by thinking_conflict (on by default)
+    limited_codes: dict[str, int] = field(default_factory=dict)  # 429s of chatgate's limits, by limit
+    upstream_refused: int = 0  # DeepSeek's 4xx
+    upstream_failed: int = 0  # DeepSeek's 5xx (the tests' chatgate makes no retries)
     started: float = 0.0  # every request arrived in [started, finished], all within one UTC hour
     finished: float = 0.0
+
+    @property
+    def requests(self) -> int:
+        return (self.ok + self.rejected + sum(self.limited_codes.values()) + self.upstream_refused
+                + self.upstream_failed)
 
     def admin(self, path: str, key: str | None = ADMIN_KEY) -> httpx2.Response:
         headers = {"authorization": f"Bearer {key}"} if key else {}
@@ -103,13 +111,27 @@ def dashboard_traffic(tmp_path: Path) -> Iterator[Traffic]:
                         code = resp.json()["error"]["code"]
                         traffic.rejected_codes[code] = traffic.rejected_codes.get(code, 0) + 1
                         traffic.rejected += 1
-            traffic.finished = time.time()
-            assert int(traffic.started // 3600) == int(traffic.finished // 3600), "traffic crossed an hour"
-            wait_recorded(traffic, traffic.ok + traffic.rejected)
+                # DeepSeek refuses one request (its 400) and fails another (its 503)
+                for name, fault in (("alice-laptop", "http_400"), ("copywriter", "http_503")):
+                    resp = client.post("/v1/chat/completions", json={"model": "deepseek-flash", "messages": [
+                        {"role": "user", "content": "hello"}]}, headers={
+                        "authorization": f"Bearer {traffic.keys[name][1]}", "x-fake-fault": fault})
+                    assert resp.status_code == int(fault[5:]), resp.text
+                traffic.upstream_refused, traffic.upstream_failed = 1, 1
+            wait_recorded(traffic, traffic.ok + traffic.rejected + 2)
             for team, limits in BUDGETS.items():
                 resp = httpx2.put(f"{gate.url}/admin/teams/{team}", json=limits,
                                   headers={"authorization": f"Bearer {ADMIN_KEY}"}, timeout=10)
                 assert resp.status_code == 200, resp.text
+            # support's budget is spent: its next request is limited (429, budget:team)
+            body = {"model": "deepseek-flash", "messages": [{"role": "user", "content": "one more"}]}
+            resp = httpx2.post(f"{gate.url}/v1/chat/completions", json=body, timeout=10, headers={
+                "authorization": f"Bearer {traffic.keys['helpdesk-bot'][1]}"})
+            assert resp.status_code == 429, resp.text
+            traffic.limited_codes["budget:team"] = 1
+            traffic.finished = time.time()
+            assert int(traffic.started // 3600) == int(traffic.finished // 3600), "traffic crossed an hour"
+            wait_recorded(traffic, traffic.requests)
             yield traffic
 
 

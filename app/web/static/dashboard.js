@@ -158,13 +158,13 @@
     if (!rows.length) {
       const p = document.createElement("p");
       p.className = "empty";
-      p.textContent = "No key has had a request rejected.";
+      p.textContent = "No key has had a request refused or limited.";
       container.append(p);
       return;
     }
     const table = document.createElement("table");
     const head = table.createTHead().insertRow();
-    for (const [h, cls] of [["key", ""], ["team", ""], ["rejected", "num"], ["requests", "num"], ["rejected %", "num"]]) {
+    for (const [h, cls] of [["key", ""], ["team", ""], ["rejected", "num"], ["limited", "num"], ["requests", "num"], ["refused %", "num"]]) {
       const th = document.createElement("th");
       th.textContent = h;
       th.className = cls;
@@ -173,8 +173,9 @@
     const tbody = table.createTBody();
     for (const r of rows) {
       const tr = tbody.insertRow();
-      const pct = r.requests ? ((100 * r.rejected) / r.requests).toFixed(0) + "%" : "";
-      [[r.key_name || r.key_id, ""], [r.team, ""], [r.rejected, "num"], [r.requests, "num"], [pct, "num"]]
+      const pct = r.requests ? ((100 * (r.rejected + r.limited)) / r.requests).toFixed(0) + "%" : "";
+      [[r.key_name || r.key_id, ""], [r.team, ""], [r.rejected, "num"], [r.limited, "num"], [r.requests, "num"],
+       [pct, "num"]]
         .forEach(([v, cls]) => { const td = tr.insertCell(); td.textContent = String(v); td.className = cls; });
     }
     container.append(table);
@@ -435,7 +436,11 @@
     const box = $("totals");
     box.replaceChildren();
     const t = report.totals;
-    for (const [label, value] of [["requests", t.requests], ["rejected", t.rejected],
+    // each request once: answered, refused by chatgate's rules (400), limited by chatgate (429), refused by
+    // DeepSeek (its 4xx), failed at DeepSeek (5xx after the retries, or no answer)
+    for (const [label, value] of [["requests", t.requests], ["rejected by a rule", t.rejected],
+                                  ["limited (429)", t.limited], ["refused by DeepSeek (4xx)", t.upstream_refused],
+                                  ["failed at DeepSeek (5xx, no answer)", t.upstream_failed],
                                   ["prompt tokens", t.prompt_tokens], ["completion tokens", t.completion_tokens],
                                   [`cost (${report.currency})`, money + t.cost.toFixed(4)],
                                   ["tool calls billed", t.billed_calls],
@@ -480,7 +485,7 @@
         stackedBars(c, data.buckets, data.series.slice(0, COLORS.length), c.dataset.metric);
       });
       totalsBox(totals);
-      codeBars($("chart-rejections"), rejections.by_rule, "rejections by rule", "No rejected requests.",
+      codeBars($("chart-rejections"), rejections.by_rule, "refusals by rule and limit", "No refused requests.",
                "#c0392b");
       codeBars($("chart-repairs"), repairs.by_code, "repairs by code", "No repaired requests.", "#2e86c1");
       offendersTable($("offenders"), rejections.top_offenders);
