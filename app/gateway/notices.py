@@ -73,6 +73,6 @@ def pricier_model(model: str, priced_as: str) -> Problem | None:
     if not model.startswith("claude") or priced_as != "deepseek-v4-pro":
         return None
     return Problem(PRICIER_MODEL, "model", (
-        f"{model} is served by DeepSeek as deepseek-v4-pro, 3-4x the price of {CHEAPER}; for the cheaper model "
-        f"set ANTHROPIC_MODEL={CHEAPER} (or claude --model sonnet, or /model in Claude Code). "
+        f"{model} is served by DeepSeek as deepseek-v4-pro, 3-4x the price of {CHEAPER}; for the cheaper "
+        f"model set ANTHROPIC_MODEL={CHEAPER} (or claude --model sonnet, or /model in Claude Code). "
         "Said once per key and hour."), warning=True, notice=True)
