@@ -11,7 +11,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
-PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
+README_ZH = ROOT / "README.zh-CN.md"
+PAGES = [README, README_ZH, *sorted((ROOT / "docs").glob("*.md"))]
 
 _FENCE = re.compile(r"^(```|~~~).*?^\1", re.MULTILINE | re.DOTALL)
 _CODE_SPAN = re.compile(r"`[^`\n]*`")
@@ -150,3 +151,10 @@ def test_benchmark_reports_are_named_by_when_they_ran() -> None:
     dated = re.compile(r"20\d\d-\d\d-\d\d-\d{4}-(full|only-[\d-]+)(-[a-z\d-]+)?\.md")
     odd = [n for n in names if not dated.fullmatch(n)]
     assert not odd, f"name reports YYYY-MM-DD-HHMM-<scenarios>[-what].md: {odd}"
+
+
+def test_the_chinese_front_door() -> None:
+    """README.zh-CN.md is linked from the top of README.md and starts, as it does, with the two commands."""
+    assert "(README.zh-CN.md)" in "\n".join(README.read_text().splitlines()[:4])
+    head = "\n".join(README_ZH.read_text().splitlines()[:8])
+    assert "python3 run.py serve" in head and "python3 run.py test" in head

@@ -200,7 +200,10 @@ class Authenticator:
     def check_admin(self, authorization: str | None, source: str) -> None:
         """The admin key, or a 401 counted in /metrics; an address that sent auth.admin_failures_per_minute
         wrong keys in the last minute gets a 429 (right key or not) until the oldest of them is that old. A
-        request without a key is refused, not counted: it guesses nothing."""
+        request without a key is refused, not counted: it guesses nothing. With no admin key configured every
+        admin request is a 503 that says so (no key can be right: nothing to guess, nothing counted)."""
+        if not self.settings.admin_key:
+            raise admin_not_configured()
         now = time.monotonic()
         failures = self._admin_failures.get(source)
         if failures is not None:
@@ -243,6 +246,14 @@ def admin_refused() -> APIError:
     return APIError(401, "Admin routes need 'Authorization: Bearer <CHATGATE_ADMIN_KEY>'; client keys are "
                     "refused.", "authentication_error", None, "invalid_admin_key",
                     headers={"www-authenticate": "Bearer"})
+
+
+def admin_not_configured() -> APIError:
+    """Not a refused key: this chatgate has none (auth.admin_key unset), so the admin routes are closed."""
+    return APIError(503, "No admin key is configured on this chatgate, so the admin routes (and the "
+                    "dashboard) are closed: set CHATGATE_ADMIN_KEY (make one with `openssl rand -hex 32`; at "
+                    "least 32 characters) and restart chatgate.", "server_error", None,
+                    "admin_key_not_configured")
 
 
 def address_of(request: Request) -> str:

@@ -48,7 +48,7 @@ from app.gateway.exchange import Exchange, Route
 from app.gateway.family import Family, StreamMeter, StreamTurns
 from app.gateway.ledger import Ledger
 from app.gateway.media import MediaCounter
-from app.gateway.notices import Notices
+from app.gateway.notices import Notices, pricier_model
 from app.gateway.relay import SSERelay
 from app.gateway.responses import RawResponse, error_response, is_event_stream, json_response
 from app.gateway.retry import ClientHungUp, KeptAliveOnly, SendOnce, read_answer, retrying
@@ -142,6 +142,8 @@ class Gateway:
             return await self._reject(ex, family, refusal(ex, family, verdict))
         if verdict is not None and verdict.warnings:
             ex.warnings.extend(self.notices.warnings(route.label, identity.key_id, verdict.warnings))
+        if (pricier := pricier_model(ex.model, ex.priced_as)) is not None:
+            ex.warnings.extend(self.notices.tell(route.label, identity.key_id, pricier))
         ex.remember = self.repairer.remembers(family, verdict, ex.identity.caller)
         ex.checked = verdict.request if verdict is not None else None
         if self.auth.managed and not _upload(route) and may_name_files(ex.body, json=verdict is not None):

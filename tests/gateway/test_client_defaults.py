@@ -68,7 +68,8 @@ def test_claude_codes_system_message_is_merged_by_default_and_said_so(
     resp = post(gate, "/anthropic/v1/messages", CLAUDE_CODE_BODY)
     assert resp.status_code == 200, resp.text
     assert resp.headers["x-chatgate-repaired"] == "system_messages@messages[1]"
-    assert "x-chatgate-warning" not in resp.headers, "the JSON user_id is a notice, not a warning"
+    # the JSON user_id is a notice, not a warning; the pricier model is told once (below)
+    assert "user_id" not in resp.headers.get("x-chatgate-warning", ""), resp.headers
     fake.state.wait_idle(5)
     sent = orjson.loads(fake.state.requests[-1].body)
     assert sent["system"] == [*CLAUDE_CODE_BODY["system"], ENVIRONMENT], "appended, block as sent"
@@ -87,7 +88,7 @@ def test_notices_are_counted_every_time_and_logged_once_per_key_and_hour(
         for _ in range(3):
             resp = post(gate, "/v1/responses", CODEX_BODY)
             assert resp.status_code == 200 and "x-chatgate-warning" not in resp.headers, resp.headers
-            resp = post(gate, "/anthropic/v1/messages", CLAUDE_CODE_BODY)
+            resp = post(gate, "/anthropic/v1/messages", CLAUDE_CODE_BODY | {"model": "claude-sonnet-5-5"})
             assert resp.status_code == 200 and "x-chatgate-warning" not in resp.headers
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("notice")]
     assert len(said) == 2, said
@@ -200,10 +201,39 @@ def test_a_model_without_a_price_is_flagged_and_priced_at_the_highest_price(
 def test_claude_codes_models_are_priced_as_the_deepseek_model_serving_them(
         start_gate: Callable[..., RunningChatgate], fake: RunningFake, tmp_path: Any) -> None:
     """A claude-* name on the Messages route is served by a DeepSeek model (claude-opus* by v4-pro): priced
-    as it, with no warning about a price."""
+    as it, with no warning about a missing price (claude-opus* gets the pricier-model notice: below)."""
     gate = start_gate()
     for model in ("claude-sonnet-4-5", "claude-opus-4-1"):
         resp = post(gate, "/anthropic/v1/messages", {**CLAUDE_CODE_BODY, "model": model})
-        assert resp.status_code == 200 and "x-chatgate-warning" not in resp.headers, resp.headers
+        assert resp.status_code == 200, resp.headers
+        assert "no USD price" not in resp.headers.get("x-chatgate-warning", ""), resp.headers
     rows = usage_rows(tmp_path, 2)
     assert all(not r["unpriced"] and r["cost_picousd"] > 0 for r in rows)
+
+
+def test_claude_codes_default_model_is_told_once_per_key_and_hour_that_it_is_pro(
+        start_gate: Callable[..., RunningChatgate], fake: RunningFake, tmp_path: Any,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 50 item 10: `claude-opus-*` is served as deepseek-v4-pro, 3-4x flash's price; the client is told
+    once per key and hour in x-chatgate-warning, with the cheaper choice (docs/claude-code.md#models)."""
+    gate = start_gate()
+    told = []
+    with caplog.at_level(logging.WARNING, logger="chatgate"):
+        for key in (KEY, KEY, "sk-another-claude-code-user", KEY):
+            resp = post(gate, "/anthropic/v1/messages", CLAUDE_CODE_BODY, authorization=f"Bearer {key}")
+            assert resp.status_code == 200, resp.text
+            told.append(resp.headers.get("x-chatgate-warning"))
+        flash = post(gate, "/anthropic/v1/messages", CLAUDE_CODE_BODY | {"model": "claude-sonnet-5-5"},
+                     authorization="Bearer sk-a-third-claude-code-user")
+        pro = post(gate, "/anthropic/v1/messages", CLAUDE_CODE_BODY | {"model": "deepseek-v4-pro"},
+                   authorization="Bearer sk-a-fourth-claude-code-user")
+    assert [t is not None for t in told] == [True, False, True, False], told
+    assert told[0] is not None and "claude-opus-5-5 is served by DeepSeek as deepseek-v4-pro" in told[0]
+    assert "ANTHROPIC_MODEL=deepseek-flash" in told[0] and "user_id" not in told[0]
+    assert "x-chatgate-warning" not in flash.headers, "a claude name served as flash: nothing to say"
+    assert "x-chatgate-warning" not in pro.headers, "a client that asks for pro by name knows it"
+    said = [r.getMessage() for r in caplog.records if "code=pricier_model" in r.getMessage()]
+    assert len(said) == 2, said
+    assert metric(gate, "chatgate_notices_total", route="/anthropic/v1/messages", code="pricier_model") == 4
+    rows = usage_rows(tmp_path, 6)
+    assert sorted({r["model"] for r in rows}) == ["deepseek-flash", "deepseek-v4-pro"]

@@ -257,3 +257,21 @@ def test_dashboard_data_is_503_when_metering_is_off(tmp_path: Path) -> None:
             resp = httpx2.get(gate.url + path, headers={"authorization": f"Bearer {ADMIN_KEY}"}, timeout=10)
             assert resp.status_code == 503 and resp.json()["error"]["code"] == "no_store"
         assert httpx2.get(gate.url + "/admin/dashboard", timeout=10).status_code == 200
+
+
+def test_no_admin_key_configured_is_not_a_refused_key(tmp_path: Path) -> None:
+    """Issue 50 item 6: with auth.admin_key unset the admin API says so (503 admin_key_not_configured, naming
+    CHATGATE_ADMIN_KEY and how to make one), whatever is sent, and the page says it instead of "refused"."""
+    with run_chatgate(make_settings(tmp_path)) as gate:
+        for path in ("/admin/usage/timeseries?by=team", "/admin/teams", "/admin/keys", "/admin/usage"):
+            for headers in ({}, {"authorization": "Bearer some-guess-at-a-key-0000000000000000"}):
+                resp = httpx2.get(gate.url + path, headers=headers, timeout=10)
+                error = resp.json()["error"]
+                assert (resp.status_code, error["code"]) == (503, "admin_key_not_configured"), resp.text
+                assert "CHATGATE_ADMIN_KEY" in error["message"] and "openssl rand -hex 32" in error["message"]
+        for fragment in ("", "#key=any-key-at-all"):
+            dom = chromium(tmp_path / f"c{len(fragment)}", "--dump-dom",
+                           f"{gate.url}/admin/dashboard{fragment}").stdout
+            assert 'data-state="error"' in dom, dom[-2000:]
+            assert "No admin key is configured on this chatgate: set CHATGATE_ADMIN_KEY" in dom
+            assert "refused" not in dom.split('id="status"', 1)[1].split("<", 1)[0]

@@ -26,13 +26,15 @@
 
   async function api(path) {
     const key = sessionStorage.getItem(KEY);
-    const resp = await fetch(path, { headers: { Authorization: "Bearer " + key }, cache: "no-store" });
+    const headers = key ? { Authorization: "Bearer " + key } : {};  // no key: asked without one, never a guess
+    const resp = await fetch(path, { headers, cache: "no-store" });
     let body = null;
     try { body = await resp.json(); } catch (e) { body = null; }
     if (!resp.ok) {
       const msg = body && body.error ? body.error.message : resp.status + " " + resp.statusText;
       const err = new Error(msg);
       err.status = resp.status;
+      err.code = body && body.error ? body.error.code : null;
       throw err;
     }
     return body;
@@ -460,9 +462,16 @@
     }
   }
 
+  // not "refused": this chatgate has no admin key at all (auth.admin_key unset; the admin API says 503)
+  function notConfigured() {
+    setStatus("error", "No admin key is configured on this chatgate: set CHATGATE_ADMIN_KEY (make one with " +
+              "openssl rand -hex 32) and restart chatgate.");
+  }
+
   async function load() {
     if (!sessionStorage.getItem(KEY)) {
       setStatus("locked", "Enter the admin key to load usage.");
+      try { await api("/admin/teams"); } catch (err) { if (err.code === "admin_key_not_configured") notConfigured(); }
       return;
     }
     const bucket = $("bucket").value;
@@ -497,6 +506,7 @@
       setStatus("ready", `Last ${span} ${bucket}(s), UTC. Updated ${new Date().toLocaleTimeString()}.`);
     } catch (err) {
       if (err.status === 401) sessionStorage.removeItem(KEY);
+      if (err.code === "admin_key_not_configured") return notConfigured();
       setStatus("error", err.status === 401 ? "The admin key was refused: " + err.message : "Could not load: " + err.message);
     }
   }
