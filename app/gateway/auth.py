@@ -249,10 +249,11 @@ def admin_refused() -> APIError:
 
 
 def admin_not_configured() -> APIError:
-    """Not a refused key: this chatgate has none (auth.admin_key unset), so the admin routes are closed."""
-    return APIError(503, "No admin key is configured on this chatgate, so the admin routes (and the "
+    """Not a refused key: this chatgate has none (auth.admin_key unset), so the admin routes are closed to
+    everyone (a 403, not a 5xx: nothing failed, and no key would be let in)."""
+    return APIError(403, "No admin key is configured on this chatgate, so the admin routes (and the "
                     "dashboard) are closed: set CHATGATE_ADMIN_KEY (make one with `openssl rand -hex 32`; at "
-                    "least 32 characters) and restart chatgate.", "server_error", None,
+                    "least 32 characters) and restart chatgate.", "permission_error", None,
                     "admin_key_not_configured")
 
 

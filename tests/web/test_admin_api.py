@@ -261,13 +261,13 @@ def test_only_the_admin_key_is_accepted(managed: Gate) -> None:
 
 
 def test_the_admin_api_says_so_when_no_admin_key_is_set(tmp_path: Path) -> None:
-    """Closed, and not as a refused key: a 503 naming CHATGATE_ADMIN_KEY (issue 50 item 6)."""
+    """Closed, and not as a refused key: a 403 naming CHATGATE_ADMIN_KEY (issue 50 item 6)."""
     settings = make_settings(tmp_path, auth={"mode": "managed", "upstream_api_key": "sk-house"})
     with run_chatgate(settings) as gate:
         for headers in ({}, {"authorization": "Bearer"}, {"authorization": "Bearer anything"}):
             resp = httpx2.get(gate.url + "/admin/teams", headers=headers, timeout=10)
             error = resp.json()["error"]
-            assert (resp.status_code, error["code"]) == (503, "admin_key_not_configured"), resp.text
+            assert (resp.status_code, error["code"]) == (403, "admin_key_not_configured"), resp.text
             assert "CHATGATE_ADMIN_KEY" in error["message"] and "openssl rand -hex 32" in error["message"]
 
 

@@ -260,14 +260,14 @@ def test_dashboard_data_is_503_when_metering_is_off(tmp_path: Path) -> None:
 
 
 def test_no_admin_key_configured_is_not_a_refused_key(tmp_path: Path) -> None:
-    """Issue 50 item 6: with auth.admin_key unset the admin API says so (503 admin_key_not_configured, naming
+    """Issue 50 item 6: with auth.admin_key unset the admin API says so (403 admin_key_not_configured, naming
     CHATGATE_ADMIN_KEY and how to make one), whatever is sent, and the page says it instead of "refused"."""
     with run_chatgate(make_settings(tmp_path)) as gate:
         for path in ("/admin/usage/timeseries?by=team", "/admin/teams", "/admin/keys", "/admin/usage"):
             for headers in ({}, {"authorization": "Bearer some-guess-at-a-key-0000000000000000"}):
                 resp = httpx2.get(gate.url + path, headers=headers, timeout=10)
                 error = resp.json()["error"]
-                assert (resp.status_code, error["code"]) == (503, "admin_key_not_configured"), resp.text
+                assert (resp.status_code, error["code"]) == (403, "admin_key_not_configured"), resp.text
                 assert "CHATGATE_ADMIN_KEY" in error["message"] and "openssl rand -hex 32" in error["message"]
         for fragment in ("", "#key=any-key-at-all"):
             dom = chromium(tmp_path / f"c{len(fragment)}", "--dump-dom",
