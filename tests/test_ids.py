@@ -1,0 +1,24 @@
+"""chatgate's ids (app/ids.py): 128 random bits each, unique across threads, from pages of os.urandom."""
+
+from __future__ import annotations
+
+import threading
+
+from app.ids import new_id
+
+
+def test_ids_are_32_hex_characters_and_never_repeat_across_threads() -> None:
+    made: list[list[str]] = [[] for _ in range(4)]
+
+    def make(into: list[str]) -> None:
+        into.extend(new_id() for _ in range(5_000))
+
+    threads = [threading.Thread(target=make, args=(into,)) for into in made]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    ids = [i for into in made for i in into]
+    assert len(set(ids)) == len(ids) == 20_000
+    assert all(len(i) == 32 and int(i, 16) >= 0 for i in ids)
+    assert len({i[:8] for i in ids}) > 19_000, "no shared prefix: every id is random from its first byte"
