@@ -30,7 +30,7 @@ class BoundedDict(OrderedDict[K, V]):
             self.popitem(last=False)
         super().__setitem__(key, value)
 
-    def setdefault(self, key: K, default: V) -> V:  # type: ignore[override]
+    def setdefault(self, key: K, default: V) -> V:
         if key in self:
             return self[key]
         self[key] = default
