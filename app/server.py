@@ -21,7 +21,7 @@ import uvicorn
 from uvicorn.supervisors import Multiprocess
 
 from app.settings import LimitsSettings, ServerSettings
-from app.uvicorn_protocol import HEAD_ROOM, BoundedHttpToolsProtocol
+from app.uvicorn_protocol import HEAD_ROOM, BoundedHttpToolsProtocol, check_uvicorn
 
 DESCRIPTORS_SPARE = 64  # kept for the store, the spool, logs and the listeners
 
@@ -36,7 +36,9 @@ def protocol_options(limits: LimitsSettings, server: ServerSettings | None = Non
 
 def configure(server: ServerSettings) -> None:
     """The head timeout and the connection cap, on the protocol class: uvicorn pickles its Config (and the
-    class in it, by name) into `--workers` processes, which call this again from the app factory."""
+    class in it, by name) into `--workers` processes, which call this again from the app factory. Raises
+    UvicornMismatch on a uvicorn release the protocol is not written for."""
+    check_uvicorn()
     BoundedHttpToolsProtocol.head_timeout = server.head_timeout_seconds
     BoundedHttpToolsProtocol.max_connections = server.max_connections or auto_max_connections()
 

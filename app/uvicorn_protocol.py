@@ -1,5 +1,8 @@
 """uvicorn's httptools protocol, with a bound on what a request's head may cost: the one module of chatgate
-that subclasses a uvicorn class (pinned in pyproject.toml)."""
+that subclasses a uvicorn class. It overrides the protocol's callbacks and reads its attributes (`config`,
+`connections`, `flow`, `loop`, `transport`), none of which uvicorn documents, so it is written for one uvicorn
+release: pyproject.toml pins that one exactly, and `check_uvicorn` refuses to start on any other.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +10,7 @@ import asyncio
 import logging
 from typing import Any
 
+import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from app.errors import APIError
@@ -14,7 +18,23 @@ from app.gateway.http_limits import headers_too_large
 
 HEAD_TIMEOUT_S = 30.0  # for the rest of a request's head, or the next piece of its body
 HEAD_ROOM = 16384  # for the request line, beside twice the header limit
+UVICORN = "0.55.0"  # the release BoundedHttpToolsProtocol is written for (pyproject.toml: uvicorn==)
 log = logging.getLogger("chatgate")
+
+
+class UvicornMismatch(RuntimeError):
+    """Another uvicorn than the one chatgate's HTTP protocol is written for."""
+
+
+def check_uvicorn(installed: str | None = None) -> None:
+    """Refuse to run on a uvicorn release other than UVICORN: its protocol's internals may differ, and a
+    head that is not bounded, or a protocol that fails on the first request, is found only in production."""
+    installed = uvicorn.__version__ if installed is None else installed
+    if installed != UVICORN:
+        raise UvicornMismatch(
+            f"chatgate's HTTP protocol (app/uvicorn_protocol.py) is written for uvicorn {UVICORN}, and "
+            f"uvicorn {installed} is installed: install the version chatgate pins (pip install "
+            f"'uvicorn[standard]=={UVICORN}', or reinstall chatgate), or upgrade chatgate.")
 
 
 class BoundedHttpToolsProtocol(HttpToolsProtocol):
