@@ -28,13 +28,6 @@ FLAG_HAS_REMOTE, FLAG_REMOTE = 0x100, 0x200  # Span.flags: whether the parent is
 MASK64 = 0xFFFFFFFFFFFFFFFF
 
 
-class Sampled:
-    """What the SDK's BatchSpanProcessor asks of a span before it queues it (`span.context.trace_flags`)."""
-
-    class trace_flags:
-        sampled = True
-
-
 class Fixed:
     """A span's name and the attributes many spans have alike (a route's method, path and server; an
     attempt's operation and model), with their encoding: made once per distinct set, not per span."""

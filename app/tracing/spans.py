@@ -6,8 +6,8 @@ opentelemetry-semantic-conventions 0.66b2: `gen_ai.provider.name`, `gen_ai.usage
 The gateway holds an `ExchangeTrace` per request (None when tracing is off, so every hook is one `is not
 None` test). On the request path it records only ids, times and references to what the request has anyway
 (its usage record, the answer's id, model and finish reasons); a sampled one is handed as it is to the
-SDK's batch span processor when the request ends (one object a request), and the processor's thread makes
-its spans and encodes them (app.tracing.lean). An unsampled one still sends its trace context on.
+export queue when the request ends (one object a request), and the queue's thread makes its spans and
+encodes them (app.tracing.queue, app.tracing.lean). An unsampled one still sends its trace context on.
 The retry engine calls `start_attempt` before each upstream attempt and `attempt_failed` for one it gives
 up on; the last attempt ends with the request (`finish`), when its usage is known.
 """
@@ -24,7 +24,8 @@ import orjson
 
 from app.store.base import UsageRecord
 from app.tracing.counts import TraceCollector, TraceCounts
-from app.tracing.lean import MASK64, Failed, Fixed, Sampled, fixed
+from app.tracing.lean import MASK64, Failed, Fixed, fixed
+from app.tracing.queue import ExportQueue
 
 PROVIDER = "deepseek"
 TRACE_HEADERS = (b"traceparent", b"tracestate")
@@ -46,23 +47,21 @@ _ATTEMPTS: dict[tuple[Any, ...], Fixed] = {}  # an attempt's, by route, model, s
 
 
 class Tracing:
-    """The process's tracing: its sampler, the W3C trace-context propagator, and the SDK's batch span
-    processor in front of the exporter, whose queue holds an `ExchangeTrace` per request."""
+    """The process's tracing: its sampler, the W3C trace-context propagator, and the export queue in front
+    of the exporter, which holds an `ExchangeTrace` per request (app.tracing.queue)."""
 
-    def __init__(self, processor: Any, counts: TraceCounts, capture_content: bool, parent_based: bool,
-                 ratio: float) -> None:
+    def __init__(self, queue: ExportQueue[ExchangeTrace], counts: TraceCounts, capture_content: bool,
+                 parent_based: bool, ratio: float) -> None:
         from opentelemetry.trace import get_current_span
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-        self.processor = processor
+        self.queue = queue
+        self._put = queue.put
         self.counts = counts
         self.capture_content = capture_content
         self.parent_based = parent_based
         self.bound = 0 if ratio <= 0 else (1 << 64) if ratio >= 1 else round(ratio * (1 << 64))
         self.propagator = TraceContextTextMapPropagator()
-        # the SDK's queue (BatchSpanProcessor.on_end checks what an ExchangeTrace always is: sampled)
-        inner = getattr(processor, "_batch_processor", None)
-        self._queue = getattr(inner, "emit", None) or processor.on_end
         self._get_span = get_current_span
 
     def sampled(self, trace_id: int, parent_sampled: bool | None) -> bool:
@@ -113,16 +112,14 @@ class Tracing:
         return trace
 
     def emit(self, trace: ExchangeTrace) -> None:
-        self.counts.before_queue()
-        self._queue(trace)
+        self._put(trace)
 
     def force_flush(self, timeout_ms: int = 30000) -> bool:
-        return bool(self.processor.force_flush(timeout_ms))
+        return self.queue.force_flush(timeout_ms)
 
     def shutdown(self, timeout_s: float = 5.0) -> None:
         """Export what is queued, for at most `timeout_s` (an exporter that is down does not hold a stop)."""
-        self.processor.force_flush(int(timeout_s * 1000))
-        self.processor.shutdown()
+        self.queue.shutdown(int(timeout_s * 1000))
 
     def collector(self) -> Any:
         return TraceCollector(self.counts)
@@ -164,7 +161,6 @@ class ExchangeTrace:
                  "resp_id", "resp_model", "route", "rules", "sampled", "scan_each", "server", "span_id",
                  "start", "status_code", "strip", "tail0", "tail1", "tail2", "trace_id", "trace_state",
                  "tracing")
-    context = Sampled  # only sampled traces are queued
     # set before they are read (not in __init__, which every request pays for): the time of a streamed
     # attempt's start, whether each of its reads is scanned for its finish reasons or its last three at the
     # end; when it ends, the usage record and status (no record: refused before the body was read), the

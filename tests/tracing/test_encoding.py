@@ -3,7 +3,8 @@ gRPC exporter gets): every request shape, decoded with opentelemetry-proto, span
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -12,8 +13,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from app.settings import TracingSettings
 from app.store.base import UsageRecord
-from app.tracing.counts import TraceCounts
 from app.tracing.lean import Head, encode_request, readable, span_count, spans_of
+from app.tracing.queue import ExportQueue
 from app.tracing.setup import SCHEMA_URL, build_tracing
 from app.tracing.spans import ExchangeTrace, Tracing
 from tests.tracing.receiver import Receiver
@@ -40,9 +41,9 @@ def tracing() -> Iterator[tuple[Tracing, list[ExchangeTrace]]]:
     t = build_tracing(TracingSettings(enabled=True, endpoint="http://127.0.0.1:9"))
     assert t is not None
     queued: list[ExchangeTrace] = []
-    t._queue = queued.append
+    t._put = queued.append
     yield t, queued
-    t.processor.shutdown()
+    t.shutdown(0)
 
 
 def plain(t: Tracing) -> None:
@@ -156,18 +157,54 @@ def test_a_full_queue_counts_the_spans_of_the_trace_it_drops(tracing: tuple[Trac
     t, queued = tracing
     retried(t)
     plain(t)
-    counts: TraceCounts = t.counts
-    counts._queue, counts._max = list(reversed(queued)), 2  # the SDK's deque: the oldest at the right end
-    counts.before_queue()
-    assert counts.queue_full == 4  # the retried request: three attempts and its SERVER span
+    plain(t)
+    exported: list[list[ExchangeTrace]] = []
+    queue = ExportQueue(Batches(exported), span_count, 2, 2, 3600.0)
+    for trace in queued:
+        queue.put(trace)
+    assert queue.queue_full == 4  # the retried request, the oldest: three attempts and its SERVER span
+    assert len(queue) == 2
+    assert queue.force_flush(1000) and exported == [queued[1:]]
+    queue.shutdown()
 
 
-def test_the_sdk_queue_holds_requests_of_two_spans() -> None:
+class Batches:
+    def __init__(self, batches: list[list[ExchangeTrace]]) -> None:
+        self.batches = batches
+        self.stopped = False
+
+    def export(self, items: Sequence[ExchangeTrace]) -> object:
+        self.batches.append(list(items))
+        return None
+
+    def shutdown(self) -> None:
+        self.stopped = True
+
+
+def test_the_queue_exports_in_batches_from_its_thread_and_stops_with_a_last_flush(
+        tracing: tuple[Tracing, list[ExchangeTrace]]) -> None:
+    t, queued = tracing
+    for _ in range(7):
+        plain(t)
+    exported: list[list[ExchangeTrace]] = []
+    exporter = Batches(exported)
+    queue = ExportQueue(exporter, span_count, 100, 3, 3600.0)
+    for trace in queued[:6]:
+        queue.put(trace)  # two full batches: the thread is woken
+    deadline = time.monotonic() + 5
+    while sum(map(len, exported)) < 6 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert exported == [queued[0:3], queued[3:6]]
+    queue.put(queued[6])  # under a batch: it waits for the delay, or the stop
+    queue.shutdown()
+    assert exported[-1] == [queued[6]] and exporter.stopped and queue.queue_full == 0
+
+
+def test_the_queue_holds_requests_of_two_spans() -> None:
     t = build_tracing(TracingSettings(enabled=True, endpoint="http://127.0.0.1:9", max_queue_size=100))
     assert t is not None
-    inner = t.processor._batch_processor
-    assert inner._max_queue_size == 50 and inner._max_export_batch_size == 50
-    t.processor.shutdown()
+    assert t.queue.max_items == 50 and t.queue.batch == 50
+    t.shutdown(0)
 
 
 def test_a_streams_finish_reasons_are_found_whatever_else_its_events_say(
