@@ -102,32 +102,50 @@ def _version() -> str:
 class LeanExporter:
     """Exports chatgate's traces (an ExchangeTrace per request): over OTLP/HTTP encoded by
     app.tracing.lean and sent by the official exporter's HTTP client (its endpoint, headers, compression,
-    retries and timeout); to any other exporter as the SDK's ReadableSpans."""
+    retries and timeout); to any other exporter as the SDK's ReadableSpans.
+
+    That client is the exporter's `_client` (opentelemetry-exporter-otlp-common's `_OTLPHTTPClient`, whose
+    `export` takes the encoded request): not a public API, so pyproject.toml bounds the exporter to the
+    minor release it is written for, and a client without that method is not used (the spans then go
+    through the exporter's own, slower, encoder)."""
 
     def __init__(self, inner: Any, resource: Any, scope: Any) -> None:
         self.inner = inner
         self.resource = resource
         self.scope = scope
         self.head = Head(dict(resource.attributes), scope.name, scope.version or "", SCHEMA_URL)
-        self._client = getattr(inner, "_client", None) if type(inner).__module__.startswith(
-            "opentelemetry.exporter.otlp.proto.http") else None
+        self._client = http_client(inner)
+        self._stopped = False
 
     def export(self, spans: Sequence[Any]) -> Any:
         from opentelemetry.sdk.trace.export import SpanExportResult
 
         if self._client is None:
             return self.inner.export(readable(spans, self.resource, self.scope))
-        if getattr(self.inner, "_shutdown", False):
+        if self._stopped:
             return SpanExportResult.FAILURE
         data = encode_request(spans, self.head)
         result = self._client.export(data)
         return SpanExportResult.SUCCESS if result.success else SpanExportResult.FAILURE
 
     def shutdown(self) -> None:
+        self._stopped = True
         self.inner.shutdown()
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return bool(self.inner.force_flush(timeout_millis))
+
+
+def http_client(exporter: Any) -> Any:
+    """The OTLP/HTTP exporter's client that sends an encoded request, or None."""
+    if not type(exporter).__module__.startswith("opentelemetry.exporter.otlp.proto.http"):
+        return None
+    client = getattr(exporter, "_client", None)
+    if not callable(getattr(client, "export", None)):
+        log.warning("this opentelemetry-exporter-otlp-proto-http has no client chatgate can hand an encoded "
+                    "request to: spans are encoded by the exporter (slower)")
+        return None
+    return client
 
 
 def _exporter(settings: TracingSettings, env: Mapping[str, str]) -> Any:

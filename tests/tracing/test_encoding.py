@@ -15,7 +15,7 @@ from app.settings import TracingSettings
 from app.store.base import UsageRecord
 from app.tracing.lean import Head, encode_request, readable, span_count, spans_of
 from app.tracing.queue import ExportQueue
-from app.tracing.setup import SCHEMA_URL, build_tracing
+from app.tracing.setup import SCHEMA_URL, build_tracing, http_client
 from app.tracing.spans import ExchangeTrace, Tracing
 from tests.tracing.receiver import Receiver
 
@@ -237,3 +237,18 @@ def test_a_streams_finish_reasons_are_found_whatever_else_its_events_say(
         assert (tr.reasons or []) == reasons, (route, reads[-1])
     got = decoded(encode_request(queued, t.counts.exporter.inner.head))
     assert got[0].attributes["gen_ai.response.finish_reasons"] == ["stop"]
+
+
+def test_the_pinned_otlp_http_exporter_takes_chatgates_encoding() -> None:
+    """The exporter's client is not a public API (pyproject.toml bounds the exporter): on the version
+    installed, chatgate hands it the request it encoded itself; a client without `export` is not used."""
+    t = build_tracing(TracingSettings(enabled=True, endpoint="http://127.0.0.1:9"))
+    assert t is not None
+    lean = t.counts.exporter.inner
+    assert lean._client is not None and lean._client is lean.inner._client
+    t.shutdown(0)
+
+    class Other:
+        _client = object()
+    Other.__module__ = "opentelemetry.exporter.otlp.proto.http.trace_exporter"
+    assert http_client(Other()) is None
