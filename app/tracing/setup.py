@@ -17,7 +17,7 @@ from typing import Any
 
 from app.settings import TracingSettings
 from app.tracing.counts import CountingExporter, TraceCounts
-from app.tracing.lean import Head, encode_request, readable, span_count, spans_count
+from app.tracing.lean import Encoder, Head, readable, span_count, spans_count
 from app.tracing.queue import ExportQueue
 from app.tracing.spans import ExchangeTrace, Tracing
 
@@ -113,7 +113,7 @@ class LeanExporter:
         self.inner = inner
         self.resource = resource
         self.scope = scope
-        self.head = Head(dict(resource.attributes), scope.name, scope.version or "", SCHEMA_URL)
+        self.encoder = Encoder(Head(dict(resource.attributes), scope.name, scope.version or "", SCHEMA_URL))
         self._client = http_client(inner)
         self._stopped = False
 
@@ -124,7 +124,7 @@ class LeanExporter:
             return self.inner.export(readable(spans, self.resource, self.scope))
         if self._stopped:
             return SpanExportResult.FAILURE
-        data = encode_request(spans, self.head)
+        data = self.encoder.request(spans)
         result = self._client.export(data)
         return SpanExportResult.SUCCESS if result.success else SpanExportResult.FAILURE
 

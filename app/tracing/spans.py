@@ -22,9 +22,10 @@ from typing import Any
 
 import orjson
 
+from app.bounded import BoundedDict
 from app.store.base import UsageRecord
 from app.tracing.counts import TraceCollector, TraceCounts
-from app.tracing.lean import MASK64, Failed, Fixed, fixed
+from app.tracing.lean import FIXED_MAX, MASK64, Failed, Fixed
 from app.tracing.queue import ExportQueue
 
 PROVIDER = "deepseek"
@@ -42,8 +43,6 @@ _time_ns = time.time_ns
 _perf_counter = time.perf_counter
 _TRACEPARENT = (b"00-%032x-%016x-00", b"00-%032x-%016x-01")  # by sampled
 
-_SERVERS: dict[tuple[Any, ...], Fixed] = {}  # a route's SERVER attributes, by method, route, client, ...
-_ATTEMPTS: dict[tuple[Any, ...], Fixed] = {}  # an attempt's, by route, model, stream and max_tokens
 
 
 class Tracing:
@@ -63,6 +62,10 @@ class Tracing:
         self.bound = 0 if ratio <= 0 else (1 << 64) if ratio >= 1 else round(ratio * (1 << 64))
         self.propagator = TraceContextTextMapPropagator()
         self._get_span = get_current_span
+        # the name and shared attributes of a SERVER span, by method, route, client, ...; of an attempt's
+        # CLIENT span, by route, model, stream and max_tokens
+        self.servers: BoundedDict[tuple[Any, ...], Fixed] = BoundedDict(FIXED_MAX)
+        self.attempts: BoundedDict[tuple[Any, ...], Fixed] = BoundedDict(FIXED_MAX)
 
     def sampled(self, trace_id: int, parent_sampled: bool | None) -> bool:
         """ParentBased(TraceIdRatioBased) as the SDK decides it, or the ratio alone."""
@@ -89,7 +92,7 @@ class Tracing:
             key = (method, route, scope.get("path", route), scope.get("scheme", "http"),
                    scope.get("http_version", "1.1"), scope.get("server"), client[0] if client else None,
                    agent.decode("latin-1") if agent else None)
-            trace.server = _SERVERS.get(key) or fixed(_SERVERS, key, _server_fixed)
+            trace.server = self.servers.get(key) or self.servers.get_or_make(key, _server_fixed)
         return trace
 
     def _continued(self, traceparent: bytes | None, tracestate: bytes | None, label: str, request_id: str
@@ -125,8 +128,8 @@ class Tracing:
         return TraceCollector(self.counts)
 
 
-def _server_fixed(method: str, route: str, path: str, scheme: str, version: str, server: Any,
-                  client: str | None, agent: str | None) -> Fixed:
+def _server_fixed(key: tuple[Any, ...]) -> Fixed:
+    method, route, path, scheme, version, server, client, agent = key
     attributes: dict[str, Any] = {"http.request.method": method, "http.route": route, "url.path": path,
                                   "url.scheme": scheme, "network.protocol.version": version}
     if server:
@@ -138,7 +141,8 @@ def _server_fixed(method: str, route: str, path: str, scheme: str, version: str,
     return Fixed(f"{method} {route}", attributes)
 
 
-def _attempt_fixed(route: str, model: str, stream: bool, max_tokens: int | None) -> Fixed:
+def _attempt_fixed(key: tuple[Any, ...]) -> Fixed:
+    route, model, stream, max_tokens = key
     operation = operation_of(route)
     attributes: dict[str, Any] = {"gen_ai.operation.name": operation, "gen_ai.provider.name": PROVIDER,
                                   "gen_ai.request.model": model, "gen_ai.request.stream": stream}
@@ -215,7 +219,8 @@ class ExchangeTrace:
         span_id = _getrandbits(64) or 1
         if self.sampled:
             key = (self.route, model, stream, self.max_tokens)
-            shared = _ATTEMPTS.get(key) or fixed(_ATTEMPTS, key, _attempt_fixed)
+            attempts = self.tracing.attempts
+            shared = attempts.get(key) or attempts.get_or_make(key, _attempt_fixed)
             self.attempt = (span_id, _time_ns(), shared)
             if stream:  # the time to the first chunk
                 self.attempt_t0 = _perf_counter()

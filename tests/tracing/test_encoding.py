@@ -13,7 +13,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from app.settings import TracingSettings
 from app.store.base import UsageRecord
-from app.tracing.lean import Head, encode_request, readable, span_count, spans_of
+from app.tracing.lean import Encoder, readable, span_count, spans_of
 from app.tracing.queue import ExportQueue
 from app.tracing.setup import SCHEMA_URL, build_tracing, http_client
 from app.tracing.spans import ExchangeTrace, Tracing
@@ -128,7 +128,7 @@ def test_the_encoding_is_the_spans(tracing: tuple[Tracing, list[ExchangeTrace]],
     shape(t)
     assert queued
     exporter = t.counts.exporter.inner
-    data = encode_request(queued, exporter.head)
+    data = exporter.encoder.request(queued)
     wanted = [(tr, s) for tr in queued for s in spans_of(tr)]
     got = decoded(data)
     assert len(got) == len(wanted) == sum(map(span_count, queued))
@@ -148,8 +148,8 @@ def test_a_whole_batch_is_one_request_of_every_span(tracing: tuple[Tracing, list
     t, queued = tracing
     for shape in SHAPES * 40:
         shape(t)
-    head: Head = t.counts.exporter.inner.head
-    assert len(decoded(encode_request(queued, head))) == sum(map(span_count, queued)) > 700
+    encoder: Encoder = t.counts.exporter.inner.encoder
+    assert len(decoded(encoder.request(queued))) == sum(map(span_count, queued)) > 700
 
 
 def test_a_full_queue_counts_the_spans_of_the_trace_it_drops(tracing: tuple[Tracing, list[ExchangeTrace]]
@@ -235,7 +235,7 @@ def test_a_streams_finish_reasons_are_found_whatever_else_its_events_say(
             tr.feed(read)
         tr.finish(replace(OK, stream=True), 200)
         assert (tr.reasons or []) == reasons, (route, reads[-1])
-    got = decoded(encode_request(queued, t.counts.exporter.inner.head))
+    got = decoded(t.counts.exporter.inner.encoder.request(queued))
     assert got[0].attributes["gen_ai.response.finish_reasons"] == ["stop"]
 
 
