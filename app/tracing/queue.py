@@ -103,7 +103,9 @@ class ExportQueue(Generic[T]):
         return self._export_waiting(time.monotonic() + timeout_ms / 1000)
 
     def shutdown(self, timeout_ms: int = 30000) -> None:
-        """Export what is queued (for at most `timeout_ms`), stop the thread and the exporter."""
+        """Export what is queued (for at most `timeout_ms`), stop the thread and the exporter (once)."""
+        if self._stopped:
+            return
         self.force_flush(timeout_ms)
         self._stopped = True
         self._wake.set()

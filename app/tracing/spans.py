@@ -44,7 +44,6 @@ _perf_counter = time.perf_counter
 _TRACEPARENT = (b"00-%032x-%016x-00", b"00-%032x-%016x-01")  # by sampled
 
 
-
 class Tracing:
     """The process's tracing: its sampler, the W3C trace-context propagator, and the export queue in front
     of the exporter, which holds an `ExchangeTrace` per request (app.tracing.queue)."""
