@@ -218,6 +218,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from app import banner, server
+    from app.uvicorn_protocol import UvicornMismatch
 
     loaded = _load(args)  # fail here, once, with exit code 2
     s = loaded.settings.server
@@ -232,11 +233,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     _configure_logging(s.log_format)
     _absorb_replayed_stop_signals()
     grace = int(s.shutdown_grace_seconds) or None
+    try:
+        protocol = server.protocol_options(loaded.settings.limits, s)
+    except UvicornMismatch as exc:
+        print(f"chatgate: {exc}", file=sys.stderr)
+        return 3
     config = uvicorn.Config("app.cli:app_from_env", factory=True, host=s.host, port=s.port, workers=s.workers,
                             loop="uvloop", lifespan="on", access_log=False,
                             server_header=False, timeout_graceful_shutdown=grace, backlog=4096,
-                            log_config=None, timeout_keep_alive=30, proxy_headers=False,
-                            **server.protocol_options(loaded.settings.limits, s))
+                            log_config=None, timeout_keep_alive=30, proxy_headers=False, **protocol)
     if not server.run(config, s.accept_listeners):
         return 3  # uvicorn's STARTUP_FAILURE: the app or the socket did not come up
     return 0

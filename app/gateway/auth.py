@@ -9,12 +9,13 @@ import hmac
 import math
 import secrets
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from starlette.requests import HTTPConnection, Request
 
+from app.bounded import BoundedDict
 from app.errors import APIError, unauthorized
 from app.settings import AuthSettings
 from app.store.base import ApiKey, KeyStore
@@ -23,8 +24,8 @@ KEY_PREFIX = "cg-"
 ADMIN = "admin"  # the admin key's key id, name and team where a route takes it
 UNKNOWN_KEYS_CACHED = 10_000  # keys the store does not know, remembered (oldest forgotten first)
 KNOWN_KEYS_CACHED = 100_000  # beyond, expired entries are dropped
-PASSTHROUGH_CACHED = 4_096  # passthrough identities kept (beyond, the cache starts over)
-MANAGED_CACHED = 4_096  # managed identities kept by their secret (beyond, the cache starts over)
+PASSTHROUGH_CACHED = 4_096  # passthrough identities kept (the oldest forgotten first)
+MANAGED_CACHED = 4_096  # managed identities kept (the oldest forgotten first)
 ADMIN_WINDOW = 60.0  # auth.admin_failures_per_minute wrong admin keys from an address in it: then 429s
 ADMIN_SOURCES = 10_000  # addresses whose failures are remembered (the oldest forgotten first)
 
@@ -82,6 +83,12 @@ def unknown_key_message(token: str) -> str:
     return message
 
 
+def cache_digest(salt: bytes, secret: str) -> bytes:
+    """What a cache keeps a secret by: a keyed BLAKE2b of it (the key is the process's own, random), so no
+    cache holds a plaintext key, and no digest it holds is the store's (SHA-256) or usable elsewhere."""
+    return hashlib.blake2b(secret.encode("utf-8", "surrogateescape"), digest_size=16, key=salt).digest()
+
+
 def fingerprint(secret: str) -> str:
     return _fingerprint_of(hash_key(secret))
 
@@ -95,11 +102,15 @@ class Authenticator:
         self.settings = settings
         self.store = store
         self._cache: dict[str, tuple[float, ApiKey]] = {}  # the store's keys, by digest
-        self._unknown: OrderedDict[str, float] = OrderedDict()  # digests the store does not know -> until
-        self._admin_failures: OrderedDict[str, deque[float]] = OrderedDict()  # wrong admin keys, by address
-        self._passthrough_ids: dict[str, Identity] = {}  # by the Authorization as sent: no hash per request
-        # a known key's identity by its secret, until its key cache entry expires: no hash per request
-        self._managed_ids: dict[str, tuple[float, Identity]] = {}
+        # digests the store does not know -> until when
+        self._unknown: BoundedDict[str, float] = BoundedDict(UNKNOWN_KEYS_CACHED)
+        # wrong admin keys, by address (the address that failed last is the last forgotten)
+        self._admin_failures: BoundedDict[str, deque[float]] = BoundedDict(ADMIN_SOURCES)
+        # identities by `cache_digest` of the key sent (a BLAKE2b, not the store's SHA-256, per request): a
+        # passthrough caller's by its Authorization as sent; a managed key's until its key cache entry expires
+        self._salt = secrets.token_bytes(32)
+        self._passthrough_ids: BoundedDict[bytes, Identity] = BoundedDict(PASSTHROUGH_CACHED)
+        self._managed_ids: BoundedDict[bytes, tuple[float, Identity]] = BoundedDict(MANAGED_CACHED)
         self.on_refused: Callable[[str], None] | None = None  # a 401, by its source address (/metrics)
         upstream_key = settings.upstream_api_key.get_secret_value() if settings.upstream_api_key else None
         self._upstream = f"Bearer {upstream_key}" if upstream_key else None
@@ -115,7 +126,8 @@ class Authenticator:
         if token is None:
             raise unauthorized("Missing chatgate API key: send 'Authorization: Bearer cg-…' (create one with "
                                "`chatgate keys create --team T --name N`).")
-        known = self._managed_ids.get(token)
+        cache_key = cache_digest(self._salt, token)
+        known = self._managed_ids.get(cache_key)
         if known is not None and known[0] > time.monotonic():
             return known[1]
         digest = hash_key(token)
@@ -125,9 +137,7 @@ class Authenticator:
         identity = Identity(key.key_id, key.name, key.team, self._upstream, key.key_id)
         cached = self._cache.get(digest)
         if cached is not None and cached[1] is key:  # kept as long as the key's cache entry
-            if len(self._managed_ids) >= MANAGED_CACHED:
-                self._managed_ids.clear()
-            self._managed_ids[token] = (cached[0], identity)
+            self._managed_ids[cache_key] = (cached[0], identity)
         return identity
 
     async def identify_request(self, request: HTTPConnection) -> Identity:
@@ -150,15 +160,14 @@ class Authenticator:
         if token is None:
             return Identity("anonymous", "anonymous", self.settings.passthrough_team, authorization)
         assert authorization is not None  # a token comes from it
-        known = self._passthrough_ids.get(authorization)
+        cache_key = cache_digest(self._salt, authorization)
+        known = self._passthrough_ids.get(cache_key)
         if known is not None:
             return known
         digest = hash_key(token)  # the fingerprint and the turn memory's key both need it
         fp = _fingerprint_of(digest)
         identity = Identity(fp, fp, self.settings.passthrough_team, authorization, "pt-" + digest)
-        if len(self._passthrough_ids) >= PASSTHROUGH_CACHED:
-            self._passthrough_ids.clear()
-        self._passthrough_ids[authorization] = identity
+        self._passthrough_ids[cache_key] = identity
         return identity
 
     async def _lookup(self, digest: str) -> ApiKey | None:
@@ -178,9 +187,7 @@ class Authenticator:
         if key is None:
             # A flood of made-up keys evicts only other made-up keys: the valid ones stay cached.
             self._unknown[digest] = until
-            self._unknown.move_to_end(digest)
-            while len(self._unknown) > UNKNOWN_KEYS_CACHED:
-                self._unknown.popitem(last=False)
+            self._unknown.touch(digest)
             return None
         self._unknown.pop(digest, None)
         if len(self._cache) >= KNOWN_KEYS_CACHED:
@@ -194,8 +201,8 @@ class Authenticator:
         auth.key_cache_seconds)."""
         for digest in [d for d, (_, key) in self._cache.items() if key.key_id == key_id]:
             del self._cache[digest]
-        for token in [t for t, (_, identity) in self._managed_ids.items() if identity.key_id == key_id]:
-            del self._managed_ids[token]
+        for cache_key in [c for c, (_, identity) in self._managed_ids.items() if identity.key_id == key_id]:
+            del self._managed_ids[cache_key]
 
     def check_admin(self, authorization: str | None, source: str) -> None:
         """The admin key, or a 401 counted in /metrics; an address that sent auth.admin_failures_per_minute
@@ -219,11 +226,9 @@ class Authenticator:
         if bearer(authorization) is None:
             raise admin_refused()
         if failures is None:
-            if len(self._admin_failures) >= ADMIN_SOURCES:
-                self._admin_failures.popitem(last=False)
             failures = self._admin_failures[source] = deque()
         failures.append(now)
-        self._admin_failures.move_to_end(source)
+        self._admin_failures.touch(source)
         if self.on_refused is not None:
             self.on_refused(source)
         raise admin_refused()

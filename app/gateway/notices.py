@@ -13,12 +13,13 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 
+from app.bounded import BoundedDict
 from app.errors import Problem
 from app.metering.metrics import Metrics
 
 log = logging.getLogger("chatgate")
 WINDOW_SECONDS = 3600.0
-MAX_REMEMBERED = 10_000  # (key, code) pairs; past that the oldest hour is forgotten wholesale
+MAX_REMEMBERED = 10_000  # (key, code) pairs; past that the one said longest ago is forgotten
 
 
 class Notices:
@@ -27,7 +28,7 @@ class Notices:
         self.metrics = metrics
         self.clock = clock
         self.window = window
-        self._said: dict[tuple[str, str], float] = {}
+        self._said: BoundedDict[tuple[str, str], float] = BoundedDict(MAX_REMEMBERED)
 
     def warnings(self, route: str, key_id: str, found: Iterable[Problem]) -> list[str]:
         """The messages of `found` to send back as x-chatgate-warning; the notices among them are said
@@ -48,11 +49,8 @@ class Notices:
         last = self._said.get(pair)
         if last is not None and now - last < self.window:
             return False
-        if len(self._said) >= MAX_REMEMBERED:
-            self._said = {k: t for k, t in self._said.items() if now - t < self.window}
-            if len(self._said) >= MAX_REMEMBERED:
-                self._said.clear()
         self._said[pair] = now
+        self._said.touch(pair)
         log.warning("notice (said once per key and hour) key=%s route=%s code=%s rule=%s: %s", key_id, route,
                     problem.code, problem.rule, problem.message)
         return True

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
@@ -18,10 +18,26 @@ AUTH_SOURCES = 100  # client addresses that get their own label in chatgate_auth
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
 
-class Metrics:
-    """Label children are cached: `labels()` takes a lock and builds a key, a few µs each, per request.
+class Labelled:
+    """A Prometheus counter with labels, and its children, each made the first time its label values are
+    asked for and kept: prometheus_client's `labels()` takes a lock and builds a key, a few µs a call."""
 
-    The model label is the model name only for models with a profile, else "other": clients choose the
+    __slots__ = ("_children", "counter")
+
+    def __init__(self, name: str, documentation: str, labelnames: Sequence[str], registry: CollectorRegistry
+                 ) -> None:
+        self.counter = Counter(name, documentation, labelnames, registry=registry)
+        self._children: dict[tuple[str, ...], Counter] = {}
+
+    def labels(self, *values: str) -> Counter:
+        child = self._children.get(values)
+        if child is None:
+            child = self._children[values] = self.counter.labels(*values)
+        return child
+
+
+class Metrics:
+    """The model label is the model name only for models with a profile, else "other": clients choose the
     name, and unbounded label values would grow memory without limit.
     """
 
@@ -33,52 +49,49 @@ class Metrics:
         # scraped (_Tally): prometheus_client's children take a lock and a check per inc, ~11 a request.
         self.tally = _Tally()
         r.register(self.tally)
-        self.cache_lost = Counter("chatgate_cache_lost_usd", "USD estimated lost to prompt-prefix breaks "
-                                  "(docs/cache.md), by model and team", ["model", "team"], registry=r)
-        self.cache_lost_cny = Counter("chatgate_cache_lost_cny", "CNY estimated lost to prompt-prefix "
-                                      "breaks (docs/cache.md), by model and team", ["model", "team"],
-                                      registry=r)
-        self.cache_breaks = Counter("chatgate_cache_breaks", "Prompt-prefix breaks, by where the prefix "
-                                    "first differed (indexes past 0 as [*]) and team", ["param", "team"],
-                                    registry=r)
-        self.rejections = Counter("chatgate_rejections", "Requests rejected locally, by rule code",
-                                  ["code"], registry=r)
-        self.limited = Counter("chatgate_limited", "Requests refused by a budget, rate or concurrency limit, "
-                               "by limit (e.g. rpm:team)", ["limit"], registry=r)
-        self.repairs = Counter("chatgate_repairs", "Repairs applied to requests, by repair code", ["code"],
-                               registry=r)
-        self.notices = Counter("chatgate_notices", "Requests with a problem their caller cannot act on "
-                               "(logged once per key and hour), by route and code", ["route", "code"],
-                               registry=r)
-        self.unpriced = Counter("chatgate_unpriced_requests", "Requests that used tokens of a model "
-                                "without a price (metered at the catalogue's highest price), by model",
-                                ["model"], registry=r)
-        self.billed = Counter("chatgate_billed_calls", "Billed units of DeepSeek's tools (docs/metering.md"
-                              "#tool-calls), by tool (search, fetch: calls, the model's own included; ocr: "
-                              "pages; tts: characters), unit and source (api: the tool route; model: the "
-                              "server web tools of a chat, Messages or Responses answer)",
-                              ["tool", "unit", "source"], registry=r)
+        self.cache_lost = Labelled("chatgate_cache_lost_usd", "USD estimated lost to prompt-prefix breaks "
+                                   "(docs/cache.md), by model and team", ["model", "team"], registry=r)
+        self.cache_lost_cny = Labelled("chatgate_cache_lost_cny", "CNY estimated lost to prompt-prefix "
+                                       "breaks (docs/cache.md), by model and team", ["model", "team"],
+                                       registry=r)
+        self.cache_breaks = Labelled("chatgate_cache_breaks", "Prompt-prefix breaks, by where the prefix "
+                                     "first differed (indexes past 0 as [*]) and team", ["param", "team"],
+                                     registry=r)
+        self.rejections = Labelled("chatgate_rejections", "Requests rejected locally, by rule code",
+                                   ["code"], registry=r)
+        self.limited = Labelled("chatgate_limited", "Requests refused by a budget, rate or concurrency "
+                                "limit, by limit (e.g. rpm:team)", ["limit"], registry=r)
+        self.repairs = Labelled("chatgate_repairs", "Repairs applied to requests, by repair code", ["code"],
+                                registry=r)
+        self.notices = Labelled("chatgate_notices", "Requests with a problem their caller cannot act on "
+                                "(logged once per key and hour), by route and code", ["route", "code"],
+                                registry=r)
+        self.unpriced = Labelled("chatgate_unpriced_requests", "Requests that used tokens of a model "
+                                 "without a price (metered at the catalogue's highest price), by model",
+                                 ["model"], registry=r)
+        self.billed = Labelled("chatgate_billed_calls", "Billed units of DeepSeek's tools (docs/metering.md"
+                               "#tool-calls), by tool (search, fetch: calls, the model's own included; ocr: "
+                               "pages; tts: characters), unit and source (api: the tool route; model: the "
+                               "server web tools of a chat, Messages or Responses answer)",
+                               ["tool", "unit", "source"], registry=r)
         self.restore_misses = Counter("chatgate_reasoning_restore_misses",
                                       "Turns restore_reasoning could not restore (not relayed to that "
                                       "caller, or expired)", registry=r)
-        self.auth_failures = Counter(
+        self.auth_failures = Labelled(
             "chatgate_auth_failures", "Requests refused with 401 (a missing, unknown or revoked key), by "
             f"client address (the first {AUTH_SOURCES} seen; later ones as \"other\")",
             ["source"], registry=r)
         self._sources: set[str] = set()
-        self.upstream_attempts = Counter("chatgate_upstream_attempts", "Attempts sent to DeepSeek, by "
-                                         "account and outcome (a status, connect or timeout)",
-                                         ["account", "status"], registry=r)
-        self.upstream_retries = Counter("chatgate_upstream_retries", "Attempts retried, by reason (a status, "
-                                        "connect, timeout, keepalive_drop)", ["reason"], registry=r)
-        self._children: dict[tuple[Any, ...], Any] = {}
+        self.upstream_attempts = Labelled("chatgate_upstream_attempts", "Attempts sent to DeepSeek, by "
+                                          "account and outcome (a status, connect or timeout)",
+                                          ["account", "status"], registry=r)
+        self.upstream_retries = Labelled("chatgate_upstream_retries", "Attempts retried, by reason (a "
+                                         "status, connect, timeout, keepalive_drop)", ["reason"], registry=r)
 
-    def _child(self, metric: Any, *labels: str) -> Any:
-        key = (id(metric), *labels)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = metric.labels(*labels)
-        return child
+    @staticmethod
+    def _child(metric: Labelled, *labels: str) -> Counter:
+        """`metric.labels(*labels)`: the name app/gateway/retry.py calls it by."""
+        return metric.labels(*labels)
 
     def auth_failure(self, source: str) -> None:
         if source not in self._sources:
@@ -86,7 +99,7 @@ class Metrics:
                 source = "other"
             else:
                 self._sources.add(source)
-        self._child(self.auth_failures, source).inc()
+        self.auth_failures.labels(source).inc()
 
     def model_label(self, model: str) -> str:
         return model if model in self.known_models else "other"
@@ -99,10 +112,10 @@ class Metrics:
         requests[key] = requests.get(key, 0) + 1
         if rec.repairs:
             for code in rec.repairs.split(","):
-                self._child(self.repairs, code).inc()
+                self.repairs.labels(code).inc()
         if rec.outcome in ("rejected", "limited"):
             if rec.outcome == "rejected":
-                self._child(self.rejections, rec.rule_code or "unknown").inc()
+                self.rejections.labels(rec.rule_code or "unknown").inc()
             return
         group = (model, rec.team)
         usage = tally.usage.get(group)
@@ -116,27 +129,27 @@ class Metrics:
         if rec.cost_picousd:
             usage[5] += rec.cost_picousd / 1e12
         if rec.unpriced:
-            self._child(self.unpriced, model).inc()
+            self.unpriced.labels(model).inc()
         if rec.cache_saved_picousd:
             usage[6] += rec.cache_saved_picousd / 1e12
         if rec.cache_break is not None:
-            self._child(self.cache_breaks, param_label(rec.cache_break), rec.team).inc()
+            self.cache_breaks.labels(param_label(rec.cache_break), rec.team).inc()
             if rec.cache_lost_picousd:
                 lost = self.cache_lost_cny if rec.currency == "CNY" else self.cache_lost
-                self._child(lost, model, rec.team).inc(rec.cache_lost_picousd / 1e12)
+                lost.labels(model, rec.team).inc(rec.cache_lost_picousd / 1e12)
         tally.observe(tally.latency, model, rec.latency_ms / 1000)
         if rec.ttfb_ms is not None:
             tally.observe(tally.ttfb, model, rec.ttfb_ms / 1000)
 
     def billed_units(self, tool: str, unit: str, source: str, units: int) -> None:
         if units:
-            self._child(self.billed, tool, unit, source).inc(units)
+            self.billed.labels(tool, unit, source).inc(units)
 
     def watch_recorder(self, recorder: RecorderCounts) -> None:
         self.registry.register(RecorderCollector(recorder))
 
     def noticed(self, route: str, code: str) -> None:
-        self._child(self.notices, route, code).inc()
+        self.notices.labels(route, code).inc()
 
     def watch_accounts(self, states: Callable[[], list[dict[str, Any]]]) -> None:
         """chatgate_upstream_account_available{account}: 1 while the account takes requests."""

@@ -8,7 +8,10 @@ import math
 import time
 from collections.abc import Callable
 
+from app.bounded import BoundedDict
 from app.store.base import LimitRow, LimitStore
+
+ROWS_KEPT = 10_000  # teams' and keys' rows cached (beyond, the oldest entry is forgotten)
 
 
 class LimitBook:
@@ -17,7 +20,7 @@ class LimitBook:
         self.store = store
         self.ttl = ttl
         self.clock = clock
-        self._cache: dict[tuple[str, str], tuple[float, LimitRow | None]] = {}
+        self._cache: BoundedDict[tuple[str, str], tuple[float, LimitRow | None]] = BoundedDict(ROWS_KEPT)
         self._loading: dict[tuple[str, str], asyncio.Future[LimitRow | None]] = {}
         self.generation = 0  # counts the forgets: what was worked out from rows before one may be stale
 
@@ -52,15 +55,14 @@ class LimitBook:
             if current:
                 del self._loading[key]
         if current:  # not forgotten meanwhile: a row read before a change must not be kept
-            if len(self._cache) > 10_000:
-                self._cache.clear()
-                self.generation += 1
+            if len(self._cache) >= ROWS_KEPT and key not in self._cache:
+                self.generation += 1  # a row is forgotten (the oldest) to make room
             self._cache[key] = (now + self.ttl, row)
         return row
 
     def budgeted(self) -> list[LimitRow]:
         """The rows with a budget this book holds, expired ones too (the last read of each; a row forgotten
-        is gone): at most the 10,000 rows it keeps."""
+        is gone): at most the ROWS_KEPT rows it keeps."""
         return [row for _, row in list(self._cache.values())
                 if row is not None and row.budget_picousd is not None]
 

@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from app.bounded import BoundedDict
 from app.store.base import Hold, LeaseAsk, LeaseGrant, LimitStore
 
 log = logging.getLogger("chatgate.quotas")
@@ -108,6 +109,7 @@ class LocalBudgets:
 LEASE_ASKS = 32  # a lease asks room for this many more requests like the one that renews it
 FLUSH_DELAY = 0.05  # seconds: spend settled under a lease reaches the store's ledger within about this
 IDLE_SECONDS = 1.0  # a lease no request used for this long goes back to the budget
+LAST_SPENT_KEPT = 10_000  # budgets whose last known spend is kept after their lease went back
 
 
 @dataclass(slots=True)
@@ -164,7 +166,7 @@ class StoreBudgets:
         self._count = itertools.count()
         self.flush_errors = 0
         # (scope, subject, period start) -> the ledger's spend when its lease was given back (for /metrics)
-        self.last_spent: dict[tuple[str, str, float], int] = {}
+        self.last_spent: BoundedDict[tuple[str, str, float], int] = BoundedDict(LAST_SPENT_KEPT)
         self._keeper: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._closing = False
@@ -317,8 +319,6 @@ class StoreBudgets:
                 if idle and not lease.holds and not lease.spent and lease.granted == 0:
                     del self.leases[key]
                     if lease.budget >= 0:
-                        if len(self.last_spent) >= 10_000:
-                            self.last_spent.clear()
                         self.last_spent[key] = lease.ledger_spent
 
     async def close(self) -> None:

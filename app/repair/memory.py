@@ -31,6 +31,7 @@ import uuid
 from array import array
 from collections.abc import Callable, Sequence
 
+from app.bounded import BoundedDict
 from app.repair.base import Turn
 from app.repair.turncache import RingInUse, TurnCache
 from app.store.base import StoreError, TurnRow, TurnStore
@@ -38,7 +39,7 @@ from app.store.base import StoreError, TurnRow, TurnStore
 log = logging.getLogger("chatgate.repair")
 
 INLINE_TRIES, INLINE_RETRY_S = 8, 0.001  # writing on the event loop: tries, and the pause between them
-TENANTS_KNOWN = 100_000  # callers whose tenant is remembered (beyond, forgotten all at once)
+TENANTS_KNOWN = 100_000  # callers whose tenant is remembered (beyond, the oldest forgotten first)
 
 
 class TurnMemory:
@@ -57,7 +58,8 @@ class TurnMemory:
         self._ids_prefix = uuid.uuid4().hex[:16] + "-"  # turn ids: unique across replicas, cheap
         self._ids = itertools.count()
         self._shares: dict[str, Share] = {}  # each tenant's puts in the ring
-        self._tenants: dict[str, str] = {}  # caller -> its tenant, as `remember` was told
+        # caller -> its tenant, as `remember` was told
+        self._tenants: BoundedDict[str, str] = BoundedDict(TENANTS_KNOWN)
         self.over_share = 0  # turns not put in the ring: their tenant had its share of it
         self._pruned_at = 0  # the ring's write position when every tenant's old puts were last forgotten
 
@@ -99,8 +101,6 @@ class TurnMemory:
                 for call_id in turn.call_ids]
         tenant = tenant if tenant is not None else caller
         if self._tenants.get(caller) != tenant:
-            if len(self._tenants) >= TENANTS_KNOWN:
-                self._tenants.clear()
             self._tenants[caller] = tenant
         cached = self._within_share(tenant, rows)
         if cached:

@@ -12,6 +12,7 @@ import select
 import socket
 import threading
 import time
+import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 
@@ -214,7 +215,8 @@ class PostgresStore:
         self._insert_timeout = insert_timeout
         self._slow_timeout = slow_timeout
         self._watchdog = _Watchdog()
-        self._answered: dict[int, float] = {}  # id(connection) -> when its last call succeeded
+        # a connection -> when its last call succeeded (kept while the pool keeps the connection)
+        self._answered: weakref.WeakKeyDictionary[_Connection, float] = weakref.WeakKeyDictionary()
         self._pool: ConnectionPool[_Connection] = ConnectionPool(
             url,
             min_size=1,
@@ -420,9 +422,7 @@ class PostgresStore:
         try:
             with self._pool.connection() as conn, self._watchdog.guard(conn, deadline):
                 yield conn
-                if len(self._answered) > 64:  # connections replaced over time
-                    self._answered.clear()
-                self._answered[id(conn)] = time.monotonic()
+                self._answered[conn] = time.monotonic()
         except PoolTimeout as e:
             raise StoreError(f"PostgreSQL store: {e}{self._why_no_connection()}") from e
         except (psycopg.DataError, psycopg.IntegrityError) as e:
@@ -435,7 +435,7 @@ class PostgresStore:
         that answered within the last second is only looked at, not asked (a round trip costs as much
         as a whole reservation): an idle connection has nothing to read unless the server closed it (a
         killed backend, a restart) or sent its last words before doing so."""
-        if time.monotonic() - self._answered.get(id(conn), -CHECK_AFTER) < CHECK_AFTER:
+        if time.monotonic() - self._answered.get(conn, -CHECK_AFTER) < CHECK_AFTER:
             poller = select.poll()
             poller.register(conn.fileno(), select.POLLIN | select.POLLERR | select.POLLHUP)
             if not poller.poll(0):

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from app.tracing.queue import ExportQueue
 
 log = logging.getLogger("chatgate.tracing")
 
@@ -45,27 +46,16 @@ class CountingExporter:
 
 
 class TraceCounts:
-    """Spans exported, and dropped: the queue was full (the SDK drops the oldest), or the export failed."""
+    """Spans exported, and dropped: the export queue was full (the oldest trace is dropped), or the export
+    failed."""
 
-    def __init__(self, exporter: CountingExporter) -> None:
+    def __init__(self, exporter: CountingExporter, queue: ExportQueue[Any]) -> None:
         self.exporter = exporter
-        self._queue: Any = None
-        self._max: int | None = None
-        self.queue_full = 0
+        self.queue = queue
 
-    def watch(self, processor: Any) -> None:
-        """The SDK's queue (not a public API: without it, only failed exports are counted)."""
-        inner = getattr(processor, "_batch_processor", None)
-        self._queue = getattr(inner, "_queue", None)
-        self._max = getattr(inner, "_max_queue_size", None)
-
-    def before_queue(self) -> None:
-        """Called before each trace is queued: counts the spans of the one the SDK drops for it when the
-        queue is full (the oldest, at its right end)."""
-        queue = self._queue
-        if queue is not None and len(queue) == self._max:
-            with contextlib.suppress(IndexError):  # the export thread took them all meanwhile: no drop
-                self.queue_full += self.exporter.count([queue[-1]])
+    @property
+    def queue_full(self) -> int:
+        return self.queue.queue_full
 
     @property
     def dropped(self) -> int:

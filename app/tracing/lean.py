@@ -2,11 +2,11 @@
 
 The request path records one `ExchangeTrace` per request (app.tracing.spans): ids, times, references to
 what it already has (its usage record, the answer's id, model and finish reasons) and no attribute of its
-own. The SDK's BatchSpanProcessor queues it as it is, and its thread turns it into spans here: `spans_of`
-says what each span is (the reference, and what the gRPC exporter gets as the SDK's `ReadableSpan`s), and
-`encode_request` writes the same spans straight into an OTLP ExportTraceServiceRequest, with every
-attribute entry that repeats from request to request (the route, the model, the team, a status, a finish
-reason) encoded once and kept (tests/tracing/test_encoding.py holds the two to each other).
+own. The export queue (app.tracing.queue) holds it as it is, and its thread turns it into spans here:
+`spans_of` says what each span is, once; an `Encoder` writes those spans into an OTLP
+ExportTraceServiceRequest (OTLP/HTTP), with every attribute entry that repeats from request to request
+(the route, the model, the team, a status, a finish reason) encoded once and kept, and `readable` makes
+them the SDK's `ReadableSpan`s for any other exporter (gRPC).
 
 Why not the SDK's own spans: its `Span` validates every attribute as it is set (~38 µs a span of twenty
 attributes) and its OTLP encoder builds a protobuf object per attribute (~90 µs a span), together more
@@ -16,9 +16,10 @@ than half of what chatgate spends on a request.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
+from app.bounded import BoundedDict
 from app.store.base import UsageRecord
 
 SERVER, CLIENT = 2, 3  # OTLP's Span.SpanKind
@@ -26,13 +27,6 @@ STATUS_UNSET, STATUS_ERROR = 0, 2
 FLAG_SAMPLED = 0x01
 FLAG_HAS_REMOTE, FLAG_REMOTE = 0x100, 0x200  # Span.flags: whether the parent is known to be remote
 MASK64 = 0xFFFFFFFFFFFFFFFF
-
-
-class Sampled:
-    """What the SDK's BatchSpanProcessor asks of a span before it queues it (`span.context.trace_flags`)."""
-
-    class trace_flags:
-        sampled = True
 
 
 class Fixed:
@@ -48,15 +42,7 @@ class Fixed:
         self.encoded = _attributes(0x4A, attributes)
 
 
-FIXED_MAX = 1024
-
-
-def fixed(cache: dict[Any, Fixed], key: Any, make: Callable[..., Fixed]) -> Fixed:
-    """The Fixed made by `make(*key)`, kept in `cache` (bounded, and cleared when full)."""
-    if len(cache) >= FIXED_MAX:
-        cache.clear()
-    found = cache[key] = make(*key)
-    return found
+FIXED_MAX = 1024  # the Fixed kept of each kind (app.tracing.spans.Tracing)
 
 
 # --- what the spans are ----------------------------------------------------------------------------
@@ -92,15 +78,25 @@ class ExchangeTrace(Protocol):
 
 
 class SpanRecord(NamedTuple):
-    name: str
+    """A span: its name and the attributes it shares with others (`fixed`), and its own."""
+
+    fixed: Fixed
     kind: int
     span_id: int
     parent_id: int
     remote_parent: bool
     start: int
     end: int
-    attributes: dict[str, Any]
+    own: dict[str, Any]  # the attributes beyond fixed's
     status: int
+
+    @property
+    def name(self) -> str:
+        return self.fixed.name
+
+    @property
+    def attributes(self) -> dict[str, Any]:
+        return {**self.fixed.attributes, **self.own}
 
 
 def span_count(trace: ExchangeTrace) -> int:
@@ -126,16 +122,16 @@ def spans_of(t: ExchangeTrace) -> list[SpanRecord]:
     """The trace's spans, in the order they ended: each failed attempt, the last attempt, the request."""
     out = []
     for span_id, start, end, shared, code, error_type in t.failed or ():
-        attrs = dict(shared.attributes)
+        attrs: dict[str, Any] = {}
         if code is not None:
             attrs["http.response.status_code"] = code
         attrs["error.type"] = error_type
-        out.append(SpanRecord(shared.name, CLIENT, span_id, t.span_id, False, start, end, attrs,
+        out.append(SpanRecord(shared, CLIENT, span_id, t.span_id, False, start, end, attrs,
                               STATUS_ERROR))
     record, status = t.record, t.status_code
     if t.attempt is not None and record is not None:
         span_id, start, shared = t.attempt
-        attrs = dict(shared.attributes)
+        attrs = {}
         outcome = record.outcome
         if record.upstream_status is not None:
             attrs["http.response.status_code"] = record.upstream_status
@@ -164,12 +160,11 @@ def spans_of(t: ExchangeTrace) -> list[SpanRecord]:
             if t.content[1] is not None:
                 attrs["gen_ai.output.messages"] = t.content[1]
         failed = error is not None and outcome != "client_disconnected"
-        out.append(SpanRecord(shared.name, CLIENT, span_id, t.span_id, False, start, t.attempt_end, attrs,
+        out.append(SpanRecord(shared, CLIENT, span_id, t.span_id, False, start, t.attempt_end, attrs,
                               STATUS_ERROR if failed else STATUS_UNSET))
     server = t.server
     assert server is not None  # a sampled trace's
-    attrs = dict(server.attributes)
-    attrs["chatgate.request_id"] = t.request_id
+    attrs = {"chatgate.request_id": t.request_id}
     attrs["http.response.status_code"] = status
     if record is None:  # refused before its body was read (ExchangeTrace.early)
         attrs["error.type"] = str(status)
@@ -191,7 +186,7 @@ def spans_of(t: ExchangeTrace) -> list[SpanRecord]:
             attrs["chatgate.rules"] = [record.rule_code]
         if status >= 400:
             attrs["error.type"] = str(status)
-    out.append(SpanRecord(server.name, SERVER, t.span_id, t.parent_id, t.remote_parent, t.start, t.end, attrs,
+    out.append(SpanRecord(server, SERVER, t.span_id, t.parent_id, t.remote_parent, t.start, t.end, attrs,
                           STATUS_ERROR if status >= 500 else STATUS_UNSET))
     return out
 
@@ -266,69 +261,10 @@ def _attributes(tag: int, attributes: Mapping[str, Any]) -> bytes:
     return b"".join(_entry(tag, _field(0x0A, k.encode()), v) for k, v in attributes.items())
 
 
-KV_CACHE_MAX = 1024
-
-
-class _Entries(dict[Any, bytes]):
-    """One span attribute's encoded entries (tag, length, KeyValue) by value, each made the first time it is
-    asked for (`convert` makes the attribute's value from the key); bounded, and cleared when full."""
-
-    __slots__ = ("convert", "head")
-
-    def __init__(self, key: str, convert: Callable[[Any], Any] | None = None) -> None:
-        super().__init__()
-        self.head = _field(0x0A, key.encode())
-        self.convert = convert
-
-    def __missing__(self, value: Any) -> bytes:
-        if len(self) >= KV_CACHE_MAX:
-            self.clear()
-        entry = self[value] = _entry(0x4A, self.head, value if self.convert is None else self.convert(value))
-        return entry
-
-    def fresh(self, value: str) -> bytes:
-        """The entry of a value that is new with every span (a request id, a response id): not kept."""
-        raw = value.encode("utf-8", "replace")
-        n = len(raw)
-        if n < 0x7C - len(self.head):  # every length fits in one byte
-            return (b"\x4a" + bytes((len(self.head) + n + 4,)) + self.head + b"\x12" + bytes((n + 2,))
-                    + b"\x0a" + bytes((n,)) + raw)
-        return _entry(0x4A, self.head, value)
-
-
-def _double_prefix(key: str) -> bytes:
-    """An entry of a float attribute up to its 8 bytes (its length does not depend on the value)."""
-    head = _field(0x0A, key.encode())
-    return b"\x4a" + _varint(len(head) + 11) + head + b"\x12\x09\x21"
-
-
-# the attributes of each span that are not in its Fixed, in the order spans_of sets them
-_HTTP_STATUS = _Entries("http.response.status_code")
-_RESP_ID = _Entries("gen_ai.response.id")
-_RESP_MODEL = _Entries("gen_ai.response.model")
-_REASON = _Entries("gen_ai.response.finish_reasons", lambda r: [r])  # by the one reason
-_REASONS = _Entries("gen_ai.response.finish_reasons", list)  # by the tuple of several
-_FIRST_CHUNK = _double_prefix("gen_ai.response.time_to_first_chunk")
-_INPUT = _Entries("gen_ai.usage.input_tokens")
-_OUTPUT = _Entries("gen_ai.usage.output_tokens")
-_CACHE_READ = _Entries("gen_ai.usage.cache_read.input_tokens")
-_REASONING = _Entries("gen_ai.usage.reasoning.output_tokens")
-_INEXACT = _entry(0x4A, _field(0x0A, b"chatgate.tokens_exact"), False)
-_OUTCOME = _Entries("chatgate.outcome")
-_ERROR = _Entries("error.type")
-_REQUEST_ID = _Entries("chatgate.request_id")
-_TEAM = _Entries("chatgate.team")
-_KEY_ID = _Entries("chatgate.key_id")
-_COST = _double_prefix("chatgate.cost_usd")
-_COST_CNY = _double_prefix("chatgate.cost_cny")
-_REQ_MODEL = _Entries("gen_ai.request.model")
-_REPAIRS = _Entries("chatgate.repairs", lambda r: r.split(","))
-_RULES = _Entries("chatgate.rules", list)  # by the tuple of the refusal's rule codes
-_RULE = _Entries("chatgate.rules", lambda r: [r])
-_STATUS_ERROR = _Entries("error.type", str)  # by the status code
-_CONTENT_IN = _Entries("gen_ai.input.messages")
-_CONTENT_OUT = _Entries("gen_ai.output.messages")
-_NO_ERROR_KINDS = frozenset(("ok", "client_disconnected"))
+ENTRIES_MAX = 1024  # encoded entries kept by an Encoder for each attribute
+# attributes whose values are new with every span: encoded each time, not kept
+FRESH = frozenset(("chatgate.request_id", "gen_ai.response.id", "gen_ai.input.messages",
+                   "gen_ai.output.messages"))
 
 # trace_id, span_id; then (after the optional trace_state, parent, name) kind, start and end times
 _IDS = struct.Struct(">2sQQ2sQ")  # the 16-byte trace id as two big-endian halves
@@ -337,91 +273,6 @@ _FLAGS_LOCAL = b"\x85\x01" + _pack_fixed32(FLAG_SAMPLED | FLAG_HAS_REMOTE)
 _FLAGS_REMOTE = b"\x85\x01" + _pack_fixed32(FLAG_SAMPLED | FLAG_HAS_REMOTE | FLAG_REMOTE)
 _STATUS_FIELD = b"\x7a\x02\x18\x02"  # Status{code: ERROR}
 _SPAN_HEADS = [b"\x12" + _varint(n) for n in range(4096)]  # ScopeSpans.spans, by the span's length
-
-
-def _add_span(out: list[bytes], parts: list[bytes]) -> None:
-    body = b"".join(parts)
-    n = len(body)
-    out.append(_SPAN_HEADS[n] if n < 4096 else b"\x12" + _varint(n))
-    out.append(body)
-
-
-def _encode_trace(t: ExchangeTrace, out: list[bytes]) -> None:
-    """The trace's spans (as `spans_of` has them) as ScopeSpans.spans fields, appended to `out`."""
-    hi, lo = t.trace_id >> 64, t.trace_id & MASK64
-    state = _field(0x1A, t.trace_state.encode("ascii", "replace")) if t.trace_state else b""
-    parent = b"\x22\x08" + _pack_u64(t.span_id)  # the CLIENT spans'
-    for span_id, start, end, shared, code, error_type in t.failed or ():
-        _add_span(out, [_IDS.pack(b"\x0a\x10", hi, lo, b"\x12\x08", span_id), state, parent,
-                        shared.name_field, _TIMES.pack(0x30, CLIENT, 0x39, start, 0x41, end), shared.encoded,
-                        b"" if code is None else _HTTP_STATUS[code], _ERROR[error_type], _STATUS_FIELD,
-                        _FLAGS_LOCAL])
-    record, status = t.record, t.status_code
-    if t.attempt is not None and record is not None:
-        span_id, start, shared = t.attempt
-        parts = [_IDS.pack(b"\x0a\x10", hi, lo, b"\x12\x08", span_id), state, parent, shared.name_field,
-                 _TIMES.pack(0x30, CLIENT, 0x39, start, 0x41, t.attempt_end), shared.encoded]
-        outcome, upstream = record.outcome, record.upstream_status
-        if upstream is not None:
-            parts.append(_HTTP_STATUS[upstream])
-        if t.resp_id is not None:
-            parts.append(_RESP_ID.fresh(t.resp_id))
-        if t.resp_model is not None or outcome == "ok":
-            parts.append(_RESP_MODEL[t.resp_model or record.model])
-        reasons = t.reasons
-        if reasons:
-            parts.append(_REASON[reasons[0]] if len(reasons) == 1 else _REASONS[tuple(reasons)])
-        if t.first_chunk is not None:
-            parts.append(_FIRST_CHUNK + _pack_double(t.first_chunk))
-        if outcome in _NO_ERROR_KINDS or record.prompt_tokens or record.completion_tokens:
-            parts += (_INPUT[record.prompt_tokens], _OUTPUT[record.completion_tokens],
-                      _CACHE_READ[record.prompt_cache_hit_tokens], _REASONING[record.reasoning_tokens])
-            if not record.tokens_exact:
-                parts.append(_INEXACT)
-        parts.append(_OUTCOME[outcome])
-        if outcome == "ok" and (upstream is None or upstream < 400):
-            failed = False
-        else:
-            error = attempt_error(outcome, status, upstream)
-            failed = error is not None and outcome != "client_disconnected"
-            if error is not None:
-                parts.append(_ERROR[error])
-        if t.content is not None:
-            if t.content[0] is not None:
-                parts.append(_CONTENT_IN.fresh(t.content[0]))
-            if t.content[1] is not None:
-                parts.append(_CONTENT_OUT.fresh(t.content[1]))
-        if failed:
-            parts.append(_STATUS_FIELD)
-        parts.append(_FLAGS_LOCAL)
-        _add_span(out, parts)
-    server = t.server
-    assert server is not None  # a sampled trace's
-    parts = [_IDS.pack(b"\x0a\x10", hi, lo, b"\x12\x08", t.span_id), state]
-    if t.parent_id:
-        parts.append(b"\x22\x08" + _pack_u64(t.parent_id))
-    parts += (server.name_field, _TIMES.pack(0x30, SERVER, 0x39, t.start, 0x41, t.end), server.encoded,
-              _REQUEST_ID.fresh(t.request_id), _HTTP_STATUS[status])
-    if record is None:  # refused before its body was read
-        parts += (_STATUS_ERROR[status], _OUTCOME["refused"])
-        if t.early_code:
-            parts.append(_RULE[t.early_code])
-    else:
-        cost = _COST_CNY if record.currency == "CNY" else _COST
-        parts += (_OUTCOME[record.outcome], _TEAM[record.team], _KEY_ID[record.key_id],
-                  cost + _pack_double(record.cost_picousd / 1e12), _REQ_MODEL[record.model])
-        if record.repairs:
-            parts.append(_REPAIRS[record.repairs])
-        if t.rules:
-            parts.append(_RULES[t.rules])
-        elif record.rule_code:
-            parts.append(_RULE[record.rule_code])
-        if status >= 400:
-            parts.append(_STATUS_ERROR[status])
-    if status >= 500:
-        parts.append(_STATUS_FIELD)
-    parts.append(_FLAGS_REMOTE if t.remote_parent else _FLAGS_LOCAL)
-    _add_span(out, parts)
 
 
 class Head:
@@ -439,13 +290,68 @@ class Head:
         self.resource = _field(0x0A, _attributes(0x0A, resource))
 
 
-def encode_request(traces: Iterable[ExchangeTrace], head: Head) -> bytes:
-    """An ExportTraceServiceRequest: one resource, one instrumentation scope, the traces' spans."""
-    spans: list[bytes] = []
-    for t in traces:
-        _encode_trace(t, spans)
-    scope_len = len(head.scope) + sum(map(len, spans)) + len(head.schema)
-    scope_head = b"\x12" + _varint(scope_len)  # ResourceSpans.scope_spans
-    resource_len = len(head.resource) + len(scope_head) + scope_len + len(head.schema)
-    return b"".join((b"\x0a", _varint(resource_len), head.resource, scope_head, head.scope, *spans,
-                     head.schema, head.schema))
+class Encoder:
+    """Spans (`spans_of`) as an OTLP ExportTraceServiceRequest. A span's name and shared attributes come
+    encoded with its Fixed; each attribute entry of its own that repeats from request to request (a status,
+    the model, a team, a token count, a finish reason) is encoded once and kept (ENTRIES_MAX, the oldest
+    out first); floats and the values in FRESH are encoded each time."""
+
+    def __init__(self, head: Head) -> None:
+        self.head = head
+        # by attribute, its encoded entries by value (a list's by its tuple), made the first time
+        self._entries: dict[str, BoundedDict[Any, bytes]] = {}
+        self._keys: dict[str, bytes] = {}  # an attribute's encoded key (chatgate's names: a few dozen)
+
+    def entry(self, key: str, value: Any) -> bytes:
+        """The attribute as an encoded Span.attributes entry."""
+        head = self._keys.get(key)
+        if head is None:
+            head = self._keys[key] = _field(0x0A, key.encode())
+        if type(value) is float:  # its length does not depend on the value
+            return b"\x4a" + _varint(len(head) + 11) + head + b"\x12\x09\x21" + _pack_double(value)
+        if key in FRESH:
+            raw = value.encode("utf-8", "replace") if type(value) is str else b""
+            n = len(raw)
+            if raw and n < 0x7C - len(head):  # every length fits in one byte
+                return (b"\x4a" + bytes((len(head) + n + 4,)) + head + b"\x12" + bytes((n + 2,)) + b"\x0a"
+                        + bytes((n,)) + raw)
+            return _entry(0x4A, head, value)
+        kept = self._entries.get(key)
+        if kept is None:
+            kept = self._entries[key] = BoundedDict(ENTRIES_MAX)
+        found = kept[tuple(value) if type(value) is list else value] = _entry(0x4A, head, value)
+        return found
+
+    def _trace(self, t: ExchangeTrace, out: list[bytes]) -> None:
+        """The trace's spans as ScopeSpans.spans fields, appended to `out`."""
+        hi, lo = t.trace_id >> 64, t.trace_id & MASK64
+        state = _field(0x1A, t.trace_state.encode("ascii", "replace")) if t.trace_state else b""
+        entries = self._entries
+        for s in spans_of(t):
+            fixed = s.fixed
+            parts = [_IDS.pack(b"\x0a\x10", hi, lo, b"\x12\x08", s.span_id), state,
+                     b"\x22\x08" + _pack_u64(s.parent_id) if s.parent_id else b"", fixed.name_field,
+                     _TIMES.pack(0x30, s.kind, 0x39, s.start, 0x41, s.end), fixed.encoded]
+            for key, value in s.own.items():
+                kept = entries.get(key)
+                found = None if kept is None else kept.get(tuple(value) if type(value) is list else value)
+                parts.append(self.entry(key, value) if found is None else found)
+            if s.status == STATUS_ERROR:
+                parts.append(_STATUS_FIELD)
+            parts.append(_FLAGS_REMOTE if s.remote_parent else _FLAGS_LOCAL)
+            body = b"".join(parts)
+            n = len(body)
+            out.append(_SPAN_HEADS[n] if n < 4096 else b"\x12" + _varint(n))
+            out.append(body)
+
+    def request(self, traces: Iterable[ExchangeTrace]) -> bytes:
+        """An ExportTraceServiceRequest: one resource, one instrumentation scope, the traces' spans."""
+        head = self.head
+        spans: list[bytes] = []
+        for t in traces:
+            self._trace(t, spans)
+        scope_len = len(head.scope) + sum(map(len, spans)) + len(head.schema)
+        scope_head = b"\x12" + _varint(scope_len)  # ResourceSpans.scope_spans
+        resource_len = len(head.resource) + len(scope_head) + scope_len + len(head.schema)
+        return b"".join((b"\x0a", _varint(resource_len), head.resource, scope_head, head.scope, *spans,
+                         head.schema, head.schema))

@@ -1,10 +1,10 @@
-"""Whether tracing is on, and the SDK's provider, batch processor and OTLP exporter when it is.
+"""Whether tracing is on, and the export queue and the OTLP exporter when it is.
 
 On when `tracing.enabled` is true, or unset and OTEL_EXPORTER_OTLP_ENDPOINT or
 OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set (and OTEL_SDK_DISABLED is not true). The `[tracing]` settings win
 over the OTEL_* variables; the SDK reads the rest of them itself (OTEL_RESOURCE_ATTRIBUTES,
-OTEL_TRACES_SAMPLER and its argument, OTEL_EXPORTER_OTLP_HEADERS, ...). Spans wait in the batch processor's
-bounded queue and are exported by its thread: an exporter that is down or slow costs a request nothing,
+OTEL_TRACES_SAMPLER and its argument, OTEL_EXPORTER_OTLP_HEADERS, ...). Spans wait in a bounded queue
+and are exported by its thread (app.tracing.queue): an exporter that is down or slow costs a request nothing,
 and what does not fit in the queue or fails to export is counted (`chatgate_trace_spans_dropped_total`).
 """
 
@@ -17,8 +17,9 @@ from typing import Any
 
 from app.settings import TracingSettings
 from app.tracing.counts import CountingExporter, TraceCounts
-from app.tracing.lean import Head, encode_request, readable, spans_count
-from app.tracing.spans import Tracing
+from app.tracing.lean import Encoder, Head, readable, span_count, spans_count
+from app.tracing.queue import ExportQueue
+from app.tracing.spans import ExchangeTrace, Tracing
 
 log = logging.getLogger("chatgate.tracing")
 
@@ -83,10 +84,10 @@ def build_tracing(settings: TracingSettings, env: Mapping[str, str] | None = Non
         attributes[SERVICE_NAME] = "chatgate"
     resource = Resource.create(attributes)  # + OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME
     scope = InstrumentationScope("chatgate", _version(), SCHEMA_URL)
-    exporter = LeanExporter(_exporter(settings, env), resource, scope)
-    counts = TraceCounts(CountingExporter(exporter, spans_count))
+    exporter = CountingExporter(LeanExporter(_exporter(settings, env), resource, scope), spans_count)
+    queue = export_queue(exporter, settings, env)
     parent_based, ratio = sampler_of(settings, env)
-    return Tracing(_processor(counts, settings), counts, settings.capture_content, parent_based, ratio)
+    return Tracing(queue, TraceCounts(exporter, queue), settings.capture_content, parent_based, ratio)
 
 
 def _version() -> str:
@@ -101,32 +102,50 @@ def _version() -> str:
 class LeanExporter:
     """Exports chatgate's traces (an ExchangeTrace per request): over OTLP/HTTP encoded by
     app.tracing.lean and sent by the official exporter's HTTP client (its endpoint, headers, compression,
-    retries and timeout); to any other exporter as the SDK's ReadableSpans."""
+    retries and timeout); to any other exporter as the SDK's ReadableSpans.
+
+    That client is the exporter's `_client` (opentelemetry-exporter-otlp-common's `_OTLPHTTPClient`, whose
+    `export` takes the encoded request): not a public API, so pyproject.toml bounds the exporter to the
+    minor release it is written for, and a client without that method is not used (the spans then go
+    through the exporter's own, slower, encoder)."""
 
     def __init__(self, inner: Any, resource: Any, scope: Any) -> None:
         self.inner = inner
         self.resource = resource
         self.scope = scope
-        self.head = Head(dict(resource.attributes), scope.name, scope.version or "", SCHEMA_URL)
-        self._client = getattr(inner, "_client", None) if type(inner).__module__.startswith(
-            "opentelemetry.exporter.otlp.proto.http") else None
+        self.encoder = Encoder(Head(dict(resource.attributes), scope.name, scope.version or "", SCHEMA_URL))
+        self._client = http_client(inner)
+        self._stopped = False
 
     def export(self, spans: Sequence[Any]) -> Any:
         from opentelemetry.sdk.trace.export import SpanExportResult
 
         if self._client is None:
             return self.inner.export(readable(spans, self.resource, self.scope))
-        if getattr(self.inner, "_shutdown", False):
+        if self._stopped:
             return SpanExportResult.FAILURE
-        data = encode_request(spans, self.head)
+        data = self.encoder.request(spans)
         result = self._client.export(data)
         return SpanExportResult.SUCCESS if result.success else SpanExportResult.FAILURE
 
     def shutdown(self) -> None:
+        self._stopped = True
         self.inner.shutdown()
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return bool(self.inner.force_flush(timeout_millis))
+
+
+def http_client(exporter: Any) -> Any:
+    """The OTLP/HTTP exporter's client that sends an encoded request, or None."""
+    if not type(exporter).__module__.startswith("opentelemetry.exporter.otlp.proto.http"):
+        return None
+    client = getattr(exporter, "_client", None)
+    if not callable(getattr(client, "export", None)):
+        log.warning("this opentelemetry-exporter-otlp-proto-http has no client chatgate can hand an encoded "
+                    "request to: spans are encoded by the exporter (slower)")
+        return None
+    return client
 
 
 def _exporter(settings: TracingSettings, env: Mapping[str, str]) -> Any:
@@ -149,14 +168,14 @@ def _exporter(settings: TracingSettings, env: Mapping[str, str]) -> Any:
     return Http(endpoint=endpoint, timeout=timeout)
 
 
-def _processor(counts: TraceCounts, settings: TracingSettings) -> Any:
-    """The SDK's batch processor; its queue holds a request's trace as one item (its SERVER span and a
-    CLIENT span per attempt): `tracing.max_queue_size` spans are as many requests of two spans."""
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
-
-    queue = max(1, settings.max_queue_size // 2)
-    processor = BatchSpanProcessor(counts.exporter, max_queue_size=queue,  # type: ignore[arg-type]
-                                  max_export_batch_size=min(256, queue),
-                                  export_timeout_millis=settings.export_timeout_seconds * 1000)
-    counts.watch(processor)
-    return processor
+def export_queue(exporter: CountingExporter, settings: TracingSettings, env: Mapping[str, str]
+                 ) -> ExportQueue[ExchangeTrace]:
+    """The queue of traces for the exporter. It holds a request's trace as one item (its SERVER span and a
+    CLIENT span per attempt): `tracing.max_queue_size` spans are as many requests of two spans. Batches
+    go every OTEL_BSP_SCHEDULE_DELAY milliseconds (5000), or as soon as one is full."""
+    traces = max(1, settings.max_queue_size // 2)
+    try:
+        delay = max(float(env.get("OTEL_BSP_SCHEDULE_DELAY", "") or 5000), 1.0) / 1000
+    except ValueError:
+        delay = 5.0
+    return ExportQueue(exporter, span_count, traces, min(256, traces), delay)

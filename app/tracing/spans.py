@@ -6,8 +6,8 @@ opentelemetry-semantic-conventions 0.66b2: `gen_ai.provider.name`, `gen_ai.usage
 The gateway holds an `ExchangeTrace` per request (None when tracing is off, so every hook is one `is not
 None` test). On the request path it records only ids, times and references to what the request has anyway
 (its usage record, the answer's id, model and finish reasons); a sampled one is handed as it is to the
-SDK's batch span processor when the request ends (one object a request), and the processor's thread makes
-its spans and encodes them (app.tracing.lean). An unsampled one still sends its trace context on.
+export queue when the request ends (one object a request), and the queue's thread makes its spans and
+encodes them (app.tracing.queue, app.tracing.lean). An unsampled one still sends its trace context on.
 The retry engine calls `start_attempt` before each upstream attempt and `attempt_failed` for one it gives
 up on; the last attempt ends with the request (`finish`), when its usage is known.
 """
@@ -22,9 +22,11 @@ from typing import Any
 
 import orjson
 
+from app.bounded import BoundedDict
 from app.store.base import UsageRecord
 from app.tracing.counts import TraceCollector, TraceCounts
-from app.tracing.lean import MASK64, Failed, Fixed, Sampled, fixed
+from app.tracing.lean import FIXED_MAX, MASK64, Failed, Fixed
+from app.tracing.queue import ExportQueue
 
 PROVIDER = "deepseek"
 TRACE_HEADERS = (b"traceparent", b"tracestate")
@@ -41,29 +43,28 @@ _time_ns = time.time_ns
 _perf_counter = time.perf_counter
 _TRACEPARENT = (b"00-%032x-%016x-00", b"00-%032x-%016x-01")  # by sampled
 
-_SERVERS: dict[tuple[Any, ...], Fixed] = {}  # a route's SERVER attributes, by method, route, client, ...
-_ATTEMPTS: dict[tuple[Any, ...], Fixed] = {}  # an attempt's, by route, model, stream and max_tokens
-
 
 class Tracing:
-    """The process's tracing: its sampler, the W3C trace-context propagator, and the SDK's batch span
-    processor in front of the exporter, whose queue holds an `ExchangeTrace` per request."""
+    """The process's tracing: its sampler, the W3C trace-context propagator, and the export queue in front
+    of the exporter, which holds an `ExchangeTrace` per request (app.tracing.queue)."""
 
-    def __init__(self, processor: Any, counts: TraceCounts, capture_content: bool, parent_based: bool,
-                 ratio: float) -> None:
+    def __init__(self, queue: ExportQueue[ExchangeTrace], counts: TraceCounts, capture_content: bool,
+                 parent_based: bool, ratio: float) -> None:
         from opentelemetry.trace import get_current_span
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-        self.processor = processor
+        self.queue = queue
+        self._put = queue.put
         self.counts = counts
         self.capture_content = capture_content
         self.parent_based = parent_based
         self.bound = 0 if ratio <= 0 else (1 << 64) if ratio >= 1 else round(ratio * (1 << 64))
         self.propagator = TraceContextTextMapPropagator()
-        # the SDK's queue (BatchSpanProcessor.on_end checks what an ExchangeTrace always is: sampled)
-        inner = getattr(processor, "_batch_processor", None)
-        self._queue = getattr(inner, "emit", None) or processor.on_end
         self._get_span = get_current_span
+        # the name and shared attributes of a SERVER span, by method, route, client, ...; of an attempt's
+        # CLIENT span, by route, model, stream and max_tokens
+        self.servers: BoundedDict[tuple[Any, ...], Fixed] = BoundedDict(FIXED_MAX)
+        self.attempts: BoundedDict[tuple[Any, ...], Fixed] = BoundedDict(FIXED_MAX)
 
     def sampled(self, trace_id: int, parent_sampled: bool | None) -> bool:
         """ParentBased(TraceIdRatioBased) as the SDK decides it, or the ratio alone."""
@@ -90,7 +91,7 @@ class Tracing:
             key = (method, route, scope.get("path", route), scope.get("scheme", "http"),
                    scope.get("http_version", "1.1"), scope.get("server"), client[0] if client else None,
                    agent.decode("latin-1") if agent else None)
-            trace.server = _SERVERS.get(key) or fixed(_SERVERS, key, _server_fixed)
+            trace.server = self.servers.get(key) or self.servers.get_or_make(key, _server_fixed)
         return trace
 
     def _continued(self, traceparent: bytes | None, tracestate: bytes | None, label: str, request_id: str
@@ -113,23 +114,21 @@ class Tracing:
         return trace
 
     def emit(self, trace: ExchangeTrace) -> None:
-        self.counts.before_queue()
-        self._queue(trace)
+        self._put(trace)
 
     def force_flush(self, timeout_ms: int = 30000) -> bool:
-        return bool(self.processor.force_flush(timeout_ms))
+        return self.queue.force_flush(timeout_ms)
 
     def shutdown(self, timeout_s: float = 5.0) -> None:
         """Export what is queued, for at most `timeout_s` (an exporter that is down does not hold a stop)."""
-        self.processor.force_flush(int(timeout_s * 1000))
-        self.processor.shutdown()
+        self.queue.shutdown(int(timeout_s * 1000))
 
     def collector(self) -> Any:
         return TraceCollector(self.counts)
 
 
-def _server_fixed(method: str, route: str, path: str, scheme: str, version: str, server: Any,
-                  client: str | None, agent: str | None) -> Fixed:
+def _server_fixed(key: tuple[Any, ...]) -> Fixed:
+    method, route, path, scheme, version, server, client, agent = key
     attributes: dict[str, Any] = {"http.request.method": method, "http.route": route, "url.path": path,
                                   "url.scheme": scheme, "network.protocol.version": version}
     if server:
@@ -141,7 +140,8 @@ def _server_fixed(method: str, route: str, path: str, scheme: str, version: str,
     return Fixed(f"{method} {route}", attributes)
 
 
-def _attempt_fixed(route: str, model: str, stream: bool, max_tokens: int | None) -> Fixed:
+def _attempt_fixed(key: tuple[Any, ...]) -> Fixed:
+    route, model, stream, max_tokens = key
     operation = operation_of(route)
     attributes: dict[str, Any] = {"gen_ai.operation.name": operation, "gen_ai.provider.name": PROVIDER,
                                   "gen_ai.request.model": model, "gen_ai.request.stream": stream}
@@ -164,7 +164,6 @@ class ExchangeTrace:
                  "resp_id", "resp_model", "route", "rules", "sampled", "scan_each", "server", "span_id",
                  "start", "status_code", "strip", "tail0", "tail1", "tail2", "trace_id", "trace_state",
                  "tracing")
-    context = Sampled  # only sampled traces are queued
     # set before they are read (not in __init__, which every request pays for): the time of a streamed
     # attempt's start, whether each of its reads is scanned for its finish reasons or its last three at the
     # end; when it ends, the usage record and status (no record: refused before the body was read), the
@@ -219,7 +218,8 @@ class ExchangeTrace:
         span_id = _getrandbits(64) or 1
         if self.sampled:
             key = (self.route, model, stream, self.max_tokens)
-            shared = _ATTEMPTS.get(key) or fixed(_ATTEMPTS, key, _attempt_fixed)
+            attempts = self.tracing.attempts
+            shared = attempts.get(key) or attempts.get_or_make(key, _attempt_fixed)
             self.attempt = (span_id, _time_ns(), shared)
             if stream:  # the time to the first chunk
                 self.attempt_t0 = _perf_counter()

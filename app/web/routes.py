@@ -65,7 +65,7 @@ def add_routes(app: FastAPI, state: State) -> None:
     for path in (BALANCE_ROUTE, "/v1" + BALANCE_ROUTE):
         app.router.add_route(path, _balance_handler(state), methods=["GET"], include_in_schema=False)
     add_files(app, state)
-    families = list({id(e.family): e.family for e in state.endpoints.values()}.values())
+    families = list(dict.fromkeys(e.family for e in state.endpoints.values()))  # each once, in order
     for family in families:  # FIM's /v1/completions, Responses' /compact: a 404 that says why, any method
         for path, error in family.not_served:
             app.router.add_route(path, _not_served(error), methods=ANY_METHOD, include_in_schema=False)

@@ -14,7 +14,15 @@ from typing import Any
 import httpx2
 import pytest
 
-from app.gateway.auth import PASSTHROUGH_CACHED, Authenticator, client_key, fingerprint, hash_key, new_key
+from app.gateway.auth import (
+    PASSTHROUGH_CACHED,
+    Authenticator,
+    cache_digest,
+    client_key,
+    fingerprint,
+    hash_key,
+    new_key,
+)
 from app.metering.metrics import AUTH_SOURCES, Metrics
 from app.settings import AuthSettings
 from app.store.sqlite import SQLiteStore
@@ -186,3 +194,29 @@ def test_a_deepseek_key_sent_in_managed_mode_is_named_as_one(
                         headers={"authorization": "Bearer cg-made-up"})
     assert other.status_code == 401
     assert "cg-…" in other.text and "DeepSeek API key" not in other.text
+
+
+def test_no_cache_keeps_a_key_by_its_plaintext(tmp_path: Path) -> None:
+    """Identities are cached by a keyed digest of the key sent: no dict of the authenticator has the secret
+    (or the Authorization carrying it) as a key, and the digest is neither the store's nor another
+    process's."""
+    store = CountingStore(tmp_path / "keys.db")
+    store.migrate()
+    key_id, secret, digest, prefix = new_key()
+    store.create_key(key_id, digest, prefix, "search", "a1")
+    managed = Authenticator(AuthSettings(mode="managed", key_cache_seconds=600), store)
+    passthrough = Authenticator(AuthSettings(mode="passthrough"), None)
+
+    async def calls() -> None:
+        for _ in range(2):
+            assert (await managed.identify(f"Bearer {secret}")).key_id == key_id
+            await passthrough.identify("Bearer sk-plaintext-0001")
+
+    asyncio.run(calls())
+    for auth, plaintext in ((managed, secret), (passthrough, "sk-plaintext-0001")):
+        keys = [k for value in vars(auth).values() if isinstance(value, dict) for k in value]
+        assert keys, "the identity is cached"
+        assert not [k for k in keys if plaintext in (k.decode("latin-1") if isinstance(k, bytes) else str(k))]
+    assert cache_digest(managed._salt, secret) in managed._managed_ids
+    assert cache_digest(managed._salt, secret).hex() != digest
+    assert managed._salt != passthrough._salt

@@ -3,7 +3,8 @@ gRPC exporter gets): every request shape, decoded with opentelemetry-proto, span
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -12,9 +13,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from app.settings import TracingSettings
 from app.store.base import UsageRecord
-from app.tracing.counts import TraceCounts
-from app.tracing.lean import Head, encode_request, readable, span_count, spans_of
-from app.tracing.setup import SCHEMA_URL, build_tracing
+from app.tracing.lean import Encoder, readable, span_count, spans_of
+from app.tracing.queue import ExportQueue
+from app.tracing.setup import SCHEMA_URL, build_tracing, http_client
 from app.tracing.spans import ExchangeTrace, Tracing
 from tests.tracing.receiver import Receiver
 
@@ -40,9 +41,9 @@ def tracing() -> Iterator[tuple[Tracing, list[ExchangeTrace]]]:
     t = build_tracing(TracingSettings(enabled=True, endpoint="http://127.0.0.1:9"))
     assert t is not None
     queued: list[ExchangeTrace] = []
-    t._queue = queued.append
+    t._put = queued.append
     yield t, queued
-    t.processor.shutdown()
+    t.shutdown(0)
 
 
 def plain(t: Tracing) -> None:
@@ -127,7 +128,7 @@ def test_the_encoding_is_the_spans(tracing: tuple[Tracing, list[ExchangeTrace]],
     shape(t)
     assert queued
     exporter = t.counts.exporter.inner
-    data = encode_request(queued, exporter.head)
+    data = exporter.encoder.request(queued)
     wanted = [(tr, s) for tr in queued for s in spans_of(tr)]
     got = decoded(data)
     assert len(got) == len(wanted) == sum(map(span_count, queued))
@@ -147,8 +148,8 @@ def test_a_whole_batch_is_one_request_of_every_span(tracing: tuple[Tracing, list
     t, queued = tracing
     for shape in SHAPES * 40:
         shape(t)
-    head: Head = t.counts.exporter.inner.head
-    assert len(decoded(encode_request(queued, head))) == sum(map(span_count, queued)) > 700
+    encoder: Encoder = t.counts.exporter.inner.encoder
+    assert len(decoded(encoder.request(queued))) == sum(map(span_count, queued)) > 700
 
 
 def test_a_full_queue_counts_the_spans_of_the_trace_it_drops(tracing: tuple[Tracing, list[ExchangeTrace]]
@@ -156,18 +157,54 @@ def test_a_full_queue_counts_the_spans_of_the_trace_it_drops(tracing: tuple[Trac
     t, queued = tracing
     retried(t)
     plain(t)
-    counts: TraceCounts = t.counts
-    counts._queue, counts._max = list(reversed(queued)), 2  # the SDK's deque: the oldest at the right end
-    counts.before_queue()
-    assert counts.queue_full == 4  # the retried request: three attempts and its SERVER span
+    plain(t)
+    exported: list[list[ExchangeTrace]] = []
+    queue = ExportQueue(Batches(exported), span_count, 2, 2, 3600.0)
+    for trace in queued:
+        queue.put(trace)
+    assert queue.queue_full == 4  # the retried request, the oldest: three attempts and its SERVER span
+    assert len(queue) == 2
+    assert queue.force_flush(1000) and exported == [queued[1:]]
+    queue.shutdown()
 
 
-def test_the_sdk_queue_holds_requests_of_two_spans() -> None:
+class Batches:
+    def __init__(self, batches: list[list[ExchangeTrace]]) -> None:
+        self.batches = batches
+        self.stopped = False
+
+    def export(self, items: Sequence[ExchangeTrace]) -> object:
+        self.batches.append(list(items))
+        return None
+
+    def shutdown(self) -> None:
+        self.stopped = True
+
+
+def test_the_queue_exports_in_batches_from_its_thread_and_stops_with_a_last_flush(
+        tracing: tuple[Tracing, list[ExchangeTrace]]) -> None:
+    t, queued = tracing
+    for _ in range(7):
+        plain(t)
+    exported: list[list[ExchangeTrace]] = []
+    exporter = Batches(exported)
+    queue = ExportQueue(exporter, span_count, 100, 3, 3600.0)
+    for trace in queued[:6]:
+        queue.put(trace)  # two full batches: the thread is woken
+    deadline = time.monotonic() + 5
+    while sum(map(len, exported)) < 6 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert exported == [queued[0:3], queued[3:6]]
+    queue.put(queued[6])  # under a batch: it waits for the delay, or the stop
+    queue.shutdown()
+    assert exported[-1] == [queued[6]] and exporter.stopped and queue.queue_full == 0
+
+
+def test_the_queue_holds_requests_of_two_spans() -> None:
     t = build_tracing(TracingSettings(enabled=True, endpoint="http://127.0.0.1:9", max_queue_size=100))
     assert t is not None
-    inner = t.processor._batch_processor
-    assert inner._max_queue_size == 50 and inner._max_export_batch_size == 50
-    t.processor.shutdown()
+    assert t.queue.max_items == 50 and t.queue.batch == 50
+    t.shutdown(0)
 
 
 def test_a_streams_finish_reasons_are_found_whatever_else_its_events_say(
@@ -198,5 +235,20 @@ def test_a_streams_finish_reasons_are_found_whatever_else_its_events_say(
             tr.feed(read)
         tr.finish(replace(OK, stream=True), 200)
         assert (tr.reasons or []) == reasons, (route, reads[-1])
-    got = decoded(encode_request(queued, t.counts.exporter.inner.head))
+    got = decoded(t.counts.exporter.inner.encoder.request(queued))
     assert got[0].attributes["gen_ai.response.finish_reasons"] == ["stop"]
+
+
+def test_the_pinned_otlp_http_exporter_takes_chatgates_encoding() -> None:
+    """The exporter's client is not a public API (pyproject.toml bounds the exporter): on the version
+    installed, chatgate hands it the request it encoded itself; a client without `export` is not used."""
+    t = build_tracing(TracingSettings(enabled=True, endpoint="http://127.0.0.1:9"))
+    assert t is not None
+    lean = t.counts.exporter.inner
+    assert lean._client is not None and lean._client is lean.inner._client
+    t.shutdown(0)
+
+    class Other:
+        _client = object()
+    Other.__module__ = "opentelemetry.exporter.otlp.proto.http.trace_exporter"
+    assert http_client(Other()) is None
