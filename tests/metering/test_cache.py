@@ -1,5 +1,5 @@
 """The cache advisor end to end: multi-round conversations through a real chatgate (openai and anthropic
-SDKs) to a fake DeepSeek with a context cache like DeepSeek's (tests.fakes.prefix_cache), on SQLite and
+SDKs) to a fake DeepSeek with a context cache like DeepSeek's (app.demo.prefix_cache), on SQLite and
 PostgreSQL. A stable agent loop has a high hit rate and no break; a clock at the top of the system prompt,
 tools reordered each round, and a user_id per round each break the prefix where they are, with money lost;
 every report's hit rate equals the fake's usage; no prompt text reaches a report, a metric or a log line."""
@@ -21,9 +21,9 @@ import httpx2
 import openai
 import pytest
 
+from app.demo.deepseek import FakeState
 from app.gateway.accesslog import AccessLog
 from app.gateway.auth import fingerprint
-from tests.fakes.deepseek import FakeState
 from tests.fakes.server import RunningFake, run_fake_deepseek
 from tests.harness import ADMIN_KEY, RunningChatgate, make_settings, run_chatgate
 from tests.metering.helpers import cli
