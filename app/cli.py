@@ -1,4 +1,4 @@
-"""`chatgate serve | keys | usage | refusals | cache | config check | lint`."""
+"""`chatgate serve | demo | keys | usage | refusals | cache | config check | lint`."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import datetime as dt
 import json
 import os
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from app import __version__
@@ -47,6 +47,17 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--auth", choices=["passthrough", "managed"], help="client key mode")
     _store_arg(serve)
     serve.set_defaults(func=cmd_serve)
+
+    demo = sub.add_parser("demo", help="try chatgate without a DeepSeek key: an offline stand-in answers",
+                          description="Run chatgate in front of a built-in offline stand-in for DeepSeek "
+                          "(not "
+                          "DeepSeek: deterministic answers, no key, no network; every answer carries the "
+                          "header x-chatgate-demo). Chat, streams, thinking, tool calls, the Anthropic and "
+                          "Responses routes; a throw-away store and admin key for the dashboard. Ignores the "
+                          "config file and the CHATGATE_*/DEEPSEEK_* variables.")
+    demo.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    demo.add_argument("--port", type=int, default=8787, help="port (default 8787)")
+    demo.set_defaults(func=cmd_demo)
 
     keys = sub.add_parser("keys", help="manage client keys (managed mode) and their limits",
                           description="Manage client keys and their limits.")
@@ -240,6 +251,56 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if not server.run(config, s.accept_listeners):
         return 3  # uvicorn's STARTUP_FAILURE: the app or the socket did not come up
     return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    import secrets
+    import tempfile
+
+    import uvicorn
+
+    from app import banner, server
+    from app.demo.deepseek import FakeState
+    from app.demo.serve import serve_in_thread
+
+    try:
+        banner.check_port(args.host, args.port)
+    except OSError as exc:
+        print(banner.bind_failure(args.host, args.port, exc).replace("chatgate serve", "chatgate demo"),
+              file=sys.stderr)
+        return 3
+    admin_key = "demo-" + secrets.token_hex(16)
+    with tempfile.TemporaryDirectory(prefix="chatgate-demo-") as scratch, \
+            serve_in_thread(FakeState(prefix_cache=True)) as upstream:
+        flags = {"server.host": args.host, "server.port": args.port, "server.workers": 1,
+                 "upstream.base_url": upstream, "auth.mode": "passthrough", "auth.admin_key": admin_key,
+                 "store.url": f"sqlite:///{scratch}/demo.db", "store.spool_dir": f"{scratch}/spool"}
+        loaded = load_settings(None, _demo_env(os.environ), flags)
+        for line in banner.demo_banner(loaded, admin_key):
+            print(line, file=sys.stderr, flush=True)
+        os.environ[FLAGS_ENV] = json.dumps({"config": None, "flags": flags})
+        _configure_logging(loaded.settings.server.log_format)
+        _absorb_replayed_stop_signals()
+        config = uvicorn.Config("app.cli:demo_app_from_env", factory=True, host=args.host, port=args.port,
+                                loop="uvloop", lifespan="on", access_log=False, server_header=False,
+                                timeout_graceful_shutdown=1, log_config=None, timeout_keep_alive=30,
+                                **server.protocol_options(loaded.settings.limits, loaded.settings.server))
+        return 0 if server.run(config, 1) else 3
+
+
+def _demo_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The environment without chatgate's and DeepSeek's variables: the demo is the same everywhere."""
+    return {k: v for k, v in env.items() if not k.startswith(("CHATGATE_", "DEEPSEEK_", "OTEL_"))}
+
+
+def demo_app_from_env() -> Any:
+    """uvicorn's factory for `chatgate demo`: chatgate as configured by cmd_demo, every answer labelled."""
+    from app.demo.label import Labelled
+    from app.web.app import create_app
+
+    spec = json.loads(os.environ.get(FLAGS_ENV, "{}"))
+    loaded = load_settings(None, _demo_env(os.environ), spec.get("flags") or {})
+    return Labelled(create_app(loaded.settings))
 
 
 def _absorb_replayed_stop_signals() -> None:
