@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import datetime as dt
 import io
 import math
@@ -72,11 +73,13 @@ def parse_time(value: str | None, name: str, now: float | None = None) -> float 
     return parsed.timestamp()
 
 
-def make_query(group_by: str, since: str | None, until: str | None) -> ReportQuery:
+def make_query(group_by: str, since: str | None, until: str | None, team: str | None = None,
+               key_id: str | None = None) -> ReportQuery:
     if group_by not in GROUP_BYS:
         raise ReportError(f"group by must be one of {', '.join(GROUP_BYS)}, got {group_by!r}")
     gb: GroupBy = group_by
-    return ReportQuery(gb, parse_time(since, "since"), parse_time(until, "until"))
+    return ReportQuery(gb, parse_time(since, "since"), parse_time(until, "until"), team or None,
+                       key_id or None)
 
 
 def _units(pico: int) -> float:
@@ -124,7 +127,7 @@ def build_report(store: UsageStore, query: ReportQuery, currency: str = "USD") -
         out_rows.append((fields, row.counters))
     if query.group_by == "repair":  # a request with two repairs is in two rows: total each request once
         totals = dict.fromkeys(COUNTERS, 0)
-        for row in store.usage_report(ReportQuery("rule", query.since, query.until)):
+        for row in store.usage_report(dataclasses.replace(query, group_by="rule")):
             for name in COUNTERS:
                 totals[name] += int(row.counters.get(name, 0))
     money = report_currency(currency, totals)
@@ -134,7 +137,7 @@ def build_report(store: UsageStore, query: ReportQuery, currency: str = "USD") -
                                        for fields, counters in out_rows],
                               "totals": _counters(totals, money)}
     if totals["unpriced_requests"]:  # never a silent $0: which models had no price
-        by_model = store.usage_report(ReportQuery("model", query.since, query.until))
+        by_model = store.usage_report(dataclasses.replace(query, group_by="model"))
         report["unpriced_models"] = sorted(row.group["model"] for row in by_model
                                            if int(row.counters.get("unpriced_requests", 0)))
     return report
