@@ -114,6 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
     usage.add_argument("--since", help=SINCE_HELP)
     usage.add_argument("--until", help=UNTIL_HELP)
     usage.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    usage.add_argument("--lang", choices=["en", "zh"],
+                       help="the table's language (default: Chinese when LANG/LC_ALL is zh_…, else English)")
     _config_arg(usage)
     _store_arg(usage)
     usage.set_defaults(func=cmd_usage)
@@ -138,6 +140,8 @@ def build_parser() -> argparse.ArgumentParser:
     cache.add_argument("--until", help=UNTIL_HELP)
     cache.add_argument("--format", choices=["table", "json"], default="table",
                        help="json: the document GET /admin/cache answers")
+    cache.add_argument("--lang", choices=["en", "zh"],
+                       help="the table's language (default: Chinese when LANG/LC_ALL is zh_…, else English)")
     _config_arg(cache)
     _store_arg(cache)
     cache.set_defaults(func=cmd_cache)
@@ -595,6 +599,7 @@ def _plain(usd: float | None) -> str:
 
 def cmd_usage(args: argparse.Namespace) -> int:
     from app import banner
+    from app.metering import text
     from app.metering.recorder import replay_spools
     from app.metering.reports import ReportError, build_report, make_query, render_csv, render_table
 
@@ -618,7 +623,7 @@ def cmd_usage(args: argparse.Namespace) -> int:
     elif args.format == "csv":
         sys.stdout.write(render_csv(report))
     else:
-        sys.stdout.write(render_table(report))
+        sys.stdout.write(render_table(report, text.language(args.lang, os.environ)))
     return 0
 
 
@@ -648,6 +653,7 @@ def cmd_prices(args: argparse.Namespace) -> int:
 
 def cmd_cache(args: argparse.Namespace) -> int:
     from app import banner
+    from app.metering import text
     from app.metering.cache_report import build_cache_report, cache_query, render_cache_table
     from app.metering.recorder import replay_spools
     from app.metering.reports import ReportError
@@ -669,7 +675,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
     if args.format == "json":
         print(json.dumps(report))
     else:
-        sys.stdout.write(render_cache_table(report))
+        sys.stdout.write(render_cache_table(report, text.language(args.lang, os.environ)))
     return 0
 
 
