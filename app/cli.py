@@ -172,7 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
     r_show.add_argument("--key", help="of this key's refusals only")
     r_show.add_argument("--team", help="of this team's refusals only")
     r_show.add_argument("--fix", action="store_true", help="also print what `chatgate lint --fix` would "
-                        "repair in it")
+                        "repair in it, and the repaired body; an opt-in repair that is off but would apply "
+                        "is named with the setting that turns it on")
     r_show.add_argument("--format", choices=["text", "json"], default="text")
     for p, func in ((r_list, cmd_refusals_list), (r_show, cmd_refusals_show)):
         _config_arg(p)
@@ -797,7 +798,25 @@ def cmd_refusals_show(args: argparse.Namespace) -> int:
             left = fix["problems_left"]
             print(fix.get("note") or (f"problems left after it: {len(left)}" if left else
                                       "the body is valid after it."))
+        if fix["repairs"]:
+            print("\nrepaired body:")
+            print(json.dumps(fix["fixed_body"], indent=2, ensure_ascii=False))
+        _print_opt_in(fix.get("opt_in"))
     return 0
+
+
+def _print_opt_in(opt_in: dict[str, Any] | None) -> None:
+    """The repairs that are off but would apply: the setting that turns each on, and the body they make."""
+    if not opt_in:
+        return
+    print("\nopt-in repairs (off in this configuration) would also repair:")
+    for a in opt_in["repairs"]:
+        print(f"  {a['code']} at {a['path']}" + (f": {a['detail']}" if a.get("detail") else "")
+              + f"\n    enable: [repair] {a['code']} = true  (or {a['env']}=true)")
+    left = opt_in["problems_left"]
+    print(f"problems left with them: {len(left)}" if left else "the body is valid with them.")
+    print("\nrepaired body with them:")
+    print(json.dumps(opt_in["fixed_body"], indent=2, ensure_ascii=False))
 
 
 # --- lint ---------------------------------------------------------------------------------------
