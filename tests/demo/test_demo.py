@@ -138,3 +138,16 @@ def test_it_stops_cleanly_and_leaves_no_store(demo: Demo) -> None:
     demo.process.send_signal(signal.SIGINT)
     assert demo.process.wait(timeout=15) == 0
     assert not path.parent.exists()
+
+
+def test_the_dashboard_says_it_is_the_demo(demo: Demo, tmp_path: Path) -> None:
+    from tests.web.test_dashboard import chromium
+
+    admin = next(line for line in demo.lines if "admin key:" in line).rsplit("admin key: ", 1)[1].strip()
+    openai.OpenAI(base_url=f"{demo.url}/v1", api_key="sk-demo").chat.completions.create(
+        model="deepseek-flash", messages=[{"role": "user", "content": "Hello"}])
+    page = f"{demo.url}/admin/dashboard#key={admin}&bucket=hour&span=2"
+    dom = chromium(tmp_path, "--dump-dom", page).stdout
+    assert 'data-state="ready"' in dom, dom[-2000:]
+    assert "DEMO: the answers come from chatgate demo's offline stand-in, not from DeepSeek." in dom
+    assert "Passthrough mode: each client's key has its own balance" in dom

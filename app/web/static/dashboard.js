@@ -58,6 +58,7 @@
       balanceRefused: "DeepSeek would not give the balance: {0}",
       kindRejected: "rejected (rule)", kindLimited: "limited (429)", kindRefused: "DeepSeek refused (4xx)",
       kindFailed: "DeepSeek failed (5xx)",
+      demo: "DEMO: the answers come from chatgate demo's offline stand-in, not from DeepSeek.",
     },
     zh: {
       title: "chatgate 用量", adminKey: "管理密钥", load: "加载", forget: "清除密钥", language: "语言",
@@ -107,6 +108,7 @@
       balanceRefused: "DeepSeek 没有返回余额：{0}",
       kindRejected: "被规则拒绝", kindLimited: "被限流（429）", kindRefused: "DeepSeek 拒绝（4xx）",
       kindFailed: "DeepSeek 失败（5xx）",
+      demo: "演示：应答来自 chatgate demo 的离线替身，不是 DeepSeek。",
     },
   };
   let lang = "en";
@@ -152,6 +154,7 @@
 
   let openRefusal = null;
   let timer = null;
+  let demo = null;
   const shown = { series: {}, latency: [], currency: "USD" };  // what the CSV export holds
   const keyNames = new Map();  // key id -> name, as seen: the key filter's options
 
@@ -196,6 +199,7 @@
     const key = sessionStorage.getItem(KEY);
     const headers = key ? { Authorization: "Bearer " + key } : {};  // no key: asked without one, never a guess
     const resp = await fetch(path, { headers, cache: "no-store" });
+    demo = demo || resp.headers.get("x-chatgate-demo");  // `chatgate demo`: not DeepSeek, and the page says so
     let body = null;
     try { body = await resp.json(); } catch (e) { body = null; }
     if (!resp.ok) {
@@ -677,11 +681,11 @@
                                   [t("limited"), n.limited], [t("dsRefused"), n.upstream_refused],
                                   [t("dsFailed"), n.upstream_failed],
                                   [t("promptTokens"), n.prompt_tokens], [t("completionTokens"), n.completion_tokens],
-                                  [t("cost", cur), money + n.cost.toFixed(4)],
+                                  [t("cost", cur), fmt(n.cost, "cost")],
                                   [t("billedCalls"), n.billed_calls],
-                                  [t("theirCost", cur), money + n["billed_" + cur.toLowerCase()].toFixed(4)],
+                                  [t("theirCost", cur), fmt(n["billed_" + cur.toLowerCase()], "cost")],
                                   [t("hitRate"), n.cache_hit_rate === null ? "-" : (100 * n.cache_hit_rate).toFixed(1) + "%"],
-                                  [t("saved", cur), money + n["cache_saved_" + cur.toLowerCase()].toFixed(4)]]) {
+                                  [t("saved", cur), fmt(n["cache_saved_" + cur.toLowerCase()], "cost")]]) {
       const d = document.createElement("div");
       d.className = "total";
       const b = document.createElement("b");
@@ -796,7 +800,7 @@
       breaksTable($("cache-breaks"), cache);
       csvLink();
       for (const card of more) await card(sel);
-      setStatus("ready", t("ready", describe(sel), fmtTime(Date.now() / 1000).slice(11)));
+      setStatus("ready", (demo ? t("demo") + " " : "") + t("ready", describe(sel), fmtTime(Date.now() / 1000).slice(11)));
     } catch (err) {
       if (err.status === 401) sessionStorage.removeItem(KEY);
       if (err.code === "admin_key_not_configured") return notConfigured();
