@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx2
 import pytest
 
 from tests.ci import missing
@@ -205,3 +206,31 @@ def test_filters_and_a_date_range_from_the_link(traffic: Traffic, tmp_path: Path
     assert f"{today} to {today}" in dom and "only research" in dom
     cache_svg = re.search(r'id="chart-tokens-team"[^>]*><svg[^>]*data-width="(\d+)"', dom)
     assert cache_svg and int(cache_svg.group(1)) == 640  # 24 hour buckets: the full width
+
+
+def test_yuan_are_shown_with_the_yuan_sign(tmp_path: Path) -> None:
+    """pricing.currency = CNY: the costs on the page are in yuan, with ¥ (never $)."""
+    from tests.fakes.server import run_fake_deepseek
+    from tests.harness import make_settings, run_chatgate
+    from tests.web.traffic import wait_recorded
+
+    with run_fake_deepseek() as fake:
+        settings = make_settings(tmp_path, fake.url, auth={"admin_key": ADMIN_KEY},
+                                 pricing={"currency": "CNY"})
+        with run_chatgate(settings) as gate:
+            for _ in range(3):
+                resp = httpx2.post(f"{gate.url}/v1/chat/completions", timeout=10, json={
+                    "model": "deepseek-flash", "messages": [{"role": "user", "content": "你好"}]},
+                    headers={"authorization": "Bearer sk-test-client-0001"})
+                assert resp.status_code == 200, resp.text
+            wait_recorded(Traffic(gate, ok=3), 3)
+            page = f"{gate.url}/admin/dashboard?lang=zh#key={ADMIN_KEY}&bucket=hour&span=2"
+            dom, log = render(tmp_path, page)
+    assert 'data-state="ready"' in dom, dom[-3000:]
+    assert console_errors(log) == []
+    tiles = dict((label, value) for value, label in re.findall(
+        r'<div class="total"><b>([^<]*)</b><span>([^<]*)</span></div>', dom))
+    cost = tiles["费用\uff08CNY\uff09"]
+    assert cost.startswith("¥") and cost != "¥0", tiles
+    assert "$" not in "".join(tiles.values())
+    assert re.search(r"¥0\.0\d+", dom)  # the chart's axis and legend too
