@@ -510,13 +510,15 @@ def cmd_keys_list(args: argparse.Namespace) -> int:
         if args.format == "json":
             _print_json({"object": "list", "data": entries})
             return 0
-        rows = [("key_id", "name", "team", "prefix", "budget_usd", "period", "rpm", "tpm", "max_concurrent",
-                 "created", "revoked")]
+        # within 120 columns: days, not seconds (the JSON has the times); revoked only when a key is
+        revoked = any(e["revoked_at"] for e in entries)
+        rows = [("key_id", "name", "team", "prefix", "budget_usd", "period", "rpm", "tpm", "concurrent",
+                 "created", *(("revoked",) if revoked else ()))]
         for e in entries:
             limits = limits_cells(e["limits"])
             rows.append((e["id"], e["name"], e["team"], e["prefix"] + "…" if e["prefix"] else "-", *limits,
-                         _when(e["created_at"]) if e["created_at"] else "-",
-                         _when(e["revoked_at"]) if e["revoked_at"] else ""))
+                         _when(e["created_at"])[:10] if e["created_at"] else "-",
+                         *((_when(e["revoked_at"])[:10] if e["revoked_at"] else "",) if revoked else ())))
         _print_table(rows)
         return 0
     return _admin(args, work)

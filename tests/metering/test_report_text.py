@@ -95,3 +95,15 @@ def test_usage_and_cache_in_chinese_from_the_cli(tmp_path: Path) -> None:
     assert english.startswith("rule_code") and "(not refused)" in english
     cache = cli("cache", "--by", "team", "--store", url, "--lang", "zh").stdout.splitlines()
     assert cache[0].split()[:3] == ["团队", "请求数", "输入"] and cache[-1].startswith("（~ 损失")
+
+
+def test_prices_and_keys_fit_120_columns(tmp_path: Path) -> None:
+    prices = cli("prices", "--currency", "both").stdout.splitlines()
+    assert max(len(line) for line in prices) <= 120, "\n".join(prices)
+    assert any(line.startswith("  [1] ") for line in prices)  # the sources, as notes under the table
+    url = f"sqlite:///{tmp_path / 'keys.db'}"
+    cli("keys", "create", "--team", "platform-infra", "--name", "nightly-eval-runner", "--budget-usd", "50",
+        "--rpm", "600", "--tpm", "100000", "--max-concurrent", "8", "--store", url)
+    keys = cli("keys", "list", "--store", url).stdout.splitlines()
+    assert max(len(line) for line in keys) <= 120, "\n".join(keys)
+    assert keys[0].split()[-2:] == ["concurrent", "created"]
