@@ -577,7 +577,7 @@ def cmd_teams_list(args: argparse.Namespace) -> int:
             _print_json({"object": "list", "data": entries})
             return 0
         cur = _currency(_load(args)).lower()
-        rows = [("team", "keys", "budget_usd", "period", "rpm", "tpm", "max_concurrent", f"spent_{cur}",
+        rows = [("team", "keys", "budget_usd", "period", "rpm", "tpm", "concurrent", f"spent_{cur}",
                  f"remaining_{cur}", "used", "since")]
         for e in entries:
             spend = e["spend"]
