@@ -276,7 +276,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         return 3
     admin_key = "demo-" + secrets.token_hex(16)
     with tempfile.TemporaryDirectory(prefix="chatgate-demo-") as scratch, \
-            serve_in_thread(FakeState(prefix_cache=True)) as upstream:
+            serve_in_thread(FakeState(prefix_cache=True, keep_requests=100)) as upstream:
         flags = {"server.host": args.host, "server.port": args.port, "server.workers": 1,
                  "upstream.base_url": upstream, "auth.mode": "passthrough", "auth.admin_key": admin_key,
                  "store.url": f"sqlite:///{scratch}/demo.db", "store.spool_dir": f"{scratch}/spool"}

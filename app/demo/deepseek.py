@@ -198,6 +198,7 @@ class FakeState:
     # uploaded file a part names at one token per byte of it (`media_tokens`)
     bill_media: bool = False
     requests: list[RecordedRequest] = field(default_factory=list)
+    keep_requests: int | None = None  # keep only the newest N in `requests` (a long-running demo); None: all
     issued_usage: dict[str, dict[str, int]] = field(default_factory=dict)  # per Authorization key
     active: int = 0  # requests being handled right now
     peak_active: int = 0  # the most handled at once since the last reset
@@ -710,6 +711,8 @@ class FakeDeepSeek:
         rec.query = scope.get("query_string", b"").decode("latin-1")
         rec.attempt = self.state.count_attempt(rec.request_id)
         self.state.requests.append(rec)
+        if self.state.keep_requests is not None and len(self.state.requests) > self.state.keep_requests:
+            del self.state.requests[:-self.state.keep_requests]
         conn = Conn(receive, send, rec.sent)
         try:
             with self.state.tracking():

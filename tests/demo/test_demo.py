@@ -151,3 +151,15 @@ def test_the_dashboard_says_it_is_the_demo(demo: Demo, tmp_path: Path) -> None:
     assert 'data-state="ready"' in dom, dom[-2000:]
     assert "DEMO: the answers come from chatgate demo's offline stand-in, not from DeepSeek." in dom
     assert "Passthrough mode: each client's key has its own balance" in dom
+
+
+def test_a_long_running_demo_keeps_only_the_newest_requests() -> None:
+    from app.demo.deepseek import FakeState
+    from tests.fakes.server import run_fake_deepseek
+
+    with run_fake_deepseek(FakeState(keep_requests=2)) as fake:
+        for i in range(5):
+            httpx2.post(f"{fake.url}/chat/completions", headers={"authorization": "Bearer sk-demo"}, json={
+                "model": "deepseek-flash", "messages": [{"role": "user", "content": f"n{i}"}]}, timeout=10)
+        assert [b'"n3"' in r.body for r in fake.state.requests] == [True, False]
+        assert b'"n4"' in fake.state.requests[-1].body
