@@ -799,7 +799,9 @@
       hitRateLines($("chart-cache-team"), team.buckets, team.series.slice(0, COLORS.length), team.bucket_starts);
       breaksTable($("cache-breaks"), cache);
       csvLink();
-      for (const card of more) await card(sel);
+      for (const card of more) {
+        try { await card(sel); } catch (err) { console.warn("a dashboard card failed:", err); }  // not the page
+      }
       setStatus("ready", (demo ? t("demo") + " " : "") + t("ready", describe(sel), fmtTime(Date.now() / 1000).slice(11)));
     } catch (err) {
       if (err.status === 401) sessionStorage.removeItem(KEY);
