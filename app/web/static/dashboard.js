@@ -44,7 +44,7 @@
       passthroughPool: "Passthrough mode: each client's own DeepSeek key goes upstream.", noTeams: "No teams yet.",
       noRefusals: "No refusals kept.", noLatency: "No answered request in this range.",
       model: "model", p50: "p50", p95: "p95", account: "account", keyVariable: "key variable", state: "state",
-      inFlight: "in flight", weight: "weight", setAside: "set aside ({0}, back in {1} s)",
+      inFlight: "in flight", weight: "weight", available: "available", no_key: "no key", setAside: "set aside ({0}, back in {1} s)",
       keys: "keys", budget: "budget", period: "period", spent: "spent", remaining: "remaining", use: "use",
       forecast: "forecast", noBudget: "no budget", renews: "{0} (renews {1})", thisMonth: " (this month)",
       overForecast: "over budget by the period's end at this pace", total: "total",
@@ -94,7 +94,7 @@
       passthroughPool: "透传模式：每个客户端用自己的 DeepSeek 密钥访问上游。", noTeams: "还没有团队。",
       noRefusals: "没有保留的拒绝记录。", noLatency: "此时间范围内没有已应答的请求。",
       model: "模型", p50: "p50", p95: "p95", account: "账户", keyVariable: "密钥变量", state: "状态",
-      inFlight: "进行中", weight: "权重", setAside: "暂停使用（{0}，{1} 秒后恢复）",
+      inFlight: "进行中", weight: "权重", available: "可用", no_key: "无密钥", setAside: "暂停使用（{0}，{1} 秒后恢复）",
       keys: "密钥数", budget: "预算", period: "周期", spent: "已花费", remaining: "剩余", use: "使用率",
       forecast: "预测", noBudget: "无预算", renews: "{0}（{1} 重置）", thisMonth: "（本月）",
       overForecast: "按此速度，周期结束前会超出预算", total: "总计",
@@ -462,7 +462,7 @@
     const tbody = tableWith(container, [[t("account")], [t("keyVariable")], [t("state")], [t("inFlight"), "num"],
                                         [t("requests"), "num"], [t("weight"), "num"]]);
     for (const r of rows) {
-      const state = r.state === "set_aside" ? t("setAside", r.why, Math.ceil(r.back_in_s)) : r.state;
+      const state = r.state === "set_aside" ? t("setAside", r.why, Math.ceil(r.back_in_s)) : t(r.state);
       cells(tbody.insertRow(), [[r.name], [r.key_env], [state], [r.in_flight, "num"], [r.requests, "num"],
                                 [r.weight, "num"]]);
     }
