@@ -48,6 +48,38 @@ def banner(loaded: LoadedSettings, env: Mapping[str, str]) -> list[str]:
     ]
 
 
+def demo_banner(loaded: LoadedSettings, admin_key: str) -> list[str]:
+    """What `chatgate demo` says: that the answers are not DeepSeek's, where things are, what to try."""
+    from app.demo.label import HEADER, LABEL
+
+    s = loaded.settings
+    host = f"[{s.server.host}]" if ":" in s.server.host else s.server.host
+    base = f"http://{host}:{s.server.port}"
+    body = '{"model": "deepseek-flash", "messages": [{"role": "user", "content": "Hello"}]}'
+    return [
+        f"chatgate {_version()} DEMO on {base}: the answers come from an offline stand-in, NOT from DeepSeek",
+        f"  (deterministic, no key, no network; every answer carries the header `{HEADER}: {LABEL}`)",
+        f"  stand-in   {s.upstream.base_url} (in this process)",
+        f"  store      {describe_store(s.store.url)} (deleted when the demo stops)",
+        f"  dashboard  {base}/admin/dashboard  admin key: {admin_key}",
+        "",
+        "Try it (any key but sk-bad… is accepted; chatgate checks, forwards and meters as for DeepSeek):",
+        f"  curl -s {base}/v1/chat/completions -H 'Authorization: Bearer sk-demo' \\",
+        f"       -H 'Content-Type: application/json' -d '{body}'",
+        "",
+        "  from openai import OpenAI",
+        f'  client = OpenAI(base_url="{base}/v1", api_key="sk-demo")',
+        '  reply = client.chat.completions.create(model="deepseek-flash",',
+        '                                         messages=[{"role": "user", "content": "Hello"}])',
+        "  print(reply.choices[0].message.content)",
+        "",
+        "  A body DeepSeek would refuse gets chatgate's 400 naming every problem: add \"n\": 2 to the curl.",
+        "  Streams (\"stream\": true), thinking (\"thinking\": {\"type\": \"enabled\"}), tools, "
+        f"{base}/anthropic (Claude Code) and {base}/v1/responses (Codex) answer too.",
+        "  Then the real thing: stop this, and `chatgate serve` with your DeepSeek key (README.md).",
+    ]
+
+
 def legacy_store(loaded: LoadedSettings, env: Mapping[str, str]) -> str | None:
     """The notice for a store found at the old default, ./data/chatgate.db (read until it is moved)."""
     if "store.url" in loaded.sources or loaded.settings.store.url != LEGACY_STORE_URL:

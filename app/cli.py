@@ -1,4 +1,4 @@
-"""`chatgate serve | keys | usage | refusals | cache | config check | lint`."""
+"""`chatgate serve | demo | keys | usage | refusals | cache | config check | lint`."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import datetime as dt
 import json
 import os
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from app import __version__
@@ -47,6 +47,17 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--auth", choices=["passthrough", "managed"], help="client key mode")
     _store_arg(serve)
     serve.set_defaults(func=cmd_serve)
+
+    demo = sub.add_parser("demo", help="try chatgate without a DeepSeek key: an offline stand-in answers",
+                          description="Run chatgate in front of a built-in offline stand-in for DeepSeek "
+                          "(not "
+                          "DeepSeek: deterministic answers, no key, no network; every answer carries the "
+                          "header x-chatgate-demo). Chat, streams, thinking, tool calls, the Anthropic and "
+                          "Responses routes; a throw-away store and admin key for the dashboard. Ignores the "
+                          "config file and the CHATGATE_*/DEEPSEEK_* variables.")
+    demo.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    demo.add_argument("--port", type=int, default=8787, help="port (default 8787)")
+    demo.set_defaults(func=cmd_demo)
 
     keys = sub.add_parser("keys", help="manage client keys (managed mode) and their limits",
                           description="Manage client keys and their limits.")
@@ -103,6 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
     usage.add_argument("--since", help=SINCE_HELP)
     usage.add_argument("--until", help=UNTIL_HELP)
     usage.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    usage.add_argument("--lang", choices=["en", "zh"],
+                       help="the table's language (default: Chinese when LANG/LC_ALL is zh_…, else English)")
     _config_arg(usage)
     _store_arg(usage)
     usage.set_defaults(func=cmd_usage)
@@ -127,6 +140,8 @@ def build_parser() -> argparse.ArgumentParser:
     cache.add_argument("--until", help=UNTIL_HELP)
     cache.add_argument("--format", choices=["table", "json"], default="table",
                        help="json: the document GET /admin/cache answers")
+    cache.add_argument("--lang", choices=["en", "zh"],
+                       help="the table's language (default: Chinese when LANG/LC_ALL is zh_…, else English)")
     _config_arg(cache)
     _store_arg(cache)
     cache.set_defaults(func=cmd_cache)
@@ -157,7 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
     r_show.add_argument("--key", help="of this key's refusals only")
     r_show.add_argument("--team", help="of this team's refusals only")
     r_show.add_argument("--fix", action="store_true", help="also print what `chatgate lint --fix` would "
-                        "repair in it")
+                        "repair in it, and the repaired body; an opt-in repair that is off but would apply "
+                        "is named with the setting that turns it on")
     r_show.add_argument("--format", choices=["text", "json"], default="text")
     for p, func in ((r_list, cmd_refusals_list), (r_show, cmd_refusals_show)):
         _config_arg(p)
@@ -245,6 +261,56 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if not server.run(config, s.accept_listeners):
         return 3  # uvicorn's STARTUP_FAILURE: the app or the socket did not come up
     return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    import secrets
+    import tempfile
+
+    import uvicorn
+
+    from app import banner, server
+    from app.demo.deepseek import FakeState
+    from app.demo.serve import serve_in_thread
+
+    try:
+        banner.check_port(args.host, args.port)
+    except OSError as exc:
+        print(banner.bind_failure(args.host, args.port, exc).replace("chatgate serve", "chatgate demo"),
+              file=sys.stderr)
+        return 3
+    admin_key = "demo-" + secrets.token_hex(16)
+    with tempfile.TemporaryDirectory(prefix="chatgate-demo-") as scratch, \
+            serve_in_thread(FakeState(prefix_cache=True, keep_requests=100)) as upstream:
+        flags = {"server.host": args.host, "server.port": args.port, "server.workers": 1,
+                 "upstream.base_url": upstream, "auth.mode": "passthrough", "auth.admin_key": admin_key,
+                 "store.url": f"sqlite:///{scratch}/demo.db", "store.spool_dir": f"{scratch}/spool"}
+        loaded = load_settings(None, _demo_env(os.environ), flags)
+        for line in banner.demo_banner(loaded, admin_key):
+            print(line, file=sys.stderr, flush=True)
+        os.environ[FLAGS_ENV] = json.dumps({"config": None, "flags": flags})
+        _configure_logging(loaded.settings.server.log_format)
+        _absorb_replayed_stop_signals()
+        config = uvicorn.Config("app.cli:demo_app_from_env", factory=True, host=args.host, port=args.port,
+                                loop="uvloop", lifespan="on", access_log=False, server_header=False,
+                                timeout_graceful_shutdown=1, log_config=None, timeout_keep_alive=30,
+                                **server.protocol_options(loaded.settings.limits, loaded.settings.server))
+        return 0 if server.run(config, 1) else 3
+
+
+def _demo_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The environment without chatgate's and DeepSeek's variables: the demo is the same everywhere."""
+    return {k: v for k, v in env.items() if not k.startswith(("CHATGATE_", "DEEPSEEK_", "OTEL_"))}
+
+
+def demo_app_from_env() -> Any:
+    """uvicorn's factory for `chatgate demo`: chatgate as configured by cmd_demo, every answer labelled."""
+    from app.demo.label import Labelled
+    from app.web.app import create_app
+
+    spec = json.loads(os.environ.get(FLAGS_ENV, "{}"))
+    loaded = load_settings(None, _demo_env(os.environ), spec.get("flags") or {})
+    return Labelled(create_app(loaded.settings))
 
 
 def _absorb_replayed_stop_signals() -> None:
@@ -449,13 +515,15 @@ def cmd_keys_list(args: argparse.Namespace) -> int:
         if args.format == "json":
             _print_json({"object": "list", "data": entries})
             return 0
-        rows = [("key_id", "name", "team", "prefix", "budget_usd", "period", "rpm", "tpm", "max_concurrent",
-                 "created", "revoked")]
+        # within 120 columns: days, not seconds (the JSON has the times); revoked only when a key is
+        revoked = any(e["revoked_at"] for e in entries)
+        rows = [("key_id", "name", "team", "prefix", "budget_usd", "period", "rpm", "tpm", "concurrent",
+                 "created", *(("revoked",) if revoked else ()))]
         for e in entries:
             limits = limits_cells(e["limits"])
             rows.append((e["id"], e["name"], e["team"], e["prefix"] + "…" if e["prefix"] else "-", *limits,
-                         _when(e["created_at"]) if e["created_at"] else "-",
-                         _when(e["revoked_at"]) if e["revoked_at"] else ""))
+                         _when(e["created_at"])[:10] if e["created_at"] else "-",
+                         *((_when(e["revoked_at"])[:10] if e["revoked_at"] else "",) if revoked else ())))
         _print_table(rows)
         return 0
     return _admin(args, work)
@@ -514,7 +582,7 @@ def cmd_teams_list(args: argparse.Namespace) -> int:
             _print_json({"object": "list", "data": entries})
             return 0
         cur = _currency(_load(args)).lower()
-        rows = [("team", "keys", "budget_usd", "period", "rpm", "tpm", "max_concurrent", f"spent_{cur}",
+        rows = [("team", "keys", "budget_usd", "period", "rpm", "tpm", "concurrent", f"spent_{cur}",
                  f"remaining_{cur}", "used", "since")]
         for e in entries:
             spend = e["spend"]
@@ -539,6 +607,7 @@ def _plain(usd: float | None) -> str:
 
 def cmd_usage(args: argparse.Namespace) -> int:
     from app import banner
+    from app.metering import text
     from app.metering.recorder import replay_spools
     from app.metering.reports import ReportError, build_report, make_query, render_csv, render_table
 
@@ -562,7 +631,7 @@ def cmd_usage(args: argparse.Namespace) -> int:
     elif args.format == "csv":
         sys.stdout.write(render_csv(report))
     else:
-        sys.stdout.write(render_table(report))
+        sys.stdout.write(render_table(report, text.language(args.lang, os.environ)))
     return 0
 
 
@@ -592,6 +661,7 @@ def cmd_prices(args: argparse.Namespace) -> int:
 
 def cmd_cache(args: argparse.Namespace) -> int:
     from app import banner
+    from app.metering import text
     from app.metering.cache_report import build_cache_report, cache_query, render_cache_table
     from app.metering.recorder import replay_spools
     from app.metering.reports import ReportError
@@ -613,7 +683,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
     if args.format == "json":
         print(json.dumps(report))
     else:
-        sys.stdout.write(render_cache_table(report))
+        sys.stdout.write(render_cache_table(report, text.language(args.lang, os.environ)))
     return 0
 
 
@@ -735,7 +805,25 @@ def cmd_refusals_show(args: argparse.Namespace) -> int:
             left = fix["problems_left"]
             print(fix.get("note") or (f"problems left after it: {len(left)}" if left else
                                       "the body is valid after it."))
+        if fix["repairs"]:
+            print("\nrepaired body:")
+            print(json.dumps(fix["fixed_body"], indent=2, ensure_ascii=False))
+        _print_opt_in(fix.get("opt_in"))
     return 0
+
+
+def _print_opt_in(opt_in: dict[str, Any] | None) -> None:
+    """The repairs that are off but would apply: the setting that turns each on, and the body they make."""
+    if not opt_in:
+        return
+    print("\nopt-in repairs (off in this configuration) would also repair:")
+    for a in opt_in["repairs"]:
+        print(f"  {a['code']} at {a['path']}" + (f": {a['detail']}" if a.get("detail") else "")
+              + f"\n    enable: [repair] {a['code']} = true  (or {a['env']}=true)")
+    left = opt_in["problems_left"]
+    print(f"problems left with them: {len(left)}" if left else "the body is valid with them.")
+    print("\nrepaired body with them:")
+    print(json.dumps(opt_in["fixed_body"], indent=2, ensure_ascii=False))
 
 
 # --- lint ---------------------------------------------------------------------------------------

@@ -15,6 +15,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("app.cli",),  # the entry points: the CLI, which runs the uvicorn runner and the offline lint
     ("app.server", "app.lint", "app.banner"),  # the uvicorn runner, the offline lint, the start-up banner
     ("app.uvicorn_protocol",),  # the runner's HTTP protocol: uvicorn's, with a bounded request head
+    # `chatgate demo`'s offline stand-in for DeepSeek (the tests' upstream too): imports nothing of chatgate
+    ("app.demo",),
     ("app.web",),
     ("app.files",),  # the Files API: its routes and relay, above the gateway they use
     ("app.gateway",),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from app.metering import text
 from app.metering.cache import hint
 from app.metering.reports import ReportError, _units, hit_rate, parse_time
 from app.store.base import GroupBy, ReportQuery, UsageStore
@@ -70,34 +71,34 @@ def build_cache_report(store: UsageStore, by: GroupBy, since: float | None, unti
     }
 
 
-def render_cache_table(report: dict[str, Any]) -> str:
+def render_cache_table(report: dict[str, Any], lang: str = "en") -> str:
+    """The cache report for people (rates and money as text.py prints them); `lang` "zh": in Chinese."""
     fields = _CALLER_FIELDS[report["by"]]
-    cur = report.get("currency", "USD").lower()
+    currency = report.get("currency", "USD")
+    cur = currency.lower()
     heads = [*fields, "requests", "prompt", "cache_hit", "hit_rate", f"saved_{cur}", f"lost_{cur}~", "breaks"]
-    lines = [[*(str(row.get(f) or "") for f in fields), *_numbers(row, row["break_count"], cur)]
-             for row in report["rows"]]
+    if lang == "zh":
+        heads = [text.word({f"saved_{cur}": "saved", f"lost_{cur}~": "lost~", "key_id": "key",
+                            "key_name": "key"}.get(h, h), lang) for h in heads]
+    lines = [[*(str(row.get(f) or text.word("(none)", lang)) for f in fields),
+              *_numbers(row, row["break_count"], currency)] for row in report["rows"]]
     t = report["totals"]
-    total = ["TOTAL", *[""] * (len(fields) - 1), *_numbers(t, t["breaks"], cur)]
-    widths = [max(len(h), *(len(line[i]) for line in [*lines, total])) for i, h in enumerate(heads)]
-    fmt = "  ".join(f"{{:<{w}}}" if i < len(fields) else f"{{:>{w}}}" for i, w in enumerate(widths))
-    rule = "  ".join("-" * w for w in widths)
-    out = [fmt.format(*heads), rule]
-    for row, line in zip(report["rows"], lines, strict=True):
-        out.append(fmt.format(*line))
+    total = [text.word("TOTAL", lang), *[""] * (len(fields) - 1), *_numbers(t, t["breaks"], currency)]
+    table = text.table(heads, lines, total, len(fields))
+    out = table[:2]
+    for row, line in zip(report["rows"], table[2:2 + len(lines)], strict=True):
+        out.append(line)
         for b in row["breaks"]:
+            lost = text.money(b[f"lost_{cur}"], currency)
             out.append(f"    break at {b['param']}: {b['count']} request(s), ~{b['lost_tokens']} tokens, "
-                       f"~{b[f'lost_{cur}']:.6f} {cur.upper()} lost (e.g. request {b['example_request_id']})")
+                       f"~{lost} lost (e.g. request {b['example_request_id']})")
             out.append(f"      hint: {b['hint']}")
-    out += [rule, fmt.format(*total),
-            "(~ lost: estimated from the earlier request's measured prompt tokens; see docs/cache.md)"]
+    out += [*table[2 + len(lines):], text.note("cache_lost", lang)]
     return "\n".join(out) + "\n"
 
 
-def _numbers(row: dict[str, Any], breaks: int, cur: str) -> list[str]:
-    hits = row["cache_hit_tokens"]
-    return [str(row["requests"]), str(row["prompt_tokens"]), str(hits), _rate(row["hit_rate"]),
-            f"{row[f'saved_{cur}']:.6f}", f"{row[f'lost_{cur}']:.6f}", str(breaks)]
-
-
-def _rate(rate: float | None) -> str:
-    return "" if rate is None else f"{rate:.1%}"
+def _numbers(row: dict[str, Any], breaks: int, currency: str) -> list[str]:
+    cur = currency.lower()
+    return [str(row["requests"]), str(row["prompt_tokens"]), str(row["cache_hit_tokens"]),
+            text.rate(row["hit_rate"]), text.money(row[f"saved_{cur}"], currency),
+            text.money(row[f"lost_{cur}"], currency), str(breaks)]

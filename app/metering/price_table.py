@@ -4,10 +4,14 @@ the peak calendar, the holidays and the next peak window (docs/metering.md#price
 from __future__ import annotations
 
 import datetime as dt
+import textwrap
 from typing import Any
 
+from app.metering import text
 from app.metering.catalogue import SYMBOLS, Triple, catalogue
 from app.metering.pricing import Pricing
+
+WIDTH = 120  # a terminal's columns the printed prices keep to
 
 
 def _iso(ts: float) -> str | None:
@@ -65,16 +69,22 @@ def _day(number: int) -> str:
 
 
 def render_price_table(table: dict[str, Any]) -> str:
+    """The prices for people, within 120 columns: each row's sources as a note number, listed below."""
     lines = [f"Prices in force at {table['at']} ({table['unit']}: cache hit / cache miss / output)", ""]
-    heads = ("model", "currency", "peak", "off-peak", "since", "row", "source")
-    rows = [heads]
+    heads = ("model", "currency", "peak", "off-peak", "since (UTC)", "row", "source")
+    rows = []
+    sources: list[str] = []
     for m in table["models"]:
         symbol = SYMBOLS[m["currency"]]
         cells = [" / ".join(f"{symbol}{v}" for v in m[k].values()) for k in ("peak", "off_peak")]
-        rows.append((m["model"], m["currency"], cells[0], "(flat)" if m["flat"] else cells[1],
-                     m["since"] or "-", m["row"], m["source"]))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(heads))]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+        if m["source"] not in sources:
+            sources.append(m["source"])
+        since = m["since"].replace("T", " ")[:16] if m["since"] else "-"
+        note = f"[{sources.index(m['source']) + 1}]"
+        off_peak = "(flat)" if m["flat"] else cells[1]
+        rows.append((m["model"], m["currency"], cells[0], off_peak, since, m["row"], note))
+    lines += text.table(heads, rows, None, len(heads))
+    lines += [f"  [{i}] {source}" for i, source in enumerate(sources, 1)]
     for currency, names in table["unpriced"].items():
         lines.append(f"No {currency} price then: {', '.join(names)} (billed at the catalogue's highest "
                      "price)")
@@ -95,4 +105,12 @@ def render_price_table(table: dict[str, Any]) -> str:
     now = "peak" if cal["peak_now"] else "off-peak"
     lines.append(f"  at {table['at']}: {now}; " + ("no peak window ahead" if nxt is None else
                  f"{'this' if cal['peak_now'] else 'next'} peak window {nxt['start']} to {nxt['end']}"))
-    return "\n".join(lines) + "\n"
+    return "\n".join(wrapped for line in lines for wrapped in _wrap(line)) + "\n"
+
+
+def _wrap(line: str) -> list[str]:
+    """A line longer than 120 columns, wrapped under its own indent (and four more)."""
+    if len(line) <= WIDTH:
+        return [line]
+    indent = " " * (len(line) - len(line.lstrip()))
+    return textwrap.wrap(line, WIDTH, subsequent_indent=indent + "    ", break_on_hyphens=False)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import datetime as dt
 import io
 import math
@@ -11,6 +12,7 @@ import time
 from decimal import Decimal
 from typing import Any
 
+from app.metering import text
 from app.metering.calls import TOOLS
 from app.metering.catalogue import SYMBOLS
 from app.metering.pricing import to_units
@@ -72,11 +74,13 @@ def parse_time(value: str | None, name: str, now: float | None = None) -> float 
     return parsed.timestamp()
 
 
-def make_query(group_by: str, since: str | None, until: str | None) -> ReportQuery:
+def make_query(group_by: str, since: str | None, until: str | None, team: str | None = None,
+               key_id: str | None = None) -> ReportQuery:
     if group_by not in GROUP_BYS:
         raise ReportError(f"group by must be one of {', '.join(GROUP_BYS)}, got {group_by!r}")
     gb: GroupBy = group_by
-    return ReportQuery(gb, parse_time(since, "since"), parse_time(until, "until"))
+    return ReportQuery(gb, parse_time(since, "since"), parse_time(until, "until"), team or None,
+                       key_id or None)
 
 
 def _units(pico: int) -> float:
@@ -124,7 +128,7 @@ def build_report(store: UsageStore, query: ReportQuery, currency: str = "USD") -
         out_rows.append((fields, row.counters))
     if query.group_by == "repair":  # a request with two repairs is in two rows: total each request once
         totals = dict.fromkeys(COUNTERS, 0)
-        for row in store.usage_report(ReportQuery("rule", query.since, query.until)):
+        for row in store.usage_report(dataclasses.replace(query, group_by="rule")):
             for name in COUNTERS:
                 totals[name] += int(row.counters.get(name, 0))
     money = report_currency(currency, totals)
@@ -134,7 +138,7 @@ def build_report(store: UsageStore, query: ReportQuery, currency: str = "USD") -
                                        for fields, counters in out_rows],
                               "totals": _counters(totals, money)}
     if totals["unpriced_requests"]:  # never a silent $0: which models had no price
-        by_model = store.usage_report(ReportQuery("model", query.since, query.until))
+        by_model = store.usage_report(dataclasses.replace(query, group_by="model"))
         report["unpriced_models"] = sorted(row.group["model"] for row in by_model
                                            if int(row.counters.get("unpriced_requests", 0)))
     return report
@@ -156,59 +160,77 @@ OUTCOME_COLUMNS = (("rejected", "rejected"), ("limited", "limited"), ("ds_refuse
                    ("ds_failed", "upstream_failed"))
 
 
-def render_table(report: dict[str, Any]) -> str:
-    """The report for people, narrow enough for 120 columns by team: the cache's hit and miss tokens, the
-    reasoning tokens and the estimated and unpriced counts are in the JSON and CSV reports (a note below the
-    table says when any request was estimated); the billed tool calls get their columns only when there
-    were some."""
-    group = list(GROUP_FIELDS[report["group_by"]])
-    money = report.get("currency", "USD").lower()
-    symbol = SYMBOLS[money.upper()]
+# What a group's label says when its field is empty: no rule or limit refused the request, it had no repair,
+# it reached no account of the pool; a passthrough caller has no key name
+BLANK = {"rule_code": "(not refused)", "repair": "(no repair)", "account": "(no account)"}
+KEY_LABEL = 24  # columns for a key's name in the table by key (a passthrough fingerprint takes 19)
+
+
+def render_table(report: dict[str, Any], lang: str = "en") -> str:
+    """The report for people, within 120 columns: a key is shown by its name (its fingerprint when it has
+    none; ids and teams are in the JSON and CSV reports), tokens and money as people read them (text.py:
+    987.7M, $0.000421, 51.2%; exact in the JSON and CSV reports); the cache's hit and
+    miss tokens, the reasoning tokens and the estimated and unpriced counts are in the JSON and CSV reports
+    (a note below the table says when any request was estimated); the billed tool calls get their columns
+    only when there were some. `lang` "zh": the heads and notes in Chinese."""
+    group = ["key"] if report["group_by"] == "key" else list(GROUP_FIELDS[report["group_by"]])
+    currency = report.get("currency", "USD")
+    money = currency.lower()
+    symbol = SYMBOLS[currency]
     totals = report["totals"]
     calls = bool(totals.get("billed_calls"))
-    heads = [*group, "requests", *(h for h, _ in OUTCOME_COLUMNS), "prompt", "completion", "hit_rate",
-             *(("calls", f"calls_{money}") if calls else ()), f"cost_{money}", f"saved_{money}"]
-    keys = [*group, "requests", *(k for _, k in OUTCOME_COLUMNS), "prompt_tokens", "completion_tokens",
-            "cache_hit_rate", *(("billed_calls", f"billed_{money}") if calls else ()), f"cost_{money}",
-            f"cache_saved_{money}"]
-    lines = [[_cell(row.get(k)) for k in keys] for row in report["rows"]]
-    total = {**report["totals"], group[0]: "TOTAL"}
-    lines.append([_cell(total.get(k)) for k in keys])
-    widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(heads)]
-    fmt = "  ".join(f"{{:<{w}}}" if i < len(group) else f"{{:>{w}}}" for i, w in enumerate(widths))
-    rule = "  ".join("-" * w for w in widths)
-    note = []
+    heads = [*group, "requests", *(h for h, _ in OUTCOME_COLUMNS), "input", "output", "hit%",
+             *(("calls", "calls_cost") if calls else ()), "cost", "saved"]
+    if lang == "en":
+        heads = [f"{h}_{money}" if h in ("cost", "saved") else f"calls_{money}" if h == "calls_cost" else h
+                 for h in heads]
+    else:
+        heads = [text.word(h, lang) for h in heads]
+
+    def numbers(row: dict[str, Any]) -> list[str]:
+        return [text.count(row.get("requests")), *(text.count(row.get(k)) for _, k in OUTCOME_COLUMNS),
+                text.tokens(row.get("prompt_tokens")), text.tokens(row.get("completion_tokens")),
+                text.rate(row.get("cache_hit_rate")),
+                *((text.count(row.get("billed_calls")), text.money(row.get(f"billed_{money}"), currency))
+                  if calls else ()),
+                text.money(row.get(f"cost_{money}"), currency),
+                text.money(row.get(f"cache_saved_{money}"), currency)]
+
+    def labels(row: dict[str, Any]) -> list[str]:
+        if report["group_by"] == "key":
+            return [text.clip(str(row.get("key_name") or row.get("key_id") or text.word("(none)", lang)),
+                              KEY_LABEL)]
+        value = row.get(group[0])
+        return [str(value) if value else text.word(BLANK.get(group[0], "(none)"), lang)]
+
+    rows = [[*labels(row), *numbers(row)] for row in report["rows"]]
+    total = [text.word("TOTAL", lang), *[""] * (len(group) - 1), *numbers(totals)]
+    lines = text.table(heads, rows, total, len(group))
+    notes = [text.note("legend", lang, currency)]
+    if report["group_by"] == "key":
+        notes.append(text.note("key_ids", lang))
     if totals.get("estimated_requests"):
-        note.append(f"{totals['estimated_requests']} request(s) with tokens counted by chatgate, not "
-                    "DeepSeek (estimated_requests in the JSON report)")
+        notes.append(text.note("estimated", lang, totals["estimated_requests"]))
     if totals.get("billed_pages") or totals.get("billed_characters"):
-        note.append(f"billed units besides calls: {totals.get('billed_pages', 0)} OCR page(s), "
-                    f"{totals.get('billed_characters', 0)} TTS character(s) (priced in yuan only: see "
-                    "docs/metering.md#tool-calls)")
+        notes.append(f"billed units besides calls: {totals.get('billed_pages', 0)} OCR page(s), "
+                     f"{totals.get('billed_characters', 0)} TTS character(s) (priced in yuan only: see "
+                     "docs/metering.md#tool-calls)")
     if report.get("unpriced_models"):
         unpriced = report["unpriced_models"]
         models = [m for m in unpriced if m not in TOOLS]
         tools = [m for m in unpriced if m in TOOLS]
         if models:
-            count = f"{totals['unpriced_requests']} " if not tools else ""
-            note.append(f"{count}request(s) of models without a price, counted at the catalogue's highest "
-                        f"price: {', '.join(models)} "
-                        "(set their prices: docs/metering.md#models-without-a-price)")
+            counted = f"{totals['unpriced_requests']} " if not tools else ""
+            notes.append(f"{counted}request(s) of models without a price, counted at the catalogue's highest "
+                         f"price: {', '.join(models)} "
+                         "(set their prices: docs/metering.md#models-without-a-price)")
         if tools:
-            note.append(f"tool calls without a published {money.upper()} price, counted at 0: "
-                        f"{', '.join(tools)} (docs/metering.md#tool-calls)")
-    other = "cny" if money == "usd" else "usd"
-    if report["totals"].get(f"cost_pico{other}"):  # records priced in the other currency: never added up
-        note.append(f"Costs in {symbol} only; {SYMBOLS[other.upper()]}"
-                    f"{report['totals'][f'cost_{other}']:.6f} more was priced in {other.upper()} "
-                    f"(cost_{other} in the JSON report)")
-    return "\n".join([fmt.format(*heads), rule, *(fmt.format(*line) for line in lines[:-1]), rule,
-                      fmt.format(*lines[-1]), *note]) + "\n"
+            notes.append(f"tool calls without a published {currency} price, counted at 0: "
+                         f"{', '.join(tools)} (docs/metering.md#tool-calls)")
+    other = "CNY" if currency == "USD" else "USD"
+    if totals.get(f"cost_pico{other.lower()}"):  # records priced in the other currency: never added up
+        extra = text.money(totals[f"cost_{other.lower()}"], other)
+        notes.append(text.note("other_currency", lang, symbol, extra, other, other.lower()))
+    return "\n".join([*lines, *notes]) + "\n"
 
 
-def _cell(value: Any) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, float):
-        return f"{value:.6f}"
-    return str(value)

@@ -1,8 +1,9 @@
-"""How a kept refusal is shown: its redacted body, indented, with each problem marked at its path; and
-what `chatgate lint --fix` would repair in it."""
+"""How a kept refusal is shown: its redacted body, indented, with each problem marked at its path; what
+`chatgate lint --fix` would repair in it, and what the opt-in repairs would add, with the setting of each."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -12,7 +13,7 @@ import orjson
 from app.errors import Problem
 from app.profiles import ModelProfile
 from app.refusals.record import Refusal
-from app.repair.base import Applied, RepairOptions
+from app.repair.base import NAMES, Applied, RepairOptions
 from app.verdict import Verdict
 
 FIX_PASSES = 3  # as the gateway and lint: fixing a type can reveal a sequence problem
@@ -92,12 +93,26 @@ def _render(value: Any, path: tuple[str | int, ...], depth: int, prefix: str, li
 
 
 def would_fix(family: Checker, refusal: Refusal, beta: bool, options: RepairOptions) -> dict[str, Any]:
-    """What `chatgate lint --fix` would repair in the kept body (redacted strings stay cut: a repair that
-    depends on their text may differ on the original), and the problems left after."""
+    """What `chatgate lint --fix` would repair in the kept body with the repairs configured (redacted strings
+    stay cut: a repair that depends on their text may differ on the original), and the problems left after;
+    under `opt_in`, what the repairs that are off would add: each with the setting that turns it on, the
+    problems left and the body repaired with them too (None when no repair that is off applies)."""
     try:
         data = orjson.loads(refusal.body)
     except orjson.JSONDecodeError:
-        return {"repairs": [], "problems_left": [], "note": "the kept body is not JSON"}
+        return {"repairs": [], "problems_left": [], "note": "the kept body is not JSON", "opt_in": None}
+    now = _fix(family, data, beta, options)
+    everything = dataclasses.replace(options, enabled=frozenset(NAMES))
+    more = _fix(family, orjson.loads(refusal.body), beta, everything)
+    added = [a for a in more["repairs"] if not options.on(a["code"])]
+    now["opt_in"] = None if not added else {
+        "repairs": [{**a, "setting": f"repair.{a['code']}", "env": f"CHATGATE_REPAIR_{a['code'].upper()}"}
+                    for a in added],
+        "problems_left": more["problems_left"], "fixed_body": more["fixed_body"]}
+    return now
+
+
+def _fix(family: Checker, data: Any, beta: bool, options: RepairOptions) -> dict[str, Any]:
     body = orjson.dumps(data)
     verdict = family.check(body, beta=beta, origin=None)
     applied: list[Applied] = []

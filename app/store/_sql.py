@@ -465,17 +465,27 @@ class Queries:
         return ("SELECT caller, kind, call_id, turn, names, payload, expires_at FROM turn_memory "
                 f"WHERE caller = {p} AND kind = {p} AND expires_at > {p} AND call_id IN ({ids})")
 
-    def report(self, query: ReportQuery) -> tuple[str, list[float]]:
+    def selection(self, query: ReportQuery) -> tuple[list[str], list[float | str]]:
+        """The conditions (ANDed) and their parameters that select a query's records."""
+        conditions: list[str] = []
+        params: list[float | str] = []
+        for column, op, value in (("ts", ">=", query.since), ("ts", "<", query.until),
+                                  ("team", "=", query.team), ("key_id", "=", query.key_id)):
+            if value is not None:
+                conditions.append(f"{column} {op} {self.placeholder}")
+                params.append(value)
+        return conditions, params
+
+    def latencies(self, query: ReportQuery, limit: int) -> tuple[str, list[float | str]]:
+        conditions, params = self.selection(query)
+        where = " AND ".join(["outcome = 'ok'", *conditions])
+        return (f"SELECT model, latency_ms FROM usage WHERE {where} ORDER BY ts DESC LIMIT {int(limit)}",
+                params)
+
+    def report(self, query: ReportQuery) -> tuple[str, list[float | str]]:
         """The aggregate query and its parameters; rows go through `report_rows`."""
         fields = _group_fields(query.group_by)
-        conditions: list[str] = []
-        params: list[float] = []
-        if query.since is not None:
-            conditions.append(f"ts >= {self.placeholder}")
-            params.append(query.since)
-        if query.until is not None:
-            conditions.append(f"ts < {self.placeholder}")
-            params.append(query.until)
+        conditions, params = self.selection(query)
         group = fields[0][0]
         if query.group_by.startswith("break_"):
             conditions.append("cache_break IS NOT NULL")

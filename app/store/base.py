@@ -180,6 +180,8 @@ class ReportQuery:
     group_by: GroupBy
     since: float | None = None  # unix seconds, inclusive
     until: float | None = None  # unix seconds, exclusive
+    team: str | None = None  # only this team's records
+    key_id: str | None = None  # only this client key's (or passthrough fingerprint's) records
 
 
 COUNTERS = (
@@ -239,6 +241,10 @@ class UsageStore(Protocol):
 
     def usage_report(self, query: ReportQuery) -> list[ReportRow]:
         """Aggregated counters per group, ordered by group."""
+
+    def latencies(self, query: ReportQuery, limit: int) -> list[tuple[str, float]]:
+        """(model, latency in ms) of the newest `limit` answered requests (outcome ok) the query selects
+        (its group_by is ignored): the dashboard's percentiles."""
 
 
 class KeyStore(Protocol):

@@ -272,6 +272,11 @@ class PostgresStore:
             rows = conn.execute(sql, params).fetchall()
         return report_rows(query.group_by, rows)
 
+    def latencies(self, query: ReportQuery, limit: int) -> list[tuple[str, float]]:
+        sql, params = _Q.latencies(query, limit)
+        with self._connection(self._slow_timeout) as conn:
+            return [(str(model), float(ms)) for model, ms in conn.execute(sql, params).fetchall()]
+
     def create_key(self, key_id: str, key_hash: str, prefix: str, team: str, name: str) -> ApiKey:
         created_at = time.time()
         with self._connection(self._timeout) as conn:

@@ -159,6 +159,11 @@ class SQLiteStore:
             rows = self._conn().execute(sql, params).fetchall()
         return report_rows(query.group_by, rows)
 
+    def latencies(self, query: ReportQuery, limit: int) -> list[tuple[str, float]]:
+        sql, params = _Q.latencies(query, limit)
+        with self._errors():
+            return [(str(model), float(ms)) for model, ms in self._conn().execute(sql, params).fetchall()]
+
     def create_key(self, key_id: str, key_hash: str, prefix: str, team: str, name: str) -> ApiKey:
         created_at = time.time()
         with self._write() as conn:

@@ -257,7 +257,8 @@ def _admin_usage_handler(state: State) -> Any:
             raise APIError(503, "Metering is off (store.url = none).", "server_error", None, "no_store")
         q = request.query_params
         try:
-            query = make_query(q.get("by") or q.get("group_by") or "team", q.get("since"), q.get("until"))
+            query = make_query(q.get("by") or q.get("group_by") or "team", q.get("since"), q.get("until"),
+                               q.get("team"), q.get("key"))
         except ReportError as exc:
             raise APIError(400, str(exc), "invalid_request_error", "by", "invalid_value") from None
         store = state.store

@@ -20,12 +20,12 @@ from typing import Any
 
 import pytest
 
+from app.demo.deepseek import FakeState
 from tests.compat.zoo.model import CLIENT_KEY, MODEL
 from tests.compat.zoo.model import TOOL_SCHEMA as SEARCH_TOOL
 from tests.compat.zoo.model import forecast as search_forecast
 from tests.compat.zoo.recorder import Recorder
 from tests.compat.zoo.runner import Zoo
-from tests.fakes.deepseek import FakeState
 from tests.fakes.server import run_fake_deepseek
 from tests.harness import make_settings, run_chatgate
 

@@ -29,11 +29,11 @@ from typing import Any
 
 import pytest
 
+from app.demo.deepseek import FakeState, RecordedRequest
 from app.gateway.auth import fingerprint
 from app.settings import Settings
 from tests.ci import missing
 from tests.compat.zoo.recorder import Recorder
-from tests.fakes.deepseek import FakeState, RecordedRequest
 from tests.fakes.server import run_fake_deepseek
 from tests.harness import REPO_ROOT, make_settings, run_chatgate
 from tests.lifeline import die_with_parent

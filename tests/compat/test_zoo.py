@@ -21,6 +21,7 @@ from typing import Any
 import httpx2
 import pytest
 
+from app.demo.deepseek import RecordedRequest
 from tests.ci import missing
 from tests.compat.zoo.model import (
     CLIENTS,
@@ -42,7 +43,6 @@ from tests.compat.zoo.model import (
     scenarios,
 )
 from tests.compat.zoo.runner import ScenarioRun, Unavailable, Zoo
-from tests.fakes.deepseek import RecordedRequest
 
 # litellm's TypedDicts use ReadOnly, which pydantic notes with a UserWarning on first use.
 pytestmark = [pytest.mark.filterwarnings("ignore:.*`ReadOnly` qualifier:UserWarning"), pytest.mark.slow]

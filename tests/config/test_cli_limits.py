@@ -139,7 +139,7 @@ def test_teams_list_shows_limits_spend_and_what_is_left(store_url: str) -> None:
     assert search["spend"]["used_percent"] == 15 and search["spend"]["period_start"] == month
     assert ops["spend"]["spent_usd"] == 0.125 and ops["spend"]["remaining_usd"] is None  # no budget
     table = cli("teams", "list", "--store", store_url).stdout.splitlines()
-    assert table[0].split() == ["team", "keys", "budget_usd", "period", "rpm", "tpm", "max_concurrent",
+    assert table[0].split() == ["team", "keys", "budget_usd", "period", "rpm", "tpm", "concurrent",
                                 "spent_usd", "remaining_usd", "used", "since"]
     rows = {line.split()[0]: line.split() for line in table[1:]}
     assert rows["search"] == ["search", "0", "10", "month", "600", "-", "-", "1.5", "8.5", "15%",
@@ -176,7 +176,7 @@ def test_keys_create_and_set_with_limits(store_url: str) -> None:
         assert secret not in text and plain_secret not in text
     header, *rows = table.splitlines()
     assert header.split() == ["key_id", "name", "team", "prefix", "budget_usd", "period", "rpm", "tpm",
-                              "max_concurrent", "created", "revoked"]
+                              "concurrent", "created"]  # "revoked" only when a key is
     by_id = {r.split()[0]: r.split() for r in rows}
     assert by_id[key_id][4:9] == ["-", "-", "30", "-", "2"]
     assert by_id[plain_id][4:9] == ["-"] * 5

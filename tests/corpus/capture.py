@@ -22,9 +22,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from app.demo.deepseek import FakeState, RecordedRequest
 from tests.compat.zoo.model import CLIENT_KEY, CLIENTS, REFUSALS, Scenario, renumber_call_ids, scenarios
 from tests.compat.zoo.runner import Job, chat_requests, run_jobs
-from tests.fakes.deepseek import FakeState, RecordedRequest
 from tests.fakes.server import run_fake_deepseek
 
 CORPUS = Path(__file__).resolve().parent

@@ -25,8 +25,9 @@ from typing import Any
 import httpx2
 import uvicorn
 
+from app.demo.app import create_fake_app
+from app.demo.deepseek import USAGE_MODES, FakeState
 from tests import lifeline
-from tests.fakes.deepseek import USAGE_MODES, FakeState, create_fake_app
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 URL_LINE_PREFIX = "FAKE_DEEPSEEK_URL "

@@ -462,7 +462,7 @@ def teams(tmp_path: Path, fake: RunningFake, capfd: pytest.CaptureFixture[str]) 
 
 
 def unknown_id_answer(file_id: str) -> dict[str, Any]:
-    """The fake DeepSeek's answer to an id it does not know (tests/fakes/files.py)."""
+    """The fake DeepSeek's answer to an id it does not know (app/demo/files.py)."""
     error = {"message": f"No such file: {file_id}", "type": "not_found_error", "param": None,
              "code": "invalid_request_error"}
     return {"error": error}

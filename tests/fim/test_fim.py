@@ -9,6 +9,7 @@ from typing import Any
 import orjson
 import pytest
 
+from app.demo.fim import fim_error, parse_fim_body
 from app.errors import Problem
 from app.fim.family import FimFamily, not_on_beta, prompt_text
 from app.fim.rules import check_fim
@@ -16,7 +17,6 @@ from app.fim.stream import FimStreamMeter
 from app.metering.usage import TokenCounts
 from app.openai.rules import Policy, ValidationOptions
 from app.repair.base import RepairOptions
-from tests.fakes.fim import fim_error, parse_fim_body
 from tests.metering.test_pricing_usage import DEEPSEEK_USAGE
 
 DROP = object()

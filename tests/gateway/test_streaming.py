@@ -16,10 +16,10 @@ import openai
 import orjson
 import pytest
 
+from app.demo.deepseek import make_plan
 from app.gateway.relay import aiohttp_reader
 from app.gateway.upstream import Upstream
 from app.settings import UpstreamSettings
-from tests.fakes.deepseek import make_plan
 from tests.fakes.server import RunningFake
 from tests.gateway.conftest import JSON_HEADERS, chat_body, usage_rows
 from tests.harness import RunningChatgate

@@ -15,8 +15,8 @@ import openai
 import orjson
 import pytest
 
+from app.demo.server_tools import usage_counts
 from tests.fakes.server import RunningFake
-from tests.fakes.server_tools import usage_counts
 from tests.gateway.conftest import usage_rows
 from tests.harness import RunningChatgate
 

@@ -1,5 +1,5 @@
 """The cache advisor end to end: multi-round conversations through a real chatgate (openai and anthropic
-SDKs) to a fake DeepSeek with a context cache like DeepSeek's (tests.fakes.prefix_cache), on SQLite and
+SDKs) to a fake DeepSeek with a context cache like DeepSeek's (app.demo.prefix_cache), on SQLite and
 PostgreSQL. A stable agent loop has a high hit rate and no break; a clock at the top of the system prompt,
 tools reordered each round, and a user_id per round each break the prefix where they are, with money lost;
 every report's hit rate equals the fake's usage; no prompt text reaches a report, a metric or a log line."""
@@ -21,9 +21,9 @@ import httpx2
 import openai
 import pytest
 
+from app.demo.deepseek import FakeState
 from app.gateway.accesslog import AccessLog
 from app.gateway.auth import fingerprint
-from tests.fakes.deepseek import FakeState
 from tests.fakes.server import RunningFake, run_fake_deepseek
 from tests.harness import ADMIN_KEY, RunningChatgate, make_settings, run_chatgate
 from tests.metering.helpers import cli
@@ -267,7 +267,7 @@ def test_the_cli_reports_match_the_http_ones(run: Run) -> None:
     assert "hit_rate" in table and "break at messages[0].content" in table
     assert "hint: a value that changes every request" in table
     usage = cli("usage", "--by", "model", "--store", run.store_url).stdout
-    assert "hit_rate" in usage and "saved_usd" in usage
+    assert "hit%" in usage and "saved_usd" in usage
     assert MARKER not in table + usage + out.stdout
 
 
@@ -411,4 +411,4 @@ def test_the_cache_report_is_in_the_pricing_currency(tmp_path: Path) -> None:
     assert (row["saved_picocny"], row["lost_picocny"], row["breaks"][0]["lost_picocny"]) == (50, 20, 20)
     assert (cny["totals"]["saved_picocny"], usd["totals"]["saved_picousd"]) == (50, 7)
     table = render_cache_table(cny)
-    assert "saved_cny" in table.splitlines()[0] and "CNY lost" in table
+    assert "saved_cny" in table.splitlines()[0] and "~¥0 lost (e.g." in table

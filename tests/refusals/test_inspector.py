@@ -133,6 +133,32 @@ def test_the_cli_lists_shows_and_says_what_lint_fix_would_repair(gate: RunningCh
     assert main(["refusals", "show", "no-such-request", "--store", store]) == 1
 
 
+def test_show_fix_names_the_opt_in_repair_and_its_setting(gate: RunningChatgate,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 50 item 8: with the default repairs (developer_role and clamp_max_tokens are off), `--fix`
+    says which settings would repair the body, and shows the body they make."""
+    body = {"model": "deepseek-flash", "max_tokens": 999_999,
+            "messages": [{"role": "developer", "content": "be brief"}, {"role": "user", "content": "hi"}]}
+    post(gate, body, "req-opt-in")
+    wait_for(lambda: admin(gate, "/admin/refusals/req-opt-in"), lambda d: True)
+    store = gate.state.settings.store.url
+    assert main(["refusals", "show", "req-opt-in", "--store", store, "--fix"]) == 0
+    out = capsys.readouterr().out
+    assert "chatgate lint --fix repairs nothing here." in out
+    assert "opt-in repairs (off in this configuration) would also repair:" in out
+    assert "enable: [repair] developer_role = true  (or CHATGATE_REPAIR_DEVELOPER_ROLE=true)" in out
+    assert "the body is valid with them." in out or "problems left with them" in out
+    repaired = out.split("repaired body with them:\n", 1)[1]
+    assert '"role": "system"' in repaired and '"developer"' not in repaired
+    fix = admin(gate, "/admin/refusals/req-opt-in?fix=true").json()["fix"]
+    assert fix["repairs"] == [] and fix["opt_in"] is not None
+    settings = {a["code"]: a["setting"] for a in fix["opt_in"]["repairs"]}
+    assert settings["developer_role"] == "repair.developer_role"
+    assert fix["opt_in"]["fixed_body"]["messages"][0]["role"] == "system"
+    if "clamp_max_tokens" in settings:  # the model's maximum, when the rule found the max_tokens too
+        assert fix["opt_in"]["fixed_body"]["max_tokens"] < 999_999
+
+
 def test_log_content_keeps_the_body_whole(fake: RunningFake, tmp_path: Path) -> None:
     settings = make_settings(tmp_path, fake.url, auth={"admin_key": ADMIN}, server={"log_content": True})
     with run_chatgate(settings) as gate:

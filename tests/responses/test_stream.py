@@ -10,9 +10,9 @@ from typing import Any
 import orjson
 import pytest
 
+from app.demo import responses as fake
 from app.metering.usage import TokenCounts
 from app.responses.stream import ResponsesMeter, StreamedTurn, tokens_from_usage, turn_from_response
-from tests.fakes import responses as fake
 from tests.responses.items import SHELL, user
 
 BODY = {"model": "deepseek-flash", "input": [user("Weather in Oslo?")], "tools": [SHELL]}

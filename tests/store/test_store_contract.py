@@ -1075,3 +1075,22 @@ def test_records_keep_their_attempts_and_account(store: Store) -> None:
     store.insert_usage([record("a-1", attempts=3, account="two"), record("a-2")])
     rows = {r.group["account"]: r.counters["requests"] for r in store.usage_report(ReportQuery("account"))}
     assert rows == {"": 1, "two": 1}
+
+
+def test_report_filters_by_team_and_key_and_latencies(store: Store) -> None:
+    """The dashboard's filters (ReportQuery.team, .key_id) and its latency sample, on both backends."""
+    store.insert_usage([
+        record("a", ts=T0, latency_ms=10.0, prompt_tokens=1),
+        record("b", ts=T0 + 1, key_id="k3", model="deepseek-reasoner", latency_ms=30.0, prompt_tokens=2),
+        record("c", ts=T0 + 2, key_id="k3", latency_ms=20.0, prompt_tokens=4),
+        record("d", ts=T0 + 3, key_id="k3", outcome="rejected", rule_code="max_tokens", latency_ms=1.0),
+    ])
+    team = KEYS["k3"][1]
+    rows = store.usage_report(ReportQuery("model", team=team))
+    assert {r.group["model"]: r.counters["requests"] for r in rows} == {"deepseek-chat": 2,
+                                                                       "deepseek-reasoner": 1}
+    assert [r.counters["requests"] for r in store.usage_report(ReportQuery("team", key_id="k1"))] == [1]
+    assert store.usage_report(ReportQuery("team", T0 + 10, team=team)) == []
+    newest_first = store.latencies(ReportQuery("team", key_id="k3"), 10)
+    assert newest_first == [("deepseek-chat", 20.0), ("deepseek-reasoner", 30.0)]  # answered only
+    assert store.latencies(ReportQuery("team"), 1) == [("deepseek-chat", 20.0)]

@@ -140,7 +140,7 @@ def test_the_messages_route_adds_the_models_calls_to_its_record(gate: RunningCha
     assert plain.status_code == 200
     with_calls, without = usage_rows(tmp_path, 2)
     assert calls_of(with_calls) == ("/anthropic/v1/messages", 3, "call", 3 * CALL, False)
-    # without the header the fake answers the declared tool with its stand-in (tests/fakes/server_tools.py)
+    # without the header the fake answers the declared tool with its stand-in (app/demo/server_tools.py)
     tokens_cost = without["cost_picousd"] - without["billed_picousd"]
     assert tokens_cost > 0 and with_calls["cost_picousd"] == with_calls["billed_picousd"] + tokens_cost, \
         "cost = tokens + calls (the same tokens for the same body)"

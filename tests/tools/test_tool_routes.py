@@ -288,7 +288,7 @@ def test_reports_and_metrics_show_the_calls_and_their_cost(gate: RunningChatgate
     assert report["totals"]["billed_calls"] == 3 and report["unpriced_models"] == ["ocr"]
     table = render_table(report)
     search_line = next(line for line in table.splitlines() if line.startswith("search"))
-    assert re.search(r" 2 +0\.001500 +0\.001500 ", search_line), table  # calls, calls_usd, cost_usd
+    assert re.search(r" 2 +\$0\.0015 +\$0\.0015 ", search_line), table  # calls, calls_usd, cost_usd
     assert "3 OCR page(s)" in table
     metrics = httpx2.get(gate.url + "/metrics").text
     assert 'chatgate_billed_calls_total{source="api",tool="search",unit="call"} 2.0' in metrics

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from app.demo.deepseek import FakeState, RecordedRequest
 from tests.compat.zoo.model import (
     CLIENT_KEY,
     CLIENTS,
@@ -23,7 +24,6 @@ from tests.compat.zoo.model import (
     tag_of,
 )
 from tests.compat.zoo.recorder import Exchange, Recorder, loopback_only
-from tests.fakes.deepseek import FakeState, RecordedRequest
 from tests.lifeline import die_with_parent
 
 NODE_DIR = Path(__file__).resolve().parents[1] / "node"

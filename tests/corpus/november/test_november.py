@@ -13,9 +13,9 @@ from typing import Any
 import httpx2
 import pytest
 
-from tests.fakes.anthropic_rules import anthropic_error
-from tests.fakes.responses import responses_error
-from tests.fakes.rules import deepseek_error
+from app.demo.anthropic_rules import anthropic_error
+from app.demo.responses import responses_error
+from app.demo.rules import deepseek_error
 from tests.fakes.server import RunningFake, run_fake_deepseek
 from tests.harness import RunningChatgate, make_settings, run_chatgate
 

@@ -20,10 +20,10 @@ in flight (`key_concurrency`: beyond it, DeepSeek's 429 concurrency text) or hav
 (`no_balance_keys`: 402). With `fault_after_chunks = 0`, `reset_mid_stream` drops the connection after only
 the keep-alives (of a stream, or the blank lines before a JSON body).
 
-Chat bodies are checked like DeepSeek checks them (`tests.fakes.rules`, written from the spec, not from the
+Chat bodies are checked like DeepSeek checks them (`app.demo.rules`, written from the spec, not from the
 product): a body DeepSeek refuses gets its 400. `FakeState.validate = False` turns that off (JSON objects
 only). Every byte the fake writes back is recorded in `RecordedRequest.sent`. FIM and the balance are in
-`tests.fakes.fim`, the Files API in `tests.fakes.files`.
+`app.demo.fim`, the Files API in `app.demo.files`.
 """
 
 from __future__ import annotations
@@ -45,9 +45,9 @@ from urllib.parse import parse_qs
 
 import orjson
 
-from tests.fakes.prefix_cache import PrefixCache
-from tests.fakes.rules import DESERIALIZE, deepseek_error, is_thinking, kind
-from tests.fakes.server_tools import WebUse, chat_message_field, title_for, usage_field, wants_title, web_use
+from app.demo.prefix_cache import PrefixCache
+from app.demo.rules import DESERIALIZE, deepseek_error, is_thinking, kind
+from app.demo.server_tools import WebUse, chat_message_field, title_for, usage_field, wants_title, web_use
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -179,7 +179,7 @@ class FakeState:
     hang_seconds: float = 3600.0  # how long "no_headers" / "stall_mid_stream" hang
     error_content_type: str = "application/json"  # e.g. "application/octet-stream" as observed
     valid_keys: list[str] | None = None  # if set, only these keys authenticate
-    validate: bool = True  # refuse chat bodies DeepSeek refuses (tests.fakes.rules)
+    validate: bool = True  # refuse chat bodies DeepSeek refuses (app.demo.rules)
     # The tool loop of the Anthropic and Responses routes (ToolScript): the model calls a tool on this many
     # rounds after the user's last message, then answers with text; the tool it calls (if the request
     # defines it; else the first client tool) and its arguments as JSON text (else {"q": "x"}).
@@ -192,16 +192,17 @@ class FakeState:
     key_concurrency: dict[str, int] = field(default_factory=dict)  # key -> requests in flight it may have
     no_balance_keys: list[str] = field(default_factory=list)  # keys whose account has run out of balance
     balance_currency: str = "USD"  # the currency /user/balance says the account holds (USD or CNY)
-    prefix_cache: bool = False  # hits from a context cache like DeepSeek's (tests.fakes.prefix_cache)
+    prefix_cache: bool = False  # hits from a context cache like DeepSeek's (app.demo.prefix_cache)
     cache: PrefixCache = field(default_factory=PrefixCache, repr=False)
     # chat bills as DeepSeek does what the body's bytes do not show: 384 tokens per image part, and an
     # uploaded file a part names at one token per byte of it (`media_tokens`)
     bill_media: bool = False
     requests: list[RecordedRequest] = field(default_factory=list)
+    keep_requests: int | None = None  # keep only the newest N in `requests` (a long-running demo); None: all
     issued_usage: dict[str, dict[str, int]] = field(default_factory=dict)  # per Authorization key
     active: int = 0  # requests being handled right now
     peak_active: int = 0  # the most handled at once since the last reset
-    files: dict[str, Any] = field(default_factory=dict)  # the Files API's store (tests.fakes.files), by id
+    files: dict[str, Any] = field(default_factory=dict)  # the Files API's store (app.demo.files), by id
     attempts: dict[str, int] = field(default_factory=dict)  # requests seen per x-request-id
     key_active: dict[str, int] = field(default_factory=dict)  # requests in flight per key
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -345,7 +346,7 @@ class Plan:
     content: list[str]
     tool_call: ToolCall | None
     finish_reason: str
-    web: WebUse | None = None  # the server web tools it ran (tests.fakes.server_tools)
+    web: WebUse | None = None  # the server web tools it ran (app.demo.server_tools)
     title: str | None = None  # with title: {"enabled": true}
 
     @property
@@ -634,6 +635,14 @@ def error_bytes(message: str, error_type: str) -> bytes:
     return orjson.dumps({"error": error})
 
 
+def with_server_tool_use(usage: dict[str, Any], rec: RecordedRequest) -> dict[str, Any]:
+    """The usage of a chat, Messages or Responses answer with the searches and page reads the model made, as
+    a test asks for them (`x-fake-server-tool-use: {"web_search_requests": 2, "web_fetch_requests": 1}`):
+    the stand-in for the server web tools' report (Anthropic's `usage.server_tool_use`)."""
+    asked = rec.headers.get("x-fake-server-tool-use")
+    return {**usage, "server_tool_use": orjson.loads(asked)} if asked else usage
+
+
 def auth_error(headers: dict[str, str], state: FakeState) -> bytes | None:
     key = bearer_key(headers)
     if key is None:
@@ -668,11 +677,20 @@ def parse_chat_body(path: str, raw: bytes, validate: bool) -> tuple[dict[str, An
 # ---------------------------------------------------------------------------------------------- the app
 
 
-class FakeDeepSeek:
-    """The ASGI app; `create_fake_app` is the public constructor."""
+@dataclass(frozen=True)
+class Route:
+    """Paths another module of the fake answers (FIM, Files, tools, Anthropic, Responses), ahead of chat."""
 
-    def __init__(self, state: FakeState) -> None:
+    owns: Callable[[str], bool]
+    serve: Callable[[FakeDeepSeek, RecordedRequest, Conn], Awaitable[None]]
+
+
+class FakeDeepSeek:
+    """The ASGI app; `app.demo.app.create_fake_app` is the public constructor (with every route)."""
+
+    def __init__(self, state: FakeState, routes: tuple[Route, ...] = ()) -> None:
         self.state = state
+        self.routes = routes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -693,6 +711,8 @@ class FakeDeepSeek:
         rec.query = scope.get("query_string", b"").decode("latin-1")
         rec.attempt = self.state.count_attempt(rec.request_id)
         self.state.requests.append(rec)
+        if self.state.keep_requests is not None and len(self.state.requests) > self.state.keep_requests:
+            del self.state.requests[:-self.state.keep_requests]
         conn = Conn(receive, send, rec.sent)
         try:
             with self.state.tracking():
@@ -701,27 +721,10 @@ class FakeDeepSeek:
             conn.close()
 
     async def route(self, rec: RecordedRequest, conn: Conn) -> None:
-        from tests.fakes import files, fim, tools  # FIM and balance, Files, tool APIs (all import this)
-        from tests.fakes.anthropic import PATHS as ANTHROPIC_PATHS  # it imports this module too
-        from tests.fakes.anthropic import serve_messages
-        from tests.fakes.responses import PATHS as RESPONSES_PATHS  # the Responses API (imports this too)
-        from tests.fakes.responses import serve as serve_responses
-
-        if rec.path in fim.PATHS:
-            await fim.serve(self, rec, conn)
-            return
-        if files.owns(rec.path):
-            await files.serve(self, rec, conn)
-            return
-        if rec.path in tools.PATHS:
-            await tools.serve(self, rec, conn)
-            return
-        if rec.path in RESPONSES_PATHS:
-            await serve_responses(self, rec, conn)
-            return
-        if rec.path in ANTHROPIC_PATHS:
-            await serve_messages(self, rec, conn)
-            return
+        for route in self.routes:
+            if route.owns(rec.path):
+                await route.serve(self, rec, conn)
+                return
         denied = auth_error(rec.headers, self.state)
         if rec.path in CHAT_PATHS and rec.method == "POST" and denied is None:
             await self.chat(rec, conn)
@@ -813,8 +816,6 @@ class FakeDeepSeek:
             await self.send_error(rec, conn, 400, error_bytes(problem or "Invalid request", INVALID))
             return
         plan = make_plan(body)
-        from tests.fakes.tools import with_server_tool_use  # it imports this module
-
         usage = make_usage(rec.body, plan, self.state.cached(rec, "chat", body))
         if self.state.bill_media:
             add_prompt_tokens(usage, media_tokens(body, self.state.files))
@@ -989,7 +990,3 @@ async def lifespan(receive: Receive, send: Send) -> None:
             await send({"type": "lifespan.shutdown.complete"})
             return
 
-
-def create_fake_app(state: FakeState | None = None) -> FakeDeepSeek:
-    """A fake DeepSeek ASGI app; its `.state` is the given (or a fresh) FakeState."""
-    return FakeDeepSeek(state if state is not None else FakeState())

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from tests.fakes.deepseek import (
+from app.demo.deepseek import (
     HTML_GARBAGE,
     INVALID,
     STREAM_FAULTS,
@@ -58,13 +58,13 @@ from tests.fakes.deepseek import (
     header_float,
     random_tool_call_id,
     split_pieces,
+    with_server_tool_use,
 )
-from tests.fakes.rules import DESERIALIZE, SAFETY_LEVELS, USER_ID_MAX_BYTES, Deserializer, Refused, kind
-from tests.fakes.server_tools import WebUse, responses_items, title_for, usage_field, wants_title, web_use
-from tests.fakes.tools import with_server_tool_use
+from app.demo.rules import DESERIALIZE, SAFETY_LEVELS, USER_ID_MAX_BYTES, Deserializer, Refused, kind
+from app.demo.server_tools import WebUse, responses_items, title_for, usage_field, wants_title, web_use
 
 if TYPE_CHECKING:
-    from tests.fakes.deepseek import FakeDeepSeek
+    from app.demo.deepseek import FakeDeepSeek
 
 PATHS = frozenset({"/responses", "/v1/responses"})
 MODELS = ("deepseek-flash", "deepseek-v4-pro")
@@ -338,7 +338,7 @@ class OutItem:
 class ResponsePlan:
     items: list[OutItem]
     incomplete: bool = False
-    web: WebUse | None = None  # the server web tools it ran (tests.fakes.server_tools)
+    web: WebUse | None = None  # the server web tools it ran (app.demo.server_tools)
     title: str | None = None  # with title: {"enabled": true}
 
     @property

@@ -21,9 +21,9 @@ from typing import Any
 
 import orjson
 
-from tests.fakes.deepseek import INVALID, Conn, FakeDeepSeek, RecordedRequest, auth_error, error_bytes
-from tests.fakes.files import Refused, parse_multipart
-from tests.fakes.rules import DESERIALIZE
+from app.demo.deepseek import INVALID, Conn, FakeDeepSeek, RecordedRequest, auth_error, error_bytes
+from app.demo.files import Refused, parse_multipart
+from app.demo.rules import DESERIALIZE
 
 TOOLS = ("search", "fetch", "ocr", "tts", "asr")
 PATHS = frozenset(f"/v1/tools/{tool}" for tool in TOOLS)
@@ -157,14 +157,6 @@ async def asr(fake: FakeDeepSeek, rec: RecordedRequest, conn: Conn, fault: str |
         await refuse(fake, rec, conn, "Audio too large: the maximum file size is 8MB")
     else:
         await fake.send_json(rec, conn, 200, orjson.dumps({"text": f"{len(file)} bytes of speech"}))
-
-
-def with_server_tool_use(usage: dict[str, Any], rec: RecordedRequest) -> dict[str, Any]:
-    """The usage of a chat, Messages or Responses answer with the searches and page reads the model made, as
-    a test asks for them (`x-fake-server-tool-use: {"web_search_requests": 2, "web_fetch_requests": 1}`):
-    the stand-in for the server web tools' report (Anthropic's `usage.server_tool_use`)."""
-    asked = rec.headers.get("x-fake-server-tool-use")
-    return {**usage, "server_tool_use": orjson.loads(asked)} if asked else usage
 
 
 ANSWERS = {"search": search, "fetch": fetch, "ocr": ocr, "tts": tts, "asr": asr}

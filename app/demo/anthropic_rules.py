@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.fakes.rules import SAFETY_LEVELS, USER_ID_MAX_BYTES, USER_ID_TOO_LONG, Deserializer, Refused
+from app.demo.rules import SAFETY_LEVELS, USER_ID_MAX_BYTES, USER_ID_TOO_LONG, Deserializer, Refused
 
 # latest_reminder: documented since 2026-11 directly before its user message (guides/latest_reminder); the
 # fake accepts it anywhere and reads the tool pairing past it (where DeepSeek checks it is not known).

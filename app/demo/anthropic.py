@@ -3,7 +3,7 @@
 Answers like api.deepseek.com/anthropic does (docs/rules-anthropic.md): a `message`
 object with a UUID id, the model DeepSeek served, thinking blocks signed with the message id, DeepSeek's
 usage (`input_tokens` excludes cache reads); or, with `stream: true`, named SSE events and no `[DONE]`. Bodies
-DeepSeek refuses get its 400 in its OpenAI-style envelope (`tests.fakes.anthropic_rules`). Everything else
+DeepSeek refuses get its 400 in its OpenAI-style envelope (`app.demo.anthropic_rules`). Everything else
 works as on the chat route: `RecordedRequest`s, the `x-fake-*` headers and `FakeState` faults, keep-alives,
 chunk delays, disconnects. `FakeDeepSeek.route()` sends these paths here.
 
@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from tests.fakes.anthropic_rules import anthropic_error, blocks, is_thinking, served_model
-from tests.fakes.deepseek import (
+from app.demo.anthropic_rules import anthropic_error, blocks, is_thinking, served_model
+from app.demo.deepseek import (
     DEFAULT_TOOL_PIECES,
     HTML_GARBAGE,
     INVALID,
@@ -48,13 +48,13 @@ from tests.fakes.deepseek import (
     header_float,
     random_tool_call_id,
     split_pieces,
+    with_server_tool_use,
 )
-from tests.fakes.rules import DESERIALIZE, kind
-from tests.fakes.server_tools import WebUse, anthropic_blocks, title_for, usage_field, wants_title, web_use
-from tests.fakes.tools import with_server_tool_use
+from app.demo.rules import DESERIALIZE, kind
+from app.demo.server_tools import WebUse, anthropic_blocks, title_for, usage_field, wants_title, web_use
 
 if TYPE_CHECKING:
-    from tests.fakes.deepseek import FakeDeepSeek
+    from app.demo.deepseek import FakeDeepSeek
 
 # The paths `FakeDeepSeek.route()` sends here (a query string such as Claude Code's `?beta=true` is not
 # part of an ASGI path).
@@ -107,7 +107,7 @@ class Block:
 class MessagePlan:
     blocks: list[Block] = field(default_factory=list)
     stop_reason: str = "end_turn"
-    web: WebUse | None = None  # the server web tools it ran (tests.fakes.server_tools)
+    web: WebUse | None = None  # the server web tools it ran (app.demo.server_tools)
     title: str | None = None  # with title: {"enabled": true}
 
     @property

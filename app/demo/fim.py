@@ -22,7 +22,7 @@ from typing import Any
 
 import orjson
 
-from tests.fakes.deepseek import (
+from app.demo.deepseek import (
     HTML_GARBAGE,
     INVALID,
     Conn,
@@ -36,7 +36,7 @@ from tests.fakes.deepseek import (
     split_pieces,
     sse,
 )
-from tests.fakes.rules import DESERIALIZE, STREAM_OPTIONS, Deserializer, Refused, kind
+from app.demo.rules import DESERIALIZE, STREAM_OPTIONS, Deserializer, Refused, kind
 
 FIM_PATHS = frozenset({"/beta/completions"})
 BALANCE_PATHS = frozenset({"/user/balance", "/v1/user/balance"})

@@ -41,7 +41,7 @@ from urllib.parse import parse_qs
 
 import orjson
 
-from tests.fakes.deepseek import (
+from app.demo.deepseek import (
     INVALID,
     Conn,
     FakeDeepSeek,
@@ -120,7 +120,7 @@ async def serve(fake: FakeDeepSeek, rec: RecordedRequest, conn: Conn) -> None:
     """A Files API request that reached the fake (after recording)."""
     anthropic = rec.path.startswith(ANTHROPIC_PREFIX)
     if anthropic:
-        from tests.fakes.anthropic import api_key, key_error  # it imports the fake's core, as this does
+        from app.demo.anthropic import api_key, key_error  # it imports the fake's core, as this does
 
         denied = key_error(api_key(rec.headers), fake.state)
         if denied is None and FILES_BETA not in rec.headers.get("anthropic-beta", ""):

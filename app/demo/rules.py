@@ -15,7 +15,7 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from tests.fakes.server_tools import SERVER_TOOLS
+from app.demo.server_tools import SERVER_TOOLS
 
 DESERIALIZE = "Failed to deserialize the JSON body into the target type:"
 ROLES = ("system", "user", "assistant", "tool", "latest_reminder")
