@@ -259,6 +259,7 @@ def run(args: argparse.Namespace) -> int:
         "seconds": seconds, "load_start": load_average(), "commit": _commit(REPO_DIR),
         "client": f"{args.client}{' (a new connection per request)' if args.close else ' (keep-alive)'}",
         "pinned": args.pin, "upstream_delay_ms": args.upstream_delay, "env": args.env,
+        "warm_load_s": args.warm_load, "hogs": args.hog,
     }
     base_tree = None
     if args.base:
@@ -285,7 +286,16 @@ def run(args: argparse.Namespace) -> int:
         servers = [Server(REF, Proc(REF, [sys.executable, "-m", "bench.harness", "reference", "--port",
                                           str(port), "--upstream", url], workdir / "logs" / "reference.log"),
                           port)]
+        if args.repo_reference:  # bench/reference.py, scenario 14's reference, beside this one
+            port = free_port()
+            servers.append(Server("reference-repo", Proc("reference-repo", [
+                sys.executable, "-m", "bench.reference", "--port", str(port), "--upstream", url],
+                workdir / "logs" / "reference-repo.log"), port))
         env = _env_pairs(args.env)
+        for variant in args.variant:  # this tree's default with settings of its own, a factor at a time
+            name, _, pairs = variant.partition(":")
+            own = {**env, **_env_pairs(pairs.split())}
+            servers.append(_chatgate(name, REPO_DIR, url, workdir, False, own))
         wanted = [t for t in args.targets.split(",") if t]
         trees = [(DEFAULT, ALL_ON, REPO_DIR)] + ([(BASE_DEFAULT, BASE_ALL, base_tree)] if base_tree else [])
         for d_name, a_name, tree in trees:
@@ -303,6 +313,12 @@ def run(args: argparse.Namespace) -> int:
         from bench.common import warm_up
         for s in servers:
             warm_up(s.port, warm, 100 if args.quick else 400, s.auth)
+            if args.warm_load:  # as scenario 14's c=1 comes after its c=16 rounds
+                run_wrk(s.port, bodies["small"], 16, args.warm_load, authorization=s.auth)
+        for i in range(args.hog):  # the machine's other work, made to order: a busy loop per hog
+            hog = Proc(f"hog-{i}", [sys.executable, "-c", "while True: pass"], workdir / "logs" / "hog.log")
+            procs.append(hog)
+            hog.start()
         if args.pin:
             meta["pinned"] = f"servers on CPU {sorted(os.sched_getaffinity(0))[-1]}, upstream and load on " \
                              f"{sorted(_pin(servers, upstream))}"
@@ -358,28 +374,34 @@ def report(meta: dict[str, Any], outcomes: list[Outcome]) -> str:
         f"commit {meta['commit']}" + (f", base {meta['base']}" if meta.get("base") else "")
         + f"; {meta['rounds']} round(s) of {meta['seconds']} s per target and configuration, round-robin; "
         f"load client {meta['client']}; pinned: {meta['pinned'] or 'no'}; upstream delay "
-        f"{meta['upstream_delay_ms']} ms; extra env {meta['env'] or 'none'}; load average "
+        f"{meta['upstream_delay_ms']} ms; extra env {meta['env'] or 'none'}; busy loops beside "
+        f"{meta['hogs']}; load average "
         f"{meta['load_start']} at the start, {meta.get('load_end', '?')} at the end", "",
-        "| configuration | target | p50 ms | p99 ms | req/s | added p50 ms | x reference | x base |",
-        "|---|---|---|---|---|---|---|---|",
+        "| configuration | target | p50 ms | p99 ms | req/s | added p50 ms | added 1/req/s ms | x reference "
+        "| x base |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     checks: list[str] = []
     for o in outcomes:
         names = list(o.rounds[0]) if o.rounds else []
-        for name in sorted(names, key=lambda n: [REF, DEFAULT, BASE_DEFAULT, ALL_ON, BASE_ALL].index(n)):
+        order = [REF, DEFAULT, BASE_DEFAULT, ALL_ON, BASE_ALL]
+        for name in sorted(names, key=lambda n: order.index(n) if n in order else len(order)):
             med = {k: median([r[name][k] for r in o.rounds if name in r])
                    for k in ("p50_ms", "p99_ms", "rps")}
             cells = [o.config.label + f" (load {o.load[0]})", name, f"{med['p50_ms']:.3f}",
                      f"{med['p99_ms']:.3f}", f"{med['rps']:.0f}"]
             if name == REF:
-                cells += ["", "", ""]
+                cells += ["", "", "", ""]
             else:
                 added = _per_round(o, name, REF, lambda a, b: a["p50_ms"] - b["p50_ms"])
                 ratio = _per_round(o, name, REF, lambda a, b: a["rps"] / b["rps"])
                 base = "base-" + name if not name.startswith("base-") else ""
                 vs_base = (_per_round(o, name, base, lambda a, b: a["rps"] / b["rps"])
                            if base in names else None)
-                cells += [f"{added:+.3f}", f"{ratio:.3f}", "" if vs_base is None else f"{vs_base:.3f}"]
+                c = o.config.connections
+                per_req = _per_round(o, name, REF, lambda a, b, c=c: c * (1e3 / a["rps"] - 1e3 / b["rps"]))
+                cells += [f"{added:+.3f}", f"{per_req:+.3f}", f"{ratio:.3f}",
+                          "" if vs_base is None else f"{vs_base:.3f}"]
                 if name == DEFAULT and o.config.connections == 1:
                     ok = added <= C1_ADDED_P50_MS
                     checks.append(f"- {'PASS' if ok else 'FAIL'} {o.config.label}: default adds "
@@ -390,8 +412,9 @@ def report(meta: dict[str, Any], outcomes: list[Outcome]) -> str:
                                   f"reference's req/s (≥ {C16_RATIO:g})")
             lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "added p50 and x reference: medians of the per-round differences / ratios against the "
-              "reference measured in the same round; x base: this tree's req/s over the base tree's, per "
-              "round.",
+              "reference measured in the same round; added 1/req/s: the same for the mean time a request "
+              "takes (c / req/s), what a throughput ratio says in ms; x base: this tree's req/s over the "
+              "base tree's, per round.",
               "", *checks, ""]
     return "\n".join(lines)
 
@@ -420,6 +443,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="the servers on one CPU, the upstream and the load on the other")
     parser.add_argument("--upstream-delay", type=float, default=0.0, metavar="MS", help="the fake's delay")
     parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="chatgate's setting")
+    parser.add_argument("--variant", action="append", default=[], metavar="NAME:A=1 B=2",
+                        help="one more target: this tree's default chatgate with these settings")
+    parser.add_argument("--repo-reference", action="store_true",
+                        help="bench/reference.py as one more target")
+    parser.add_argument("--warm-load", type=int, default=0, metavar="S",
+                        help="wrk c=16 for S s on each target first")
+    parser.add_argument("--hog", type=int, default=0, metavar="N", help="N busy loops running beside")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (logs, stores)")
     return run(parser.parse_args(argv))
 
