@@ -50,7 +50,17 @@ from httpx_aiohttp.httpx2 import AiohttpTransport
 from starlette.background import BackgroundTask
 
 from bench.bodies import write_bodies
-from bench.common import BENCH_DIR, REPO_DIR, Proc, free_port, load_average, raise_nofile_limit, wait_ready
+from bench.common import (
+    BENCH_DIR,
+    REPO_DIR,
+    Proc,
+    free_port,
+    group_cpu_seconds,
+    load_average,
+    raise_nofile_limit,
+    wait_ready,
+    warm_up,
+)
 from bench.measure import _pin_group
 from bench.scenarios_product import LIMITS
 from bench.scenarios_refactor import materialize
@@ -218,6 +228,14 @@ def _chatgate(name: str, tree: Path, upstream: str, workdir: Path, managed: bool
 
 
 def _measure(s: Server, body: Path, cfg: Config, seconds: int, args: argparse.Namespace) -> dict[str, float]:
+    """One load run on one target, with the CPU time (user + system) its processes spent per request."""
+    cpu0 = group_cpu_seconds(s.proc.pid)
+    sample = _load(s, body, cfg, seconds, args)
+    sample["cpu_us"] = (group_cpu_seconds(s.proc.pid) - cpu0) * 1e6 / max(sample["requests"], 1)
+    return sample
+
+
+def _load(s: Server, body: Path, cfg: Config, seconds: int, args: argparse.Namespace) -> dict[str, float]:
     if args.client == "python":
         argv = [sys.executable, "-m", "bench.harness", "client", "--port", str(s.port), "--body", str(body),
                 "--connections", str(cfg.connections), "--seconds", str(seconds), "--auth", s.auth]
@@ -310,7 +328,6 @@ def run(args: argparse.Namespace) -> int:
             if why := wait_ready(s.proc, s.port, ready, 60, s.auth):
                 raise RuntimeError(f"{s.name}: {why}\n{s.proc.log_tail()}")
         warm = [bodies[b].read_bytes() for pair in BODIES.values() for b in pair]
-        from bench.common import warm_up
         for s in servers:
             warm_up(s.port, warm, 100 if args.quick else 400, s.auth)
             if args.warm_load:  # as scenario 14's c=1 comes after its c=16 rounds
@@ -377,9 +394,9 @@ def report(meta: dict[str, Any], outcomes: list[Outcome]) -> str:
         f"{meta['upstream_delay_ms']} ms; extra env {meta['env'] or 'none'}; busy loops beside "
         f"{meta['hogs']}; load average "
         f"{meta['load_start']} at the start, {meta.get('load_end', '?')} at the end", "",
-        "| configuration | target | p50 ms | p99 ms | req/s | added p50 ms | added 1/req/s ms | x reference "
-        "| x base |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| configuration | target | p50 ms | p99 ms | req/s | CPU µs/req | added p50 ms | added 1/req/s ms "
+        "| added CPU µs | x reference | x base |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     checks: list[str] = []
     for o in outcomes:
@@ -387,11 +404,11 @@ def report(meta: dict[str, Any], outcomes: list[Outcome]) -> str:
         order = [REF, DEFAULT, BASE_DEFAULT, ALL_ON, BASE_ALL]
         for name in sorted(names, key=lambda n: order.index(n) if n in order else len(order)):
             med = {k: median([r[name][k] for r in o.rounds if name in r])
-                   for k in ("p50_ms", "p99_ms", "rps")}
+                   for k in ("p50_ms", "p99_ms", "rps", "cpu_us")}
             cells = [o.config.label + f" (load {o.load[0]})", name, f"{med['p50_ms']:.3f}",
-                     f"{med['p99_ms']:.3f}", f"{med['rps']:.0f}"]
+                     f"{med['p99_ms']:.3f}", f"{med['rps']:.0f}", f"{med['cpu_us']:.0f}"]
             if name == REF:
-                cells += ["", "", "", ""]
+                cells += ["", "", "", "", ""]
             else:
                 added = _per_round(o, name, REF, lambda a, b: a["p50_ms"] - b["p50_ms"])
                 ratio = _per_round(o, name, REF, lambda a, b: a["rps"] / b["rps"])
@@ -400,7 +417,8 @@ def report(meta: dict[str, Any], outcomes: list[Outcome]) -> str:
                            if base in names else None)
                 c = o.config.connections
                 per_req = _per_round(o, name, REF, lambda a, b, c=c: c * (1e3 / a["rps"] - 1e3 / b["rps"]))
-                cells += [f"{added:+.3f}", f"{per_req:+.3f}", f"{ratio:.3f}",
+                cpu = _per_round(o, name, REF, lambda a, b: a["cpu_us"] - b["cpu_us"])
+                cells += [f"{added:+.3f}", f"{per_req:+.3f}", f"{cpu:+.0f}", f"{ratio:.3f}",
                           "" if vs_base is None else f"{vs_base:.3f}"]
                 if name == DEFAULT and o.config.connections == 1:
                     ok = added <= C1_ADDED_P50_MS
@@ -413,8 +431,9 @@ def report(meta: dict[str, Any], outcomes: list[Outcome]) -> str:
             lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "added p50 and x reference: medians of the per-round differences / ratios against the "
               "reference measured in the same round; added 1/req/s: the same for the mean time a request "
-              "takes (c / req/s), what a throughput ratio says in ms; x base: this tree's req/s over the "
-              "base tree's, per round.",
+              "takes (c / req/s), what a throughput ratio says in ms; CPU µs/req: user + system time of the "
+              "target's processes per request served (added: over the reference's, per round); x base: this "
+              "tree's req/s over the base tree's, per round.",
               "", *checks, ""]
     return "\n".join(lines)
 
