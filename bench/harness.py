@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
+import gc
 import json
 import os
 import subprocess
@@ -65,7 +66,7 @@ from bench.measure import _pin_group
 from bench.scenarios_product import LIMITS
 from bench.scenarios_refactor import materialize
 from bench.stats import median, summarize_ms
-from bench.targets import C1_ADDED_P50_MS, C16_RATIO, remove_tree
+from bench.targets import C1_ADDED_CPU_US, C1_ADDED_P50_MS, C16_RATIO, remove_tree
 from bench.wrkload import run_wrk
 
 REF, DEFAULT, ALL_ON, BASE_DEFAULT, BASE_ALL = "reference", "default", "all", "base-default", "base-all"
@@ -80,6 +81,7 @@ def reference_main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="bench.harness reference")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--upstream", required=True)
+    parser.add_argument("--gc", action="store_true", help="chatgate's garbage-collector settings")
     args = parser.parse_args(argv)
     url = args.upstream.rstrip("/") + "/chat/completions"
     limits = httpx2.Limits(max_connections=1000, max_keepalive_connections=1000)
@@ -108,6 +110,10 @@ def reference_main(argv: list[str]) -> None:
         finally:
             await resp.aclose()
 
+    if args.gc:  # what `chatgate serve` does (app.cli.tune_gc), written out so as not to import app
+        gc.collect()
+        gc.freeze()
+        gc.set_threshold(50_000, 50, 100)
     uvicorn.run(app, host="127.0.0.1", port=args.port, workers=1, loop="uvloop", http="httptools",
                 log_level="warning", access_log=False)
 
@@ -309,6 +315,11 @@ def run(args: argparse.Namespace) -> int:
             servers.append(Server("reference-repo", Proc("reference-repo", [
                 sys.executable, "-m", "bench.reference", "--port", str(port), "--upstream", url],
                 workdir / "logs" / "reference-repo.log"), port))
+        if args.reference_gc:  # the reference with chatgate's garbage-collector settings
+            port = free_port()
+            servers.append(Server("reference-gc", Proc("reference-gc", [
+                sys.executable, "-m", "bench.harness", "reference", "--gc", "--port", str(port), "--upstream",
+                url], workdir / "logs" / "reference-gc.log"), port))
         env = _env_pairs(args.env)
         for variant in args.variant:  # this tree's default with settings of its own, a factor at a time
             name, _, pairs = variant.partition(":")
@@ -424,6 +435,10 @@ def report(meta: dict[str, Any], outcomes: list[Outcome]) -> str:
                     ok = added <= C1_ADDED_P50_MS
                     checks.append(f"- {'PASS' if ok else 'FAIL'} {o.config.label}: default adds "
                                   f"{added:.3f} ms p50 over the reference (≤ {C1_ADDED_P50_MS:g})")
+                    ok = cpu <= C1_ADDED_CPU_US
+                    checks.append(f"- {'PASS' if ok else 'FAIL'} {o.config.label}: default adds {cpu:.0f} µs "
+                                  f"of CPU per request over the reference (≤ {C1_ADDED_CPU_US:g}; "
+                                  f"req/s {ratio:.3f}x)")
                 if name == DEFAULT and o.config.connections == 16:
                     ok = ratio >= C16_RATIO
                     checks.append(f"- {'PASS' if ok else 'FAIL'} {o.config.label}: default {ratio:.3f}x the "
@@ -466,6 +481,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="one more target: this tree's default chatgate with these settings")
     parser.add_argument("--repo-reference", action="store_true",
                         help="bench/reference.py as one more target")
+    parser.add_argument("--reference-gc", action="store_true",
+                        help="the reference with chatgate's garbage-collector settings as one more target")
     parser.add_argument("--warm-load", type=int, default=0, metavar="S",
                         help="wrk c=16 for S s on each target first")
     parser.add_argument("--hog", type=int, default=0, metavar="N", help="N busy loops running beside")
