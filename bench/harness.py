@@ -406,8 +406,8 @@ def report(meta: dict[str, Any], outcomes: list[Outcome]) -> str:
         f"{meta['hogs']}; load average "
         f"{meta['load_start']} at the start, {meta.get('load_end', '?')} at the end", "",
         "| configuration | target | p50 ms | p99 ms | req/s | CPU µs/req | added p50 ms | added 1/req/s ms "
-        "| added CPU µs | x reference | x base |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| added CPU µs | x reference | x reference, CPU | x base | x base, CPU |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     checks: list[str] = []
     for o in outcomes:
@@ -419,18 +419,22 @@ def report(meta: dict[str, Any], outcomes: list[Outcome]) -> str:
             cells = [o.config.label + f" (load {o.load[0]})", name, f"{med['p50_ms']:.3f}",
                      f"{med['p99_ms']:.3f}", f"{med['rps']:.0f}", f"{med['cpu_us']:.0f}"]
             if name == REF:
-                cells += ["", "", "", "", ""]
+                cells += ["", "", "", "", "", "", ""]
             else:
                 added = _per_round(o, name, REF, lambda a, b: a["p50_ms"] - b["p50_ms"])
                 ratio = _per_round(o, name, REF, lambda a, b: a["rps"] / b["rps"])
                 base = "base-" + name if not name.startswith("base-") else ""
                 vs_base = (_per_round(o, name, base, lambda a, b: a["rps"] / b["rps"])
                            if base in names else None)
+                vs_base_cpu = (_per_round(o, name, base, lambda a, b: b["cpu_us"] / a["cpu_us"])
+                               if base in names else None)
+                cpu_ratio = _per_round(o, name, REF, lambda a, b: b["cpu_us"] / a["cpu_us"])
                 c = o.config.connections
                 per_req = _per_round(o, name, REF, lambda a, b, c=c: c * (1e3 / a["rps"] - 1e3 / b["rps"]))
                 cpu = _per_round(o, name, REF, lambda a, b: a["cpu_us"] - b["cpu_us"])
                 cells += [f"{added:+.3f}", f"{per_req:+.3f}", f"{cpu:+.0f}", f"{ratio:.3f}",
-                          "" if vs_base is None else f"{vs_base:.3f}"]
+                          f"{cpu_ratio:.3f}", "" if vs_base is None else f"{vs_base:.3f}",
+                          "" if vs_base_cpu is None else f"{vs_base_cpu:.3f}"]
                 if name == DEFAULT and o.config.connections == 1:
                     ok = added <= C1_ADDED_P50_MS
                     checks.append(f"- {'PASS' if ok else 'FAIL'} {o.config.label}: default adds "
@@ -443,12 +447,18 @@ def report(meta: dict[str, Any], outcomes: list[Outcome]) -> str:
                     ok = ratio >= C16_RATIO
                     checks.append(f"- {'PASS' if ok else 'FAIL'} {o.config.label}: default {ratio:.3f}x the "
                                   f"reference's req/s (≥ {C16_RATIO:g})")
+                    ok = cpu_ratio >= C16_RATIO
+                    checks.append(f"- {'PASS' if ok else 'FAIL'} {o.config.label}: default "
+                                  f"{cpu_ratio:.3f}x the reference's CPU efficiency (its CPU per request "
+                                  f"over the default's, ≥ {C16_RATIO:g})")
             lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "added p50 and x reference: medians of the per-round differences / ratios against the "
               "reference measured in the same round; added 1/req/s: the same for the mean time a request "
               "takes (c / req/s), what a throughput ratio says in ms; CPU µs/req: user + system time of the "
-              "target's processes per request served (added: over the reference's, per round); x base: this "
-              "tree's req/s over the base tree's, per round.",
+              "target's processes per request served (added: over the reference's, per round); x reference, "
+              "CPU: the reference's CPU per request over the target's; x base: this tree's req/s over the "
+              "base tree's, per round, and x base, CPU: the base tree's CPU per request over this tree's "
+              "(above 1: this tree is cheaper). The CPU figures move least with the host's load.",
               "", *checks, ""]
     return "\n".join(lines)
 
@@ -460,6 +470,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if argv[:1] == ["client"]:
         client_main(argv[1:])
+        return 0
+    if argv[:1] == ["report"]:  # render a run's JSON again: python -m bench.harness report FILE.json
+        raw = json.loads(Path(argv[1]).read_text())
+        print(report(raw["meta"], [Outcome(Config(**o["config"]), o["rounds"], o["load"])
+                                   for o in raw["outcomes"]]))
         return 0
     raw = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=raw)
