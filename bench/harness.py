@@ -62,11 +62,12 @@ from bench.common import (
     wait_ready,
     warm_up,
 )
-from bench.measure import _pin_group
+from bench.measure import Context, Settings, _pin_group, side_by_side, with_cpu
+from bench.report import ScenarioResult
 from bench.scenarios_product import LIMITS
 from bench.scenarios_refactor import materialize
 from bench.stats import median, summarize_ms
-from bench.targets import C1_ADDED_CPU_US, C1_ADDED_P50_MS, C16_RATIO, remove_tree
+from bench.targets import C1_ADDED_CPU_US, C1_ADDED_P50_MS, C16_RATIO, Target, TargetSpec, remove_tree
 from bench.wrkload import run_wrk
 
 REF, DEFAULT, ALL_ON, BASE_DEFAULT, BASE_ALL = "reference", "default", "all", "base-default", "base-all"
@@ -366,6 +367,8 @@ def run(args: argparse.Namespace) -> int:
                     f"{n} {x['rps']:.0f}/s p50 {x['p50_ms']:.3f}" for n, x in got.items()), file=sys.stderr)
             out.load.append(load_average())
             outcomes.append(out)
+        if base_tree is not None and not args.pin:
+            meta["side_by_side"] = _against_base(args, servers, upstream, bodies, workdir, seconds)
     finally:
         for p in reversed(procs):
             p.stop()
@@ -381,6 +384,35 @@ def run(args: argparse.Namespace) -> int:
         {"meta": meta, "outcomes": [{"config": o.config.__dict__, "rounds": o.rounds, "load": o.load}
                                     for o in outcomes]}, indent=1))
     return 0
+
+
+def _against_base(args: argparse.Namespace, servers: list[Server], upstream: Proc, bodies: dict[str, Path],
+                  workdir: Path, seconds: int) -> list[dict[str, Any]]:
+    """This tree's chatgates against the base tree's, c=16 non-streamed, as bench.pair measures them: both
+    loaded at once, both pinned to one CPU, so that a round's ratio is their CPU per request (±1-2% where
+    rounds taken one after the other move by tens of percent on a busy host)."""
+    by_name = {s.name: s for s in servers}
+    ctx = Context(Settings.make(args.quick), bodies, workdir, None, lambda line: print(line, file=sys.stderr))
+    res = ScenarioResult("base", "this tree / the base tree", [])
+    out: list[dict[str, Any]] = []
+    for body in args.bodies.split(","):
+        for this, base in ((DEFAULT, BASE_DEFAULT), (ALL_ON, BASE_ALL)):
+            if this not in by_name or base not in by_name:
+                continue
+            twins = [Target(TargetSpec(n, "chatgate"), by_name[n].port, by_name[n].proc)
+                     for n in (this, base)]
+            others = [upstream] + [s.proc for s in servers if s.name not in (this, base)]
+            auth = {n: by_name[n].auth for n in (this, base)}
+            path = bodies[BODIES[body][0]]
+
+            def measure(t: Target, path: Path = path, auth: dict[str, str] = auth) -> dict[str, Any]:
+                return run_wrk(t.port, path, 16, seconds, authorization=auth[t.name]).as_dict()
+
+            count = 3 if args.quick else 6
+            rounds = side_by_side(ctx, res, twins, others, with_cpu(measure), f"{body} ", count)
+            ratios = [r[base]["cpu_us"] / r[this]["cpu_us"] for r in rounds if this in r and base in r]
+            out.append({"body": body, "this": this, "base": base, "ratios": ratios, "load": load_average()})
+    return out
 
 
 def _commit(tree: Path) -> str:
@@ -452,6 +484,17 @@ def report(meta: dict[str, Any], outcomes: list[Outcome]) -> str:
                                   f"{cpu_ratio:.3f}x the reference's CPU efficiency (its CPU per request "
                                   f"over the default's, ≥ {C16_RATIO:g})")
             lines.append("| " + " | ".join(cells) + " |")
+    pairs = meta.get("side_by_side") or []
+    if pairs:
+        lines += ["", "This tree against the base tree side by side (c=16, non-streamed, both loaded at once "
+                  "and pinned to one CPU, as `bench.pair` measures): the base's CPU per request over this "
+                  "tree's (above 1: this tree is cheaper), median of the rounds", "",
+                  "| body | chatgate | this / base | rounds (min, max) | load |", "|---|---|---|---|---|"]
+        for p in pairs:
+            r = p["ratios"]
+            if r:
+                lines.append(f"| {p['body']} | {p['this']} | {median(r):.3f} | {len(r)} ({min(r):.3f}, "
+                             f"{max(r):.3f}) | {p['load']} |")
     lines += ["", "added p50 and x reference: medians of the per-round differences / ratios against the "
               "reference measured in the same round; added 1/req/s: the same for the mean time a request "
               "takes (c / req/s), what a throughput ratio says in ms; CPU µs/req: user + system time of the "
