@@ -73,6 +73,7 @@ from bench.wrkload import run_wrk
 REF, DEFAULT, ALL_ON, BASE_DEFAULT, BASE_ALL = "reference", "default", "all", "base-default", "base-all"
 AUTH = "Bearer sk-bench"
 BODIES = {"plain": ("small", "small_stream"), "round2": ("round2", "round2_stream")}
+ISSUE49_BASE = "f0cf9a0"  # main before issue 49's refactor: `--before-after` is `--base` with it
 
 
 # --- the reference: a do-nothing passthrough on chatgate's stack -----------------------------------------
@@ -523,6 +524,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=raw)
     parser.add_argument("--quick", action="store_true", help="one round of 1 s per measurement")
     parser.add_argument("--base", metavar="COMMIT", help="also run chatgate from this commit's tree")
+    parser.add_argument("--before-after", action="store_true",
+                        help=f"issue 49's table: --base {ISSUE49_BASE} (main before the refactor)")
     parser.add_argument("--rounds", type=int, help="rounds per configuration (default 3, quick 1)")
     parser.add_argument("--seconds", type=int, help="seconds per measurement (default 3, quick 1)")
     parser.add_argument("--bodies", default="plain,round2")
@@ -545,7 +548,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="wrk c=16 for S s on each target first")
     parser.add_argument("--hog", type=int, default=0, metavar="N", help="N busy loops running beside")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (logs, stores)")
-    return run(parser.parse_args(argv))
+    args = parser.parse_args(argv)
+    if args.before_after:
+        args.base = args.base or ISSUE49_BASE
+    return run(args)
 
 
 if __name__ == "__main__":
