@@ -58,6 +58,7 @@ from bench.common import (
     free_port,
     group_cpu_seconds,
     load_average,
+    post_once,
     raise_nofile_limit,
     wait_ready,
     warm_up,
@@ -342,6 +343,10 @@ def run(args: argparse.Namespace) -> int:
                 raise RuntimeError(f"{s.name}: {why}\n{s.proc.log_tail()}")
         warm = [bodies[b].read_bytes() for pair in BODIES.values() for b in pair]
         for s in servers:
+            for raw in warm:  # every body is answered 200 by every target before anything is timed
+                status, answer = post_once(s.port, raw, authorization=s.auth)
+                if status != 200:
+                    raise RuntimeError(f"{s.name} answered {status}: {answer[:300]!r}")
             warm_up(s.port, warm, 100 if args.quick else 400, s.auth)
             if args.warm_load:  # as scenario 14's c=1 comes after its c=16 rounds
                 run_wrk(s.port, bodies["small"], 16, args.warm_load, authorization=s.auth)
@@ -485,6 +490,9 @@ def report(meta: dict[str, Any], outcomes: list[Outcome]) -> str:
                                   f"{cpu_ratio:.3f}x the reference's CPU efficiency (its CPU per request "
                                   f"over the default's, ≥ {C16_RATIO:g})")
             lines.append("| " + " | ".join(cells) + " |")
+            errors = sum(int(r[name].get("errors", 0)) for r in o.rounds if name in r)
+            if errors:
+                checks.append(f"- FAIL {o.config.label}: {name} answered {errors} requests with an error")
     pairs = meta.get("side_by_side") or []
     if pairs:
         lines += ["", "This tree against the base tree side by side (c=16, non-streamed, both loaded at once "
