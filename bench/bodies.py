@@ -235,10 +235,14 @@ def check_pairing(messages: list[Message]) -> None:
 
 def write_bodies(out_dir: Path) -> dict[str, Path]:
     """Write the bodies the load generators post; returns name -> path."""
+    from bench.toolloop import round2_body  # it builds on this module's prompt and tools
+
     out_dir.mkdir(parents=True, exist_ok=True)
     files = {
         "small": orjson.dumps(agent_body(stream=False)),
         "small_stream": orjson.dumps(agent_body(stream=True)),
+        "round2": orjson.dumps(round2_body(stream=False)),
+        "round2_stream": orjson.dumps(round2_body(stream=True)),
         "big": big_body_bytes(),
     }
     paths: dict[str, Path] = {}

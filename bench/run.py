@@ -30,7 +30,7 @@ from bench.report import Column, ScenarioResult, write_reports
 from bench.scenarios_fast import run_fast_group
 from bench.scenarios_limits import limits
 from bench.scenarios_load import long_streams, slow_upstream
-from bench.scenarios_product import product
+from bench.scenarios_product import run_product_group
 from bench.scenarios_refactor import refactor
 from bench.scenarios_repairs import repairs
 from bench.targets import chatgate_available, remove_tree
@@ -38,7 +38,7 @@ from bench.validation import BUDGET_MS
 from bench.validation import run as run_validation
 from bench.wrkload import wrk_available
 
-ALL = ["1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13", "14"]
+ALL = ["1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13", "14", "15"]
 FAST_GROUP = {"1", "2", "3", "6", "8", "9", "10"}
 
 
@@ -185,10 +185,11 @@ def main(argv: list[str] | None = None) -> int:
             ("scenario 11: repairs (restore_reasoning on vs off)", lambda: [repairs(ctx)]),
             ("scenario 12: chat route before/after the API-family refactor", lambda: [refactor(ctx)]),
             ("scenario 13: limits", lambda: [limits(ctx)]),
-            ("scenario 14: the whole product against the reference", lambda: [product(ctx)]),
+            ("scenarios 14-15: the whole product against the reference, plain and round-2 bodies",
+             lambda: run_product_group(ctx, only)),
         ]
         wanted = ["7" in only, bool(only & FAST_GROUP), "4" in only, "5" in only]
-        wanted += ["11" in only, "12" in only, "13" in only, "14" in only]
+        wanted += ["11" in only, "12" in only, "13" in only, bool(only & {"14", "15"})]
         for (label, run_group), want in zip(groups, wanted, strict=True):
             if not want:
                 continue

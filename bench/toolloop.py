@@ -60,6 +60,17 @@ def round2(first: dict[str, Any], call: dict[str, Any], reasoning: str | None) -
     return {**first, "messages": [*first["messages"], assistant, tool]}
 
 
+def round2_body(stream: bool) -> dict[str, Any]:
+    """The second request of one thinking tool loop as a client that keeps the reasoning sends it: system +
+    user, the assistant's tool call with its `reasoning_content`, the tool result (about 5 KB). The same
+    bytes every time, for wrk; no repair is needed."""
+    from bench.upstream import TOOL_ARGUMENTS, TOOL_NAME, TOOL_REASONING
+
+    call = {"id": "call_00_kw66qNnNto11bSfJVIdlV5Oo", "type": "function",
+            "function": {"name": TOOL_NAME, "arguments": TOOL_ARGUMENTS}}
+    return round2(round1(stream), call, TOOL_REASONING)
+
+
 def parse_answer(raw: bytes, stream: bool) -> tuple[dict[str, Any] | None, str, str | None]:
     """(the first tool call with id/type/function, the reasoning, the finish_reason) of an answer."""
     if not stream:

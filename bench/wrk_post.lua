@@ -1,5 +1,5 @@
 -- wrk script: POST the JSON body in $BENCH_BODY to $BENCH_PATH with the Authorization in $BENCH_AUTH
--- (default "Bearer sk-bench"); print a JSON summary line in done().
+-- (default "Bearer sk-bench"), `Connection: close` when $BENCH_CLOSE is 1; print a JSON summary line in done().
 local body_path = os.getenv("BENCH_BODY")
 local f = assert(io.open(body_path, "rb"))
 wrk.method = "POST"
@@ -8,6 +8,9 @@ f:close()
 wrk.path = os.getenv("BENCH_PATH") or "/v1/chat/completions"
 wrk.headers["Content-Type"] = "application/json"
 wrk.headers["Authorization"] = os.getenv("BENCH_AUTH") or "Bearer sk-bench"
+if os.getenv("BENCH_CLOSE") == "1" then  -- a new connection per request (wrk reconnects)
+  wrk.headers["Connection"] = "close"
+end
 
 function done(summary, latency, requests)
   local e = summary.errors
