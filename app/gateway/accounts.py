@@ -101,7 +101,8 @@ class Pool:
         self._unpinned = [a for a in self.accounts if not a.teams]
 
     @classmethod
-    def from_settings(cls, settings: Settings, env: Mapping[str, str] | None = None) -> Pool | None:
+    def from_settings(cls, settings: Settings, env: Mapping[str, str] | None = None,
+                      on_unavailable: Callable[[str, int, float], None] | None = None) -> Pool | None:
         """The managed-mode pool; None in passthrough mode (the caller's own key goes upstream)."""
         if settings.auth.mode != "managed":
             return None
@@ -110,13 +111,14 @@ class Pool:
         key = settings.auth.upstream_api_key
         secret = _bearer(key.get_secret_value() if key else None)
         if not up.accounts:
-            return cls([Account(DEFAULT, "DEEPSEEK_API_KEY", secret, keyless=True)], up.account_cooldown_s)
+            return cls([Account(DEFAULT, "DEEPSEEK_API_KEY", secret, keyless=True)], up.account_cooldown_s,
+                       on_unavailable=on_unavailable)
         accounts = [Account(a.name, a.key_env, _bearer(env.get(a.key_env)), a.weight,
                             teams=frozenset(a.teams)) for a in up.accounts]
         files = next((a for a in accounts if secret is not None and a.authorization == secret), None)
         if files is None and secret is not None:  # DEEPSEEK_API_KEY is an account of its own, for files only
             files = Account(FILES, "DEEPSEEK_API_KEY", secret)
-        return cls(accounts, up.account_cooldown_s, files=files)
+        return cls(accounts, up.account_cooldown_s, on_unavailable=on_unavailable, files=files)
 
     def serving(self, team: str | None) -> list[Account]:
         """The accounts that serve `team`: those pinned to it if any, else those pinned to no team."""

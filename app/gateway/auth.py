@@ -91,7 +91,8 @@ def _fingerprint_of(digest: str) -> str:
 
 
 class Authenticator:
-    def __init__(self, settings: AuthSettings, store: KeyStore | None) -> None:
+    def __init__(self, settings: AuthSettings, store: KeyStore | None,
+                 on_refused: Callable[[str], None] | None = None) -> None:
         self.settings = settings
         self.store = store
         self._cache: dict[str, tuple[float, ApiKey]] = {}  # the store's keys, by digest
@@ -100,7 +101,7 @@ class Authenticator:
         self._passthrough_ids: dict[str, Identity] = {}  # by the Authorization as sent: no hash per request
         # a known key's identity by its secret, until its key cache entry expires: no hash per request
         self._managed_ids: dict[str, tuple[float, Identity]] = {}
-        self.on_refused: Callable[[str], None] | None = None  # a 401, by its source address (/metrics)
+        self.on_refused = on_refused  # told of a 401, by its source address (/metrics)
         upstream_key = settings.upstream_api_key.get_secret_value() if settings.upstream_api_key else None
         self._upstream = f"Bearer {upstream_key}" if upstream_key else None
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import functools
-import importlib
 import logging
 import math
 import multiprocessing
@@ -127,8 +126,9 @@ def check_now(family: Rules, body: bytes, beta: bool, origin: str | None) -> Ver
 class Checkers:
     """The checker processes of one app (its settings make the families they check with)."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, families: Callable[[Settings], list[Family]]) -> None:
         self.settings = settings
+        self.families = families  # what a checker process checks with (app/gateway/endpoints.py `families`)
         self._pool: ProcessPoolExecutor | None = None
         self._lock = threading.Lock()
 
@@ -176,7 +176,8 @@ class Checkers:
         with self._lock:
             if self._pool is None:
                 self._pool = ProcessPoolExecutor(CHECKERS, multiprocessing.get_context("spawn"),
-                                                 initializer=_start_worker, initargs=(self.settings,))
+                                                 initializer=_start_worker,
+                                                 initargs=(self.settings, self.families))
             return self._pool
 
     def close(self) -> None:
@@ -191,11 +192,7 @@ class Checkers:
 _families: dict[str, Family] = {}
 
 
-FAMILIES = "app.gateway.endpoints"  # its `families(settings)`: imported by name, it imports the gateway
-
-
-def _start_worker(settings: Settings) -> None:
-    families = importlib.import_module(FAMILIES).families
+def _start_worker(settings: Settings, families: Callable[[Settings], list[Family]]) -> None:
     _families.update((f.name, f) for f in families(settings))
 
 

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from typing import Any
 
 from app.gateway.accesslog import AccessLog, access_line
+from app.gateway.background import Background
 from app.gateway.exchange import Exchange
 from app.ids import new_id
 from app.metering.cache import Advisor
@@ -24,14 +25,13 @@ from app.store.base import UsageRecord
 
 class Ledger:
     def __init__(self, settings: Settings, recorder: Recorder | None, metrics: Metrics, pricing: Pricing,
-                 quotas: Quotas | None = None,
-                 spawn: Callable[[Coroutine[Any, Any, None]], None] | None = None) -> None:
+                 quotas: Quotas | None = None, background: Background | None = None) -> None:
         self.settings = settings
         self.pricing = pricing
         self.recorder = recorder
         self.metrics = metrics
         self.quotas = quotas  # an admitted exchange's reservations are settled by its record
-        self.spawn = spawn  # runs a settlement that needs I/O (shared counters) off the request
+        self.background = background  # runs a settlement that needs I/O (shared counters) off the request
         server = settings.server
         self.access_log = AccessLog(log_format=server.log_format) if server.access_log else None
         c = settings.cache
@@ -137,8 +137,8 @@ class Ledger:
         if quotas.in_process:
             quotas.settle_now(admission, tokens, record.cost_picousd)
         else:
-            assert self.spawn is not None
-            self.spawn(quotas.settle(admission, tokens, record.cost_picousd))
+            assert self.background is not None
+            self.background.spawn(quotas.settle(admission, tokens, record.cost_picousd))
 
     def refused(self, route: str, request_id: str, status: int, code: str | None, ts: float) -> None:
         """A request refused before it had an exchange (auth, body size, content type): no usage record."""

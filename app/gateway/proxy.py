@@ -17,11 +17,10 @@ which writes the usage record and settles the admission.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +41,7 @@ from app.errors import (
 from app.files.file_ids import may_name_files
 from app.files.ownership import Ownership
 from app.gateway.auth import Authenticator
+from app.gateway.background import Background
 from app.gateway.bodies import origin_of, read_json_body, read_whole_body, request_id_of
 from app.gateway.checking import Checkers
 from app.gateway.exchange import Exchange, Route
@@ -51,12 +51,11 @@ from app.gateway.media import MediaCounter
 from app.gateway.notices import Notices, pricier_model
 from app.gateway.relay import SSERelay
 from app.gateway.responses import RawResponse, error_response, is_event_stream, json_response
-from app.gateway.retry import ClientHungUp, KeptAliveOnly, SendOnce, read_answer, retrying
+from app.gateway.retry import ClientHungUp, KeptAliveOnly, Retrier, SendOnce, read_answer
 from app.gateway.tool_relay import ToolRelay
 from app.gateway.upstream import Upstream, forward_headers
 from app.metering.metrics import Metrics
 from app.metering.pricing import Pricing
-from app.metering.recorder import Recorder
 from app.metering.tokens import context_overflow, count_async
 from app.quotas.admission import Admitter, limit_error
 from app.quotas.gate import Quotas
@@ -83,35 +82,37 @@ class Endpoint:
 
 
 class Gateway:
-    def __init__(self, settings: Settings, upstream: Upstream, recorder: Recorder | None,
-                 auth: Authenticator, metrics: Metrics, memory: TurnMemory | None = None,
-                 quotas: Quotas | None = None, files: FileOwnerStore | None = None, *, pricing: Pricing,
-                 clock: Callable[[], float] = time.time) -> None:
+    """The request path; its collaborators are built by State.start (app/gateway/state.py)."""
+
+    def __init__(self, settings: Settings, *, upstream: Upstream, auth: Authenticator, metrics: Metrics,
+                 ledger: Ledger, checkers: Checkers, memory: TurnMemory, retrier: Retrier,
+                 background: Background, pricing: Pricing, quotas: Quotas | None = None,
+                 files: FileOwnerStore | None = None, tracing: Tracing | None = None,
+                 refusals: RefusalLog | None = None, clock: Callable[[], float] = time.time) -> None:
         self.settings = settings
         self.pricing = pricing
         self.profiles = settings.profiles()
-        self.checkers = Checkers(settings)  # large bodies are checked in processes of their own
+        self.checkers = checkers  # large bodies are checked in processes of their own
         self.upstream = upstream
         self.auth = auth
         self.metrics = metrics
-        auth.on_refused = metrics.auth_failure
-        self.ledger = Ledger(settings, recorder, metrics, pricing, quotas, self.spawn)
+        self.ledger = ledger
         self.notices = Notices(metrics)
         self.repairs = settings.repair.options()
-        self.memory = memory or TurnMemory(None, settings.repair.reasoning_ttl_seconds,
-                                           settings.repair.reasoning_cache_bytes)
+        self.memory = memory
         self.repairer = Repairer(self.checkers, self.memory, self.repairs,
                                  settings.repair.reasoning_ttl_seconds, metrics)
-        self.background: set[asyncio.Task[None]] = set()
+        self.background = background
         self.quotas = quotas
         self.admitter = Admitter(quotas, settings, self.profiles, pricing) if quotas is not None else None
         self.ownership = Ownership(self.checkers, files)  # the files a request may name (managed mode)
         self.media = MediaCounter(self.checkers, files, self.profiles)  # images and documents' tokens
         self.clock = clock  # a request's start: its usage record's time and price
-        self.tracing: Tracing | None = None  # set by State when tracing is on (app.tracing)
-        self.refusals: RefusalLog | None = None  # the refusal inspector (server.capture_refusals)
+        self.tracing = tracing  # when tracing is on (app.tracing)
+        self.refusals = refusals  # the refusal inspector (server.capture_refusals)
         self.keep_text = settings.server.log_content or settings.tracing.capture_content
-        self.pool, self.retrier = retrying(settings, metrics, quotas.alerts if quotas is not None else None)
+        self.retrier = retrier
+        self.pool = retrier.pool
 
     # --- entry points ---------------------------------------------------------------
 
@@ -446,14 +447,11 @@ class Gateway:
 
     # --- background work ----------------------------------------------------------------
 
-    def spawn(self, coro: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self.background.add(task)
-        task.add_done_callback(self.background.discard)
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        self.background.spawn(coro)
 
     async def drain(self) -> None:
-        while self.background:
-            await asyncio.gather(*list(self.background), return_exceptions=True)
+        await self.background.drain()
         if self.ledger.access_log is not None:
             self.ledger.access_log.flush()
 

@@ -161,14 +161,14 @@ class Hangup:
 
 
 class Retrier:
-    def __init__(self, policy: RetryPolicy, pool: Pool | None, metrics: Metrics,
+    def __init__(self, policy: RetryPolicy, pool: Pool | None, metrics: Metrics, max_bytes: int | None = None,
                  rng: Callable[[], float] = random.random) -> None:
         self.policy = policy
         self.pool = pool
         self.metrics = metrics
         self.rng = rng
         self._answered: dict[tuple[str, int], Any] = {}  # the attempts counter's children, by account, status
-        self.max_bytes: int | None = None  # the most of an error answer read here (limits.max_upstream_bytes)
+        self.max_bytes = max_bytes  # the most of an error answer read here (limits.max_upstream_bytes)
 
     def tries(self, deadline: float) -> Tries:
         return Tries(self.policy, deadline)
@@ -483,13 +483,9 @@ def only_keepalives(data: bytes) -> bool:
     return True
 
 
-def retrying(settings: Settings, metrics: Metrics, alerts: Alerts | None) -> tuple[Pool | None, Retrier]:
-    """The managed-mode pool of accounts (watched by the metrics, told to the webhook) and the retrier."""
-    pool = Pool.from_settings(settings)
+def retrying(settings: Settings, metrics: Metrics, alerts: Alerts | None) -> Retrier:
+    """The retrier, and its managed-mode pool of accounts (watched by the metrics, told to the webhook)."""
+    pool = Pool.from_settings(settings, on_unavailable=alerts.account_unavailable if alerts else None)
     if pool is not None:
         metrics.watch_accounts(pool.states)
-        if alerts is not None:
-            pool.on_unavailable = alerts.account_unavailable
-    retrier = Retrier(RetryPolicy.of(settings.upstream), pool, metrics)
-    retrier.max_bytes = settings.limits.max_upstream_bytes
-    return pool, retrier
+    return Retrier(RetryPolicy.of(settings.upstream), pool, metrics, settings.limits.max_upstream_bytes)
