@@ -6,13 +6,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx2
 import orjson
 
 from app.errors import MODEL_MAX_CHARS
 from app.gateway.auth import Identity
 from app.gateway.family import ToolRoute
-from app.gateway.upstream import response_headers
+from app.gateway.retry import Tries
+from app.gateway.upstream import Answer, response_headers
 from app.quotas.model import Admission, RateInfo
 from app.repair.base import Repaired
 from app.tracing.spans import ExchangeTrace
@@ -48,11 +48,7 @@ class Exchange:
     remember: bool = False  # remember the answer's tool-call turn (thinking mode, tools, a known caller)
     admission: Admission | None = None  # the request's reservations against its limits, settled at the end
     trace: ExchangeTrace | None = None  # its spans, when tracing is on (app.tracing)
-    # Retries (app/gateway/retry.py): the attempts so far, the account of the last one and its lease
-    tries: Any = None
-    attempts: int = 1
-    account: str | None = None
-    lease: Any = None
+    tries: Tries | None = None  # its attempts upstream and the account of the last one (app/gateway/retry.py)
     checked: Any = None  # the family's validated request (Verdict.request), for the cache advisor's parts
     files: bool = False  # it names uploaded files: the pool sends it to the account that holds them
     stream_bytes: int = 0  # of the answer's stream, relayed so far
@@ -104,8 +100,12 @@ class Exchange:
         self.model = model
         self.priced_as = profile.name if profile is not None else model
 
-    def response_headers(self, resp: httpx2.Response) -> list[tuple[bytes, bytes]]:
-        headers = response_headers(resp.headers, self.request_id)
+    @property
+    def attempts(self) -> int:
+        return self.tries.attempts if self.tries is not None else 1
+
+    def response_headers(self, answer: Answer) -> list[tuple[bytes, bytes]]:
+        headers = response_headers(answer.raw_headers, self.request_id)
         if self.warnings:
             headers.append((b"x-chatgate-warning", header_text(self.warnings)))
         if self.repaired is not None and self.repaired.applied:

@@ -70,9 +70,8 @@ class Ledger:
         if ex.finished:
             return
         ex.finished = True
-        if ex.lease is not None:  # the account's request is over (a stream's: its last event is at hand)
-            ex.lease.release()
-            ex.lease = None
+        if ex.tries is not None:  # the account's request is over (a stream's: its last event is at hand)
+            ex.tries.release()
         tokens = tokens or TokenCounts()
         rates = self.pricing.rates(ex.priced_as or ex.model, ex.ts)
         unpriced = rates is None
@@ -105,7 +104,8 @@ class Ledger:
             unpriced=(unpriced and tokens.prompt_tokens + tokens.completion_tokens > 0)
             or (billed is not None and billed.unknown),
             currency=self.pricing.currency,
-            attempts=ex.attempts, account=ex.account, cache_saved_picousd=saved,
+            attempts=ex.attempts, account=ex.tries.account if ex.tries is not None else None,
+            cache_saved_picousd=saved,
             cache_break=broke.param if broke is not None else None,
             cache_lost_tokens=broke.lost_tokens if broke is not None else 0, cache_lost_picousd=lost)
         if billed is not None:

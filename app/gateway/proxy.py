@@ -49,11 +49,11 @@ from app.gateway.family import Family, StreamMeter, StreamTurns
 from app.gateway.ledger import Ledger
 from app.gateway.media import MediaCounter
 from app.gateway.notices import Notices, pricier_model
-from app.gateway.relay import SSERelay
+from app.gateway.relay import Reopen, SSERelay
 from app.gateway.responses import RawResponse, error_response, is_event_stream, json_response
-from app.gateway.retry import ClientHungUp, KeptAliveOnly, Retrier, SendOnce, read_answer
+from app.gateway.retry import ClientHungUp, Retrier, SendOnce, Tries
 from app.gateway.tool_relay import ToolRelay
-from app.gateway.upstream import Upstream, forward_headers
+from app.gateway.upstream import Answer, KeptAliveOnly, Upstream, forward_headers, read_whole
 from app.metering.metrics import Metrics
 from app.metering.pricing import Pricing
 from app.metering.tokens import context_overflow, count_async
@@ -321,33 +321,33 @@ class Gateway:
         query = request.scope.get("query_string", b"")  # Claude Code's ?beta=true goes on to DeepSeek
         target = self.upstream.url_of(ex.route.upstream_path, query.decode("latin-1")) if query else \
             ex.route.upstream_path
-        ex.tries = self.retrier.tries(deadline)
+        tries = ex.tries = self.retrier.tries(deadline, ex.identity.team, ex.files, ex.trace)
         send = functools.partial(self._send_once, ex, target, headers, body)
-        resp = await self.retrier.open(ex, send, request.receive)
+        resp = await self.retrier.open(tries, send, request.receive)
         ex.mark_first_byte()
         if ex.route.tool is not None:
-            return self._tool_answer(ex, family, resp, deadline, send)
+            return self._tool_answer(ex, family, resp, deadline, functools.partial(
+                self.retrier.reopen, tries, send, receive=None))
         if ex.stream and resp.status_code == 200:
-            if not is_event_stream(resp.headers.get("content-type", "")):
+            if not is_event_stream(resp.header("content-type") or ""):
                 await resp.aclose()
                 raise bad_gateway("DeepSeek answered a streaming request with 200 but not an event stream "
                                   "(upstream broke the protocol).", "upstream_bad_response")
             turns = family.stream_turns() if ex.remember else None
             on_end = functools.partial(self._stream_ended, family, turns)
-            reopen = functools.partial(self.retrier.reopen, ex, send, receive=None)  # the relay watches
+            reopen = functools.partial(self.retrier.reopen, tries, send, receive=None)  # the relay watches
             return SSERelay(ex, resp, deadline, family.meter(turns), on_end, self.spawn, family.stream_error,
                             usage_filter, reopen if self.retrier.policy.retries else None,
                             self.settings.limits.max_upstream_bytes)
-        return await self._buffered(ex, family, resp, deadline, send, request)
+        return await self._buffered(ex, family, resp, tries, send, request)
 
-    def _tool_answer(self, ex: Exchange, family: Family, resp: httpx2.Response, deadline: float,
-                     send: SendOnce) -> Response:
+    def _tool_answer(self, ex: Exchange, family: Family, resp: Answer, deadline: float, reopen: Reopen
+                     ) -> Response:
         """A tool API's answer (app/gateway/tool_relay.py): its keep-alives relayed as they come, the answer
         held until whole, its record made from it (`_tool_ended`)."""
         if resp.status_code == 401 and self.auth.managed:
             self.spawn(resp.aclose())
             return self._upstream_refused_key(ex, family)
-        reopen = functools.partial(self.retrier.reopen, ex, send, receive=None)  # the relay watches
         return ToolRelay(ex, resp, deadline, functools.partial(self._tool_ended, family),
                          reopen if self.retrier.policy.retries else None)
 
@@ -372,22 +372,22 @@ class Gateway:
         return error_response(error, ex.request_id, family)
 
     async def _send_once(self, ex: Exchange, target: str | httpx2.URL, headers: list[tuple[bytes, bytes]],
-                         body: bytes, authorization: bytes | None) -> httpx2.Response:
+                         body: bytes, authorization: bytes | None) -> Answer:
         if authorization is not None:
             headers = [*headers, (b"authorization", authorization)]
         if ex.trace is not None:  # one CLIENT span per upstream attempt
             headers = ex.trace.start_attempt(headers, ex.model, ex.stream)
         return await self.upstream.send("POST", target, headers, body)
 
-    async def _buffered(self, ex: Exchange, family: Family, resp: httpx2.Response, deadline: float,
-                        send: SendOnce, request: Request) -> Response:
+    async def _buffered(self, ex: Exchange, family: Family, resp: Answer, tries: Tries, send: SendOnce,
+                        request: Request) -> Response:
         while True:
             try:
-                content = await read_answer(resp, deadline, resp.status_code == 200 and not ex.tries.spent,
-                                            self.settings.limits.max_upstream_bytes)
+                content = await read_whole(resp, tries.deadline, self.settings.limits.max_upstream_bytes,
+                                           retryable=resp.status_code == 200 and not tries.spent)
                 break
             except KeptAliveOnly as dropped:  # blank lines only so far: nothing of the answer is lost
-                resp = await self.retrier.reopen(ex, send, dropped.error, request.receive)
+                resp = await self.retrier.reopen(tries, send, dropped.error, request.receive)
         headers = ex.response_headers(resp)
         if resp.status_code == 401 and self.auth.managed:
             return self._upstream_refused_key(ex, family)

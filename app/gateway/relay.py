@@ -38,8 +38,8 @@ from app.errors import APIError, bad_gateway
 from app.gateway.exchange import Exchange
 from app.gateway.family import ChunkFilter, StreamMeter
 from app.gateway.responses import is_event_stream, response_start
-from app.gateway.retry import KeptAliveOnly, only_keepalives
-from app.gateway.upstream import aiohttp_reader, map_transport_error, too_large
+from app.gateway.retry import only_keepalives
+from app.gateway.upstream import Answer, KeptAliveOnly, map_transport_error, too_large
 from app.gateway.watch import ClientGone, ClientWatch
 
 # Called once when the upstream side of the stream has ended: (exchange, meter, outcome, status); it makes
@@ -49,7 +49,7 @@ Spawn = Callable[[Coroutine[Any, Any, None]], None]
 ErrorEvent = Callable[[APIError], bytes]
 # A new attempt after one that failed with only keep-alives sent (its error): the response to relay, or the
 # APIError (retries spent) to end the stream with.
-Reopen = Callable[[APIError], Awaitable[httpx2.Response]]
+Reopen = Callable[[APIError], Awaitable[Answer]]
 UPSTREAM_FAILURES = (TimeoutError, httpx2.TransportError, aiohttp.ClientError, OSError, KeptAliveOnly)
 DRAIN_S = 1.0  # how long the relay waits for the end of the upstream body once the client has the answer
 
@@ -57,7 +57,7 @@ DRAIN_S = 1.0  # how long the relay waits for the end of the upstream body once 
 class SSERelay(Response):
     """A Starlette Response only in type (route handlers return it); `__call__` does all the sending."""
 
-    def __init__(self, ex: Exchange, resp: httpx2.Response, deadline: float, meter: StreamMeter,
+    def __init__(self, ex: Exchange, resp: Answer, deadline: float, meter: StreamMeter,
                  on_end: OnEnd, spawn: Spawn, error_event: ErrorEvent,
                  chunk_filter: ChunkFilter | None = None, reopen: Reopen | None = None,
                  max_line: int | None = None) -> None:
@@ -99,7 +99,7 @@ class SSERelay(Response):
             async with self.client.watching(receive, lazy=True):
                 await self._relay(scope, send)
         finally:
-            await _close(self.resp)
+            await self.resp.aclose()
             if not self.ex.finished:
                 outcome, status = self.end or ("client_disconnected", 499)
                 self.spawn(self._end(outcome, status))
@@ -171,50 +171,38 @@ class SSERelay(Response):
             self.meter.feed(b"\n")
             self._partial = bytearray()
         self.resp = await self.reopen(error)
-        if not is_event_stream(self.resp.headers.get("content-type", "")):
+        if not is_event_stream(self.resp.header("content-type") or ""):
             raise bad_gateway("DeepSeek answered a streaming request with 200 but not an event stream "
                               "(upstream broke the protocol).", "upstream_bad_response")
 
     async def _drain(self) -> None:
         """Read what follows the last event (the end of the chunked body), briefly: the connection then goes
         back to the pool instead of being closed. A reset or a stall here changes nothing."""
-        reader = aiohttp_reader(self.resp)
-        if reader is not None and reader.is_eof():  # the body has ended already (its connection is pooled)
+        answer = self.resp
+        if answer.at_eof():  # the body has ended already (its connection is pooled)
             return
         try:
             async with asyncio.timeout(DRAIN_S):
-                if reader is not None:
-                    while await reader.readany():
-                        pass
-                else:
-                    async for _ in self.resp.aiter_raw():
-                        pass
+                while answer.ready() or await answer.read_chunk():
+                    pass
         except (TimeoutError, httpx2.HTTPError, aiohttp.ClientError, OSError, RuntimeError):
             pass
 
     async def _pump(self, send: Send) -> None:
-        reader = aiohttp_reader(self.resp)
-        if reader is not None:  # the hot path: what has arrived is taken at once, one await per upstream wait
-            while True:
-                raw = reader.read_nowait()
+        answer = self.resp
+        while True:  # what has arrived is taken at once: one await per wait on DeepSeek
+            raw = answer.ready()
+            if not raw:
+                if answer.at_eof():
+                    break
+                if not self._armed:
+                    await self._arm()
+                raw = await answer.read_chunk()
                 if not raw:
-                    if reader.is_eof():
-                        break
-                    if not self._armed:
-                        await self._arm()
-                    raw = await reader.readany()
-                    if not raw:
-                        break
-                await self._relay_chunk(send, raw)
-                if self._final and self._between:
-                    return
-        else:
-            if not self._armed:
-                await self._arm()
-            async for raw in self.resp.aiter_raw():
-                await self._relay_chunk(send, raw)
-                if self._final and self._between:
-                    return
+                    break
+            await self._relay_chunk(send, raw)
+            if self._final and self._between:
+                return
         if self._pristine and self.reopen is not None:  # ended before its first event: no answer at all
             raise KeptAliveOnly(bad_gateway("DeepSeek ended the stream before its first event (it sent only "
                                             "keep-alives).", "upstream_bad_response"))
@@ -307,14 +295,3 @@ class SSERelay(Response):
         boundary = b"\n" if self._open_data else b""
         await self._send(send, boundary + self.error_event(error))
         await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-
-async def _close(resp: httpx2.Response) -> None:
-    """httpx2's `aclose` of the upstream response; aiohttp's response is closed directly (httpx2's wraps it
-    in two context managers, for errors that closing it does not raise)."""
-    aio = getattr(resp.stream, "_aiohttp_response", None)
-    if isinstance(aio, aiohttp.ClientResponse) and not resp.is_closed:
-        resp.is_closed = True
-        await aio.__aexit__(None, None, None)
-    else:
-        await resp.aclose()

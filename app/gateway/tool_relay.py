@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 import aiohttp
 import httpx2
@@ -23,20 +23,20 @@ from starlette.types import Receive, Scope, Send
 from app.errors import APIError
 from app.gateway.exchange import Exchange
 from app.gateway.responses import response_start
-from app.gateway.upstream import map_transport_error
+from app.gateway.upstream import Answer, map_transport_error, raw_chunks
 from app.gateway.watch import ClientGone, ClientWatch
 
 # Called once when the answer is over, before its end is sent: (exchange, outcome, status, the answer's
 # bytes when it arrived whole, else None); it makes the exchange's record.
 OnEnd = Callable[[Exchange, str, int, bytes | None], None]
-Reopen = Callable[[APIError], Awaitable[httpx2.Response]]
+Reopen = Callable[[APIError], Awaitable[Answer]]
 FAILURES = (TimeoutError, httpx2.TransportError, aiohttp.ClientError, OSError)
 
 
 class ToolRelay(Response):
     """A Starlette Response only in type (route handlers return it); `__call__` does all the sending."""
 
-    def __init__(self, ex: Exchange, resp: httpx2.Response, deadline: float, on_end: OnEnd,
+    def __init__(self, ex: Exchange, resp: Answer, deadline: float, on_end: OnEnd,
                  reopen: Reopen | None = None) -> None:
         self.status_code = resp.status_code
         self.background = None
@@ -64,7 +64,7 @@ class ToolRelay(Response):
         while True:
             try:
                 async with asyncio.timeout(max(self.deadline - time.perf_counter(), 0.001)):
-                    async for chunk in _chunks(self.resp):
+                    async for chunk in raw_chunks(self.resp):
                         if not held and not chunk.strip():  # a keep-alive before the answer
                             await self._keepalive(scope, send, chunk)
                         elif chunk:
@@ -115,14 +115,3 @@ class ToolRelay(Response):
             await send(message)
         except OSError as exc:  # a server that reports the client's disconnect on send
             raise ClientGone() from exc
-
-
-async def _chunks(resp: httpx2.Response) -> AsyncIterator[bytes]:
-    """The answer's body as it arrives; at once when it has been read already (the retrier's last error)."""
-    try:
-        content = resp.content
-    except httpx2.ResponseNotRead:
-        async for chunk in resp.aiter_raw():
-            yield chunk
-    else:
-        yield content
