@@ -33,4 +33,6 @@ class Rules(Protocol):
 
     name: str
 
-    def check(self, body: bytes, *, beta: bool, origin: str | None) -> Verdict: ...
+    def check(self, body: bytes, *, beta: bool, origin: str | None, parse: object = None) -> Verdict:
+        """The body's problems and what the gateway needs of it; `parse`: R1's parse of `body` (JSON values
+        as jiter reads them), validated instead of the bytes when given."""

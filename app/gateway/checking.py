@@ -27,13 +27,13 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from app.gateway.family import Family
-from app.gateway.strict import body_problem
+from app.gateway.strict import parse_strictly
 from app.settings import Settings
 from app.verdict import Rules, Verdict
-from app.wire import forget_parsed
 
 OFF_LOOP_BYTES = 1024 * 1024  # about 20 ms of checks on the loop
 # A body this large starts the checker processes, if they are not running, while it is checked here: a
@@ -113,14 +113,21 @@ T = TypeVar("T")
 log = logging.getLogger("chatgate")
 
 
-def check_now(family: Rules, body: bytes, beta: bool, origin: str | None) -> Verdict:
-    strict = body_problem(body)  # R1 as DeepSeek reads JSON: duplicate keys, NaN, 1e400, depth
+@dataclass(slots=True)
+class Checked:
+    """A body's check: the family's verdict, and R1's parse of the body (its objects' keys in the body's
+    order, where the cache advisor finds its items; None: not JSON, or checked in a checker process)."""
+
+    verdict: Verdict
+    parse: Any = None
+
+
+def check_now(family: Rules, body: bytes, beta: bool, origin: str | None) -> Checked:
+    """R1 as DeepSeek reads JSON (duplicate keys, NaN, 1e400, depth), then the family's rules on its parse."""
+    parse, strict = parse_strictly(body)
     if strict is not None:
-        return Verdict([strict])
-    try:
-        return family.check(body, beta=beta, origin=origin)
-    finally:
-        forget_parsed()  # a check that refused before validating R1's parse does not keep it
+        return Checked(Verdict([strict]))
+    return Checked(family.check(body, beta=beta, origin=origin, parse=parse), parse)
 
 
 class Checkers:
@@ -132,13 +139,14 @@ class Checkers:
         self._pool: ProcessPoolExecutor | None = None
         self._lock = threading.Lock()
 
-    async def check(self, family: Rules, body: bytes, beta: bool, origin: str | None) -> Verdict:
+    async def check(self, family: Rules, body: bytes, beta: bool, origin: str | None) -> Checked:
         if len(body) <= OFF_LOOP_BYTES:
             if len(body) > WARM_BYTES and self._pool is None:
                 self.warm()
             return check_now(family, body, beta, origin)
-        return await self._run(functools.partial(_check_in_worker, family.name, body, beta, origin),
-                               functools.partial(check_now, family, body, beta, origin))
+        verdict = await self._run(functools.partial(_check_in_worker, family.name, body, beta, origin),
+                                  functools.partial(_check_large, family, body, beta, origin))
+        return Checked(verdict)  # a large body's parse is not kept: it stays where it was made
 
     async def recheck(self, family: Rules, body: bytes, beta: bool, origin: str | None) -> Verdict:
         """The family's rules alone (a body chatgate repaired), where `check` would run them."""
@@ -200,9 +208,14 @@ def _ready() -> bool:
     return True
 
 
-def _check_in_worker(name: str, body: bytes, beta: bool, origin: str | None, strict: bool = True) -> Any:
+def _check_large(family: Rules, body: bytes, beta: bool, origin: str | None) -> Verdict:
+    return check_now(family, body, beta, origin).verdict
+
+
+def _check_in_worker(name: str, body: bytes, beta: bool, origin: str | None, strict: bool = True
+                     ) -> Verdict:
     family = _families[name]
-    verdict = check_now(family, body, beta, origin) if strict else \
+    verdict = check_now(family, body, beta, origin).verdict if strict else \
         family.check(body, beta=beta, origin=origin)
     verdict.request = None  # a copy of it back would cost the loop what the process saved it
     _give_back()

@@ -43,7 +43,7 @@ from app.files.ownership import Ownership
 from app.gateway.auth import Authenticator
 from app.gateway.background import Background
 from app.gateway.bodies import origin_of, read_json_body, read_whole_body, request_id_of
-from app.gateway.checking import Checkers
+from app.gateway.checking import Checked, Checkers
 from app.gateway.exchange import Exchange, Route
 from app.gateway.family import Family, StreamMeter, StreamTurns
 from app.gateway.ledger import Ledger
@@ -68,7 +68,6 @@ from app.store.base import FileOwnerStore
 from app.tools.rules import upload_summary, upload_too_large
 from app.tracing.spans import ExchangeTrace, Tracing
 from app.verdict import Verdict
-from app.wire import kept
 
 log = logging.getLogger("chatgate")
 # DeepSeek's 4xx answers kept by the refusal inspector: those about the request (not its key, balance, rate)
@@ -131,10 +130,12 @@ class Gateway:
             return error_response(error, request_id, family)
         ex = Exchange(route, request_id, identity, body=body, ts=self.clock(), trace=trace)
         origin = origin_of(request)
-        verdict = await self._check(ex, family, origin)
+        checked = await self._check(ex, family, origin)
         if ex.model_length:  # before anything keeps it: the record, the log, the refusal inspector
             return await self._reject(ex, family, model_too_long(ex.model_length))
-        ex.parsed = kept(ex.body)
+        verdict = checked.verdict if checked is not None else None
+        ex.parsed = checked.parse if checked is not None else None
+        checked = None
         if trace is not None and verdict is not None:
             trace.max_tokens = verdict.max_tokens
         if verdict is not None and (verdict.problems or verdict.warnings) and self.repairs.enabled:
@@ -195,8 +196,7 @@ class Gateway:
             return error_response(error, None, family)
         ex = Exchange(route, request_id_of(request), identity, body=body)
         origin = origin_of(request)
-        verdict = await (self._check_upload(family, body, route, origin) if _upload(route)
-                         else self.checkers.check(family, body, route.beta, origin))
+        verdict = (await self._check_body(family, body, route, origin)).verdict
         if verdict.model is not None and len(verdict.model) > MODEL_MAX_CHARS:
             return error_response(model_too_long(len(verdict.model)), ex.request_id, family)
         if (verdict.problems or verdict.warnings) and self.repairs.enabled:
@@ -223,17 +223,17 @@ class Gateway:
                 f"price stands in for it ({how}); set its price in [models.\"<name>\"] (docs/metering.md"
                 "#models-without-a-price)")
 
-    async def _check(self, ex: Exchange, family: Family, origin: str) -> Verdict | None:
+    async def _check(self, ex: Exchange, family: Family, origin: str) -> Checked | None:
+        """The family's check of the body (None: validation is off), and what the exchange is metered by."""
         if not self.settings.validation.enabled:
             if ex.route.tool is not None:
                 ex.model, ex.stream = ex.route.tool.name, False
             else:
                 ex.describe(None)
             return None
-        verdict = await (self._check_upload(family, ex.body, ex.route, origin) if _upload(ex.route)
-                         else self.checkers.check(family, ex.body, ex.route.beta, origin))
-        ex.describe(verdict)
-        return verdict
+        checked = await self._check_body(family, ex.body, ex.route, origin)
+        ex.describe(checked.verdict)
+        return checked
 
     async def _read_upload(self, request: Request, route: Route) -> bytes:
         """A tool API's upload (OCR, ASR): read whole, to be checked and sent again by a retry."""
@@ -241,9 +241,12 @@ class Gateway:
         return await read_whole_body(request, route.tool.upload, self.settings.limits.body_timeout_seconds,
                                      functools.partial(upload_too_large, route.tool.name))
 
-    async def _check_upload(self, family: Family, body: bytes, route: Route, origin: str) -> Verdict:
-        """Multipart, not JSON: the tool's own checks (they only find the parts, on the loop)."""
-        return family.check(body, beta=route.beta, origin=origin)
+    async def _check_body(self, family: Family, body: bytes, route: Route, origin: str) -> Checked:
+        """R1 and the family's rules (app/gateway/checking.py); a tool API's multipart upload, not JSON, by
+        the tool's own checks (they only find the parts, on the loop)."""
+        if _upload(route):
+            return Checked(family.check(body, beta=route.beta, origin=origin))
+        return await self.checkers.check(family, body, route.beta, origin)
 
     async def _context_guard(self, ex: Exchange, family: Family, verdict: Verdict | None) -> Problem | None:
         """R40, when validation.context_guard is on: only bodies larger than the window are counted."""
