@@ -28,7 +28,7 @@ class Team(Protocol):
     def team(self) -> str: ...
 
 
-class Exchange(Protocol):
+class FilesRequest(Protocol):
     """The request as the step sees it (app/gateway/exchange.py)."""
 
     files: bool  # it names uploaded files (the account pool sends it to the account that holds them)
@@ -45,7 +45,7 @@ class Ownership:
         self.checkers = checkers
         self.store = store  # who owns the uploaded files (None: no store, nothing to check against)
 
-    async def foreign(self, ex: Exchange) -> APIError | None:
+    async def foreign(self, ex: FilesRequest) -> APIError | None:
         """The error for the first file the request names that its team does not own, if any."""
         try:
             refs = await self.checkers.run(len(ex.body), functools.partial(named_files, ex.body))

@@ -31,7 +31,7 @@ class Caller(Protocol):
     def key_id(self) -> str: ...
 
 
-class Exchange(Protocol):
+class AdmittedRequest(Protocol):
     """The request as admission sees it (app/gateway/exchange.py)."""
 
     admission: Admission | None
@@ -67,7 +67,7 @@ class Admitter:
         self.pricing = pricing
         self.refuse_unpriced = settings.limits.unpriced == "refuse"
 
-    async def admit(self, ex: Exchange, verdict: Verdict | None,
+    async def admit(self, ex: AdmittedRequest, verdict: Verdict | None,
                     media: Callable[[], Awaitable[int]] | None = None) -> Refusal | None:
         """Reserve the request's upper bounds against its caller's limits (`ex.admission`), or the refusal.
         `media` counts what its images and documents add (asked only when a limit applies)."""
