@@ -51,7 +51,6 @@ class Exchange:
     tries: Tries | None = None  # its attempts upstream and the account of the last one (app/gateway/retry.py)
     checked: Any = None  # the family's validated request (Verdict.request), for the cache advisor's parts
     files: bool = False  # it names uploaded files: the pool sends it to the account that holds them
-    stream_bytes: int = 0  # of the answer's stream, relayed so far
     model_length: int = 0  # the length of a model name too long to keep (then a 400: errors.model_too_long)
     media_tokens: int | None = None  # what its images and documents add to its prompt (app/gateway/media.py)
     parsed: Any = None  # R1's parse of `body` (app/wire.py `kept`): where the cache advisor finds items

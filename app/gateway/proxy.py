@@ -17,10 +17,11 @@ which writes the usage record and settles the admission.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncGenerator, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,11 +50,26 @@ from app.gateway.family import Family, StreamMeter, StreamTurns
 from app.gateway.ledger import Ledger
 from app.gateway.media import MediaCounter
 from app.gateway.notices import Notices, pricier_model
-from app.gateway.relay import Reopen, SSERelay
+from app.gateway.relay import (
+    TRANSPORT_FAILURES,
+    UPSTREAM_FAILURES,
+    WAIT,
+    EventFramer,
+    EventStream,
+    Piece,
+    drain,
+)
 from app.gateway.responses import RawResponse, error_response, is_event_stream, json_response
 from app.gateway.retry import ClientHungUp, Retrier, SendOnce, Tries
-from app.gateway.tool_relay import ToolRelay
-from app.gateway.upstream import Answer, KeptAliveOnly, Upstream, forward_headers, read_whole
+from app.gateway.tool_relay import Reopen, ToolRelay
+from app.gateway.upstream import (
+    Answer,
+    KeptAliveOnly,
+    Upstream,
+    forward_headers,
+    map_transport_error,
+    read_whole,
+)
 from app.metering.metrics import Metrics
 from app.metering.pricing import Pricing
 from app.metering.tokens import context_overflow, count_async
@@ -337,11 +353,10 @@ class Gateway:
                 raise bad_gateway("DeepSeek answered a streaming request with 200 but not an event stream "
                                   "(upstream broke the protocol).", "upstream_bad_response")
             turns = family.stream_turns() if ex.remember else None
-            on_end = functools.partial(self._stream_ended, family, turns)
-            reopen = functools.partial(self.retrier.reopen, tries, send, receive=None)  # the relay watches
-            return SSERelay(ex, resp, deadline, family.meter(turns), on_end, self.spawn, family.stream_error,
-                            usage_filter, reopen if self.retrier.policy.retries else None,
-                            self.settings.limits.max_upstream_bytes)
+            framer = EventFramer(family.meter(turns), family.stream_error, usage_filter, ex.trace,
+                                 self.settings.limits.max_upstream_bytes)
+            events = self._events(ex, family, resp, tries, send, framer, turns)
+            return EventStream(events, ex.response_headers(resp), ex.rate_headers)
         return await self._buffered(ex, family, resp, tries, send, request)
 
     def _tool_answer(self, ex: Exchange, family: Family, resp: Answer, deadline: float, reopen: Reopen
@@ -423,12 +438,87 @@ class Gateway:
                                    upstream_status=200, calls=family.model_calls(answer))
         return RawResponse(200, headers, content, record, ex.rate_headers)
 
-    async def _stream_ended(self, family: Family, turns: StreamTurns | None, ex: Exchange,
-                            meter: StreamMeter, outcome: str, status: int) -> None:
-        """The relay's one call when the upstream side of a stream has ended (before its last event is
-        relayed): remember its tool-call turn, meter it."""
+    async def _events(self, ex: Exchange, family: Family, answer: Answer, tries: Tries, send: SendOnce,
+                      framer: EventFramer, turns: StreamTurns | None) -> AsyncGenerator[Piece, None]:
+        """The stream's pieces for the client (relay.EventStream sends them), as DeepSeek's events arrive:
+        what has arrived is taken at once, with one await per wait on DeepSeek (each bounded by the
+        request's deadline, and announced by `WAIT`). Before the first data event, a failure is retried on
+        the same client response (app/gateway/retry.py). The usage record is made when DeepSeek's side
+        ends, before the last event is yielded; in `finally` when the client went away first."""
+        end: tuple[str, int] | None = None
+        retries = self.retrier.policy.retries > 0
+        try:
+            while True:
+                try:
+                    while True:
+                        raw = answer.ready()
+                        if not raw:
+                            if answer.at_eof():
+                                break
+                            yield WAIT
+                            async with asyncio.timeout(max(tries.deadline - time.perf_counter(), 0.001)):
+                                raw = await answer.read_chunk()
+                            if not raw:
+                                break
+                        chunk = framer.feed(raw)
+                        if framer.final and end is None:
+                            end = ("ok", 200)
+                            await self._stream_ended(family, turns, framer.meter, ex, *end)
+                        if chunk:
+                            yield framer.piece(chunk)
+                        if framer.final and framer.between:
+                            break
+                    if not framer.final:
+                        if framer.pristine and retries:  # ended before its first event: no answer at all
+                            raise KeptAliveOnly(bad_gateway(
+                                "DeepSeek ended the stream before its first event (it sent only "
+                                "keep-alives).", "upstream_bad_response"))
+                        if rest := framer.rest():
+                            yield framer.piece(rest)
+                        # No final event: a stream DeepSeek ended with its own error event is its error.
+                        framer.meter.finish()
+                        end = ("upstream_error" if framer.meter.ended_with_error else "ok", 200)
+                        await self._stream_ended(family, turns, framer.meter, ex, *end)
+                    break
+                except UPSTREAM_FAILURES as exc:
+                    if not framer.pristine or not retries:
+                        raise
+                    error = exc.error if isinstance(exc, KeptAliveOnly) else map_transport_error(exc)
+                    await answer.aclose()
+                    framer.restart()
+                    answer = await self.retrier.reopen(tries, send, error, None)  # EventStream watches
+                    if not is_event_stream(answer.header("content-type") or ""):
+                        raise bad_gateway("DeepSeek answered a streaming request with 200 but not an event "
+                                          "stream (upstream broke the protocol).",
+                                          "upstream_bad_response") from None
+        except (APIError, KeptAliveOnly) as failed:  # the retries are spent, or the answer is unusable
+            error = failed.error if isinstance(failed, KeptAliveOnly) else failed
+            end = ("upstream_failed", error.status)
+            await self._stream_ended(family, turns, framer.meter, ex, *end)
+            yield framer.error_piece(error, started=False), False
+        except TRANSPORT_FAILURES as exc:
+            if not framer.final:
+                error = map_transport_error(exc)
+                end = ("upstream_failed", error.status)
+                await self._stream_ended(family, turns, framer.meter, ex, *end)
+                yield framer.error_piece(error, started=True), False
+            elif framer.open_data:  # the last event lacked only its blank line
+                yield framer.piece(b"\n")
+        else:
+            if framer.final:  # the client has it all: read the end of the body, so its connection is reused
+                await drain(answer)
+        finally:
+            await answer.aclose()
+            if not ex.finished:  # the client went away first (or the server is stopping)
+                end = end or ("client_disconnected", 499)
+                await self._stream_ended(family, turns, framer.meter, ex, *end)
+
+    async def _stream_ended(self, family: Family, turns: StreamTurns | None, meter: StreamMeter, ex: Exchange,
+                            outcome: str, status: int) -> None:
+        """The upstream side of a stream has ended: remember its tool-call turn, make its record."""
         if ex.finished:
             return
+        meter.finish()
         turn = turns.turn(lambda: meter.reasoning) if turns is not None and outcome == "ok" else None
         if turn is not None:
             await self.memory.remember(ex.identity.caller, family.turn_kind, turn, self._tenant(ex))
