@@ -412,9 +412,8 @@ class Gateway:
         if resp.status_code != 200:
             if self.refusals is not None and resp.status_code in KEPT_UPSTREAM:
                 self._keep_refusal(ex, resp.status_code, "deepseek", None, content)
-            return RawResponse(resp.status_code, headers, content, functools.partial(
-                self.ledger.finish, ex, "upstream_error", resp.status_code, upstream_status=resp.status_code),
-                ex.rate_headers)
+            self.ledger.finish(ex, "upstream_error", resp.status_code, upstream_status=resp.status_code)
+            return RawResponse(resp.status_code, headers, content, lines=ex.rate_headers)
         try:
             answer = orjson.loads(content)
         except orjson.JSONDecodeError:
@@ -434,9 +433,10 @@ class Gateway:
         if tokens is None:
             tokens = await self.ledger.estimate(ex, functools.partial(family.prompt_text, ex.json()), "",
                                                 media=await self.media.tokens(ex, None))
-        record = functools.partial(self.ledger.finish, ex, "ok", 200, tokens, exact=exact,
-                                   upstream_status=200, calls=family.model_calls(answer))
-        return RawResponse(200, headers, content, record, ex.rate_headers)
+        # spooled before anything is sent: a `kill -9` once the client has the answer cannot lose it
+        self.ledger.finish(ex, "ok", 200, tokens, exact=exact, upstream_status=200,
+                           calls=family.model_calls(answer))
+        return RawResponse(200, headers, content, lines=ex.rate_headers)
 
     async def _events(self, ex: Exchange, family: Family, answer: Answer, tries: Tries, send: SendOnce,
                       framer: EventFramer, turns: StreamTurns | None) -> AsyncGenerator[Piece, None]:
