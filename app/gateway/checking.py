@@ -2,10 +2,9 @@
 least: on the event loop for an ordinary body, in a checker process above OFF_LOOP_BYTES.
 
 Not on a thread: pydantic-core's and jiter's parses keep the interpreter lock for their whole length, and so
-does the garbage collector walking the millions of objects a large body becomes. Beside the check of a 19 MB
-Responses body of 250,000 items on a thread, a thread ticking every 1 ms waited up to 1.4 s (2-core machine
-shared with other jobs, 2026-12-02; /healthz and a stream beside two such checks: 1.8 s). A checker process
-costs the loop the copy of the body into a pipe; what comes back is the verdict without the validated
+does the garbage collector walking the millions of objects a large body becomes: beside the check of a
+large body on a thread, every other request waits for its whole length (docs/performance.md). A checker
+process costs the loop the copy of the body into a pipe; what comes back is the verdict without the validated
 request (the in-place restore, which reads it, then takes the general repair path).
 
 The pool (CHECKERS processes, one core short of the cores chatgate may use, at most 4) starts with the first
@@ -35,10 +34,10 @@ from app.gateway.strict import parse_strictly
 from app.settings import Settings
 from app.verdict import Rules, Verdict
 
-OFF_LOOP_BYTES = 1024 * 1024  # about 20 ms of checks on the loop
+OFF_LOOP_BYTES = 1024 * 1024  # the largest body checked on the loop
 # A body this large starts the checker processes, if they are not running, while it is checked here: a
 # conversation that grows past it is likely to pass OFF_LOOP_BYTES, whose first body would otherwise wait
-# ~0.5 s for a new interpreter to import chatgate (the pool's processes are spawned).
+# for a new interpreter to import chatgate (the pool's processes are spawned).
 WARM_BYTES = OFF_LOOP_BYTES // 4
 
 
@@ -104,7 +103,7 @@ def usable_cpus(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgr
 
 
 def checker_count(cores: int) -> int:
-    # One core left to the event loop: beside two checkers on two cores, /healthz waited up to 1.4 s
+    # One core left to the event loop: checkers on every core starve it (/healthz waits)
     return max(1, min(4, cores - 1))
 
 

@@ -74,8 +74,8 @@ class Exchange:
     def release(self) -> None:
         """Let go of what the checks made of the body before the upstream call, rather than hold it until
         the exchange ends: a 6 KB body's validated request and parses are thousands of objects, and holding
-        them through the wait measured 5% of a plain request's CPU. A later step that needs the body as a
-        dict parses it again (`json`)."""
+        them through the wait costs CPU (docs/performance.md). A later step that needs the body as a dict
+        parses it again (`json`)."""
         self._json = self.parsed = self.checked = None
 
     def own_parse(self) -> Any:

@@ -47,13 +47,13 @@ def parse_strictly(body: bytes) -> tuple[Any, Problem | None]:
         return None, _not_json(str(exc), body)
     scan = body.translate(_SCAN, b"+")
     # A number may overflow a double: orjson says whether one does. (rfind, not `in`: CPython's backward
-    # search takes half the time on such bytes, 1.7 µs less on a 6 KB body.)
+    # search is the faster one on such bytes.)
     if scan.rfind(b"0e000") >= 0 or scan.rfind(_LONG_NUMBER) >= 0:
         try:
             orjson.loads(body)
         except orjson.JSONDecodeError as exc:
             return data, _unreadable(str(exc))
-    # the "["s counted by what dropping them removes: found by memchr, 1.0 µs against count's 2.5 (6 KB)
+    # the "["s counted by what dropping them removes (found by memchr: faster than bytes.count)
     if len(scan) - len(scan.replace(b"[", b"")) > MAX_DEPTH and too_deep(data):
         return data, _too_deep()
     if isinstance(data, dict) and isinstance(model := data.get("model"), str) and "\x00" in model:

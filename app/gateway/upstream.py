@@ -167,8 +167,8 @@ class ReadAnswer:
 @functools.cache
 def _ssl_context(cert_file: str | None, cert_dir: str | None) -> ssl.SSLContext:
     """httpx2's default context (the system's CAs, or SSL_CERT_FILE / SSL_CERT_DIR, passed here so that a
-    change of them is a new context), built once per process: loading the CAs costs ~30 ms of CPU, paid by
-    every app a process creates (the tests start hundreds)."""
+    change of them is a new context), built once per process: loading the CAs is paid once, not by every
+    app a process creates (the tests start hundreds)."""
     return httpx2.create_ssl_context()
 
 
