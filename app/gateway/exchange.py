@@ -13,6 +13,7 @@ from app.gateway.auth import Identity
 from app.gateway.family import ToolRoute
 from app.gateway.retry import Tries
 from app.gateway.upstream import Answer, response_headers
+from app.metering.cache import Sketch
 from app.quotas.model import Admission, RateInfo
 from app.repair.base import Repaired
 from app.tracing.spans import ExchangeTrace
@@ -49,12 +50,12 @@ class Exchange:
     admission: Admission | None = None  # the request's reservations against its limits, settled at the end
     trace: ExchangeTrace | None = None  # its spans, when tracing is on (app.tracing)
     tries: Tries | None = None  # its attempts upstream and the account of the last one (app/gateway/retry.py)
-    checked: Any = None  # the family's validated request (Verdict.request), for the cache advisor's parts
+    checked: object = None  # the family's validated request (Verdict.request), for the cache advisor's parts
     files: bool = False  # it names uploaded files: the pool sends it to the account that holds them
     model_length: int = 0  # the length of a model name too long to keep (then a 400: errors.model_too_long)
     media_tokens: int | None = None  # what its images and documents add to its prompt (app/gateway/media.py)
-    parsed: Any = None  # R1's parse of `body` (app/wire.py `kept`): where the cache advisor finds items
-    sketch: Any = None  # the cache advisor's parts of the request, taken as it is forwarded (Ledger.sketch)
+    parsed: object = None  # R1's parse of `body` (app/gateway/checking.py `Checked`): the advisor's items
+    sketch: Sketch | None = None  # the cache advisor's parts of the request, taken as it is forwarded
     _json: dict[str, Any] | None = None
 
     @property
@@ -78,7 +79,7 @@ class Exchange:
         parses it again (`json`)."""
         self._json = self.parsed = self.checked = None
 
-    def own_parse(self) -> Any:
+    def own_parse(self) -> object:
         """A parse of `body` made already, its objects' keys in the body's order (None: none was made)."""
         return self._json if self._json is not None else self.parsed
 
