@@ -165,7 +165,7 @@ class Gateway:
         ex.remember = self.repairer.remembers(family, verdict, ex.identity.caller)
         ex.checked = verdict.request if verdict is not None else None
         if self.auth.managed and not _upload(route) and may_name_files(ex.body, json=verdict is not None):
-            foreign = await self.ownership.foreign(ex)
+            ex.files, foreign = await self.ownership.foreign(ex)
             if foreign is not None:
                 code = NOT_OWNED if foreign.status == 404 else foreign.code
                 self.ledger.finish(ex, "rejected", foreign.status, rule_code=code)
@@ -180,9 +180,10 @@ class Gateway:
         if self.admitter is not None:
             media = functools.partial(self.media.tokens, ex, verdict) if self.media.may_hold(ex, verdict) \
                 else None  # a plain body: no look-up of the caller's limits for it
-            refused = await self.admitter.admit(ex, verdict, media)
-            if refused is not None:
-                return self._limit(ex, family, refused)
+            admitted = await self.admitter.admit(ex, verdict, media)
+            if isinstance(admitted, Refusal):
+                return self._limit(ex, family, admitted)
+            ex.admission = admitted
         self.ledger.sketch(ex)
         verdict = None  # let go before the upstream call (Exchange.release), not held until the end
         try:
