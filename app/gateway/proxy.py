@@ -9,7 +9,7 @@ concern (`Gateway.handle`, in this order):
 6. admit it against the caller's limits (app/quotas/admission.py);
 7. forward it (app/gateway/upstream.py, retries in app/gateway/retry.py), then read the answer whole
    (`_buffered`) or relay the stream (app/gateway/relay.py, whose end is `_stream_ended`); a tool API's
-   answer (app/tools/) goes through app/gateway/tool_relay.py, whose end is `_tool_ended`.
+   answer (app/tools/) is relayed by `_tool_pieces`, whose end is `_tool_ended`.
 
 Every request that reaches the handler ends in exactly one call to `Ledger.finish` (app/gateway/ledger.py),
 which writes the usage record and settles the admission.
@@ -55,13 +55,13 @@ from app.gateway.relay import (
     UPSTREAM_FAILURES,
     WAIT,
     EventFramer,
-    EventStream,
+    Head,
     Piece,
+    Relayed,
     drain,
 )
 from app.gateway.responses import RawResponse, error_response, is_event_stream, json_response
 from app.gateway.retry import ClientHungUp, Retrier, SendOnce, Tries
-from app.gateway.tool_relay import Reopen, ToolRelay
 from app.gateway.upstream import (
     Answer,
     KeptAliveOnly,
@@ -346,8 +346,7 @@ class Gateway:
         resp = await self.retrier.open(tries, send, request.receive)
         ex.mark_first_byte()
         if ex.route.tool is not None:
-            return self._tool_answer(ex, family, resp, deadline, functools.partial(
-                self.retrier.reopen, tries, send, receive=None))
+            return self._tool_answer(ex, family, resp, tries, send)
         if ex.stream and resp.status_code == 200:
             if not is_event_stream(resp.header("content-type") or ""):
                 await resp.aclose()
@@ -357,18 +356,67 @@ class Gateway:
             framer = EventFramer(family.meter(turns), family.stream_error, usage_filter, ex.trace,
                                  self.settings.limits.max_upstream_bytes)
             events = self._events(ex, family, resp, tries, send, framer, turns)
-            return EventStream(events, ex.response_headers(resp), ex.rate_headers)
+            return Relayed(events, Head(200, ex.response_headers(resp)), ex.rate_headers)
         return await self._buffered(ex, family, resp, tries, send, request)
 
-    def _tool_answer(self, ex: Exchange, family: Family, resp: Answer, deadline: float, reopen: Reopen
+    def _tool_answer(self, ex: Exchange, family: Family, resp: Answer, tries: Tries, send: SendOnce
                      ) -> Response:
-        """A tool API's answer (app/gateway/tool_relay.py): its keep-alives relayed as they come, the answer
-        held until whole, its record made from it (`_tool_ended`)."""
+        """A tool API's answer: its keep-alives relayed as they come, the answer held until whole, its record
+        made from it (`_tool_pieces`)."""
         if resp.status_code == 401 and self.auth.managed:
             self.spawn(resp.aclose())
             return self._upstream_refused_key(ex, family)
-        return ToolRelay(ex, resp, deadline, functools.partial(self._tool_ended, family),
-                         reopen if self.retrier.policy.retries else None)
+        return Relayed(self._tool_pieces(ex, family, resp, tries, send), None, ex.rate_headers, lazy=False)
+
+    async def _tool_pieces(self, ex: Exchange, family: Family, answer: Answer, tries: Tries, send: SendOnce
+                           ) -> AsyncGenerator[Head | Piece, None]:
+        """A tool API's answer for the client (relay.Relayed sends it): the newline keep-alives DeepSeek sends
+        before an answer that takes long (OCR) as they come, the answer itself once it is whole, after its
+        record (what it is billed for is read from it). Before anything of the answer arrived, a failure is
+        retried on the same client response; a later one, or once the retries are spent, ends it: with
+        chatgate's error as its status if nothing was sent yet, else with the error's JSON after the
+        keep-alives (as DeepSeek itself answers an error that follows keep-alives)."""
+        held: list[bytes] = []
+        started = False  # the head went out (with the first keep-alive)
+        try:
+            while True:
+                try:
+                    while chunk := answer.ready() or (b"" if answer.at_eof() else
+                                                      await _read_by(answer, tries)):
+                        if not held and not chunk.strip():  # a keep-alive before the answer
+                            if not started:
+                                started = True
+                                yield Head(answer.status_code, ex.response_headers(answer))
+                            yield chunk, False
+                        else:
+                            held.append(chunk)
+                    break
+                except TRANSPORT_FAILURES as exc:
+                    error = map_transport_error(exc)
+                    if held or not self.retrier.policy.retries:
+                        raise error from None
+                    await answer.aclose()
+                    answer = await self.retrier.reopen(tries, send, error, None)  # Relayed watches the client
+            content = b"".join(held)
+            status = answer.status_code
+            self._tool_ended(family, ex, "ok" if status == 200 else "upstream_error", status, content)
+            if not started:
+                length = (b"content-length", str(len(content)).encode())
+                yield Head(status, [*ex.response_headers(answer), length])
+            yield content, True
+        except APIError as error:
+            self._tool_ended(family, ex, "upstream_failed", error.status, None)
+            body = error.to_json()
+            if not started:
+                extra = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in error.headers.items()]
+                yield Head(error.status, [(b"content-type", b"application/json"),
+                                          (b"content-length", str(len(body)).encode()),
+                                          (b"x-request-id", ex.request_id.encode("latin-1")), *extra])
+            yield body, True
+        finally:
+            await answer.aclose()
+            if not ex.finished:  # the client went away first
+                self._tool_ended(family, ex, "client_disconnected", 499, None)
 
     def _tool_ended(self, family: Family, ex: Exchange, outcome: str, status: int, content: bytes | None
                     ) -> None:
@@ -441,7 +489,7 @@ class Gateway:
 
     async def _events(self, ex: Exchange, family: Family, answer: Answer, tries: Tries, send: SendOnce,
                       framer: EventFramer, turns: StreamTurns | None) -> AsyncGenerator[Piece, None]:
-        """The stream's pieces for the client (relay.EventStream sends them), as DeepSeek's events arrive:
+        """The stream's pieces for the client (relay.Relayed sends them), as DeepSeek's events arrive:
         what has arrived is taken at once, with one await per wait on DeepSeek (each bounded by the
         request's deadline, and announced by `WAIT`). Before the first data event, a failure is retried on
         the same client response (app/gateway/retry.py). The usage record is made when DeepSeek's side
@@ -457,8 +505,7 @@ class Gateway:
                             if answer.at_eof():
                                 break
                             yield WAIT
-                            async with asyncio.timeout(max(tries.deadline - time.perf_counter(), 0.001)):
-                                raw = await answer.read_chunk()
+                            raw = await _read_by(answer, tries)
                             if not raw:
                                 break
                         chunk = framer.feed(raw)
@@ -487,7 +534,7 @@ class Gateway:
                     error = exc.error if isinstance(exc, KeptAliveOnly) else map_transport_error(exc)
                     await answer.aclose()
                     framer.restart()
-                    answer = await self.retrier.reopen(tries, send, error, None)  # EventStream watches
+                    answer = await self.retrier.reopen(tries, send, error, None)  # Relayed watches
                     if not is_event_stream(answer.header("content-type") or ""):
                         raise bad_gateway("DeepSeek answered a streaming request with 200 but not an event "
                                           "stream (upstream broke the protocol).",
@@ -548,6 +595,12 @@ class Gateway:
         await self.background.drain()
         if self.ledger.access_log is not None:
             self.ledger.access_log.flush()
+
+
+async def _read_by(answer: Answer, tries: Tries) -> bytes:
+    """The answer's next chunk, waited for until the request's deadline."""
+    async with asyncio.timeout(max(tries.deadline - time.perf_counter(), 0.001)):
+        return await answer.read_chunk()
 
 
 def _upload(route: Route) -> bool:

@@ -4,17 +4,18 @@ The gateway's event generator (`Gateway._events`, app/gateway/proxy.py) reads De
 here (`EventFramer`: whole lines only, the family's meter and chunk filter fed, the stream's last event
 found, an error event that stands alone) and yields the pieces the client gets; it makes the usage record
 when DeepSeek's side ends, before the last event is yielded, or in its `finally` when the client went away
-first. `EventStream` is the ASGI response that sends those pieces, as Starlette's StreamingResponse sends
-its iterator, with two differences the hot path wants: the piece that ends the last event goes with
-`more_body: False` (one write with the chunked body's end), and the client's disconnect is watched only
-from the first wait on DeepSeek on (the generator yields `WAIT` before it): a stream received whole is
-relayed without a watcher task.
+first. `Relayed` is the ASGI response that sends those pieces, as Starlette's StreamingResponse sends its
+iterator (a tool API's answer too: app/gateway/proxy.py `_tool_pieces`), with two differences the hot path
+wants: the piece that ends the last event goes with `more_body: False` (one write with the chunked body's
+end), and the client's disconnect is watched only from the first wait on DeepSeek on (the generator yields
+`WAIT` before it): a stream received whole is relayed without a watcher task.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -39,39 +40,55 @@ ErrorEvent = Callable[[APIError], bytes]  # the family's error event (Family.str
 DRAIN_S = 1.0  # how long the relay waits for the end of the upstream body once the client has the answer
 
 
-class EventStream(Response):
-    """The client's side of a relayed stream: sends the pieces of `events` as they come. `events` is the
-    gateway's generator, closed here whatever happens (its `finally` makes the record if nothing did)."""
+@dataclass(frozen=True, slots=True)
+class Head:
+    """A response's status and headers."""
 
-    def __init__(self, events: AsyncGenerator[Piece, None], headers: list[tuple[bytes, bytes]],
-                 lines: HeadLines | None) -> None:
+    status: int
+    headers: list[tuple[bytes, bytes]]
+
+
+class Relayed(Response):
+    """The client's side of a relayed answer: sends the pieces of `pieces` as they come. `pieces` is the
+    gateway's generator, closed here whatever happens (its `finally` makes the record if nothing did). The
+    response's head is `head`, or the first `Head` the generator yields (a tool API's answer, whose status is
+    known only when its first keep-alive or its end arrives). The client is watched from the generator's
+    first `WAIT` on when `lazy`, else from the start."""
+
+    def __init__(self, pieces: AsyncGenerator[Head | Piece, None], head: Head | None, lines: HeadLines | None,
+                 lazy: bool = True) -> None:
         # Starlette's Response fields, set as its __init__ would
-        self.status_code = 200
-        self.media_type = "text/event-stream"
+        self.status_code = head.status if head is not None else 200
         self.background = None
         self.body = b""
-        self.raw_headers = headers
-        self.events = events
+        self.raw_headers = head.headers if head is not None else []
+        self.head = head
+        self.pieces = pieces
         self.lines = lines
+        self.lazy = lazy
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         client = ClientWatch()
         try:
-            async with client.watching(receive, lazy=True):
-                await _send(send, response_start(scope, 200, self.raw_headers, self.lines))
+            async with client.watching(receive, lazy=self.lazy):
+                if self.head is not None:
+                    await _send(send, response_start(scope, self.head.status, self.head.headers, self.lines))
                 closed = False
-                async for chunk, last in self.events:
-                    if not chunk:  # WAIT
+                async for piece in self.pieces:
+                    if piece is WAIT:
                         client.arm()
-                        continue
-                    await _send(send, {"type": "http.response.body", "body": chunk, "more_body": not last})
-                    if last:
-                        closed = True
-                        client.relaying = False  # the client has it all: its going away no longer matters
+                    elif isinstance(piece, Head):
+                        await _send(send, response_start(scope, piece.status, piece.headers, self.lines))
+                    else:
+                        body, last = piece
+                        await _send(send, {"type": "http.response.body", "body": body, "more_body": not last})
+                        if last:
+                            closed = True
+                            client.relaying = False  # the client has it all: its going away no longer matters
                 if not closed:
                     await _send(send, {"type": "http.response.body", "body": b"", "more_body": False})
         finally:
-            await self.events.aclose()
+            await self.pieces.aclose()
 
 
 async def drain(answer: Answer) -> None:
