@@ -6,12 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import orjson
+import pytest
 
-from app.gateway.auth import fingerprint
+from app.gateway.auth import fingerprint, new_key
 from app.gateway.ledger import Ledger
 from app.gateway.proxy import Gateway
 from app.store import open_store
 from app.store.base import LimitRow
+from tests.fakes.deepseek import FakeState
 from tests.inprocess.gate import KEY, Gate, chat, events, run
 from tests.repair.clients import SEARCH, tool_calls_of
 
@@ -165,3 +167,43 @@ def test_the_responses_route_answers_and_is_metered(tmp_path: Path) -> None:
         assert (row["route"], row["outcome"]) == ("/responses", "ok") and row["prompt_tokens"] > 0
 
     run(tmp_path, scenario)
+
+
+def test_a_tool_api_call_is_relayed_and_billed_one_call(tmp_path: Path) -> None:
+    async def scenario(g: Gate) -> None:
+        resp = await g.post("/v1/tools/search", {"query": "deepseek", "count": 2})
+        assert resp.status_code == 200, resp.text
+        assert len(resp.json()["results"]) == 2
+        assert resp.headers["content-length"] == str(len(resp.content))
+        [row] = await g.records(1)
+        assert (row["model"], row["outcome"], row["billed_units"], row["billed_unit"]) == (
+            "search", "ok", 1, "call")
+
+    run(tmp_path, scenario)
+
+
+def test_managed_mode_sends_a_request_refused_for_balance_to_another_account(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    keys = {"one": "sk-account-one-0001", "two": "sk-account-two-0002"}
+    for name, key in keys.items():
+        monkeypatch.setenv(f"DEEPSEEK_KEY_{name.upper()}", key)
+    store = open_store(f"sqlite:///{tmp_path}/usage.db")
+    store.migrate()
+    key_id, secret, digest, prefix = new_key()
+    store.create_key(key_id, digest, prefix, "search", "crawler")
+    store.close()
+    fake = FakeState()
+    fake.configure(no_balance_keys=[keys["two"]])
+
+    async def scenario(g: Gate) -> None:
+        statuses = [(await g.post("/v1/chat/completions", chat(), key=secret)).status_code for _ in range(4)]
+        assert statuses == [200] * 4
+        assert {r.auth_key for r in g.fake.requests} == set(keys.values())
+        assert [r.auth_key for r in g.fake.requests].count(keys["two"]) == 1, "set aside after its 402"
+        rows = await g.records(4)
+        assert sorted(r["attempts"] for r in rows) == [1, 1, 1, 2]
+        assert {r["account"] for r in rows} == {"one"}
+
+    accounts = [{"name": name, "key_env": f"DEEPSEEK_KEY_{name.upper()}"} for name in keys]
+    run(tmp_path, scenario, fake, auth={"mode": "managed", "key_cache_seconds": 0},
+        upstream={"accounts": accounts, "retries": 2, "retry_base_ms": 1})
