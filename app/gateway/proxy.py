@@ -8,8 +8,9 @@ concern (`Gateway.handle`, in this order):
 5. the context guard (R40, `_context_guard`);
 6. admit it against the caller's limits (app/quotas/admission.py);
 7. forward it (app/gateway/upstream.py, retries in app/gateway/retry.py), then read the answer whole
-   (`_buffered`) or relay the stream (app/gateway/relay.py, whose end is `_stream_ended`); a tool API's
-   answer (app/tools/) is relayed by `_tool_pieces`, whose end is `_tool_ended`.
+   (`_buffered`) or relay the stream (the generator `_events`, framed by app/gateway/relay.py, whose end is
+   `_stream_ended`); a tool API's answer (app/tools/) is relayed by the generator `_tool_pieces`, whose end
+   is `_tool_ended`.
 
 Every request that reaches the handler ends in exactly one call to `Ledger.finish` (app/gateway/ledger.py),
 which writes the usage record and settles the admission.
