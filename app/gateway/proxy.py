@@ -18,7 +18,6 @@ which writes the usage record and settles the admission.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import logging
 import time
@@ -69,6 +68,7 @@ from app.gateway.upstream import (
     Upstream,
     forward_headers,
     map_transport_error,
+    next_chunk,
     read_whole,
 )
 from app.metering.metrics import Metrics
@@ -382,8 +382,7 @@ class Gateway:
         try:
             while True:
                 try:
-                    while chunk := answer.ready() or (b"" if answer.at_eof() else
-                                                      await _read_by(answer, tries)):
+                    while chunk := await next_chunk(answer, tries.deadline):
                         if not held and not chunk.strip():  # a keep-alive before the answer
                             if not started:
                                 started = True
@@ -506,7 +505,7 @@ class Gateway:
                             if answer.at_eof():
                                 break
                             yield WAIT
-                            raw = await _read_by(answer, tries)
+                            raw = await next_chunk(answer, tries.deadline)
                             if not raw:
                                 break
                         chunk = framer.feed(raw)
@@ -596,12 +595,6 @@ class Gateway:
         await self.background.drain()
         if self.ledger.access_log is not None:
             self.ledger.access_log.flush()
-
-
-async def _read_by(answer: Answer, tries: Tries) -> bytes:
-    """The answer's next chunk, waited for until the request's deadline."""
-    async with asyncio.timeout(max(tries.deadline - time.perf_counter(), 0.001)):
-        return await answer.read_chunk()
 
 
 def _upload(route: Route) -> bool:

@@ -27,7 +27,7 @@ from app.errors import APIError
 from app.gateway.family import ChunkFilter, StreamMeter
 from app.gateway.responses import HeadLines, response_start
 from app.gateway.retry import only_keepalives
-from app.gateway.upstream import Answer, KeptAliveOnly, too_large
+from app.gateway.upstream import Answer, KeptAliveOnly, next_chunk, too_large
 from app.gateway.watch import ClientGone, ClientWatch
 from app.tracing.spans import ExchangeTrace
 
@@ -98,7 +98,7 @@ async def drain(answer: Answer) -> None:
         return
     try:
         async with asyncio.timeout(DRAIN_S):
-            while answer.ready() or await answer.read_chunk():
+            while await next_chunk(answer):
                 pass
     except (*TRANSPORT_FAILURES, httpx2.HTTPError, RuntimeError):
         pass

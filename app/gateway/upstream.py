@@ -338,9 +338,21 @@ class _AnswerStream(httpx2.AsyncByteStream):
         await self.answer.aclose()
 
 
+async def next_chunk(answer: Answer, deadline: float | None = None) -> bytes:
+    """What of the body has arrived, else its next piece waited for (until `deadline`, time.perf_counter,
+    when given: then TimeoutError); b"" at its end."""
+    chunk = answer.ready()
+    if chunk or answer.at_eof():
+        return chunk
+    if deadline is None:
+        return await answer.read_chunk()
+    async with asyncio.timeout(_left(deadline)):
+        return await answer.read_chunk()
+
+
 async def raw_chunks(answer: Answer) -> AsyncIterator[bytes]:
-    """The body as it arrives, as sent: what has arrived first, then each piece as it comes."""
-    while chunk := answer.ready() or (b"" if answer.at_eof() else await answer.read_chunk()):
+    """The body as it arrives, as sent."""
+    while chunk := await next_chunk(answer):
         yield chunk
 
 
