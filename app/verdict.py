@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -23,9 +24,8 @@ class Verdict:
     request: Any = None  # the family's validated request (its in-place restore reads it), when there is one
 
     def without_problems(self) -> Verdict:
-        """The same verdict with no problems left (what `dataclasses.replace` does, for a fraction of it)."""
-        return Verdict([], self.warnings, self.model, self.stream, self.thinking, self.tools, self.max_tokens,
-                       self.profile, self.media, self.request)
+        """The same verdict with no problems left (a repair fixed them all)."""
+        return dataclasses.replace(self, problems=[])
 
 
 class Rules(Protocol):
@@ -33,4 +33,6 @@ class Rules(Protocol):
 
     name: str
 
-    def check(self, body: bytes, *, beta: bool, origin: str | None) -> Verdict: ...
+    def check(self, body: bytes, *, beta: bool, origin: str | None, parse: object = None) -> Verdict:
+        """The body's problems and what the gateway needs of it; `parse`: R1's parse of `body` (JSON values
+        as jiter reads them), validated instead of the bytes when given."""

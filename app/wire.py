@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
@@ -57,58 +56,18 @@ CUT_BODY_MAX = 4 << 20  # a larger invalid body is reported by its first error a
 Model = TypeVar("Model", bound=pydantic.BaseModel)
 
 
-_parse = threading.local()  # the body last parsed by R1 (app/gateway/strict.py) on this thread, and its data
-
-
-def parsed(body: bytes, data: Any) -> None:
-    """R1 read `body` as `data` (jiter: the same values pydantic's JSON parser reads): the check that follows
-    on this thread validates `data` rather than parsing the bytes again (half the cost of a 6 KB body)."""
-    _parse.body, _parse.data = body, data
-
-
-KEEP_BYTES = 1 << 20  # R1's parse of a body up to this size is kept for `kept` (the cache advisor)
-
-
-def taken(body: bytes) -> Any:
-    """R1's parse of `body` if it is the one `parsed` holds (and it no longer does), else None. Up to
-    KEEP_BYTES, it is kept for one `kept` after."""
-    if getattr(_parse, "body", None) is not body:
-        return None
-    data, _parse.body, _parse.data = _parse.data, None, None
-    if len(body) <= KEEP_BYTES:
-        _parse.kept_body, _parse.kept = body, data
-    return data
-
-
-def kept(body: bytes) -> Any:
-    """R1's parse of `body` after the family's check took it, handed over once (its objects keep the body's
-    key order, which the validated request does not); None when this thread's last check was of another
-    body, or of one over KEEP_BYTES."""
-    if getattr(_parse, "kept_body", None) is not body:
-        return None
-    data, _parse.kept_body, _parse.kept = _parse.kept, None, None
-    return data
-
-
-def forget_parsed() -> None:
-    """Drop R1's parse if no check took it: a 19 MB body's parse is 150 MB, and a thread (a checker
-    process's) would keep it until the next body's. What `taken` kept for `kept` stays (a body up to
-    KEEP_BYTES, handed to the request right after its check)."""
-    _parse.body = _parse.data = None
-
-
-def validate_body(model: type[Model], body: bytes) -> Model:
+def validate_body(model: type[Model], body: bytes, parse: object = None) -> Model:
     """`model` from a JSON body; else a ValidationError whose errors cost memory and time bounded by the
     body's size. A body up to FULL_CHECK_BYTES is validated as usual (see `bounded`). A larger one by a copy
     of the schema whose arrays stop at their first bad item: a 13 MB body of a million bad messages held
     1.3 GB of errors while pydantic collected them. When it is invalid, its errors are those of the body with
     every array cut to its first CUT_ITEMS items if that copy is at most FULL_CHECK_BYTES (the first
-    problems, all listed), else its first error alone."""
-    data = taken(body)
+    problems, all listed), else its first error alone. `parse`: R1's parse of `body` (app/gateway/strict.py,
+    jiter: the same values pydantic's JSON parser reads), validated instead of reading the bytes again."""
     if len(body) <= FULL_CHECK_BYTES:
-        if isinstance(data, dict):
+        if isinstance(parse, dict):
             try:  # what R1 parsed; an invalid one is validated again from its bytes for today's exact errors
-                return model.model_validate(data)
+                return model.model_validate(parse)
             except pydantic.ValidationError:
                 pass
         try:

@@ -64,8 +64,8 @@ class MessagesFamily(FamilyBase):
         self.profiles = profiles
         self.options = options
 
-    def check(self, body: bytes, *, beta: bool, origin: str | None) -> Verdict:
-        return check_body(body, self.profiles, self.options)
+    def check(self, body: bytes, *, beta: bool, origin: str | None, parse: object = None) -> Verdict:
+        return check_body(body, self.profiles, self.options, parse)
 
     def repairable(self, found: Sequence[Problem], options: RepairOptions) -> bool:
         return wanted(found, options)

@@ -61,10 +61,11 @@ def model_profile(model: str, profiles: dict[str, ModelProfile]) -> tuple[ModelP
     return generic_profile(model), False
 
 
-def check_body(body: bytes, profiles: dict[str, ModelProfile], options: Options) -> Verdict:
-    """Parse and check a Messages request body; never raises."""
+def check_body(body: bytes, profiles: dict[str, ModelProfile], options: Options, parse: object = None
+               ) -> Verdict:
+    """Parse and check a Messages request body (`parse`: R1's, app/wire.py `validate_body`); never raises."""
     try:
-        request = validate_body(MessagesRequest, body)
+        request = validate_body(MessagesRequest, body, parse)
     except pydantic.ValidationError as exc:
         return Verdict(problems_from_validation_error(exc))
     profile, known = model_profile(request.model, profiles)

@@ -28,10 +28,8 @@ class Team(Protocol):
     def team(self) -> str: ...
 
 
-class Exchange(Protocol):
+class FilesRequest(Protocol):
     """The request as the step sees it (app/gateway/exchange.py)."""
-
-    files: bool  # it names uploaded files (the account pool sends it to the account that holds them)
 
     @property
     def body(self) -> bytes: ...
@@ -45,13 +43,13 @@ class Ownership:
         self.checkers = checkers
         self.store = store  # who owns the uploaded files (None: no store, nothing to check against)
 
-    async def foreign(self, ex: Exchange) -> APIError | None:
-        """The error for the first file the request names that its team does not own, if any."""
+    async def foreign(self, ex: FilesRequest) -> tuple[bool, APIError | None]:
+        """Whether the request names uploaded files (the account pool sends it to the account that holds
+        them), and the error for the first one its team does not own, if any."""
         try:
             refs = await self.checkers.run(len(ex.body), functools.partial(named_files, ex.body))
         except APIError as error:
-            return error
-        ex.files = bool(refs)
+            return False, error
         if not refs or self.store is None:
-            return None
-        return await foreign_file(self.store, ex.identity.team, refs)
+            return bool(refs), None
+        return True, await foreign_file(self.store, ex.identity.team, refs)

@@ -20,7 +20,7 @@ import httpx2
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from app.gateway.upstream import map_transport_error, response_headers
+from app.gateway.upstream import Answer, body_chunks, map_transport_error, response_headers
 from app.gateway.watch import ClientGone, ClientWatch
 
 # Called once when the relay is over: (outcome, status, code).
@@ -34,14 +34,14 @@ class Passthrough(Response):
     `watch`: whether to watch for the client's disconnect; only once the request body has been read to its
     end, since the watcher would otherwise take the body's chunks for itself."""
 
-    def __init__(self, resp: httpx2.Response, request_id: str, deadline: float, on_end: OnEnd,
+    def __init__(self, resp: Answer, request_id: str, deadline: float, on_end: OnEnd,
                  watch: bool = True) -> None:
         self.status_code = resp.status_code
         self.background = None
         self.resp = resp
-        self.raw_headers = response_headers(resp.headers, request_id)
-        length = resp.headers.get("content-length")
-        if length is not None and "content-encoding" not in resp.headers:
+        self.raw_headers = response_headers(resp.raw_headers, request_id)
+        length = resp.header("content-length")
+        if length is not None and resp.header("content-encoding") is None:
             self.raw_headers.append((b"content-length", length.encode("latin-1")))
         self.deadline = deadline
         self.on_end = on_end
@@ -62,7 +62,7 @@ class Passthrough(Response):
                                 "headers": self.raw_headers})
         try:
             async with asyncio.timeout(max(self.deadline - time.perf_counter(), 0.001)):
-                async for chunk in self.resp.aiter_bytes():
+                async for chunk in body_chunks(self.resp):
                     await self._send(send, {"type": "http.response.body", "body": chunk, "more_body": True})
         except (TimeoutError, httpx2.HTTPError, aiohttp.ClientError, OSError) as exc:
             if self.client.gone:

@@ -18,7 +18,6 @@ import time
 from typing import Any
 from urllib.parse import parse_qsl, quote
 
-import httpx2
 from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import Response
@@ -43,7 +42,7 @@ from app.gateway.family import Family
 from app.gateway.ledger import Ledger
 from app.gateway.responses import RawResponse, error_response
 from app.gateway.state import State
-from app.gateway.upstream import forward_headers, map_transport_error, read_whole, response_headers
+from app.gateway.upstream import Answer, forward_headers, map_transport_error, read_whole, response_headers
 
 log = logging.getLogger("chatgate")
 
@@ -166,7 +165,7 @@ async def _exchange(state: State, request: Request, path: str, upload: Upload, i
     return Passthrough(resp, rid, deadline, done, watch=body is None or upload.done)
 
 
-async def _owned_upload(state: State, owners: Owners, identity: Identity, resp: httpx2.Response, rid: str,
+async def _owned_upload(state: State, owners: Owners, identity: Identity, resp: Answer, rid: str,
                         deadline: float, done: OnEnd, tokens: int | None = None) -> Response:
     """DeepSeek's answer to an upload, relayed unchanged once the file it made is recorded as the team's. If
     it cannot be recorded, the file is deleted (nobody could have reached it) and the upload fails."""
@@ -184,7 +183,7 @@ async def _owned_upload(state: State, owners: Owners, identity: Identity, resp: 
             done("aborted", error.status, error.code)
             return error_response(error, rid)
     outcome = "ok" if 200 <= resp.status_code < 300 else "upstream_error"
-    return RawResponse(resp.status_code, response_headers(resp.headers, rid), content,
+    return RawResponse(resp.status_code, response_headers(resp.raw_headers, rid), content,
                        before_send=functools.partial(done, outcome, resp.status_code, None))
 
 
@@ -231,14 +230,14 @@ async def _team_list(state: State, request: Request, owners: Owners, headers: li
             if len(kept) >= limit or not more or not page or asked == MAX_LIST_PAGES:
                 done("ok", 200, None)
                 body = narrowed(found, kept[:limit], more or len(kept) > limit)
-                return RawResponse(200, response_headers(resp.headers, rid), body)
+                return RawResponse(200, response_headers(resp.raw_headers, rid), body)
             query = next_query(params, page[-1]["id"])
     except APIError as error:
         done("upstream_failed" if error.status in (502, 504) else "aborted", error.status, error.code)
         return error_response(error, rid)
 
 
-def _relayed(resp: httpx2.Response, content: bytes, rid: str, done: OnEnd) -> Response:
+def _relayed(resp: Answer, content: bytes, rid: str, done: OnEnd) -> Response:
     """A list answer that is not a list (managed mode, a team's list): DeepSeek's error as it sent it, but its
     401 to chatgate's key (chatgate's 502); a 200 that is not a list is a 502 (relayed, it could show another
     team's files)."""
@@ -252,7 +251,7 @@ def _relayed(resp: httpx2.Response, content: bytes, rid: str, done: OnEnd) -> Re
         done("upstream_failed", failure.status, failure.code)
         return error_response(failure, rid)
     done("upstream_error", resp.status_code, None)
-    return RawResponse(resp.status_code, response_headers(resp.headers, rid), content)
+    return RawResponse(resp.status_code, response_headers(resp.raw_headers, rid), content)
 
 
 def _left(deadline: float) -> float:

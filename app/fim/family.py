@@ -47,8 +47,8 @@ class FimFamily(FamilyBase):
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
 
-    def check(self, body: bytes, *, beta: bool, origin: str | None) -> Verdict:
-        checked = check_fim(body, self.policy)
+    def check(self, body: bytes, *, beta: bool, origin: str | None, parse: object = None) -> Verdict:
+        checked = check_fim(body, self.policy, parse)
         req = checked.request
         if req is None:
             return Verdict(checked.problems, checked.warnings, profile=checked.profile)

@@ -64,10 +64,10 @@ class FimChecked:
 FimRule = Callable[[FimRequest, FimContext], Iterable[Problem]]
 
 
-def check_fim(body: bytes, policy: Policy) -> FimChecked:
-    """Parse and check a FIM request body; never raises."""
+def check_fim(body: bytes, policy: Policy, parse: object = None) -> FimChecked:
+    """Parse and check a FIM request body (`parse`: R1's, app/wire.py `validate_body`); never raises."""
     try:
-        request = validate_body(FimRequest, body)
+        request = validate_body(FimRequest, body, parse)
     except pydantic.ValidationError as exc:
         return FimChecked(None, [_as_fim(p) for p in problems_from_validation_error(exc, body)])
     return check_fim_request(request, policy)

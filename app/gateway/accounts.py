@@ -26,8 +26,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx2
-
+from app.gateway.upstream import ReadAnswer
 from app.settings import Settings
 
 DEFAULT = "default"  # the one account of a pool made from DEEPSEEK_API_KEY
@@ -101,7 +100,8 @@ class Pool:
         self._unpinned = [a for a in self.accounts if not a.teams]
 
     @classmethod
-    def from_settings(cls, settings: Settings, env: Mapping[str, str] | None = None) -> Pool | None:
+    def from_settings(cls, settings: Settings, env: Mapping[str, str] | None = None,
+                      on_unavailable: Callable[[str, int, float], None] | None = None) -> Pool | None:
         """The managed-mode pool; None in passthrough mode (the caller's own key goes upstream)."""
         if settings.auth.mode != "managed":
             return None
@@ -110,13 +110,14 @@ class Pool:
         key = settings.auth.upstream_api_key
         secret = _bearer(key.get_secret_value() if key else None)
         if not up.accounts:
-            return cls([Account(DEFAULT, "DEEPSEEK_API_KEY", secret, keyless=True)], up.account_cooldown_s)
+            return cls([Account(DEFAULT, "DEEPSEEK_API_KEY", secret, keyless=True)], up.account_cooldown_s,
+                       on_unavailable=on_unavailable)
         accounts = [Account(a.name, a.key_env, _bearer(env.get(a.key_env)), a.weight,
                             teams=frozenset(a.teams)) for a in up.accounts]
         files = next((a for a in accounts if secret is not None and a.authorization == secret), None)
         if files is None and secret is not None:  # DEEPSEEK_API_KEY is an account of its own, for files only
             files = Account(FILES, "DEEPSEEK_API_KEY", secret)
-        return cls(accounts, up.account_cooldown_s, files=files)
+        return cls(accounts, up.account_cooldown_s, on_unavailable=on_unavailable, files=files)
 
     def serving(self, team: str | None) -> list[Account]:
         """The accounts that serve `team`: those pinned to it if any, else those pinned to no team."""
@@ -173,7 +174,7 @@ class Pool:
         return min(keyed) if keyed else now + 1e9
 
     def rate_limited(self, account: Account, retry_after: float | None, base_s: float,
-                     answer: httpx2.Response) -> None:
+                     answer: ReadAnswer) -> None:
         """A 429 (the attempt's lease already released): set aside for Retry-After (capped at the cooldown
         of a 401/402, or RATE_LIMIT_ASIDE_MAX_S if that is lower); else, with requests of
         it in flight, it takes no more than those at once (DeepSeek's concurrency limit, learned) for
@@ -189,31 +190,31 @@ class Pool:
             aside = min(max(base_s, 0.05) * 2 ** (account.strikes - 1), RATE_LIMIT_ASIDE_MAX_S)
             self._set_aside(account, aside, "429", answer)
 
-    def unavailable(self, account: Account, status: int, answer: httpx2.Response | None = None) -> None:
+    def unavailable(self, account: Account, status: int, answer: ReadAnswer | None = None) -> None:
         """A 401 (the key is refused) or 402 (no balance): set aside for the cooldown, and say so."""
         if len(self.accounts) > 1:
             self._set_aside(account, self.cooldown_s, str(status), answer)
         if self.on_unavailable is not None:
             self.on_unavailable(account.name, status, self.cooldown_s if len(self.accounts) > 1 else 0.0)
 
-    def _set_aside(self, account: Account, seconds: float, why: str, answer: httpx2.Response | None) -> None:
+    def _set_aside(self, account: Account, seconds: float, why: str, answer: ReadAnswer | None) -> None:
         account.aside_until = max(account.aside_until, self.clock() + seconds)
         account.why = why
         if answer is not None:
-            account.last_error = (answer.status_code, list(answer.headers.raw), answer.content)
+            account.last_error = (answer.status_code, list(answer.raw_headers), answer.content)
         self.changed()
 
     def others(self, account: Account, team: str | None) -> bool:
         """Whether another account serves `team` (a 401 or 402 of this one can go there)."""
         return any(a is not account for a in self.serving(team))
 
-    def last_error(self, team: str | None = None) -> httpx2.Response | None:
+    def last_error(self, team: str | None = None) -> ReadAnswer | None:
         """DeepSeek's last error from an account set aside, to answer with while all are."""
         errors = [a.last_error for a in self.serving(team) if a.last_error is not None]
         if not errors:
             return None
         status, headers, content = errors[-1]
-        return httpx2.Response(status, headers=headers, content=content)
+        return ReadAnswer(status, headers, content)
 
     def changed(self) -> None:
         if self._event is not None:  # wake the requests waiting for an account

@@ -98,7 +98,8 @@ def _fingerprint_of(digest: str) -> str:
 
 
 class Authenticator:
-    def __init__(self, settings: AuthSettings, store: KeyStore | None) -> None:
+    def __init__(self, settings: AuthSettings, store: KeyStore | None,
+                 on_refused: Callable[[str], None] | None = None) -> None:
         self.settings = settings
         self.store = store
         self._cache: dict[str, tuple[float, ApiKey]] = {}  # the store's keys, by digest
@@ -111,7 +112,7 @@ class Authenticator:
         self._salt = secrets.token_bytes(32)
         self._passthrough_ids: BoundedDict[bytes, Identity] = BoundedDict(PASSTHROUGH_CACHED)
         self._managed_ids: BoundedDict[bytes, tuple[float, Identity]] = BoundedDict(MANAGED_CACHED)
-        self.on_refused: Callable[[str], None] | None = None  # a 401, by its source address (/metrics)
+        self.on_refused = on_refused  # told of a 401, by its source address (/metrics)
         upstream_key = settings.upstream_api_key.get_secret_value() if settings.upstream_api_key else None
         self._upstream = f"Bearer {upstream_key}" if upstream_key else None
 

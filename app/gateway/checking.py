@@ -2,10 +2,9 @@
 least: on the event loop for an ordinary body, in a checker process above OFF_LOOP_BYTES.
 
 Not on a thread: pydantic-core's and jiter's parses keep the interpreter lock for their whole length, and so
-does the garbage collector walking the millions of objects a large body becomes. Beside the check of a 19 MB
-Responses body of 250,000 items on a thread, a thread ticking every 1 ms waited up to 1.4 s (2-core machine
-shared with other jobs, 2026-12-02; /healthz and a stream beside two such checks: 1.8 s). A checker process
-costs the loop the copy of the body into a pipe; what comes back is the verdict without the validated
+does the garbage collector walking the millions of objects a large body becomes: beside the check of a
+large body on a thread, every other request waits for its whole length (docs/performance.md). A checker
+process costs the loop the copy of the body into a pipe; what comes back is the verdict without the validated
 request (the in-place restore, which reads it, then takes the general repair path).
 
 The pool (CHECKERS processes, one core short of the cores chatgate may use, at most 4) starts with the first
@@ -19,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import functools
-import importlib
 import logging
 import math
 import multiprocessing
@@ -28,18 +26,18 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from app.gateway.family import Family
-from app.gateway.strict import body_problem
+from app.gateway.strict import parse_strictly
 from app.settings import Settings
 from app.verdict import Rules, Verdict
-from app.wire import forget_parsed
 
-OFF_LOOP_BYTES = 1024 * 1024  # about 20 ms of checks on the loop
+OFF_LOOP_BYTES = 1024 * 1024  # the largest body checked on the loop
 # A body this large starts the checker processes, if they are not running, while it is checked here: a
 # conversation that grows past it is likely to pass OFF_LOOP_BYTES, whose first body would otherwise wait
-# ~0.5 s for a new interpreter to import chatgate (the pool's processes are spawned).
+# for a new interpreter to import chatgate (the pool's processes are spawned).
 WARM_BYTES = OFF_LOOP_BYTES // 4
 
 
@@ -105,7 +103,7 @@ def usable_cpus(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgr
 
 
 def checker_count(cores: int) -> int:
-    # One core left to the event loop: beside two checkers on two cores, /healthz waited up to 1.4 s
+    # One core left to the event loop: checkers on every core starve it (/healthz waits)
     return max(1, min(4, cores - 1))
 
 
@@ -114,31 +112,40 @@ T = TypeVar("T")
 log = logging.getLogger("chatgate")
 
 
-def check_now(family: Rules, body: bytes, beta: bool, origin: str | None) -> Verdict:
-    strict = body_problem(body)  # R1 as DeepSeek reads JSON: duplicate keys, NaN, 1e400, depth
+@dataclass(slots=True)
+class Checked:
+    """A body's check: the family's verdict, and R1's parse of the body (its objects' keys in the body's
+    order, where the cache advisor finds its items; None: not JSON, or checked in a checker process)."""
+
+    verdict: Verdict
+    parse: Any = None
+
+
+def check_now(family: Rules, body: bytes, beta: bool, origin: str | None) -> Checked:
+    """R1 as DeepSeek reads JSON (duplicate keys, NaN, 1e400, depth), then the family's rules on its parse."""
+    parse, strict = parse_strictly(body)
     if strict is not None:
-        return Verdict([strict])
-    try:
-        return family.check(body, beta=beta, origin=origin)
-    finally:
-        forget_parsed()  # a check that refused before validating R1's parse does not keep it
+        return Checked(Verdict([strict]))
+    return Checked(family.check(body, beta=beta, origin=origin, parse=parse), parse)
 
 
 class Checkers:
     """The checker processes of one app (its settings make the families they check with)."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, families: Callable[[Settings], list[Family]]) -> None:
         self.settings = settings
+        self.families = families  # what a checker process checks with (app/gateway/endpoints.py `families`)
         self._pool: ProcessPoolExecutor | None = None
         self._lock = threading.Lock()
 
-    async def check(self, family: Rules, body: bytes, beta: bool, origin: str | None) -> Verdict:
+    async def check(self, family: Rules, body: bytes, beta: bool, origin: str | None) -> Checked:
         if len(body) <= OFF_LOOP_BYTES:
             if len(body) > WARM_BYTES and self._pool is None:
                 self.warm()
             return check_now(family, body, beta, origin)
-        return await self._run(functools.partial(_check_in_worker, family.name, body, beta, origin),
-                               functools.partial(check_now, family, body, beta, origin))
+        verdict = await self._run(functools.partial(_check_in_worker, family.name, body, beta, origin),
+                                  functools.partial(_check_large, family, body, beta, origin))
+        return Checked(verdict)  # a large body's parse is not kept: it stays where it was made
 
     async def recheck(self, family: Rules, body: bytes, beta: bool, origin: str | None) -> Verdict:
         """The family's rules alone (a body chatgate repaired), where `check` would run them."""
@@ -176,7 +183,8 @@ class Checkers:
         with self._lock:
             if self._pool is None:
                 self._pool = ProcessPoolExecutor(CHECKERS, multiprocessing.get_context("spawn"),
-                                                 initializer=_start_worker, initargs=(self.settings,))
+                                                 initializer=_start_worker,
+                                                 initargs=(self.settings, self.families))
             return self._pool
 
     def close(self) -> None:
@@ -191,11 +199,7 @@ class Checkers:
 _families: dict[str, Family] = {}
 
 
-FAMILIES = "app.gateway.endpoints"  # its `families(settings)`: imported by name, it imports the gateway
-
-
-def _start_worker(settings: Settings) -> None:
-    families = importlib.import_module(FAMILIES).families
+def _start_worker(settings: Settings, families: Callable[[Settings], list[Family]]) -> None:
     _families.update((f.name, f) for f in families(settings))
 
 
@@ -203,9 +207,14 @@ def _ready() -> bool:
     return True
 
 
-def _check_in_worker(name: str, body: bytes, beta: bool, origin: str | None, strict: bool = True) -> Any:
+def _check_large(family: Rules, body: bytes, beta: bool, origin: str | None) -> Verdict:
+    return check_now(family, body, beta, origin).verdict
+
+
+def _check_in_worker(name: str, body: bytes, beta: bool, origin: str | None, strict: bool = True
+                     ) -> Verdict:
     family = _families[name]
-    verdict = check_now(family, body, beta, origin) if strict else \
+    verdict = check_now(family, body, beta, origin).verdict if strict else \
         family.check(body, beta=beta, origin=origin)
     verdict.request = None  # a copy of it back would cost the loop what the process saved it
     _give_back()

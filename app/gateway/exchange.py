@@ -6,13 +6,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx2
 import orjson
 
 from app.errors import MODEL_MAX_CHARS
 from app.gateway.auth import Identity
 from app.gateway.family import ToolRoute
-from app.gateway.upstream import response_headers
+from app.gateway.retry import Tries
+from app.gateway.upstream import Answer, response_headers
+from app.metering.cache import Sketch
 from app.quotas.model import Admission, RateInfo
 from app.repair.base import Repaired
 from app.tracing.spans import ExchangeTrace
@@ -48,18 +49,13 @@ class Exchange:
     remember: bool = False  # remember the answer's tool-call turn (thinking mode, tools, a known caller)
     admission: Admission | None = None  # the request's reservations against its limits, settled at the end
     trace: ExchangeTrace | None = None  # its spans, when tracing is on (app.tracing)
-    # Retries (app/gateway/retry.py): the attempts so far, the account of the last one and its lease
-    tries: Any = None
-    attempts: int = 1
-    account: str | None = None
-    lease: Any = None
-    checked: Any = None  # the family's validated request (Verdict.request), for the cache advisor's parts
+    tries: Tries | None = None  # its attempts upstream and the account of the last one (app/gateway/retry.py)
+    checked: object = None  # the family's validated request (Verdict.request), for the cache advisor's parts
     files: bool = False  # it names uploaded files: the pool sends it to the account that holds them
-    stream_bytes: int = 0  # of the answer's stream, relayed so far
     model_length: int = 0  # the length of a model name too long to keep (then a 400: errors.model_too_long)
     media_tokens: int | None = None  # what its images and documents add to its prompt (app/gateway/media.py)
-    parsed: Any = None  # R1's parse of `body` (app/wire.py `kept`): where the cache advisor finds items
-    sketch: Any = None  # the cache advisor's parts of the request, taken as it is forwarded (Ledger.sketch)
+    parsed: object = None  # R1's parse of `body` (app/gateway/checking.py `Checked`): the advisor's items
+    sketch: Sketch | None = None  # the cache advisor's parts of the request, taken as it is forwarded
     _json: dict[str, Any] | None = None
 
     @property
@@ -79,11 +75,11 @@ class Exchange:
     def release(self) -> None:
         """Let go of what the checks made of the body before the upstream call, rather than hold it until
         the exchange ends: a 6 KB body's validated request and parses are thousands of objects, and holding
-        them through the wait measured 5% of a plain request's CPU. A later step that needs the body as a
-        dict parses it again (`json`)."""
+        them through the wait costs CPU (docs/performance.md). A later step that needs the body as a dict
+        parses it again (`json`)."""
         self._json = self.parsed = self.checked = None
 
-    def own_parse(self) -> Any:
+    def own_parse(self) -> object:
         """A parse of `body` made already, its objects' keys in the body's order (None: none was made)."""
         return self._json if self._json is not None else self.parsed
 
@@ -104,8 +100,12 @@ class Exchange:
         self.model = model
         self.priced_as = profile.name if profile is not None else model
 
-    def response_headers(self, resp: httpx2.Response) -> list[tuple[bytes, bytes]]:
-        headers = response_headers(resp.headers, self.request_id)
+    @property
+    def attempts(self) -> int:
+        return self.tries.attempts if self.tries is not None else 1
+
+    def response_headers(self, answer: Answer) -> list[tuple[bytes, bytes]]:
+        headers = response_headers(answer.raw_headers, self.request_id)
         if self.warnings:
             headers.append((b"x-chatgate-warning", header_text(self.warnings)))
         if self.repaired is not None and self.repaired.applied:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from typing import Any
 
 from app.gateway.accesslog import AccessLog, access_line
+from app.gateway.background import Background
 from app.gateway.exchange import Exchange
 from app.ids import new_id
 from app.metering.cache import Advisor
@@ -24,14 +25,13 @@ from app.store.base import UsageRecord
 
 class Ledger:
     def __init__(self, settings: Settings, recorder: Recorder | None, metrics: Metrics, pricing: Pricing,
-                 quotas: Quotas | None = None,
-                 spawn: Callable[[Coroutine[Any, Any, None]], None] | None = None) -> None:
+                 quotas: Quotas | None = None, background: Background | None = None) -> None:
         self.settings = settings
         self.pricing = pricing
         self.recorder = recorder
         self.metrics = metrics
         self.quotas = quotas  # an admitted exchange's reservations are settled by its record
-        self.spawn = spawn  # runs a settlement that needs I/O (shared counters) off the request
+        self.background = background  # runs a settlement that needs I/O (shared counters) off the request
         server = settings.server
         self.access_log = AccessLog(log_format=server.log_format) if server.access_log else None
         c = settings.cache
@@ -56,8 +56,8 @@ class Ledger:
 
     def sketch(self, ex: Exchange) -> None:
         """The cache advisor's parts of the request, taken as it is forwarded, while its body and objects are
-        still in the CPU's caches (serialising an agent round's two new messages took ~12 µs in a loaded
-        server at the exchange's end, ~7 µs here); the exchange then lets them go (`Exchange.release`)."""
+        still in the CPU's caches (cheaper here than at the exchange's end); the exchange then lets them go
+        (`Exchange.release`)."""
         if self.advisor.memory is not None:
             ex.sketch = self.advisor.sketch(ex.route.upstream_path, ex.identity.caller or ex.identity.key_id,
                                             ex.checked, ex.json, ex.body, ex.own_parse())
@@ -70,9 +70,8 @@ class Ledger:
         if ex.finished:
             return
         ex.finished = True
-        if ex.lease is not None:  # the account's request is over (a stream's: its last event is at hand)
-            ex.lease.release()
-            ex.lease = None
+        if ex.tries is not None:  # the account's request is over (a stream's: its last event is at hand)
+            ex.tries.release()
         tokens = tokens or TokenCounts()
         rates = self.pricing.rates(ex.priced_as or ex.model, ex.ts)
         unpriced = rates is None
@@ -105,7 +104,8 @@ class Ledger:
             unpriced=(unpriced and tokens.prompt_tokens + tokens.completion_tokens > 0)
             or (billed is not None and billed.unknown),
             currency=self.pricing.currency,
-            attempts=ex.attempts, account=ex.account, cache_saved_picousd=saved,
+            attempts=ex.attempts, account=ex.tries.account if ex.tries is not None else None,
+            cache_saved_picousd=saved,
             cache_break=broke.param if broke is not None else None,
             cache_lost_tokens=broke.lost_tokens if broke is not None else 0, cache_lost_picousd=lost)
         if billed is not None:
@@ -137,8 +137,8 @@ class Ledger:
         if quotas.in_process:
             quotas.settle_now(admission, tokens, record.cost_picousd)
         else:
-            assert self.spawn is not None
-            self.spawn(quotas.settle(admission, tokens, record.cost_picousd))
+            assert self.background is not None
+            self.background.spawn(quotas.settle(admission, tokens, record.cost_picousd))
 
     def refused(self, route: str, request_id: str, status: int, code: str | None, ts: float) -> None:
         """A request refused before it had an exchange (auth, body size, content type): no usage record."""

@@ -34,7 +34,7 @@ class Runner(Protocol):
     async def run(self, size: int, work: Callable[[], T]) -> T: ...
 
 
-class Exchange(Protocol):
+class MediaRequest(Protocol):
     media_tokens: int | None
 
     @property
@@ -52,17 +52,17 @@ class MediaCounter:
         self.profiles = profiles
 
     @staticmethod
-    def may_hold(ex: Exchange, verdict: Verdict | None) -> bool:
+    def may_hold(ex: MediaRequest, verdict: Verdict | None) -> bool:
         """Whether the body may hold an image or a document (False: certainly none; a byte search)."""
         return (verdict is None or verdict.media) and any(hint in ex.body for hint in HINTS)
 
-    async def tokens(self, ex: Exchange, verdict: Verdict | None) -> int:
+    async def tokens(self, ex: MediaRequest, verdict: Verdict | None) -> int:
         """The request's images' and documents' tokens at most (kept on the exchange: counted once)."""
         if ex.media_tokens is None:
             ex.media_tokens = await self._count(ex, verdict)
         return ex.media_tokens
 
-    async def _count(self, ex: Exchange, verdict: Verdict | None) -> int:
+    async def _count(self, ex: MediaRequest, verdict: Verdict | None) -> int:
         body = ex.body
         if not self.may_hold(ex, verdict):
             return 0

@@ -8,8 +8,9 @@ concern (`Gateway.handle`, in this order):
 5. the context guard (R40, `_context_guard`);
 6. admit it against the caller's limits (app/quotas/admission.py);
 7. forward it (app/gateway/upstream.py, retries in app/gateway/retry.py), then read the answer whole
-   (`_buffered`) or relay the stream (app/gateway/relay.py, whose end is `_stream_ended`); a tool API's
-   answer (app/tools/) goes through app/gateway/tool_relay.py, whose end is `_tool_ended`.
+   (`_buffered`) or relay the stream (the generator `_events`, framed by app/gateway/relay.py, whose end is
+   `_stream_ended`); a tool API's answer (app/tools/) is relayed by the generator `_tool_pieces`, whose end
+   is `_tool_ended`.
 
 Every request that reaches the handler ends in exactly one call to `Ledger.finish` (app/gateway/ledger.py),
 which writes the usage record and settles the admission.
@@ -17,11 +18,10 @@ which writes the usage record and settles the admission.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,21 +42,37 @@ from app.errors import (
 from app.files.file_ids import may_name_files
 from app.files.ownership import Ownership
 from app.gateway.auth import Authenticator
+from app.gateway.background import Background
 from app.gateway.bodies import origin_of, read_json_body, read_whole_body, request_id_of
-from app.gateway.checking import Checkers
+from app.gateway.checking import Checked, Checkers
 from app.gateway.exchange import Exchange, Route
 from app.gateway.family import Family, StreamMeter, StreamTurns
 from app.gateway.ledger import Ledger
 from app.gateway.media import MediaCounter
 from app.gateway.notices import Notices, pricier_model
-from app.gateway.relay import SSERelay
+from app.gateway.relay import (
+    TRANSPORT_FAILURES,
+    UPSTREAM_FAILURES,
+    WAIT,
+    EventFramer,
+    Head,
+    Piece,
+    Relayed,
+    drain,
+)
 from app.gateway.responses import RawResponse, error_response, is_event_stream, json_response
-from app.gateway.retry import ClientHungUp, KeptAliveOnly, SendOnce, read_answer, retrying
-from app.gateway.tool_relay import ToolRelay
-from app.gateway.upstream import Upstream, forward_headers
+from app.gateway.retry import ClientHungUp, Retrier, SendOnce, Tries
+from app.gateway.upstream import (
+    Answer,
+    KeptAliveOnly,
+    Upstream,
+    forward_headers,
+    map_transport_error,
+    next_chunk,
+    read_whole,
+)
 from app.metering.metrics import Metrics
 from app.metering.pricing import Pricing
-from app.metering.recorder import Recorder
 from app.metering.tokens import context_overflow, count_async
 from app.quotas.admission import Admitter, limit_error
 from app.quotas.gate import Quotas
@@ -69,7 +85,6 @@ from app.store.base import FileOwnerStore
 from app.tools.rules import upload_summary, upload_too_large
 from app.tracing.spans import ExchangeTrace, Tracing
 from app.verdict import Verdict
-from app.wire import kept
 
 log = logging.getLogger("chatgate")
 # DeepSeek's 4xx answers kept by the refusal inspector: those about the request (not its key, balance, rate)
@@ -83,35 +98,37 @@ class Endpoint:
 
 
 class Gateway:
-    def __init__(self, settings: Settings, upstream: Upstream, recorder: Recorder | None,
-                 auth: Authenticator, metrics: Metrics, memory: TurnMemory | None = None,
-                 quotas: Quotas | None = None, files: FileOwnerStore | None = None, *, pricing: Pricing,
-                 clock: Callable[[], float] = time.time) -> None:
+    """The request path; its collaborators are built by State.start (app/gateway/state.py)."""
+
+    def __init__(self, settings: Settings, *, upstream: Upstream, auth: Authenticator, metrics: Metrics,
+                 ledger: Ledger, checkers: Checkers, memory: TurnMemory, retrier: Retrier,
+                 background: Background, pricing: Pricing, quotas: Quotas | None = None,
+                 files: FileOwnerStore | None = None, tracing: Tracing | None = None,
+                 refusals: RefusalLog | None = None, clock: Callable[[], float] = time.time) -> None:
         self.settings = settings
         self.pricing = pricing
         self.profiles = settings.profiles()
-        self.checkers = Checkers(settings)  # large bodies are checked in processes of their own
+        self.checkers = checkers  # large bodies are checked in processes of their own
         self.upstream = upstream
         self.auth = auth
         self.metrics = metrics
-        auth.on_refused = metrics.auth_failure
-        self.ledger = Ledger(settings, recorder, metrics, pricing, quotas, self.spawn)
+        self.ledger = ledger
         self.notices = Notices(metrics)
         self.repairs = settings.repair.options()
-        self.memory = memory or TurnMemory(None, settings.repair.reasoning_ttl_seconds,
-                                           settings.repair.reasoning_cache_bytes)
+        self.memory = memory
         self.repairer = Repairer(self.checkers, self.memory, self.repairs,
                                  settings.repair.reasoning_ttl_seconds, metrics)
-        self.background: set[asyncio.Task[None]] = set()
+        self.background = background
         self.quotas = quotas
         self.admitter = Admitter(quotas, settings, self.profiles, pricing) if quotas is not None else None
         self.ownership = Ownership(self.checkers, files)  # the files a request may name (managed mode)
         self.media = MediaCounter(self.checkers, files, self.profiles)  # images and documents' tokens
         self.clock = clock  # a request's start: its usage record's time and price
-        self.tracing: Tracing | None = None  # set by State when tracing is on (app.tracing)
-        self.refusals: RefusalLog | None = None  # the refusal inspector (server.capture_refusals)
+        self.tracing = tracing  # when tracing is on (app.tracing)
+        self.refusals = refusals  # the refusal inspector (server.capture_refusals)
         self.keep_text = settings.server.log_content or settings.tracing.capture_content
-        self.pool, self.retrier = retrying(settings, metrics, quotas.alerts if quotas is not None else None)
+        self.retrier = retrier
+        self.pool = retrier.pool
 
     # --- entry points ---------------------------------------------------------------
 
@@ -130,10 +147,12 @@ class Gateway:
             return error_response(error, request_id, family)
         ex = Exchange(route, request_id, identity, body=body, ts=self.clock(), trace=trace)
         origin = origin_of(request)
-        verdict = await self._check(ex, family, origin)
+        checked = await self._check(ex, family, origin)
         if ex.model_length:  # before anything keeps it: the record, the log, the refusal inspector
             return await self._reject(ex, family, model_too_long(ex.model_length))
-        ex.parsed = kept(ex.body)
+        verdict = checked.verdict if checked is not None else None
+        ex.parsed = checked.parse if checked is not None else None
+        checked = None
         if trace is not None and verdict is not None:
             trace.max_tokens = verdict.max_tokens
         if verdict is not None and (verdict.problems or verdict.warnings) and self.repairs.enabled:
@@ -147,7 +166,7 @@ class Gateway:
         ex.remember = self.repairer.remembers(family, verdict, ex.identity.caller)
         ex.checked = verdict.request if verdict is not None else None
         if self.auth.managed and not _upload(route) and may_name_files(ex.body, json=verdict is not None):
-            foreign = await self.ownership.foreign(ex)
+            ex.files, foreign = await self.ownership.foreign(ex)
             if foreign is not None:
                 code = NOT_OWNED if foreign.status == 404 else foreign.code
                 self.ledger.finish(ex, "rejected", foreign.status, rule_code=code)
@@ -162,9 +181,10 @@ class Gateway:
         if self.admitter is not None:
             media = functools.partial(self.media.tokens, ex, verdict) if self.media.may_hold(ex, verdict) \
                 else None  # a plain body: no look-up of the caller's limits for it
-            refused = await self.admitter.admit(ex, verdict, media)
-            if refused is not None:
-                return self._limit(ex, family, refused)
+            admitted = await self.admitter.admit(ex, verdict, media)
+            if isinstance(admitted, Refusal):
+                return self._limit(ex, family, admitted)
+            ex.admission = admitted
         self.ledger.sketch(ex)
         verdict = None  # let go before the upstream call (Exchange.release), not held until the end
         try:
@@ -194,8 +214,7 @@ class Gateway:
             return error_response(error, None, family)
         ex = Exchange(route, request_id_of(request), identity, body=body)
         origin = origin_of(request)
-        verdict = await (self._check_upload(family, body, route, origin) if _upload(route)
-                         else self.checkers.check(family, body, route.beta, origin))
+        verdict = (await self._check_body(family, body, route, origin)).verdict
         if verdict.model is not None and len(verdict.model) > MODEL_MAX_CHARS:
             return error_response(model_too_long(len(verdict.model)), ex.request_id, family)
         if (verdict.problems or verdict.warnings) and self.repairs.enabled:
@@ -222,17 +241,17 @@ class Gateway:
                 f"price stands in for it ({how}); set its price in [models.\"<name>\"] (docs/metering.md"
                 "#models-without-a-price)")
 
-    async def _check(self, ex: Exchange, family: Family, origin: str) -> Verdict | None:
+    async def _check(self, ex: Exchange, family: Family, origin: str) -> Checked | None:
+        """The family's check of the body (None: validation is off), and what the exchange is metered by."""
         if not self.settings.validation.enabled:
             if ex.route.tool is not None:
                 ex.model, ex.stream = ex.route.tool.name, False
             else:
                 ex.describe(None)
             return None
-        verdict = await (self._check_upload(family, ex.body, ex.route, origin) if _upload(ex.route)
-                         else self.checkers.check(family, ex.body, ex.route.beta, origin))
-        ex.describe(verdict)
-        return verdict
+        checked = await self._check_body(family, ex.body, ex.route, origin)
+        ex.describe(checked.verdict)
+        return checked
 
     async def _read_upload(self, request: Request, route: Route) -> bytes:
         """A tool API's upload (OCR, ASR): read whole, to be checked and sent again by a retry."""
@@ -240,9 +259,12 @@ class Gateway:
         return await read_whole_body(request, route.tool.upload, self.settings.limits.body_timeout_seconds,
                                      functools.partial(upload_too_large, route.tool.name))
 
-    async def _check_upload(self, family: Family, body: bytes, route: Route, origin: str) -> Verdict:
-        """Multipart, not JSON: the tool's own checks (they only find the parts, on the loop)."""
-        return family.check(body, beta=route.beta, origin=origin)
+    async def _check_body(self, family: Family, body: bytes, route: Route, origin: str) -> Checked:
+        """R1 and the family's rules (app/gateway/checking.py); a tool API's multipart upload, not JSON, by
+        the tool's own checks (they only find the parts, on the loop)."""
+        if _upload(route):
+            return Checked(family.check(body, beta=route.beta, origin=origin))
+        return await self.checkers.check(family, body, route.beta, origin)
 
     async def _context_guard(self, ex: Exchange, family: Family, verdict: Verdict | None) -> Problem | None:
         """R40, when validation.context_guard is on: only bodies larger than the window are counted."""
@@ -320,35 +342,81 @@ class Gateway:
         query = request.scope.get("query_string", b"")  # Claude Code's ?beta=true goes on to DeepSeek
         target = self.upstream.url_of(ex.route.upstream_path, query.decode("latin-1")) if query else \
             ex.route.upstream_path
-        ex.tries = self.retrier.tries(deadline)
+        tries = ex.tries = self.retrier.tries(deadline, ex.identity.team, ex.files, ex.trace)
         send = functools.partial(self._send_once, ex, target, headers, body)
-        resp = await self.retrier.open(ex, send, request.receive)
+        resp = await self.retrier.open(tries, send, request.receive)
         ex.mark_first_byte()
         if ex.route.tool is not None:
-            return self._tool_answer(ex, family, resp, deadline, send)
+            return self._tool_answer(ex, family, resp, tries, send)
         if ex.stream and resp.status_code == 200:
-            if not is_event_stream(resp.headers.get("content-type", "")):
+            if not is_event_stream(resp.header("content-type") or ""):
                 await resp.aclose()
                 raise bad_gateway("DeepSeek answered a streaming request with 200 but not an event stream "
                                   "(upstream broke the protocol).", "upstream_bad_response")
             turns = family.stream_turns() if ex.remember else None
-            on_end = functools.partial(self._stream_ended, family, turns)
-            reopen = functools.partial(self.retrier.reopen, ex, send, receive=None)  # the relay watches
-            return SSERelay(ex, resp, deadline, family.meter(turns), on_end, self.spawn, family.stream_error,
-                            usage_filter, reopen if self.retrier.policy.retries else None,
-                            self.settings.limits.max_upstream_bytes)
-        return await self._buffered(ex, family, resp, deadline, send, request)
+            framer = EventFramer(family.meter(turns), family.stream_error, usage_filter, ex.trace,
+                                 self.settings.limits.max_upstream_bytes)
+            events = self._events(ex, family, resp, tries, send, framer, turns)
+            return Relayed(events, Head(200, ex.response_headers(resp)), ex.rate_headers)
+        return await self._buffered(ex, family, resp, tries, send, request)
 
-    def _tool_answer(self, ex: Exchange, family: Family, resp: httpx2.Response, deadline: float,
-                     send: SendOnce) -> Response:
-        """A tool API's answer (app/gateway/tool_relay.py): its keep-alives relayed as they come, the answer
-        held until whole, its record made from it (`_tool_ended`)."""
+    def _tool_answer(self, ex: Exchange, family: Family, resp: Answer, tries: Tries, send: SendOnce
+                     ) -> Response:
+        """A tool API's answer: its keep-alives relayed as they come, the answer held until whole, its record
+        made from it (`_tool_pieces`)."""
         if resp.status_code == 401 and self.auth.managed:
             self.spawn(resp.aclose())
             return self._upstream_refused_key(ex, family)
-        reopen = functools.partial(self.retrier.reopen, ex, send, receive=None)  # the relay watches
-        return ToolRelay(ex, resp, deadline, functools.partial(self._tool_ended, family),
-                         reopen if self.retrier.policy.retries else None)
+        return Relayed(self._tool_pieces(ex, family, resp, tries, send), None, ex.rate_headers, lazy=False)
+
+    async def _tool_pieces(self, ex: Exchange, family: Family, answer: Answer, tries: Tries, send: SendOnce
+                           ) -> AsyncGenerator[Head | Piece, None]:
+        """A tool API's answer for the client (relay.Relayed sends it): the newline keep-alives DeepSeek sends
+        before an answer that takes long (OCR) as they come, the answer itself once it is whole, after its
+        record (what it is billed for is read from it). Before anything of the answer arrived, a failure is
+        retried on the same client response; a later one, or once the retries are spent, ends it: with
+        chatgate's error as its status if nothing was sent yet, else with the error's JSON after the
+        keep-alives (as DeepSeek itself answers an error that follows keep-alives)."""
+        held: list[bytes] = []
+        started = False  # the head went out (with the first keep-alive)
+        try:
+            while True:
+                try:
+                    while chunk := await next_chunk(answer, tries.deadline):
+                        if not held and not chunk.strip():  # a keep-alive before the answer
+                            if not started:
+                                started = True
+                                yield Head(answer.status_code, ex.response_headers(answer))
+                            yield chunk, False
+                        else:
+                            held.append(chunk)
+                    break
+                except TRANSPORT_FAILURES as exc:
+                    error = map_transport_error(exc)
+                    if held or not self.retrier.policy.retries:
+                        raise error from None
+                    await answer.aclose()
+                    answer = await self.retrier.reopen(tries, send, error, None)  # Relayed watches the client
+            content = b"".join(held)
+            status = answer.status_code
+            self._tool_ended(family, ex, "ok" if status == 200 else "upstream_error", status, content)
+            if not started:
+                length = (b"content-length", str(len(content)).encode())
+                yield Head(status, [*ex.response_headers(answer), length])
+            yield content, True
+        except APIError as error:
+            self._tool_ended(family, ex, "upstream_failed", error.status, None)
+            body = error.to_json()
+            if not started:
+                extra = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in error.headers.items()]
+                yield Head(error.status, [(b"content-type", b"application/json"),
+                                          (b"content-length", str(len(body)).encode()),
+                                          (b"x-request-id", ex.request_id.encode("latin-1")), *extra])
+            yield body, True
+        finally:
+            await answer.aclose()
+            if not ex.finished:  # the client went away first
+                self._tool_ended(family, ex, "client_disconnected", 499, None)
 
     def _tool_ended(self, family: Family, ex: Exchange, outcome: str, status: int, content: bytes | None
                     ) -> None:
@@ -371,31 +439,30 @@ class Gateway:
         return error_response(error, ex.request_id, family)
 
     async def _send_once(self, ex: Exchange, target: str | httpx2.URL, headers: list[tuple[bytes, bytes]],
-                         body: bytes, authorization: bytes | None) -> httpx2.Response:
+                         body: bytes, authorization: bytes | None) -> Answer:
         if authorization is not None:
             headers = [*headers, (b"authorization", authorization)]
         if ex.trace is not None:  # one CLIENT span per upstream attempt
             headers = ex.trace.start_attempt(headers, ex.model, ex.stream)
         return await self.upstream.send("POST", target, headers, body)
 
-    async def _buffered(self, ex: Exchange, family: Family, resp: httpx2.Response, deadline: float,
-                        send: SendOnce, request: Request) -> Response:
+    async def _buffered(self, ex: Exchange, family: Family, resp: Answer, tries: Tries, send: SendOnce,
+                        request: Request) -> Response:
         while True:
             try:
-                content = await read_answer(resp, deadline, resp.status_code == 200 and not ex.tries.spent,
-                                            self.settings.limits.max_upstream_bytes)
+                content = await read_whole(resp, tries.deadline, self.settings.limits.max_upstream_bytes,
+                                           retryable=resp.status_code == 200 and not tries.spent)
                 break
             except KeptAliveOnly as dropped:  # blank lines only so far: nothing of the answer is lost
-                resp = await self.retrier.reopen(ex, send, dropped.error, request.receive)
+                resp = await self.retrier.reopen(tries, send, dropped.error, request.receive)
         headers = ex.response_headers(resp)
         if resp.status_code == 401 and self.auth.managed:
             return self._upstream_refused_key(ex, family)
         if resp.status_code != 200:
             if self.refusals is not None and resp.status_code in KEPT_UPSTREAM:
                 self._keep_refusal(ex, resp.status_code, "deepseek", None, content)
-            return RawResponse(resp.status_code, headers, content, functools.partial(
-                self.ledger.finish, ex, "upstream_error", resp.status_code, upstream_status=resp.status_code),
-                ex.rate_headers)
+            self.ledger.finish(ex, "upstream_error", resp.status_code, upstream_status=resp.status_code)
+            return RawResponse(resp.status_code, headers, content, lines=ex.rate_headers)
         try:
             answer = orjson.loads(content)
         except orjson.JSONDecodeError:
@@ -415,16 +482,91 @@ class Gateway:
         if tokens is None:
             tokens = await self.ledger.estimate(ex, functools.partial(family.prompt_text, ex.json()), "",
                                                 media=await self.media.tokens(ex, None))
-        record = functools.partial(self.ledger.finish, ex, "ok", 200, tokens, exact=exact,
-                                   upstream_status=200, calls=family.model_calls(answer))
-        return RawResponse(200, headers, content, record, ex.rate_headers)
+        # spooled before anything is sent: a `kill -9` once the client has the answer cannot lose it
+        self.ledger.finish(ex, "ok", 200, tokens, exact=exact, upstream_status=200,
+                           calls=family.model_calls(answer))
+        return RawResponse(200, headers, content, lines=ex.rate_headers)
 
-    async def _stream_ended(self, family: Family, turns: StreamTurns | None, ex: Exchange,
-                            meter: StreamMeter, outcome: str, status: int) -> None:
-        """The relay's one call when the upstream side of a stream has ended (before its last event is
-        relayed): remember its tool-call turn, meter it."""
+    async def _events(self, ex: Exchange, family: Family, answer: Answer, tries: Tries, send: SendOnce,
+                      framer: EventFramer, turns: StreamTurns | None) -> AsyncGenerator[Piece, None]:
+        """The stream's pieces for the client (relay.Relayed sends them), as DeepSeek's events arrive:
+        what has arrived is taken at once, with one await per wait on DeepSeek (each bounded by the
+        request's deadline, and announced by `WAIT`). Before the first data event, a failure is retried on
+        the same client response (app/gateway/retry.py). The usage record is made when DeepSeek's side
+        ends, before the last event is yielded; in `finally` when the client went away first."""
+        end: tuple[str, int] | None = None
+        retries = self.retrier.policy.retries > 0
+        try:
+            while True:
+                try:
+                    while True:
+                        raw = answer.ready()
+                        if not raw:
+                            if answer.at_eof():
+                                break
+                            yield WAIT
+                            raw = await next_chunk(answer, tries.deadline)
+                            if not raw:
+                                break
+                        chunk = framer.feed(raw)
+                        if framer.final and end is None:
+                            end = ("ok", 200)
+                            await self._stream_ended(family, turns, framer.meter, ex, *end)
+                        if chunk:
+                            yield framer.piece(chunk)
+                        if framer.final and framer.between:
+                            break
+                    if not framer.final:
+                        if framer.pristine and retries:  # ended before its first event: no answer at all
+                            raise KeptAliveOnly(bad_gateway(
+                                "DeepSeek ended the stream before its first event (it sent only "
+                                "keep-alives).", "upstream_bad_response"))
+                        if rest := framer.rest():
+                            yield framer.piece(rest)
+                        # No final event: a stream DeepSeek ended with its own error event is its error.
+                        framer.meter.finish()
+                        end = ("upstream_error" if framer.meter.ended_with_error else "ok", 200)
+                        await self._stream_ended(family, turns, framer.meter, ex, *end)
+                    break
+                except UPSTREAM_FAILURES as exc:
+                    if not framer.pristine or not retries:
+                        raise
+                    error = exc.error if isinstance(exc, KeptAliveOnly) else map_transport_error(exc)
+                    await answer.aclose()
+                    framer.restart()
+                    answer = await self.retrier.reopen(tries, send, error, None)  # Relayed watches
+                    if not is_event_stream(answer.header("content-type") or ""):
+                        raise bad_gateway("DeepSeek answered a streaming request with 200 but not an event "
+                                          "stream (upstream broke the protocol).",
+                                          "upstream_bad_response") from None
+        except (APIError, KeptAliveOnly) as failed:  # the retries are spent, or the answer is unusable
+            error = failed.error if isinstance(failed, KeptAliveOnly) else failed
+            end = ("upstream_failed", error.status)
+            await self._stream_ended(family, turns, framer.meter, ex, *end)
+            yield framer.error_piece(error, started=False), False
+        except TRANSPORT_FAILURES as exc:
+            if not framer.final:
+                error = map_transport_error(exc)
+                end = ("upstream_failed", error.status)
+                await self._stream_ended(family, turns, framer.meter, ex, *end)
+                yield framer.error_piece(error, started=True), False
+            elif framer.open_data:  # the last event lacked only its blank line
+                yield framer.piece(b"\n")
+        else:
+            if framer.final:  # the client has it all: read the end of the body, so its connection is reused
+                await drain(answer)
+        finally:
+            await answer.aclose()
+            if not ex.finished:  # the client went away first (or the server is stopping)
+                end = end or ("client_disconnected", 499)
+                await self._stream_ended(family, turns, framer.meter, ex, *end)
+
+    async def _stream_ended(self, family: Family, turns: StreamTurns | None, meter: StreamMeter, ex: Exchange,
+                            outcome: str, status: int) -> None:
+        """The upstream side of a stream has ended: remember its tool-call turn, make its record."""
         if ex.finished:
             return
+        meter.finish()
         turn = turns.turn(lambda: meter.reasoning) if turns is not None and outcome == "ok" else None
         if turn is not None:
             await self.memory.remember(ex.identity.caller, family.turn_kind, turn, self._tenant(ex))
@@ -446,14 +588,11 @@ class Gateway:
 
     # --- background work ----------------------------------------------------------------
 
-    def spawn(self, coro: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self.background.add(task)
-        task.add_done_callback(self.background.discard)
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        self.background.spawn(coro)
 
     async def drain(self) -> None:
-        while self.background:
-            await asyncio.gather(*list(self.background), return_exceptions=True)
+        await self.background.drain()
         if self.ledger.access_log is not None:
             self.ledger.access_log.flush()
 

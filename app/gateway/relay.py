@@ -1,32 +1,21 @@
-"""Relay an upstream SSE stream to the client chunk by chunk, as it arrives.
+"""Relaying an upstream SSE stream to the client chunk by chunk, as it arrives.
 
-A raw ASGI response: it watches for the client's disconnect while it waits on DeepSeek, so a client that
-goes away closes the upstream request at once (not at the next chunk); the watcher and the deadline are
-armed before the first such wait (what has arrived already is relayed without them). The chunk that ends
-the stream's last event goes with `more_body: False` (one write with the chunked body's end). A stream
-that breaks after it started ends with an error event in the family's format (the SDKs raise it), then
-closes. The family's meter finds the usage and the stream's last event; the record is made before that
-event is sent, and once it is relayed whole the answer is complete: the relay stops reading (what the
-connection does after it is not the client's concern).
-
-Before the first data event (only `: keep-alive` comments relayed, as DeepSeek sends while a request is
-queued), a failure of the upstream is retried when `reopen` is given: the new attempt's events follow on the
-same client response, which stays one well-formed stream (app/gateway/retry.py).
-
-The end of a stream goes through `_end(outcome, status)`, which finishes the meter and calls `on_end` (the
-gateway's `_stream_ended`: remember the turn, make the record). It is called from one of four places:
-- `_relay_chunk`: the meter sees the stream's last event: ("ok", 200), before that event is relayed;
-- `_pump`: DeepSeek's body ended without a last event: ("ok", 200), or ("upstream_error", 200) when it ended
-  with DeepSeek's own error event;
-- `_broken`: the stream broke (or no attempt answered): ("upstream_failed", status), before the error event;
-- `__call__`: the client went away first: ("client_disconnected", 499), in a task of its own.
+The gateway's event generator (`Gateway._events`, app/gateway/proxy.py) reads DeepSeek's answer, frames it
+here (`EventFramer`: whole lines only, the family's meter and chunk filter fed, the stream's last event
+found, an error event that stands alone) and yields the pieces the client gets; it makes the usage record
+when DeepSeek's side ends, before the last event is yielded, or in its `finally` when the client went away
+first. `Relayed` is the ASGI response that sends those pieces, as Starlette's StreamingResponse sends its
+iterator (a tool API's answer too: app/gateway/proxy.py `_tool_pieces`), with two differences the hot path
+wants: the piece that ends the last event goes with `more_body: False` (one write with the chunked body's
+end), and the client's disconnect is watched only from the first wait on DeepSeek on (the generator yields
+`WAIT` before it): a stream received whole is relayed without a watcher task.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -34,202 +23,118 @@ import httpx2
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from app.errors import APIError, bad_gateway
-from app.gateway.exchange import Exchange
+from app.errors import APIError
 from app.gateway.family import ChunkFilter, StreamMeter
-from app.gateway.responses import is_event_stream, response_start
-from app.gateway.retry import KeptAliveOnly, only_keepalives
-from app.gateway.upstream import aiohttp_reader, map_transport_error, too_large
+from app.gateway.responses import HeadLines, response_start
+from app.gateway.retry import only_keepalives
+from app.gateway.upstream import Answer, KeptAliveOnly, next_chunk, too_large
 from app.gateway.watch import ClientGone, ClientWatch
+from app.tracing.spans import ExchangeTrace
 
-# Called once when the upstream side of the stream has ended: (exchange, meter, outcome, status); it makes
-# the exchange's record (the gateway's `_stream_ended`).
-OnEnd = Callable[[Exchange, StreamMeter, str, int], Awaitable[None]]
-Spawn = Callable[[Coroutine[Any, Any, None]], None]
-ErrorEvent = Callable[[APIError], bytes]
-# A new attempt after one that failed with only keep-alives sent (its error): the response to relay, or the
-# APIError (retries spent) to end the stream with.
-Reopen = Callable[[APIError], Awaitable[httpx2.Response]]
+# A piece of the answer for the client, and whether it ends the response (it holds the end of the last event)
+Piece = tuple[bytes, bool]
+WAIT: Piece = (b"", False)  # the generator is about to wait on DeepSeek: the client is watched from now on
 UPSTREAM_FAILURES = (TimeoutError, httpx2.TransportError, aiohttp.ClientError, OSError, KeptAliveOnly)
+TRANSPORT_FAILURES = (TimeoutError, httpx2.TransportError, aiohttp.ClientError, OSError)
+ErrorEvent = Callable[[APIError], bytes]  # the family's error event (Family.stream_error)
 DRAIN_S = 1.0  # how long the relay waits for the end of the upstream body once the client has the answer
 
 
-class SSERelay(Response):
-    """A Starlette Response only in type (route handlers return it); `__call__` does all the sending."""
+@dataclass(frozen=True, slots=True)
+class Head:
+    """A response's status and headers."""
 
-    def __init__(self, ex: Exchange, resp: httpx2.Response, deadline: float, meter: StreamMeter,
-                 on_end: OnEnd, spawn: Spawn, error_event: ErrorEvent,
-                 chunk_filter: ChunkFilter | None = None, reopen: Reopen | None = None,
-                 max_line: int | None = None) -> None:
-        # Starlette's Response fields, set as its __init__ would (its headers are never sent: `_relay` sends
-        # DeepSeek's)
-        self.status_code = 200
-        self.media_type = "text/event-stream"
+    status: int
+    headers: list[tuple[bytes, bytes]]
+
+
+class Relayed(Response):
+    """The client's side of a relayed answer: sends the pieces of `pieces` as they come. `pieces` is the
+    gateway's generator, closed here whatever happens (its `finally` makes the record if nothing did). The
+    response's head is `head`, or the first `Head` the generator yields (a tool API's answer, whose status is
+    known only when its first keep-alive or its end arrives). The client is watched from the generator's
+    first `WAIT` on when `lazy`, else from the start."""
+
+    def __init__(self, pieces: AsyncGenerator[Head | Piece, None], head: Head | None, lines: HeadLines | None,
+                 lazy: bool = True) -> None:
+        # Starlette's Response fields, set as its __init__ would
+        self.status_code = head.status if head is not None else 200
         self.background = None
         self.body = b""
-        self.raw_headers = [(b"content-type", b"text/event-stream")]
-        self.on_end = on_end
-        self.spawn = spawn
-        self.error_event = error_event
-        self.ex = ex
-        self.resp = resp
-        self.deadline = deadline
-        self.meter = meter
-        self.filter = chunk_filter
-        self.trace = ex.trace
-        self.client = ClientWatch()
-        # (outcome, status) once the upstream side has ended; a disconnect after that does not change it
-        self.end: tuple[str, int] | None = None
-        self._partial = bytearray()  # an incomplete last line, held back until its newline arrives
-        self.max_line = max_line  # the longest line held (limits.max_upstream_bytes); longer ends the stream
-        self._final = False  # the stream's last event is being relayed: stop at the end of that event
-        # Where the client is in the event stream: between events, or inside one that has a data line yet
-        self._between = True
-        self._open_data = False
-        self.reopen = reopen
-        self._pristine = True  # nothing but keep-alive comments received yet: a failure may be retried
-        self._closed = False  # the client's response is complete (its last chunk went with more_body False)
-        # The deadline and the client watch guard the waits on DeepSeek: both are armed before the first one
-        # (a stream already received whole is relayed without a timer or a watcher task)
-        self._timeout: asyncio.Timeout | None = None
-        self._armed = False
+        self.raw_headers = head.headers if head is not None else []
+        self.head = head
+        self.pieces = pieces
+        self.lines = lines
+        self.lazy = lazy
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        client = ClientWatch()
         try:
-            async with self.client.watching(receive, lazy=True):
-                await self._relay(scope, send)
+            async with client.watching(receive, lazy=self.lazy):
+                if self.head is not None:
+                    await _send(send, response_start(scope, self.head.status, self.head.headers, self.lines))
+                closed = False
+                async for piece in self.pieces:
+                    if piece is WAIT:
+                        client.arm()
+                    elif isinstance(piece, Head):
+                        await _send(send, response_start(scope, piece.status, piece.headers, self.lines))
+                    else:
+                        body, last = piece
+                        await _send(send, {"type": "http.response.body", "body": body, "more_body": not last})
+                        if last:
+                            closed = True
+                            client.relaying = False  # the client has it all: its going away no longer matters
+                if not closed:
+                    await _send(send, {"type": "http.response.body", "body": b"", "more_body": False})
         finally:
-            await _close(self.resp)
-            if not self.ex.finished:
-                outcome, status = self.end or ("client_disconnected", 499)
-                self.spawn(self._end(outcome, status))
+            await self.pieces.aclose()
 
-    async def _relay(self, scope: Scope, send: Send) -> None:
-        headers = self.ex.response_headers(self.resp)
-        await send(response_start(scope, 200, headers, self.ex.rate_headers))
-        try:
-            try:
-                while True:
-                    try:
-                        await self._pump(send)
-                        break
-                    except UPSTREAM_FAILURES as exc:
-                        if self.client.gone or not self._pristine or self.reopen is None:
-                            raise
-                        await self._retry(exc)
-            except BaseException as exc:
-                await self._disarm(exc)  # raises TimeoutError if the deadline cancelled the relay
-                raise
-            else:
-                await self._disarm(None)
-        except APIError as error:  # the retries after keep-alives are spent
-            await self._broken(send, error, started=False)
-            return
-        except KeptAliveOnly as dropped:
-            await self._broken(send, dropped.error, started=False)
-            return
-        except (TimeoutError, httpx2.TransportError, aiohttp.ClientError, OSError) as exc:
-            if self.client.gone:
-                raise ClientGone() from exc
-            if not self._final:
-                await self._broken(send, map_transport_error(exc))
-                return
-            if self._open_data:  # the last event lacked only its blank line
-                await self._send(send, b"\n", closing=True)
-        if not self._closed:
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-        if self._final:
-            self.client.relaying = False  # the client has it all: its going away no longer matters
-            await self._drain()
 
-    async def _arm(self) -> None:
-        """Before the first wait on DeepSeek: the client is watched and the deadline's scope entered (left by
-        `_disarm`) from now on."""
-        self._armed = True
-        self.client.arm()
-        left = max(self.deadline - time.perf_counter(), 0.001)
-        timeout = asyncio.timeout_at(asyncio.get_running_loop().time() + left)
-        await timeout.__aenter__()
-        self._timeout = timeout
+async def drain(answer: Answer) -> None:
+    """Read what follows the last event (the end of the chunked body), briefly: the connection then goes back
+    to the pool instead of being closed. A reset or a stall here changes nothing."""
+    if answer.at_eof():  # the body has ended already (its connection is pooled)
+        return
+    try:
+        async with asyncio.timeout(DRAIN_S):
+            while await next_chunk(answer):
+                pass
+    except (*TRANSPORT_FAILURES, httpx2.HTTPError, RuntimeError):
+        pass
 
-    async def _disarm(self, exc: BaseException | None) -> None:
-        """Leave the deadline's scope, as `async with` would; its expiry (the relay cancelled) raises
-        TimeoutError."""
-        timeout, self._timeout = self._timeout, None
-        if timeout is not None:
-            await timeout.__aexit__(type(exc) if exc is not None else None, exc,
-                                    exc.__traceback__ if exc is not None else None)
 
-    async def _retry(self, exc: BaseException) -> None:
-        """The upstream failed having sent only keep-alives: relay a new attempt in its place."""
-        assert self.reopen is not None
-        if not self._armed:
-            await self._arm()
-        error = exc.error if isinstance(exc, KeptAliveOnly) else map_transport_error(exc)
-        await self.resp.aclose()
-        if self._partial:  # an unfinished comment line: end it for the meter, drop it for the client
-            self.meter.feed(b"\n")
-            self._partial = bytearray()
-        self.resp = await self.reopen(error)
-        if not is_event_stream(self.resp.headers.get("content-type", "")):
-            raise bad_gateway("DeepSeek answered a streaming request with 200 but not an event stream "
-                              "(upstream broke the protocol).", "upstream_bad_response")
+async def _send(send: Send, message: dict[str, Any]) -> None:
+    try:
+        await send(message)
+    except OSError as exc:  # uvicorn: the client disconnected
+        raise ClientGone() from exc
 
-    async def _drain(self) -> None:
-        """Read what follows the last event (the end of the chunked body), briefly: the connection then goes
-        back to the pool instead of being closed. A reset or a stall here changes nothing."""
-        reader = aiohttp_reader(self.resp)
-        if reader is not None and reader.is_eof():  # the body has ended already (its connection is pooled)
-            return
-        try:
-            async with asyncio.timeout(DRAIN_S):
-                if reader is not None:
-                    while await reader.readany():
-                        pass
-                else:
-                    async for _ in self.resp.aiter_raw():
-                        pass
-        except (TimeoutError, httpx2.HTTPError, aiohttp.ClientError, OSError, RuntimeError):
-            pass
 
-    async def _pump(self, send: Send) -> None:
-        reader = aiohttp_reader(self.resp)
-        if reader is not None:  # the hot path: what has arrived is taken at once, one await per upstream wait
-            while True:
-                raw = reader.read_nowait()
-                if not raw:
-                    if reader.is_eof():
-                        break
-                    if not self._armed:
-                        await self._arm()
-                    raw = await reader.readany()
-                    if not raw:
-                        break
-                await self._relay_chunk(send, raw)
-                if self._final and self._between:
-                    return
-        else:
-            if not self._armed:
-                await self._arm()
-            async for raw in self.resp.aiter_raw():
-                await self._relay_chunk(send, raw)
-                if self._final and self._between:
-                    return
-        if self._pristine and self.reopen is not None:  # ended before its first event: no answer at all
-            raise KeptAliveOnly(bad_gateway("DeepSeek ended the stream before its first event (it sent only "
-                                            "keep-alives).", "upstream_bad_response"))
-        if self._partial:  # the stream ended without a final newline: relay what there is
-            await self._send(send, bytes(self._partial))
-            self._partial = bytearray()
-        if not self.ex.finished:
-            # No final event: a stream DeepSeek ended with its own error event is its error, relayed as is.
-            self.meter.finish()
-            await self._end("upstream_error" if self.meter.ended_with_error else "ok", 200)
+class EventFramer:
+    """What of DeepSeek's stream the client gets: whole lines only (if the stream breaks mid-line, the
+    client never gets half an event), filtered by the family's chunk filter; the meter and the trace see
+    every byte. `final`: the meter saw the stream's last event; `pristine`: nothing but keep-alive comments
+    came yet (a failure may then be retried on the same client response)."""
 
-    async def _relay_chunk(self, send: Send, raw: bytes) -> None:
-        if self._pristine and not only_keepalives(bytes(self._partial) + raw):
-            self._pristine = False
-        self.ex.stream_bytes += len(raw)
+    def __init__(self, meter: StreamMeter, error_event: ErrorEvent, chunk_filter: ChunkFilter | None,
+                 trace: ExchangeTrace | None, max_line: int | None) -> None:
+        self.meter = meter
+        self.error_event = error_event
+        self.filter = chunk_filter
+        self.trace = trace
+        self.max_line = max_line  # the longest line held (limits.max_upstream_bytes); longer ends the stream
+        self.final = False
+        self.pristine = True
+        self._partial = bytearray()  # an incomplete last line, held back until its newline arrives
+        # Where the client is in the event stream: between events, or inside one that has a data line yet
+        self.between = True
+        self.open_data = False
+
+    def feed(self, raw: bytes) -> bytes:
+        """The whole lines `raw` completes, for the client; `too_large`'s APIError for a line too long."""
+        if self.pristine and not only_keepalives(bytes(self._partial) + raw):
+            self.pristine = False
         if self.max_line is not None and len(self._partial) + len(raw) > self.max_line \
                 and raw.find(b"\n") < 0:
             raise too_large(self.max_line)  # ends the stream with the family's error event, and a record
@@ -239,15 +144,44 @@ class SSERelay(Response):
         chunk = self._complete_lines(raw)
         if self.filter is not None:
             chunk = self.filter.feed(chunk)
-        if self.end is None and self.meter.final_in(chunk):
-            self._final = True
-            await self._end("ok", 200)
-        if chunk:
-            await self._send(send, chunk, closing=self._final)
+        if not self.final and self.meter.final_in(chunk):
+            self.final = True
+        return chunk
+
+    def piece(self, chunk: bytes) -> Piece:
+        """`chunk` as the client gets it: the response's last piece when it ends the stream's last event."""
+        self._track(chunk)
+        return chunk, self.final and self.between
+
+    def rest(self) -> bytes:
+        """The stream ended without a final newline: what there is of its last line."""
+        rest, self._partial = bytes(self._partial), bytearray()
+        return rest
+
+    def restart(self) -> None:
+        """A new attempt's stream follows: an unfinished comment line is ended for the meter, dropped for
+        the client."""
+        if self._partial:
+            self.meter.feed(b"\n")
+            self._partial = bytearray()
+
+    def error_piece(self, error: APIError, started: bool) -> bytes:
+        """The family's error event that ends the stream: it broke after it `started`, or (not started) no
+        attempt answered before the retries were spent. It ends an event the client holds with data lines
+        so that it stands alone; one with no data line yet (only `event:`) takes its lines as its own (the
+        last `event:` line names it), or the SDKs would parse an event without data."""
+        if started:
+            why = ("DeepSeek sent nothing for longer than the upstream timeout" if error.status == 504
+                   else "the connection to DeepSeek broke")
+            error.message = f"The answer is incomplete: {why} after the stream started. Retry the request."
+            error.code = "upstream_stream_broken"
+        event = (b"\n" if self.open_data else b"") + self.error_event(error)
+        self._track(event)
+        return event
 
     def _complete_lines(self, chunk: bytes) -> bytes:
-        """Relay whole lines only: if the stream breaks mid-line, the client never gets half an event. A long
-        line is gathered in place (joining it anew with each piece took time squared in its length)."""
+        """Whole lines only. A long line is gathered in place (joining it anew with each piece took time
+        squared in its length)."""
         cut = chunk.rfind(b"\n") + 1
         if not cut:
             self._partial += chunk
@@ -256,19 +190,6 @@ class SSERelay(Response):
             else chunk
         self._partial = bytearray(chunk[cut:])
         return data
-
-    async def _send(self, send: Send, chunk: bytes, closing: bool = False) -> None:
-        """Relay a chunk; when `closing` (the stream's last event is in it) and it ends that event, it is the
-        response's last (uvicorn writes it and the chunked body's end at once)."""
-        self._track(chunk)
-        last = closing and self._between
-        try:
-            await send({"type": "http.response.body", "body": chunk, "more_body": not last})
-        except OSError as exc:  # uvicorn: the client disconnected
-            raise ClientGone() from exc
-        if last:
-            self._closed = True
-            self.client.relaying = False  # the client has it all: its going away no longer matters
 
     def _track(self, chunk: bytes) -> None:
         """Note whether the client is now between events (every relayed chunk but a stream's unterminated
@@ -280,41 +201,8 @@ class SSERelay(Response):
         elif chunk[:1] == b"\n" or chunk[:2] == b"\r\n":
             rest = chunk[1:] if chunk[:1] == b"\n" else chunk[2:]
         else:
-            self._between = self._between and not chunk
-            self._open_data = self._open_data or chunk.startswith(b"data:") or b"\ndata:" in chunk
+            self.between = self.between and not chunk
+            self.open_data = self.open_data or chunk.startswith(b"data:") or b"\ndata:" in chunk
             return
-        self._between = not rest
-        self._open_data = rest.startswith(b"data:") or b"\ndata:" in rest
-
-    async def _end(self, outcome: str, status: int) -> None:
-        """The upstream side has ended so: the meter finishes, the exchange gets its record (`on_end`)."""
-        self.end = (outcome, status)
-        self.meter.finish()
-        await self.on_end(self.ex, self.meter, outcome, status)
-
-    async def _broken(self, send: Send, error: APIError, started: bool = True) -> None:
-        """End the stream with the family's error event: the stream broke after it `started`, or (not
-        started) no attempt answered before the retries were spent."""
-        if started:
-            why = ("DeepSeek sent nothing for longer than the upstream timeout" if error.status == 504
-                   else "the connection to DeepSeek broke")
-            error.message = f"The answer is incomplete: {why} after the stream started. Retry the request."
-            error.code = "upstream_stream_broken"
-        await self._end("upstream_failed", error.status)
-        # End an event the client holds with data lines so ours stands alone; one with no data line yet
-        # (only `event:`) takes our lines as its own (the last `event:` line names it), or the SDKs would
-        # parse an event without data.
-        boundary = b"\n" if self._open_data else b""
-        await self._send(send, boundary + self.error_event(error))
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-
-async def _close(resp: httpx2.Response) -> None:
-    """httpx2's `aclose` of the upstream response; aiohttp's response is closed directly (httpx2's wraps it
-    in two context managers, for errors that closing it does not raise)."""
-    aio = getattr(resp.stream, "_aiohttp_response", None)
-    if isinstance(aio, aiohttp.ClientResponse) and not resp.is_closed:
-        resp.is_closed = True
-        await aio.__aexit__(None, None, None)
-    else:
-        await resp.aclose()
+        self.between = not rest
+        self.open_data = rest.startswith(b"data:") or b"\ndata:" in rest

@@ -20,7 +20,7 @@ HEAD_BLOCK = "chatgate.head_block"
 
 class HeadLines(Protocol):
     """Headers chatgate renders itself from numbers (the x-ratelimit headers): as pairs, or as the lines of a
-    response head at once (no per-header check and copy by the server: ~2% of a managed request)."""
+    response head at once (no per-header check and copy by the server)."""
 
     def headers(self) -> list[tuple[bytes, bytes]]: ...
 

@@ -10,10 +10,14 @@ from collections.abc import Callable
 import httpx2
 
 from app.gateway.auth import Authenticator
+from app.gateway.background import Background
+from app.gateway.checking import Checkers
 from app.gateway.currency import resolve_currency
-from app.gateway.endpoints import build_endpoints
+from app.gateway.endpoints import build_endpoints, families
 from app.gateway.family import Family
+from app.gateway.ledger import Ledger
 from app.gateway.proxy import Endpoint, Gateway
+from app.gateway.retry import retrying
 from app.gateway.upstream import Upstream
 from app.metering.metrics import Metrics
 from app.metering.pricing import Pricing
@@ -93,22 +97,28 @@ class State:
         self.metrics.tally.currency = currency.lower()
         self.quotas = Quotas(s, self.store, self.clock, currency)
         self.metrics.watch_budgets(self.quotas.budget_gauges)
-        self.gateway = Gateway(s, upstream, self.recorder, Authenticator(s.auth, self.store), self.metrics,
-                               self.memory, self.quotas, self.store, pricing=self.pricing, clock=self.clock)
         await self._observability()
+        background = Background()
+        auth = Authenticator(s.auth, self.store, on_refused=self.metrics.auth_failure)
+        self.gateway = Gateway(
+            s, upstream=upstream, auth=auth, retrier=retrying(s, self.metrics, self.quotas.alerts),
+            metrics=self.metrics, checkers=Checkers(s, families), memory=self.memory,
+            ledger=Ledger(s, self.recorder, self.metrics, self.pricing, self.quotas, background),
+            background=background, pricing=self.pricing, quotas=self.quotas, files=self.store,
+            tracing=self.tracing, refusals=self.refusals, clock=self.clock)
         self._purger = asyncio.get_running_loop().create_task(self._purge_expired_turns())
 
     async def _observability(self) -> None:
         """Tracing (app.tracing) and the refusal inspector (app.refusals), each only when it is on."""
-        s, gateway = self.settings, self.gw
-        self.tracing = gateway.tracing = build_tracing(s.tracing)
+        s = self.settings
+        self.tracing = build_tracing(s.tracing)
         if self.tracing is not None:
             self.metrics.registry.register(self.tracing.collector())
         if self.store is not None and s.server.capture_refusals > 0:
             refusals = RefusalLog(open_refusal_store(self.store.url), s.server.capture_refusals,
                                   s.server.refusal_ttl_hours, s.server.log_content)
             await asyncio.to_thread(refusals.start)
-            self.refusals = gateway.refusals = refusals
+            self.refusals = refusals
 
     async def _purge_expired_turns(self) -> None:
         """Relayed reasoning is deleted once it expires (every replica purges; the deletes are idempotent)."""

@@ -45,8 +45,8 @@ class ChatFamily(FamilyBase):
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
 
-    def check(self, body: bytes, *, beta: bool, origin: str | None) -> Verdict:
-        checked = check_body(body, self.policy, beta=beta, origin=origin)
+    def check(self, body: bytes, *, beta: bool, origin: str | None, parse: object = None) -> Verdict:
+        checked = check_body(body, self.policy, beta=beta, origin=origin, parse=parse)
         req = checked.request
         if req is None:
             return Verdict(checked.problems, checked.warnings, profile=checked.profile)

@@ -144,11 +144,12 @@ class Checked:
 Rule = Callable[[ChatCompletionRequest, RuleContext], Iterable[Problem]]
 
 
-def check_body(body: bytes, policy: Policy, *, beta: bool = False, origin: str | None = None) -> Checked:
+def check_body(body: bytes, policy: Policy, *, beta: bool = False, origin: str | None = None,
+               parse: object = None) -> Checked:
     """Parse and check a request body; never raises. `origin` (e.g. http://127.0.0.1:8787) is where the
     client reached chatgate, named in hints."""
     try:
-        request = validate_body(ChatCompletionRequest, body)
+        request = validate_body(ChatCompletionRequest, body, parse)
     except pydantic.ValidationError as exc:
         if not _unknown_tag(exc):
             return Checked(None, problems_from_validation_error(exc, body))

@@ -31,10 +31,8 @@ class Caller(Protocol):
     def key_id(self) -> str: ...
 
 
-class Exchange(Protocol):
+class AdmittedRequest(Protocol):
     """The request as admission sees it (app/gateway/exchange.py)."""
-
-    admission: Admission | None
 
     @property
     def body(self) -> bytes: ...
@@ -67,10 +65,11 @@ class Admitter:
         self.pricing = pricing
         self.refuse_unpriced = settings.limits.unpriced == "refuse"
 
-    async def admit(self, ex: Exchange, verdict: Verdict | None,
-                    media: Callable[[], Awaitable[int]] | None = None) -> Refusal | None:
-        """Reserve the request's upper bounds against its caller's limits (`ex.admission`), or the refusal.
-        `media` counts what its images and documents add (asked only when a limit applies)."""
+    async def admit(self, ex: AdmittedRequest, verdict: Verdict | None,
+                    media: Callable[[], Awaitable[int]] | None = None) -> Admission | Refusal | None:
+        """The request's upper bounds reserved against its caller's limits (its Admission, settled by its
+        record), or the refusal; None when no limit applies. `media` counts what its images and documents
+        add (asked only when a limit applies)."""
         extra = await media() if media is not None and await self.quotas.limited(
             ex.identity.team, ex.identity.key_id) else 0
         model = ex.priced_as or ex.model
@@ -97,12 +96,9 @@ class Admitter:
                   or self.pricing.rates(model, ex.ts) is not None)
         admitted = await self.quotas.admit(ex.identity.team, ex.identity.key_id, bounds, started_at=ex.ts,
                                            priced=priced)
-        if isinstance(admitted, Refusal):
-            if admitted.kind == "budget" and reserved:
-                return dataclasses.replace(admitted, message=f"{admitted.message} {reserved[0]}")
-            return admitted
-        ex.admission = admitted
-        return None
+        if isinstance(admitted, Refusal) and admitted.kind == "budget" and reserved:
+            return dataclasses.replace(admitted, message=f"{admitted.message} {reserved[0]}")
+        return admitted
 
 
 def reservation_text(prompt: int, media: int, completion: int, wanted: int | None, cost: str) -> str:

@@ -38,7 +38,6 @@ class LocalBudgets:
     def __init__(self, store: LimitStore | None) -> None:
         self.store = store
         self.ledgers: dict[tuple[str, str], dict[float, Ledger]] = {}  # (scope, subject) -> period start
-        self.forgets = 0  # ledgers dropped: one found before may no longer be the subject's
 
     def known(self, scope: str, subject: str, period_start: float) -> Ledger | None:
         periods = self.ledgers.get((scope, subject))
@@ -62,7 +61,6 @@ class LocalBudgets:
             return
         for start in [start for start, ledger in periods.items() if not ledger.holds]:
             del periods[start]
-            self.forgets += 1
         if not periods:
             del self.ledgers[(scope, subject)]
 

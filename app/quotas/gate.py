@@ -16,7 +16,7 @@ import math
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
@@ -26,10 +26,10 @@ from app.errors import APIError
 from app.metering.catalogue import SYMBOLS
 from app.quotas.alerts import Alerts
 from app.quotas.book import LimitBook
-from app.quotas.budgets import Ledger, LocalBudgets, StoreBudgets
-from app.quotas.model import Admission, Ask, Plan, RateInfo, Refusal, Subject
+from app.quotas.budgets import LocalBudgets, StoreBudgets
+from app.quotas.model import Admission, Ask, Plan, Refusal, Subject
 from app.quotas.periods import period_end, period_start
-from app.quotas.rates import LocalRates, Window, check
+from app.quotas.rates import LocalRates
 from app.quotas.redis_rates import RedisRates
 from app.settings import Settings
 from app.store.base import Hold, LimitRow, Store, StoreError
@@ -43,17 +43,12 @@ BACKEND_ERRORS = (StoreError, RedisError, OSError, TimeoutError)
 @dataclass(slots=True)
 class Known:
     """A caller's plan, from its team's and key's rows, while the book hands out both (`until`, on the book's
-    clock, and no row forgotten since: `generation`). `windows` and `ledgers`: the plan's counters when every
-    counter is in this process, found once (the ledgers for the budget periods of `day`)."""
+    clock, and no row forgotten since: `generation`)."""
 
     rows: tuple[LimitRow | None, LimitRow | None]
     plan: Plan
     until: float
     generation: int
-    windows: list[tuple[Subject, Window]] | None = None
-    day: int = -1
-    ledgers: list[tuple[Subject, int, Ledger, float]] = field(default_factory=list)  # budget, period start
-    forgets: int = -1  # LocalBudgets.forgets when the ledgers were found
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,8 +94,6 @@ class Quotas:
         self._ids = itertools.count()
         self.backend_errors = 0
         self._plans: dict[tuple[str, str], Known] = {}
-        # every counter in this process: an admission is one step, with no look-up (`_admit_here`)
-        self.here = isinstance(self.rates, LocalRates) and isinstance(self.budgets, LocalBudgets)
 
     def _known(self, team: str, key_id: str) -> Known | None:
         """The caller's plan without an await: its rows are cached and the plan was worked out from them."""
@@ -194,10 +187,6 @@ class Quotas:
             log.warning("server.workers = %d without limits.redis_url: rpm, tpm and max_concurrent are "
                         "counted by each worker process on its own; set limits.redis_url to share them",
                         self.settings.server.workers)
-        if self.here and known is not None:
-            admitted = self._admit_here(known, ask, now)
-            if admitted is not None:
-                return admitted
         admission = Admission(ask, plan.subjects, [], [])
         try:
             if plan.rated:
@@ -221,57 +210,6 @@ class Quotas:
             await self._release_rates(admission, 0, cancel=True)
             return self._backend_down(exc)
         return admission
-
-    def _admit_here(self, known: Known, ask: Ask, now: float) -> Admission | None:
-        """`admit` in one step when every counter is in this process and has room: the same checks and
-        reservations as LocalRates.acquire_now and LocalBudgets.reserve, on the plan's windows and ledgers
-        found once. None: the general path decides (a refusal, or a ledger not read from the store yet)."""
-        windows = known.windows
-        if windows is None:
-            rates = self.rates
-            assert isinstance(rates, LocalRates)
-            windows = known.windows = [(s, rates.window(s)) for s in known.plan.rated]
-        budgets = self.budgets
-        assert isinstance(budgets, LocalBudgets)
-        day = int(ask.ts // 86400)  # a budget period starts on a day (UTC)
-        if (known.day != day or known.forgets != budgets.forgets) \
-                and not self._find_ledgers(known, ask.ts, day):
-            return None
-        info = None
-        if windows:
-            info = RateInfo()
-            for subject, window in windows:
-                window.fresh(now)
-                if check(window, subject, ask, now, info) is not None:
-                    return None
-        amount = ask.cost_picousd
-        for _, budget, ledger, _ in known.ledgers:
-            if ledger.spent + ledger.held + amount > budget:
-                return None
-        for subject, window in windows:
-            window.enter(subject.limits, ask, now)
-        holds = []
-        for subject, _, ledger, start in known.ledgers:
-            hold = self._hold(subject, ask, start)
-            ledger.hold(hold.hold_id, amount)
-            holds.append(hold)
-        plan = known.plan
-        return Admission(ask, plan.subjects, holds, plan.rated, info)
-
-    def _find_ledgers(self, known: Known, ts: float, day: int) -> bool:
-        """The plan's ledgers for the budget periods `ts` falls in; False when one was not read yet."""
-        budgets = self.budgets
-        assert isinstance(budgets, LocalBudgets)
-        ledgers = []
-        for subject in known.plan.budgeted:
-            start = period_start(ts, subject.limits.budget_period or "month")
-            ledger = budgets.known(subject.scope, subject.name, start)
-            budget = subject.limits.budget_picousd
-            if ledger is None or budget is None:
-                return False
-            ledgers.append((subject, budget, ledger, start))
-        known.ledgers, known.day, known.forgets = ledgers, day, budgets.forgets
-        return True
 
     def settle_now(self, admission: Admission, tokens: int, cost: int) -> None:
         """`settle` without a task, when the counters are `in_process` (the common single-replica case).
@@ -365,12 +303,11 @@ class Quotas:
                 if not cancel:
                     raise
 
-    def _hold(self, subject: Subject, ask: Ask, start: float | None = None) -> Hold:
-        """`ask`'s hold against `subject`'s budget for the period starting at `start` (else: `ask`'s)."""
+    def _hold(self, subject: Subject, ask: Ask) -> Hold:
+        """`ask`'s hold against `subject`'s budget for the period `ask` falls in."""
         budget = subject.limits.budget_picousd
         assert budget is not None
-        if start is None:
-            start = period_start(ask.ts, subject.limits.budget_period or "month")
+        start = period_start(ask.ts, subject.limits.budget_period or "month")
         return Hold(f"{ask.request_id}:{subject.scope}", subject.scope, subject.name, start, budget,
                     ask.cost_picousd, ask.expires_at)
 

@@ -65,7 +65,7 @@ class Beta(Protocol):
     def beta(self) -> bool: ...
 
 
-class Exchange(Protocol):
+class RepairedRequest(Protocol):
     """The request as the loop sees it (app/gateway/exchange.py)."""
 
     body: bytes
@@ -99,7 +99,7 @@ class Repairer:
                 and verdict is not None and verdict.thinking and verdict.tools
                 and bool(caller))
 
-    async def repair(self, ex: Exchange, family: Repairable, verdict: Verdict, origin: str) -> Verdict:
+    async def repair(self, ex: RepairedRequest, family: Repairable, verdict: Verdict, origin: str) -> Verdict:
         """Apply the enabled repairs that fix some of the problems found and check the result again, up to
         REPAIR_PASSES times. The common case, turns whose reasoning a client dropped and chatgate relayed,
         is done on the body's bytes when the family can (no parse, no dump, no check again)."""
@@ -148,7 +148,7 @@ class Repairer:
             ex.describe(verdict)
         return verdict
 
-    async def _recall(self, ex: Exchange, kind: str, wanted: dict[int, TurnCalls]
+    async def _recall(self, ex: RepairedRequest, kind: str, wanted: dict[int, TurnCalls]
                       ) -> tuple[dict[int, str], dict[str, str]]:
         """A restore repair's look-up of the turns it wants (message index -> (call ids, tool names)): the
         remembered turn of each, if it is this caller's and its tool calls are the ones chatgate relayed;
@@ -176,7 +176,7 @@ class Repairer:
         return recalled, misses
 
 
-def refusal(ex: Exchange, family: Repairable, verdict: Verdict) -> APIError:
+def refusal(ex: RepairedRequest, family: Repairable, verdict: Verdict) -> APIError:
     """The 400 for what is left, saying which turns could not be restored and why."""
     problems = verdict.problems
     repaired = ex.repaired

@@ -140,10 +140,11 @@ def is_thinking(req: ResponsesRequest, profile: ModelProfile, known: bool) -> bo
     return not (req.reasoning is not None and req.reasoning.effort == "none")
 
 
-def check_body(body: bytes, profiles: Mapping[str, ModelProfile], options: Options) -> Verdict:
-    """Parse and check a Responses request body; never raises."""
+def check_body(body: bytes, profiles: Mapping[str, ModelProfile], options: Options, parse: object = None
+               ) -> Verdict:
+    """Parse and check a Responses request body (`parse`: R1's, app/wire.py `validate_body`); never raises."""
     try:
-        request = validate_body(ResponsesRequest, body)
+        request = validate_body(ResponsesRequest, body, parse)
     except pydantic.ValidationError as exc:
         return Verdict(problems_from_validation_error(exc))
     return check_request(request, profiles, options)

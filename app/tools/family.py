@@ -32,7 +32,7 @@ class ToolFamily(FamilyBase):
         self.strict = strict
         self._check = CHECKS[tool]
 
-    def check(self, body: bytes, *, beta: bool, origin: str | None) -> Verdict:
+    def check(self, body: bytes, *, beta: bool, origin: str | None, parse: object = None) -> Verdict:
         found = self._check(body)
         if self.strict:
             found = [Problem(p.code, p.param, p.message, p.rule) for p in found]

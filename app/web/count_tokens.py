@@ -28,11 +28,10 @@ from app.gateway.bodies import read_json_body, request_id_of
 from app.gateway.family import Family
 from app.gateway.responses import error_response, json_response
 from app.gateway.state import State
-from app.gateway.strict import body_problem
+from app.gateway.strict import parse_strictly
 from app.metering.tokens import count_async, count_text
 from app.quotas.admission import limit_error
 from app.quotas.model import Admission, Refusal
-from app.wire import taken
 
 
 def add_count_tokens(app: FastAPI, state: State, families: list[Family]) -> None:
@@ -82,10 +81,9 @@ def _prompt_of(text_of: Callable[[Any], str], body: bytes, exact_bytes: int) -> 
     """The text to count (in a checker process for a large body), or the refusal. Above `exact_bytes` of
     text, its UTF-8 bytes instead: the upper bound answered (every token covers at least one byte), and the
     text never crosses the pipe back (a 40 MB prompt grew the server by 150 MB, kept after the count)."""
-    strict = body_problem(body)
+    data, strict = parse_strictly(body)
     if strict is not None:
         raise APIError.from_problems([strict])
-    data = taken(body)  # R1's parse (it read the body whole), taken: a thread does not keep it
     if data is None:
         try:
             data = orjson.loads(body)

@@ -10,7 +10,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import httpx2
 import orjson
 from fastapi import FastAPI
 from starlette.requests import Request
@@ -24,7 +23,7 @@ from app.gateway.bodies import origin_of, request_id_of
 from app.gateway.proxy import Endpoint
 from app.gateway.responses import JSON, RawResponse, error_response, json_response
 from app.gateway.state import State
-from app.gateway.upstream import response_headers
+from app.gateway.upstream import Answer, response_headers
 from app.metering.cache_report import build_cache_report, cache_query
 from app.metering.reports import ReportError, build_report, make_query
 from app.web.admin import add_admin
@@ -141,7 +140,7 @@ def _models_handler(state: State) -> Any:
                                                   "JSON (upstream broke the protocol).",
                                                   "upstream_bad_response"), rid)
             _cache_models(state, slot, content)
-        return RawResponse(resp.status_code, response_headers(resp.headers, rid), content)
+        return RawResponse(resp.status_code, response_headers(resp.raw_headers, rid), content)
     return models
 
 
@@ -169,7 +168,7 @@ def _is_json(content: bytes) -> bool:
 
 
 async def _get_upstream(state: State, path: str, request_id: str, authorization: str | None
-                        ) -> tuple[httpx2.Response, bytes]:
+                        ) -> tuple[Answer, bytes]:
     """DeepSeek's answer to a GET and its whole body, read within upstream.total_timeout; the APIError
     (502, 504) when DeepSeek cannot be reached or does not answer in time."""
     headers = [("x-request-id", request_id), ("accept-encoding", "identity"),
@@ -202,7 +201,7 @@ def _balance_handler(state: State) -> Any:
             return error_response(error, rid)
         outcome = "ok" if resp.status_code == 200 else "upstream_error"
         _log_balance(state, rid, ts, t0, resp.status_code, outcome, None, key_id)
-        return RawResponse(resp.status_code, response_headers(resp.headers, rid), content)
+        return RawResponse(resp.status_code, response_headers(resp.raw_headers, rid), content)
     return balance
 
 

@@ -64,18 +64,17 @@ def test_requests_naming_files_go_to_the_account_that_holds_them() -> None:
 
 
 def test_a_429s_retry_after_sets_an_account_aside_for_at_most_the_cooldown() -> None:
-    import httpx2
-
     from app.gateway.accounts import RATE_LIMIT_ASIDE_MAX_S, Account, Pool
+    from app.gateway.upstream import ReadAnswer
 
     now = [1000.0]
     pool = Pool([Account("one", "K1", b"Bearer sk-1"), Account("two", "K2", b"Bearer sk-2")], cooldown_s=300,
                 clock=lambda: now[0])
     one, two = pool.accounts
-    pool.rate_limited(one, 86_400.0, 0.2, httpx2.Response(429))  # an HTTP date a day away
+    pool.rate_limited(one, 86_400.0, 0.2, ReadAnswer(429, [], b""))  # an HTTP date a day away
     assert one.aside_until == 1300.0
-    pool.rate_limited(two, 2.0, 0.2, httpx2.Response(429))
+    pool.rate_limited(two, 2.0, 0.2, ReadAnswer(429, [], b""))
     assert two.aside_until == 1002.0
     brief = Pool([Account("one", "K1", b"Bearer sk-1")], cooldown_s=0, clock=lambda: now[0])
-    brief.rate_limited(brief.accounts[0], 60.0, 0.2, httpx2.Response(429))
+    brief.rate_limited(brief.accounts[0], 60.0, 0.2, ReadAnswer(429, [], b""))
     assert brief.accounts[0].aside_until == 1000.0 + RATE_LIMIT_ASIDE_MAX_S

@@ -17,8 +17,7 @@ import orjson
 import pytest
 
 from app.demo.deepseek import make_plan
-from app.gateway.relay import aiohttp_reader
-from app.gateway.upstream import Upstream
+from app.gateway.upstream import AiohttpAnswer, TransportAnswer, Upstream, read_whole
 from app.settings import UpstreamSettings
 from tests.fakes.server import RunningFake
 from tests.gateway.conftest import JSON_HEADERS, chat_body, usage_rows
@@ -262,22 +261,24 @@ def test_both_upstream_transports_relay_every_event_and_meter_it(
     assert (row["outcome"], row["tokens_exact"]) == ("ok", 1)
 
 
-def test_the_aiohttp_transport_exposes_its_body_reader(fake: RunningFake) -> None:
-    """The relay's fast path depends on httpx-aiohttp's response stream keeping aiohttp's response; an
-    upgrade that changes that must fail here, not silently fall back to the slower iterator."""
-    async def probe(transport: str) -> bool:
+def test_both_upstream_clients_read_a_stream_through_one_answer_interface(fake: RunningFake) -> None:
+    """aiohttp (the default) and httpx2's own transport hand back an `Answer` read the same way: what has
+    arrived, then each chunk, then its end."""
+    async def read(transport: str) -> tuple[type, bytes]:
         upstream = Upstream(UpstreamSettings(base_url=fake.url, transport=transport))  # type: ignore[arg-type]
         body = orjson.dumps(chat_body(stream=True))
         headers = [(b"content-type", b"application/json"), (b"authorization", b"Bearer sk-probe")]
-        resp = await upstream.send("POST", "/chat/completions", headers, body)
         try:
-            return aiohttp_reader(resp) is not None
+            answer = await upstream.send("POST", "/chat/completions", headers, body)
+            content = await read_whole(answer, time.perf_counter() + 10)
+            assert answer.at_eof()
+            return type(answer), content
         finally:
-            await resp.aclose()
             await upstream.aclose()
 
-    assert asyncio.run(probe("aiohttp")) is True
-    assert asyncio.run(probe("httpx")) is False
+    (aio, aio_body), (httpx, httpx_body) = asyncio.run(read("aiohttp")), asyncio.run(read("httpx"))
+    assert (aio, httpx) == (AiohttpAnswer, TransportAnswer)
+    assert aio_body.endswith(b"data: [DONE]\n\n") and len(aio_body) == len(httpx_body)
 
 
 def test_streams_that_end_normally_leave_the_upstream_connection_reusable(

@@ -146,9 +146,12 @@ def test_with_validation_off_an_unreadable_body_naming_a_file_is_refused(
         assert len(fake.state.requests) == before
 
 
-def test_no_thread_keeps_a_parse_nobody_took() -> None:
-    """R1's parse waits on its thread for the family's check to validate it; a refused body, or a check that
-    did not take it, must not leave it there (a checker process kept a 19 MB body's 150 MB until the next)."""
+def test_the_check_returns_r1s_parse_with_its_verdict_and_keeps_nothing() -> None:
+    """R1's parse is handed to the family's check and back to the caller as a value: a refused body's check
+    returns none, a valid one's returns the body's parse (its keys in the body's order); `app.wire` holds
+    no state between calls (a checker process kept a 19 MB body's 150 MB until the next, once)."""
+    import threading
+
     from app import wire
     from app.anthropic.family import count_text
     from app.gateway.checking import check_now
@@ -156,12 +159,11 @@ def test_no_thread_keeps_a_parse_nobody_took() -> None:
     from app.settings import Settings
     from app.web.count_tokens import _prompt_of
     chat = next(f for f in families(Settings()) if f.name == "openai-chat")
-    wire.forget_parsed()  # what an earlier test's body_problem alone left
-    for body in (CHAT + b',"max_tokens":1,"max_tokens":2}', CHAT + b',"messages":7}', CHAT + b"}"):
-        check_now(chat, body, False, None)
-        assert getattr(wire._parse, "data", None) is None, body
+    duplicate = check_now(chat, CHAT + b',"max_tokens":1,"max_tokens":2}', False, None)
+    assert duplicate.parse is None and duplicate.verdict.problems[0].code == "duplicate_key"
+    assert check_now(chat, CHAT + b',"messages":7}', False, None).verdict.problems
+    body = CHAT + b"}"
+    checked = check_now(chat, body, False, None)
+    assert checked.verdict.problems == [] and checked.parse == orjson.loads(body)
     assert _prompt_of(count_text, ANTHROPIC + b"}", 1 << 20).startswith("user")
-    assert getattr(wire._parse, "data", None) is None
-    body = CHAT + b"}"  # a check that took the parse keeps it for the request (wire.kept), once
-    assert check_now(chat, body, False, None).problems == []
-    assert wire.kept(body) == orjson.loads(body) and wire.kept(body) is None
+    assert not any(isinstance(v, threading.local) for v in vars(wire).values())

@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 
 from app.gateway.checking import check_now
-from app.gateway.strict import body_problem
+from app.gateway.strict import parse_strictly
 from app.metering.cache import (
     CHAT,
     MAX_CUTS,
@@ -23,7 +23,7 @@ from app.metering.cache import (
 from app.openai.chat import ChatFamily
 from app.openai.protocol import ChatCompletionRequest
 from app.settings import Settings
-from app.wire import kept, validate_body
+from app.wire import validate_body
 
 TOOLS = [{"type": "function", "function": {"name": f"t{i}", "parameters": {"type": "object"}}}
          for i in range(4)]
@@ -211,14 +211,12 @@ def test_the_other_families_reuse_hashes_from_bytes_too() -> None:
     assert advisor.memory is not None and len(advisor.memory._callers["c"][2].raw.cuts) == 3
 
 
-def test_r1s_parse_is_handed_over_once_for_the_body_it_read() -> None:
+def test_r1s_parse_keeps_the_bodys_key_order() -> None:
     body = _dump(chat(n=3))
-    assert body_problem(body) is None
-    validate_body(ChatCompletionRequest, body)
-    assert kept(_dump(chat(n=3))) is None  # another body (equal bytes, another object)
-    data = kept(body)
-    assert isinstance(data, dict) and list(data["messages"][0]) == ["role", "content"]
-    assert kept(body) is None
+    parse, problem = parse_strictly(body)
+    assert problem is None
+    validate_body(ChatCompletionRequest, body, parse)
+    assert isinstance(parse, dict) and list(parse["messages"][0]) == ["role", "content"]
 
 
 def test_the_gateways_check_hands_its_parse_to_the_advisor_which_then_reads_bytes_only() -> None:
@@ -227,8 +225,8 @@ def test_the_gateways_check_hands_its_parse_to_the_advisor_which_then_reads_byte
     for i, n in enumerate((1, 3, 3, 5)):
         messages = [{"content": m["content"], "role": m["role"]} for m in chat(n=n)["messages"]]
         body = _dump({**chat(n=n), "messages": messages})  # keys not in the schema's order
-        verdict = check_now(family, body, False, None)
-        parsed = kept(body)
+        checked = check_now(family, body, False, None)
+        verdict, parsed = checked.verdict, checked.parse
         assert not verdict.problems and parsed is not None
         advisor.assess("/chat/completions", "c", verdict.request, dict, 1000, 0, f"r{i}", body, parsed)
     assert advisor.memory is not None

@@ -76,8 +76,11 @@ def admit(body: bytes, verdict: Verdict | None, answer: Any = "admitted",
     admitter = Admitter(quotas, settings, settings.profiles(), settings.pricing_book("USD"))  # type: ignore[arg-type]
     media = MediaCounter(Here(), Counts(counts or {}), settings.profiles())  # type: ignore[arg-type]
     ex = Ex(body, tool=tool)
-    refused = asyncio.run(admitter.admit(ex, verdict, functools.partial(media.tokens, ex, verdict)))
-    return ex, quotas, refused
+    admitted = asyncio.run(admitter.admit(ex, verdict, functools.partial(media.tokens, ex, verdict)))
+    if isinstance(admitted, Refusal):
+        return ex, quotas, admitted
+    ex.admission = admitted
+    return ex, quotas, None
 
 
 def test_the_bounds_are_the_body_its_images_and_the_completion_capped_by_the_model() -> None:

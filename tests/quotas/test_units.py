@@ -10,8 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from app.quotas.budgets import LocalBudgets
 from app.quotas.gate import Quotas, refusal_error
@@ -310,63 +308,3 @@ def test_a_rate_refusal_is_a_429_with_retry_after() -> None:
     assert (error.status, error.type, error.code, error.headers) == (429, "requests", "rate_limit_exceeded",
                                                                      {"retry-after": "13"})
     assert refusal_error(Refusal("unavailable", None, 0, 5.0, "down")).status == 503
-
-
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(limits=st.tuples(*[st.one_of(st.none(), st.integers(1, 6)) for _ in range(4)]),
-       budget_usd=st.one_of(st.none(), st.integers(1, 5)),
-       steps=st.lists(st.tuples(st.sampled_from(["admit", "settle", "tick", "day"]), st.integers(0, 400)),
-                      min_size=1, max_size=40))
-def test_the_one_step_admission_decides_as_the_general_path_does(
-        tmp_path_factory: pytest.TempPathFactory, limits: tuple[int | None, ...], budget_usd: int | None,
-        steps: list[tuple[str, int]]) -> None:
-    """`Quotas` with every counter in this process admits in one step (`_admit_here`); the same requests
-    through the general path (acquire_now, reserve) get the same answers and leave the same counters: a
-    team with rpm / max_concurrent, its key with tpm and a daily budget, requests admitted and settled, the
-    clock moving on by seconds and by days."""
-    rpm, tpm, concurrent, key_budget = limits
-    path = tmp_path_factory.mktemp("q")
-    out = []
-    for here in (True, False):
-        store = SQLiteStore(path / f"{here}.db")
-        store.migrate()
-        store.set_limits(LimitRow("team", "search", rpm=rpm, max_concurrent=concurrent,
-                                  budget_picousd=None if budget_usd is None else budget_usd * USD,
-                                  budget_period="day"))
-        store.set_limits(LimitRow("key", "fp-1", tpm=None if tpm is None else tpm * 100,
-                                  budget_picousd=None if key_budget is None else key_budget * USD // 2,
-                                  budget_period="week"))
-        now = [ts("2026-11-30T23:59:00")]
-        quotas = Quotas(Settings(), store, clock=lambda now=now: now[0])  # type: ignore[misc]
-        quotas.here = here
-        trace: list[Any] = []
-
-        async def go(quotas: Quotas = quotas, now: list[float] = now, trace: list[Any] = trace) -> None:
-            admitted: list[Admission] = []
-            for action, n in steps:
-                if action == "admit":
-                    got = await quotas.admit("search", "fp-1", lambda _, n=n: (n, n * USD // 400),
-                                             started_at=now[0])
-                    if isinstance(got, Admission):
-                        admitted.append(got)
-                        info = got.info
-                        trace.append(("ok", None if info is None else (info.remaining_requests,
-                                                                       info.remaining_tokens)))
-                    else:
-                        trace.append(("refused", None if got is None else (got.kind, got.code)))
-                elif action == "settle" and admitted:
-                    quotas.settle_now(admitted.pop(n % len(admitted)), n, n * USD // 800)
-                elif action == "tick":
-                    now[0] += n / 10
-                else:
-                    now[0] += 86400
-            windows = quotas.rates.windows  # type: ignore[union-attr]
-            trace.append(sorted((k, w.requests, w.tokens, len(w.in_flight)) for k, w in windows.items()))
-            ledgers = quotas.budgets.ledgers  # type: ignore[union-attr]
-            trace.append(sorted((k, start, g.spent, g.held, len(g.holds)) for k, periods in ledgers.items()
-                                for start, g in periods.items()))
-
-        run(go())
-        store.close()
-        out.append(trace)
-    assert out[0] == out[1]
