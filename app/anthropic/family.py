@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 
 from app.anthropic.repairs import message_index, repair_messages, thinking_wanted, tool_calls_of, wanted
-from app.anthropic.rules import Options, check_body
+from app.anthropic.rules import check_body
 from app.anthropic.stream import (
     MessagesMeter,
     StreamedThinkingTurn,
@@ -24,6 +24,7 @@ from app.metering.calls import ModelCalls
 from app.metering.usage import TokenCounts
 from app.profiles import ModelProfile
 from app.repair.base import Applied, RepairOptions, Turn
+from app.rules.models import Policy
 from app.sse import LineWatcher
 from app.verdict import Verdict
 
@@ -60,12 +61,11 @@ class MessagesFamily(FamilyBase):
     token_counts: CountRoutes = tuple((path, COUNT_TOKENS_LABEL, count_text) for path in COUNT_TOKENS_PATHS)
     path_prefix = "/anthropic/"
 
-    def __init__(self, profiles: dict[str, ModelProfile], options: Options) -> None:
-        self.profiles = profiles
-        self.options = options
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
 
     def check(self, body: bytes, *, beta: bool, origin: str | None) -> Verdict:
-        return check_body(body, self.profiles, self.options)
+        return check_body(body, self.policy)
 
     def repairable(self, found: Sequence[Problem], options: RepairOptions) -> bool:
         return wanted(found, options)

@@ -18,10 +18,11 @@ from app.openai.repairs import (
     repair_chat,
     wanted,
 )
-from app.openai.rules import Policy, check_body
+from app.openai.rules import check_body
 from app.openai.stream import StreamMeter, UsageStripper
 from app.profiles import ModelProfile
 from app.repair.base import Applied, InPlace, RepairOptions, Turn
+from app.rules.models import Policy
 from app.sse import LineWatcher
 from app.verdict import Verdict
 

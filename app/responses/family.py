@@ -4,7 +4,7 @@ event and metered; errors in the OpenAI shape, so the openai SDKs and Codex rais
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
@@ -16,7 +16,7 @@ from app.metering.usage import TokenCounts
 from app.profiles import ModelProfile
 from app.repair.base import Applied, RepairOptions, Turn
 from app.responses.repairs import reasoning_wanted, repair_responses, turn_of, wanted
-from app.responses.rules import Options, check_body
+from app.responses.rules import check_body
 from app.responses.stream import (
     ResponsesMeter,
     StreamedTurn,
@@ -24,6 +24,7 @@ from app.responses.stream import (
     tokens_from_usage,
     turn_from_response,
 )
+from app.rules.models import Policy
 from app.sse import LineWatcher
 from app.verdict import Verdict
 
@@ -56,12 +57,11 @@ class ResponsesFamily(FamilyBase):
                                                    ("/responses/validate", False))
     not_served: NotServed = tuple((path, compaction_not_served) for path in COMPACT_PATHS)
 
-    def __init__(self, profiles: Mapping[str, ModelProfile], options: Options) -> None:
-        self.profiles = profiles
-        self.options = options
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
 
     def check(self, body: bytes, *, beta: bool, origin: str | None) -> Verdict:
-        return check_body(body, self.profiles, self.options)
+        return check_body(body, self.policy)
 
     def repairable(self, found: Sequence[Problem], options: RepairOptions) -> bool:
         return wanted(found, options)

@@ -34,8 +34,8 @@ from hypothesis import strategies as st
 
 from app.openai.rules import (
     STRICT_UNSUPPORTED,
+    ChatContext,
     Checked,
-    RuleContext,
     _tool_block,
     index_messages,
     is_thinking,
@@ -1001,7 +1001,7 @@ def test_tool_block_shortcut_reports_what_the_detailed_check_reports(
     assert req is not None
     pol = policy(strict=strict)
     profile, known = pol.profile_for(req.model)
-    ctx = RuleContext(profile, known, False, pol.options, is_thinking(req, profile, known), pol,
+    ctx = ChatContext(profile, known, pol.options, False, is_thinking(req, profile, known), pol,
                       index_messages(req.messages), None)
     reported = sorted((p.code, p.param or "", p.message) for p in rule_tool_sequence(req, ctx))
     detailed = sorted((p.code, p.param or "", p.message)
