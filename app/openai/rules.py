@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
 
+import orjson
 import pydantic
 
 from app.errors import Problem
@@ -41,7 +42,7 @@ from app.surface import (
     server_tool_model_note,
     user_id_too_long,
 )
-from app.wire import validate_body
+from app.wire import FULL_CHECK_BYTES, validate_body
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,21 +125,49 @@ def check_body(body: bytes, policy: Policy, *, beta: bool = False, origin: str |
         request = validate_body(ChatCompletionRequest, body)
     except pydantic.ValidationError as exc:
         if not _unknown_tag(exc):
-            return Checked(None, problems_from_validation_error(exc, body))
-        try:  # a role or part type the fast pass does not know: unknown is not invalid (R5, R7)
-            request = validate_body(LenientRequest, body)
-        except pydantic.ValidationError as again:
-            return Checked(None, problems_from_validation_error(again, body))
+            return _type_errors(exc, body, policy, beta, origin)
+        try:  # a role or part type the fast pass does not know: unknown is not invalid (R5, R7); `developer`
+            request = validate_body(LenientRequest, body)  # is refused by R5, beside every other problem
+        except pydantic.ValidationError as again:  # the fast pass's errors name `developer`
+            return _type_errors(exc if _refused_role(exc) else again, body, policy, beta, origin)
     return check_request(request, policy, beta=beta, origin=origin)
 
 
 def _unknown_tag(exc: pydantic.ValidationError) -> bool:
-    """Whether the fast pass failed on a role or part type it does not know, and on none DeepSeek refuses
-    (`developer`: refused as the type error it is, R5)."""
-    tags = [error for error in exc.errors(include_url=False, include_input=False)
-            if error["type"] == "union_tag_invalid" and error["loc"][:1] == ("messages",)]
-    return bool(tags) and not any(len(error["loc"]) == 2 and error["ctx"]["tag"] in REFUSED_ROLES
-                                  for error in tags)
+    """Whether the fast pass failed on a role or part type it does not know."""
+    return any(error["type"] == "union_tag_invalid" and error["loc"][:1] == ("messages",)
+               for error in exc.errors(include_url=False, include_input=False))
+
+
+def _refused_role(exc: pydantic.ValidationError) -> bool:
+    return any(error["type"] == "union_tag_invalid" and len(error["loc"]) == 2
+               and error["loc"][0] == "messages" and error["ctx"]["tag"] in REFUSED_ROLES
+               for error in exc.errors(include_url=False, include_input=False))
+
+
+def _type_errors(exc: pydantic.ValidationError, body: bytes, policy: Policy, beta: bool, origin: str | None
+                 ) -> Checked:
+    """The type errors, and what the rules find in the rest of the body: one field's type error does not
+    hide the other problems (the top-level fields in error are left out of the second check; an error in
+    `messages` or `model` leaves nothing the rules could read)."""
+    problems = problems_from_validation_error(exc, body)
+    roots = {error["loc"][0] for error in exc.errors(include_url=False, include_input=False) if error["loc"]}
+    if not roots or roots & {"messages", "model"} or len(body) > FULL_CHECK_BYTES:
+        return Checked(None, problems)
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return Checked(None, problems)
+    if not isinstance(data, dict):
+        return Checked(None, problems)
+    for root in roots:
+        data.pop(root, None)
+    try:
+        rest = ChatCompletionRequest.model_validate(data)
+    except pydantic.ValidationError:
+        return Checked(None, problems)
+    checked = check_request(rest, policy, beta=beta, origin=origin)
+    return Checked(None, [*problems, *checked.problems], checked.profile, checked.warnings)
 
 
 def check_request(request: ChatCompletionRequest, policy: Policy, *, beta: bool = False,

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from app.errors import APIError
 from tests.openai.conversations import (
     EXTRA_MODEL,
     SEARCH_TOOL,
@@ -1017,3 +1018,24 @@ def test_a_function_call_without_its_function_is_refused_r11() -> None:
     del turn["tool_calls"][0]["function"]
     only_problem(check(request([user(), turn, tool("call_1")], tools=TOOLS)), "invalid_tool_call",
                  "messages[1].tool_calls[0].function", "R11")
+
+
+# --- every problem of a body (issue 50 item 8) ----------------------------------------------------------
+
+
+def test_a_developer_role_does_not_hide_the_other_problems_r5() -> None:
+    body = request([{"role": "developer", "content": "Be brief."}, user()], max_tokens=999_999, n=2)
+    checked = check(body)
+    assert summary(checked) == [("invalid_role", "messages[0].role"),
+                                ("max_tokens_out_of_range", "max_tokens"), ("n_not_supported", "n")]
+    error = APIError.from_problems(checked.problems)
+    assert error.param == "messages[0].role" and error.code == "invalid_role"
+    assert error.message.endswith("(2 more problem(s) listed in error.problems)")
+    assert [p["rule"] for p in error.body()["error"]["problems"]] == ["R5", "R27", "R38"]
+
+
+def test_a_type_error_does_not_hide_the_other_problems() -> None:
+    checked = check(request([user()], temperature="hot", n=2))
+    assert summary(checked) == [("invalid_type", "temperature"), ("n_not_supported", "n")]
+    assert [param for _, param in summary(check(request([user(), {"role": "user", "content": 3}], n=2)))] == [
+        "messages[1].content"], "an error in the messages leaves nothing to read"
