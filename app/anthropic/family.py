@@ -9,6 +9,7 @@ from typing import Any
 
 import orjson
 
+from app.anthropic.prompt import MESSAGES_PROMPT
 from app.anthropic.repairs import message_index, repair_messages, thinking_wanted, tool_calls_of, wanted
 from app.anthropic.rules import check_body
 from app.anthropic.stream import (
@@ -20,6 +21,7 @@ from app.anthropic.stream import (
 )
 from app.errors import APIError, Problem
 from app.gateway.family import CountRoutes, FamilyBase
+from app.metering.cache import PromptShape
 from app.metering.calls import ModelCalls
 from app.metering.usage import TokenCounts
 from app.profiles import ModelProfile
@@ -60,6 +62,7 @@ class MessagesFamily(FamilyBase):
     )
     token_counts: CountRoutes = tuple((path, COUNT_TOKENS_LABEL, count_text) for path in COUNT_TOKENS_PATHS)
     path_prefix = "/anthropic/"
+    prompt: PromptShape | None = MESSAGES_PROMPT
 
     def __init__(self, policy: Policy) -> None:
         self.policy = policy

@@ -25,7 +25,7 @@ def build_endpoints(settings: Settings) -> tuple[dict[str, Endpoint], dict[str, 
     dry_runs: dict[str, Endpoint] = {}
     for family in families(settings):
         for path, label, upstream_path, beta in family.routes:
-            forwarded[path] = Endpoint(Route(label, upstream_path, beta, family.tool), family)
+            forwarded[path] = Endpoint(Route(label, upstream_path, beta, family.tool, family.prompt), family)
         for path, beta in family.validate_routes:
             dry_runs[path] = Endpoint(Route(path, "", beta, family.tool), family)
     return forwarded, dry_runs

@@ -9,7 +9,9 @@ import orjson
 
 from app.errors import Problem
 from app.gateway.family import FamilyBase
+from app.metering.cache import PromptShape
 from app.openai.answers import StreamedTurn, turn_from_completion
+from app.openai.prompt import CHAT_PROMPT
 from app.openai.repairs import (
     calls_of,
     message_index,
@@ -38,6 +40,7 @@ class ChatFamily(FamilyBase):
         ("/beta/chat/completions", "/beta/chat/completions", "/beta/chat/completions", True),
         ("/v1/beta/chat/completions", "/beta/chat/completions", "/beta/chat/completions", True),
     )
+    prompt: PromptShape | None = CHAT_PROMPT
     validate_routes: Sequence[tuple[str, bool]] = (
         ("/v1/chat/completions/validate", False), ("/chat/completions/validate", False),
         ("/beta/chat/completions/validate", True), ("/v1/beta/chat/completions/validate", True),

@@ -11,10 +11,12 @@ import orjson
 
 from app.errors import APIError, Problem
 from app.gateway.family import FamilyBase, NotServed
+from app.metering.cache import PromptShape
 from app.metering.calls import ModelCalls
 from app.metering.usage import TokenCounts
 from app.profiles import ModelProfile
 from app.repair.base import Applied, RepairOptions, Turn
+from app.responses.prompt import RESPONSES_PROMPT
 from app.responses.repairs import reasoning_wanted, repair_responses, turn_of, wanted
 from app.responses.rules import check_body
 from app.responses.stream import (
@@ -56,6 +58,7 @@ class ResponsesFamily(FamilyBase):
     validate_routes: Sequence[tuple[str, bool]] = (("/v1/responses/validate", False),
                                                    ("/responses/validate", False))
     not_served: NotServed = tuple((path, compaction_not_served) for path in COMPACT_PATHS)
+    prompt: PromptShape | None = RESPONSES_PROMPT
 
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
