@@ -8,14 +8,16 @@ rules alone.
 The bodies: `plain` is bench.bodies' agent body (what `bench.pair --plain` posts); `round2` is the tool
 loop's second round (bench.toolloop, thinking, the assistant's tool call with its reasoning_content, the
 tool's result), as a careful client sends it; `round2-dropped` the same without the reasoning_content (what
-LangChain sends: one problem found, which chatgate's repair then fixes). The best of `--repeat` runs is
-printed (the machine is shared: the minimum is the least disturbed).
+LangChain sends: one problem found, which chatgate's repair then fixes). Timed in the process's CPU time
+(time spent waiting for a core on a shared machine is not counted), the best of `--repeat` runs (the least
+disturbed).
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import time
 import timeit
 from collections.abc import Callable
 
@@ -41,7 +43,7 @@ def bodies() -> dict[str, bytes]:
 
 def best_us(work: Callable[[], object], number: int, repeat: int) -> float:
     gc.collect()
-    return min(timeit.repeat(work, number=number, repeat=repeat)) / number * 1e6
+    return min(timeit.repeat(work, timer=time.process_time, number=number, repeat=repeat)) / number * 1e6
 
 
 def main() -> None:

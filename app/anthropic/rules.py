@@ -33,7 +33,7 @@ from app.verdict import Verdict
 from app.wire import validate_body
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class MessagesContext(RuleContext):
     """`known`: a DeepSeek profile, or a claude* name DeepSeek maps to one."""
 

@@ -43,7 +43,7 @@ _PARAM_RULES = {
 _ROOT = re.compile(r"^[^.\[]+")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class FimContext(RuleContext):
     policy: Policy
 

@@ -45,7 +45,7 @@ from app.surface import (
 from app.wire import FULL_CHECK_BYTES, validate_body
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class MessageIndex:
     """One pass over the messages, so that each rule visits only the messages it is about."""
 
@@ -91,7 +91,7 @@ def index_messages(messages: list[Message]) -> MessageIndex:
     return MessageIndex(roles, assistants, with_calls, arrays, tools, other_arrays, tuple(unknown))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ChatContext(RuleContext):
     beta: bool
     thinking: bool
@@ -104,7 +104,7 @@ class ChatContext(RuleContext):
         return f"set base_url to …/beta{where}"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one per request (frozen costs a call per field)
 class Checked:
     request: ChatCompletionRequest | None
     problems: list[Problem]

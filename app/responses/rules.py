@@ -110,7 +110,7 @@ def shape_of(items: list[Item]) -> Shape:
     return shape
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ResponsesContext(RuleContext):
     request: ResponsesRequest
     thinking: bool  # the request runs in thinking mode, as far as chatgate can tell

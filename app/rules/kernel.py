@@ -36,7 +36,7 @@ class CheckOptions:
         return self.unknown_models == "reject"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one per request, and frozen costs a call per field
 class RuleContext:
     """What every family's context holds; a family's context subclasses it with what its rules read."""
 
@@ -77,11 +77,13 @@ def run_rules(rules: Sequence[Rule[Req, Ctx]], request: Req, ctx: Ctx, ordering:
               ) -> tuple[list[Problem], list[Problem]]:
     """Every rule's findings: (problems, warnings), each in `ordering`'s order (a sort is stable: problems
     about the same place stay in rule order)."""
-    problems: list[Problem] = []
-    warnings: list[Problem] = []
+    found: list[Problem] = []
     for rule in rules:
-        for problem in rule(request, ctx):
-            (warnings if problem.warning else problems).append(problem)
+        found.extend(rule(request, ctx))
+    if not found:
+        return found, []
+    problems = [problem for problem in found if not problem.warning]
+    warnings = [problem for problem in found if problem.warning]
     if len(problems) > 1:
         problems.sort(key=ordering.key)
     if len(warnings) > 1:
