@@ -10,7 +10,7 @@ import orjson
 from app.errors import Problem
 from app.gateway.family import FamilyBase
 from app.metering.cache import PromptShape
-from app.openai.answers import StreamedTurn, turn_from_completion
+from app.openai.answers import ChatStreamedTurn, turn_from_completion
 from app.openai.prompt import CHAT_PROMPT
 from app.openai.repairs import (
     calls_of,
@@ -21,7 +21,7 @@ from app.openai.repairs import (
     wanted,
 )
 from app.openai.rules import check_body
-from app.openai.stream import StreamMeter, UsageStripper
+from app.openai.stream import ChatStreamMeter, UsageStripper
 from app.profiles import ModelProfile
 from app.repair.base import Applied, InPlace, RepairOptions, Turn
 from app.rules.models import Policy
@@ -84,11 +84,11 @@ class ChatFamily(FamilyBase):
     def answer_turn(self, answer: Any) -> Turn | None:
         return turn_from_completion(answer)
 
-    def meter(self, watcher: LineWatcher | None = None) -> StreamMeter:
-        return StreamMeter(watcher)
+    def meter(self, watcher: LineWatcher | None = None) -> ChatStreamMeter:
+        return ChatStreamMeter(watcher)
 
-    def stream_turns(self) -> StreamedTurn:
-        return StreamedTurn()
+    def stream_turns(self) -> ChatStreamedTurn:
+        return ChatStreamedTurn()
 
     def prompt_text(self, data: dict[str, Any]) -> str:
         return prompt_text(data)

@@ -21,7 +21,7 @@ from app.responses.repairs import reasoning_wanted, repair_responses, turn_of, w
 from app.responses.rules import check_body
 from app.responses.stream import (
     ResponsesMeter,
-    StreamedTurn,
+    ResponsesStreamedTurn,
     calls_from_response,
     tokens_from_usage,
     turn_from_response,
@@ -103,8 +103,8 @@ class ResponsesFamily(FamilyBase):
     def meter(self, watcher: LineWatcher | None = None) -> ResponsesMeter:
         return ResponsesMeter(watcher)
 
-    def stream_turns(self) -> StreamedTurn:
-        return StreamedTurn()
+    def stream_turns(self) -> ResponsesStreamedTurn:
+        return ResponsesStreamedTurn()
 
     def prompt_text(self, data: dict[str, Any]) -> str:
         return prompt_text(data)
