@@ -26,7 +26,7 @@ from app.errors import APIError
 from app.metering.catalogue import SYMBOLS
 from app.quotas.alerts import Alerts
 from app.quotas.book import LimitBook
-from app.quotas.budgets import Ledger, LocalBudgets, StoreBudgets
+from app.quotas.budgets import BudgetLedger, LocalBudgets, StoreBudgets
 from app.quotas.model import Admission, Ask, Plan, RateInfo, Refusal, Subject
 from app.quotas.periods import period_end, period_start
 from app.quotas.rates import LocalRates, Window, check
@@ -52,7 +52,8 @@ class Known:
     generation: int
     windows: list[tuple[Subject, Window]] | None = None
     day: int = -1
-    ledgers: list[tuple[Subject, int, Ledger, float]] = field(default_factory=list)  # budget, period start
+    # each budget: its subject, its amount, its ledger and its period's start
+    ledgers: list[tuple[Subject, int, BudgetLedger, float]] = field(default_factory=list)
     forgets: int = -1  # LocalBudgets.forgets when the ledgers were found
 
 
