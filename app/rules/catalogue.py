@@ -3,6 +3,7 @@ how certain DeepSeek's behaviour is and as of when, and DeepSeek's own wording w
 docs and this catalogue agree (tests/rules/test_catalogue.py reads the docs' tables).
 
     rule("chat", "R27").certainty          # 'documented'
+    lookup("A18").level                    # 'refused' (a problem's `rule`, its letter naming the family)
     matching("Invalid max_tokens value, the valid range of max_tokens is [1, 393216]")  # [R27, A2]
 
 `level` is what chatgate does by default: `refused` (a 400), `mixed` (refused in the cases the docs name,
@@ -238,6 +239,15 @@ _BY_ID: dict[tuple[str, str], RuleEntry] = {(entry.family, entry.id): entry for 
 def rule(family: FamilyName, rule_id: str) -> RuleEntry:
     """The rule `rule_id` of `family` (KeyError if it has none of that number)."""
     return _BY_ID[(family, rule_id)]
+
+
+_PREFIX: dict[str, FamilyName] = {"R": "chat", "A": "anthropic", "P": "responses", "F": "fim", "T": "tools"}
+
+
+def lookup(rule_id: str) -> RuleEntry | None:
+    """The rule a problem's `rule` names ("R27", "A18"): its letter says the family; None for another id."""
+    family = _PREFIX.get(rule_id[:1])
+    return _BY_ID.get((family, rule_id)) if family is not None else None
 
 
 def of_family(family: FamilyName) -> tuple[RuleEntry, ...]:

@@ -8,7 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from app.rules.catalogue import CATALOGUE, DOCS, FAMILIES, FamilyName, Level, matching, of_family, rule
+from app.rules.catalogue import (
+    CATALOGUE,
+    DOCS,
+    FAMILIES,
+    FamilyName,
+    Level,
+    lookup,
+    matching,
+    of_family,
+    rule,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 PREFIX: dict[FamilyName, str] = {"chat": "R", "anthropic": "A", "responses": "P", "fim": "F", "tools": "T"}
@@ -85,3 +95,17 @@ def test_a_rule_is_looked_up_by_family_and_id() -> None:
     assert entry.refuses and entry.doc == "docs/rules-anthropic.md"
     with pytest.raises(KeyError):
         rule("chat", "A7")
+
+
+def test_a_problems_rule_is_its_entry() -> None:
+    assert lookup("A18") is rule("anthropic", "A18")
+    assert lookup("F3") is rule("fim", "F3") and lookup("U4") is None and lookup("R99") is None
+
+
+def test_every_rule_the_code_names_is_in_the_catalogue() -> None:
+    """A rule number in a family's code (a Problem's `rule`, a type error's) is an entry of the catalogue."""
+    named = set()
+    for path in (ROOT / "app").rglob("*.py"):
+        if path.parts[-2] in ("openai", "anthropic", "responses", "fim", "tools", "gateway"):
+            named.update(re.findall(r"\"([RAPFT]\d{1,2})\"", path.read_text()))
+    assert named and {rule_id for rule_id in named if lookup(rule_id) is None} == set()
