@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
 
-import orjson
 import pydantic
 
 from app.errors import Problem
@@ -32,7 +31,7 @@ from app.openai.protocol import (
 )
 from app.openai.type_errors import problems_from_validation_error
 from app.profiles import ModelProfile
-from app.rules.kernel import Ordering, Rule, RuleContext, in_range, run_rules
+from app.rules.kernel import Ordering, Rule, RuleContext, beside_type_errors, in_range, run_rules
 from app.rules.models import Policy, unknown_model
 from app.surface import (
     SAFETY_LEVELS,
@@ -42,7 +41,7 @@ from app.surface import (
     server_tool_model_note,
     user_id_too_long,
 )
-from app.wire import FULL_CHECK_BYTES, validate_body
+from app.wire import validate_body
 
 
 @dataclass(slots=True)
@@ -147,21 +146,11 @@ def _refused_role(exc: pydantic.ValidationError) -> bool:
 
 def _type_errors(exc: pydantic.ValidationError, body: bytes, policy: Policy, beta: bool, origin: str | None
                  ) -> Checked:
-    """The type errors, and what the rules find in the rest of the body: one field's type error does not
-    hide the other problems (the top-level fields in error are left out of the second check; an error in
-    `messages` or `model` leaves nothing the rules could read)."""
+    """The type errors, and what the rules find in the rest of the body (`beside_type_errors`)."""
     problems = problems_from_validation_error(exc, body)
-    roots = {error["loc"][0] for error in exc.errors(include_url=False, include_input=False) if error["loc"]}
-    if not roots or roots & {"messages", "model"} or len(body) > FULL_CHECK_BYTES:
+    data = beside_type_errors(exc, body, ("messages", "model"))
+    if data is None:
         return Checked(None, problems)
-    try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return Checked(None, problems)
-    if not isinstance(data, dict):
-        return Checked(None, problems)
-    for root in roots:
-        data.pop(root, None)
     try:
         rest = ChatCompletionRequest.model_validate(data)
     except pydantic.ValidationError:

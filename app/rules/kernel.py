@@ -5,9 +5,12 @@ problems and warnings in the order a user reads the body (`Ordering`)."""
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
+
+import orjson
+import pydantic
 
 from app.errors import Problem
 from app.profiles import ModelProfile
@@ -97,3 +100,28 @@ def in_range(name: str, value: float | None, lo: float, hi: float, rule: str, co
     if value is not None and not lo <= value <= hi:
         yield Problem(code, name, f"Invalid '{name}': expected a value in [{lo:g}, {hi:g}], got {value:g}.",
                       rule, warning=warning)
+
+
+SECOND_READ_BYTES = 256 * 1024  # a larger body with type errors is reported by them alone (read once)
+
+
+def beside_type_errors(exc: pydantic.ValidationError, body: bytes, needed: Collection[str]
+                       ) -> dict[str, Any] | None:
+    """The body's object without the top-level fields its type errors are about, for the rules to read the
+    rest (one field's type error does not hide the other problems); None when an error is about the body
+    itself or a field the rules cannot do without (`needed`: the model, the messages), or the body is
+    large."""
+    if len(body) > SECOND_READ_BYTES:
+        return None
+    roots = {error["loc"][0] for error in exc.errors(include_url=False, include_input=False) if error["loc"]}
+    if not roots or not roots.isdisjoint(needed):
+        return None
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    for root in roots:
+        data.pop(root, None)
+    return data

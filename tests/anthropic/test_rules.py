@@ -302,3 +302,10 @@ def test_a_client_tool_needs_its_name_and_a_new_type_may_have_none_a17() -> None
         ("missing_required_parameter", "tools[0].name", "A17")]
     verdict = check(request([user()], tools=[{"type": "memory_20270101"}]))
     assert summary(verdict) == [] and warned(verdict) == [("unsupported_server_tool", "tools[0].type", "A17")]
+
+
+def test_a_type_error_does_not_hide_the_other_problems() -> None:
+    """Issue 50 item 8: a top-level field's type error is listed with what the rules find in the rest."""
+    verdict = check(request([user()], model="gpt-4o", temperature="hot"))
+    assert [(p.code, p.param) for p in verdict.problems] == [("invalid_type", "temperature"),
+                                                              ("model_not_found", "model")]

@@ -488,3 +488,10 @@ def test_another_safety_check_level_is_refused_p23() -> None:
     assert (problem.code, problem.param, problem.rule) == (
         "invalid_safety_check", "safety_check.level", "P23")
     assert "unknown variant `Low`, expected `high` or `low`" in problem.message
+
+
+def test_a_type_error_does_not_hide_the_other_problems() -> None:
+    """Issue 50 item 8: a top-level field's type error is listed with what the rules find in the rest."""
+    verdict = check({"model": "gpt-4o", "input": "hi", "temperature": "hot"})
+    assert [(p.code, p.param) for p in verdict.problems] == [("invalid_type", "temperature"),
+                                                              ("model_not_found", "model")]
