@@ -18,15 +18,13 @@ from typing import Any, Literal, TextIO
 import orjson
 
 from app.anthropic.family import MessagesFamily
-from app.anthropic.rules import Options as MessagesOptions
 from app.errors import Problem
 from app.fim.family import FimFamily
 from app.gateway.family import Family
 from app.openai.chat import ChatFamily
-from app.openai.rules import Policy
 from app.repair.base import Applied, RepairOptions
 from app.responses.family import ResponsesFamily
-from app.responses.rules import Options as ResponsesOptions
+from app.rules.models import Policy
 from app.verdict import Verdict
 
 Kind = Literal["chat", "fim", "responses", "messages"]
@@ -175,11 +173,8 @@ def _kind_of_url(url: str) -> Kind | None:
 
 def families(policy: Policy) -> dict[Kind, Family]:
     """Each family by kind, checking with the same options as the server."""
-    strict, unknown = policy.options.strict, policy.options.unknown_models
-    profiles = dict(policy.profiles)
-    return {"chat": ChatFamily(policy), "fim": FimFamily(policy),
-            "responses": ResponsesFamily(profiles, ResponsesOptions(strict=strict, unknown_models=unknown)),
-            "messages": MessagesFamily(profiles, MessagesOptions(strict=strict, unknown_models=unknown))}
+    return {"chat": ChatFamily(policy), "fim": FimFamily(policy), "responses": ResponsesFamily(policy),
+            "messages": MessagesFamily(policy)}
 
 
 def check_item(item: Item, by_kind: dict[Kind, Family], repairs: RepairOptions | None = None) -> None:

@@ -21,10 +21,11 @@ import pydantic
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from app.metering.pricing import Override, Pricing, build_calendar, build_pricing
-from app.openai.rules import Policy, ValidationOptions
 from app.profiles import DEFAULT_PROFILES, ModelProfile
 from app.repair.base import NAMES as REPAIR_NAMES
 from app.repair.base import RepairOptions
+from app.rules.kernel import CheckOptions, UnknownModels
+from app.rules.models import Policy
 
 ADMIN_KEY_MIN = 32
 PLACEHOLDERS = frozenset({"change-me", "changeme", "secret", "admin", "password"})
@@ -197,7 +198,8 @@ class TracingSettings(Section):
 class ValidationSettings(Section):
     enabled: bool = True
     strict: bool = False
-    unknown_models: Literal["pass", "reject"] = "pass"
+    unknown_models: UnknownModels = "reject"  # a model DeepSeek does not serve (R3); "warn" forwards it
+    extra_models: tuple[str, ...] = ()  # names DeepSeek serves that chatgate has no profile for
     legacy_reasoner_rules: bool = False
     context_guard: bool = False
 
@@ -393,8 +395,8 @@ class Settings(Section):
 
     def policy(self) -> Policy:
         v = self.validation
-        options = ValidationOptions(v.strict, v.unknown_models, v.legacy_reasoner_rules)
-        return Policy(self.profiles(), options)
+        options = CheckOptions(v.strict, v.unknown_models, v.legacy_reasoner_rules)
+        return Policy(self.profiles(), options, frozenset(v.extra_models))
 
 
 def _apply_override(profile: ModelProfile, o: ModelSettings) -> ModelProfile:

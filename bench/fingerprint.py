@@ -41,6 +41,7 @@ from typing import Any
 import orjson
 
 from app.metering.cache import Advisor
+from app.openai.prompt import CHAT_PROMPT
 from bench.bodies import agent_body, big_body_bytes, history_body
 from bench.common import REPO_DIR
 
@@ -66,7 +67,7 @@ def measure(name: str, body: dict[str, Any], parse: bool, repeat: int) -> str:
             started = time.perf_counter()
             for i, raw in enumerate(copies):
                 data = orjson.loads(raw) if parse else datas[i]
-                advisor.assess("/chat/completions", "caller", data, dict, 10_000 + i, 9_000, f"req-{i}",
+                advisor.assess(CHAT_PROMPT, "caller", data, dict, 10_000 + i, 9_000, f"req-{i}",
                                raw if from_bytes else b"", data)
             spent[from_bytes].append((time.perf_counter() - started) / len(raws) * 1e6)
     cost = {k: statistics.median(v) for k, v in spent.items()}
@@ -108,7 +109,7 @@ def touched(megabytes: float, requests: int = 3000) -> str:
             junk[::64] = ones
             sum(o["n"] for o in objects[::3])
         started = time.perf_counter_ns()
-        advisor.assess("/chat/completions", f"caller-{loop % 16}", verdict.request, dict, 3000, 2900, f"r{i}",
+        advisor.assess(CHAT_PROMPT, f"caller-{loop % 16}", verdict.request, dict, 3000, 2900, f"r{i}",
                        body, parsed)
         if i >= 200:
             spent[1 + i % 2].append(time.perf_counter_ns() - started)
@@ -150,6 +151,10 @@ def _counted(scenario: str, assess: bool) -> None:
     advisor = Advisor(True, 8, 64 * 1024 * 1024)
     kept = getattr(wire, "kept", lambda body: None)
     with_bytes = "body" in inspect.signature(advisor.assess).parameters  # not before the bytes path
+    try:  # the route's family's prompt shape, or (before it) the route's path
+        from app.openai.prompt import CHAT_PROMPT as route
+    except ImportError:
+        route = "/chat/completions"  # type: ignore[assignment]
     callers = [f"caller-{k}" for k in range(16)]
 
     def step(_: None, i: int) -> None:
@@ -159,7 +164,7 @@ def _counted(scenario: str, assess: bool) -> None:
         caller, request_id = callers[i // len(bodies) % 16], f"req-{i}"  # the gateway has them made
         if assess:
             extra = (body, parsed) if with_bytes else ()
-            advisor.assess("/chat/completions", caller, verdict.request, dict, 10_000 + i, 9_000, request_id,
+            advisor.assess(route, caller, verdict.request, dict, 10_000 + i, 9_000, request_id,
                            *extra)
 
     for i in range(len(bodies) * 16):  # every caller's memory full before the count

@@ -15,7 +15,8 @@ from typing import Any
 import orjson
 
 from app.cli import tune_gc
-from app.openai.rules import Checked, Policy, check_body
+from app.openai.rules import Checked, check_body
+from app.rules.models import Policy
 from bench.bodies import history_body
 from bench.stats import median, percentile
 

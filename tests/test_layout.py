@@ -35,6 +35,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("app.repair",),  # the repairs' vocabulary and the memory of relayed turns, shared by the families
     ("app.metering",),
     ("app.store",),  # where keys, usage, limits, turns, file owners and alerts live: SQLite or PostgreSQL
+    # the rules kernel below every family: a rule's type, running rules, served models, the catalogue
+    ("app.rules",),
     ("app.verdict", "app.wire", "app.sse"),  # what a family's rules found; pydantic errors as problems;
     # scanning relayed SSE bytes
     ("app.profiles", "app.errors", "app.ids", "app"),

@@ -8,7 +8,8 @@ import orjson
 import pytest
 
 from app.errors import MAX_PROBLEMS, APIError, Problem
-from app.openai.rules import Policy, check_body
+from app.openai.rules import check_body
+from app.rules.models import Policy
 from app.wire import CUT_ITEMS, ERRORS_MAX, ancestors
 from tests.anthropic.messages import check as check_messages
 

@@ -9,8 +9,9 @@ from typing import Any
 
 import orjson
 
+from app.anthropic.prompt import MESSAGES_PROMPT
 from app.anthropic.repairs import message_index, repair_messages, thinking_wanted, tool_calls_of, wanted
-from app.anthropic.rules import Options, check_body
+from app.anthropic.rules import check_body
 from app.anthropic.stream import (
     MessagesMeter,
     StreamedThinkingTurn,
@@ -20,10 +21,12 @@ from app.anthropic.stream import (
 )
 from app.errors import APIError, Problem
 from app.gateway.family import CountRoutes, FamilyBase
+from app.metering.cache import PromptShape
 from app.metering.calls import ModelCalls
 from app.metering.usage import TokenCounts
 from app.profiles import ModelProfile
 from app.repair.base import Applied, RepairOptions, Turn
+from app.rules.models import Policy
 from app.sse import LineWatcher
 from app.verdict import Verdict
 
@@ -59,13 +62,13 @@ class MessagesFamily(FamilyBase):
     )
     token_counts: CountRoutes = tuple((path, COUNT_TOKENS_LABEL, count_text) for path in COUNT_TOKENS_PATHS)
     path_prefix = "/anthropic/"
+    prompt: PromptShape | None = MESSAGES_PROMPT
 
-    def __init__(self, profiles: dict[str, ModelProfile], options: Options) -> None:
-        self.profiles = profiles
-        self.options = options
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
 
     def check(self, body: bytes, *, beta: bool, origin: str | None, parse: object = None) -> Verdict:
-        return check_body(body, self.profiles, self.options, parse)
+        return check_body(body, self.policy, parse)
 
     def repairable(self, found: Sequence[Problem], options: RepairOptions) -> bool:
         return wanted(found, options)

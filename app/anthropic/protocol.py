@@ -16,7 +16,7 @@ from typing_extensions import TypedDict
 WIRE = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
 
 
-class WireModel(BaseModel):
+class MessagesWireModel(BaseModel):
     model_config = ConfigDict(**WIRE, frozen=True)
 
 
@@ -138,32 +138,32 @@ class Message(TypedDict):
 
 
 @with_config(WIRE)
-class Tool(TypedDict):
+class MessagesTool(TypedDict):
     name: NotRequired[str]  # a client tool's is required (A17, checked by the rules); a new type may lack one
     type: NotRequired[str | None]  # absent or "custom" for client tools; server tools such as web_search_*
     description: NotRequired[str | None]
     input_schema: NotRequired[dict[str, Any] | None]
 
 
-class Thinking(WireModel):
+class MessagesThinking(MessagesWireModel):
     type: str
     budget_tokens: int | None = None
 
 
-class ToolChoice(WireModel):
+class MessagesToolChoice(MessagesWireModel):
     type: str
     name: str | None = None
 
 
-class OutputConfig(WireModel):
+class OutputConfig(MessagesWireModel):
     effort: str | None = None
 
 
-class Metadata(WireModel):
+class Metadata(MessagesWireModel):
     user_id: str | None = None
 
 
-class SafetyCheck(WireModel):
+class MessagesSafetyCheck(MessagesWireModel):
     level: str | None = None
 
 
@@ -178,7 +178,7 @@ System = Annotated[
 ]
 
 
-class MessagesRequest(WireModel):
+class MessagesRequest(MessagesWireModel):
     model: str
     messages: list[Message]
     max_tokens: int
@@ -189,8 +189,8 @@ class MessagesRequest(WireModel):
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
-    thinking: Thinking | None = None
-    tools: list[Tool] | None = None
-    tool_choice: ToolChoice | None = None
+    thinking: MessagesThinking | None = None
+    tools: list[MessagesTool] | None = None
+    tool_choice: MessagesToolChoice | None = None
     output_config: OutputConfig | None = None
-    safety_check: SafetyCheck | None = None
+    safety_check: MessagesSafetyCheck | None = None

@@ -9,7 +9,7 @@ keep working. `param` paths use chatgate's style (`messages[3].content[1]`).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +19,8 @@ from app.anthropic.protocol import SUPPORTED_BLOCKS, UNSUPPORTED_BLOCKS, Message
 from app.anthropic.type_errors import problems_from_validation_error
 from app.errors import Problem
 from app.profiles import DEFAULT_PROFILES, ModelProfile, generic_profile
+from app.rules.kernel import Ordering, Rule, RuleContext, beside_type_errors, in_range, run_rules
+from app.rules.models import Policy, unknown_model
 from app.surface import (
     SAFETY_LEVELS,
     SERVER_TOOLS,
@@ -31,25 +33,15 @@ from app.verdict import Verdict
 from app.wire import validate_body
 
 
-@dataclass(frozen=True, slots=True)
-class Options:
-    strict: bool = False
-    unknown_models: str = "pass"  # "reject": a model that is neither claude* nor configured is refused (A18)
+@dataclass(slots=True)
+class MessagesContext(RuleContext):
+    """`known`: a DeepSeek profile, or a claude* name DeepSeek maps to one."""
 
-
-@dataclass(frozen=True, slots=True)
-class Context:
-    profile: ModelProfile
-    known: bool  # a DeepSeek profile, or a claude* name DeepSeek maps to one
     thinking: bool
-    options: Options
-
-    @property
-    def strict(self) -> bool:
-        return self.options.strict
+    policy: Policy
 
 
-def model_profile(model: str, profiles: dict[str, ModelProfile]) -> tuple[ModelProfile, bool]:
+def model_profile(model: str, profiles: Mapping[str, ModelProfile]) -> tuple[ModelProfile, bool]:
     """The profile DeepSeek serves a name with: claude-opus* -> v4-pro, other claude* -> flash
     (docs/rules-anthropic.md#the-route)."""
     name = model.removesuffix("[1m]")
@@ -61,36 +53,41 @@ def model_profile(model: str, profiles: dict[str, ModelProfile]) -> tuple[ModelP
     return generic_profile(model), False
 
 
-def check_body(body: bytes, profiles: dict[str, ModelProfile], options: Options, parse: object = None
-               ) -> Verdict:
+def check_body(body: bytes, policy: Policy, parse: object = None) -> Verdict:
     """Parse and check a Messages request body (`parse`: R1's, app/wire.py `validate_body`); never raises."""
     try:
         request = validate_body(MessagesRequest, body, parse)
     except pydantic.ValidationError as exc:
-        return Verdict(problems_from_validation_error(exc))
-    profile, known = model_profile(request.model, profiles)
+        return _type_errors(exc, body, policy)
+    return check_request(request, policy)
+
+
+def _type_errors(exc: pydantic.ValidationError, body: bytes, policy: Policy) -> Verdict:
+    """The type errors, and what the rules find in the rest of the body (`beside_type_errors`)."""
+    problems = problems_from_validation_error(exc)
+    data = beside_type_errors(exc, body, ("model", "messages"))
+    if data is not None:
+        try:
+            rest = MessagesRequest.model_validate(data)
+        except pydantic.ValidationError:
+            return Verdict(problems)
+        checked = check_request(rest, policy)
+        return Verdict([*problems, *checked.problems], checked.warnings, profile=checked.profile)
+    return Verdict(problems)
+
+
+def check_request(request: MessagesRequest, policy: Policy) -> Verdict:
+    profile, known = model_profile(request.model, policy.profiles)
     thinking = known and not profile.non_thinking_only and not (
         request.thinking is not None and request.thinking.type == "disabled")
-    ctx = Context(profile, known, thinking, options)
-    found = [p for rule in RULES for p in rule(request, ctx)]
-    problems = sorted((p for p in found if not p.warning), key=_position)
-    warnings = sorted((p for p in found if p.warning), key=_position)
+    ctx = MessagesContext(profile, known, policy.options, thinking, policy)
+    problems, warnings = run_rules(RULES, request, ctx, ORDERING)
     client_tools = any((t.get("type") or "custom") == "custom" for t in request.tools or ())
     return Verdict(problems, warnings, request.model, request.stream is True, thinking, client_tools,
                    request.max_tokens, profile, request=request)
 
 
-_MSG = re.compile(r"^messages\[(\d+)\](?:\.content\[(\d+)\])?")
-
-
-def _position(problem: Problem) -> tuple[int, int, int]:
-    param = problem.param or ""
-    if param == "model":
-        return (0, 0, 0)
-    match = _MSG.match(param)
-    if match:
-        return (1, int(match.group(1)), int(match.group(2) or -1))
-    return (2, 0, 0)
+ORDERING = Ordering("messages", parts=True)
 
 
 def where(i: int, msg: Message) -> str:
@@ -124,22 +121,18 @@ def _before(msgs: list[Message], i: int) -> int:
 # --- the model and max_tokens (A2, A18, A19) ---------------------------------------------------------
 
 
-def rule_model(req: MessagesRequest, ctx: Context) -> Iterator[Problem]:
+def rule_model(req: MessagesRequest, ctx: MessagesContext) -> Iterator[Problem]:
     if req.model.endswith("[1m]"):
         yield Problem("model_suffix", "model",
                       f"model '{req.model}' ends with '[1m]': Claude Code strips that suffix before sending; "
                       f"DeepSeek does not know it. Send '{req.model.removesuffix('[1m]')}' (or enable the "
                       "model_suffix repair).", "A19", warning=True)
-    elif not ctx.known:
-        refuse = ctx.options.unknown_models == "reject"
-        yield Problem("model_not_found", "model",
-                      f"Model '{req.model}' is neither a claude* name (which DeepSeek maps to its own "
-                      f"models) "
-                      "nor a configured DeepSeek model; DeepSeek answers unknown non-claude names with 400.",
-                      "A18", warning=not refuse)
+    elif not ctx.known and not ctx.policy.served(req.model):
+        # A18: DeepSeek maps every claude* name to a model of its own and answers other unknown names 400
+        yield unknown_model(req.model, "anthropic", "A18", ctx.policy.suggestions(), ctx.options)
 
 
-def rule_max_tokens(req: MessagesRequest, ctx: Context) -> Iterator[Problem]:
+def rule_max_tokens(req: MessagesRequest, ctx: MessagesContext) -> Iterator[Problem]:
     top = ctx.profile.max_tokens_max
     if not 1 <= req.max_tokens <= top:
         bound = f"[1, {top}]" if ctx.known else "[1, …]"
@@ -151,7 +144,7 @@ def rule_max_tokens(req: MessagesRequest, ctx: Context) -> Iterator[Problem]:
 # --- messages (A3, A6, A7, A8) ---------------------------------------------------------------------------
 
 
-def rule_roles(req: MessagesRequest, ctx: Context) -> Iterator[Problem]:
+def rule_roles(req: MessagesRequest, ctx: MessagesContext) -> Iterator[Problem]:
     if not req.messages:
         yield Problem("empty_array", "messages",
                       "Invalid 'messages': empty array. Send at least one message.", "A1")
@@ -174,7 +167,7 @@ def rule_roles(req: MessagesRequest, ctx: Context) -> Iterator[Problem]:
                           warning=not ctx.strict)
 
 
-def _reminder_place(msgs: list[Message], i: int, ctx: Context) -> Iterator[Problem]:
+def _reminder_place(msgs: list[Message], i: int, ctx: MessagesContext) -> Iterator[Problem]:
     """A3: DeepSeek documents latest_reminder directly before its user message; elsewhere it is not known
     to refuse it."""
     if i + 1 < len(msgs) and msgs[i + 1]["role"] == "user":
@@ -184,7 +177,7 @@ def _reminder_place(msgs: list[Message], i: int, ctx: Context) -> Iterator[Probl
                   "DeepSeek documents it; forwarded as sent.", "A3", warning=not ctx.strict)
 
 
-def rule_not_empty(req: MessagesRequest, ctx: Context) -> Iterator[Problem]:
+def rule_not_empty(req: MessagesRequest, ctx: MessagesContext) -> Iterator[Problem]:
     for i, msg in enumerate(req.messages):
         if isinstance(msg["content"], list) and not msg["content"]:
             fix = (" (or enable the empty_assistant repair)" if msg["role"] == "assistant" else "")
@@ -202,7 +195,7 @@ def _tool_results(msg: Message) -> list[tuple[int, str]]:
     return [(j, b["tool_use_id"]) for j, b in enumerate(_blocks(msg)) if b.get("type") == "tool_result"]
 
 
-def rule_tool_results(req: MessagesRequest, ctx: Context) -> Iterator[Problem]:
+def rule_tool_results(req: MessagesRequest, ctx: MessagesContext) -> Iterator[Problem]:
     msgs = req.messages
     for i, msg in enumerate(msgs):
         if msg["role"] != "assistant":
@@ -226,7 +219,7 @@ def rule_tool_results(req: MessagesRequest, ctx: Context) -> Iterator[Problem]:
                           f"`tool_result` block in the next message.{hint}", "A7")
 
 
-def rule_tool_result_ids(req: MessagesRequest, ctx: Context) -> Iterator[Problem]:
+def rule_tool_result_ids(req: MessagesRequest, ctx: MessagesContext) -> Iterator[Problem]:
     """A8: a tool_result answers a tool_use of the assistant message right before it (an inference:
     refused in strict mode only)."""
     msgs = req.messages
@@ -253,7 +246,7 @@ def rule_tool_result_ids(req: MessagesRequest, ctx: Context) -> Iterator[Problem
 IMAGE_MEDIA = ("image/jpeg", "image/png", "image/gif", "image/webp")
 
 
-def rule_blocks(req: MessagesRequest, ctx: Context) -> Iterator[Problem]:
+def rule_blocks(req: MessagesRequest, ctx: MessagesContext) -> Iterator[Problem]:
     for i, msg in enumerate(req.messages):
         for j, block in enumerate(_blocks(msg)):
             kind = block.get("type")
@@ -278,7 +271,7 @@ def rule_blocks(req: MessagesRequest, ctx: Context) -> Iterator[Problem]:
                         yield from _image(req, ctx, i, msg, j, inner, f"{param}.content[{k}]")
 
 
-def _image(req: MessagesRequest, ctx: Context, i: int, msg: Message, j: int, block: Any,
+def _image(req: MessagesRequest, ctx: MessagesContext, i: int, msg: Message, j: int, block: Any,
            param: str | None = None) -> Iterator[Problem]:
     param = param or f"messages[{i}].content[{j}]"
     if not ctx.profile.vision:
@@ -305,7 +298,7 @@ THINKING_TYPES = ("enabled", "disabled", "adaptive")
 EFFORTS = ("minimal", "low", "medium", "high", "xhigh", "max", "ultra")
 
 
-def rule_thinking_passed_back(req: MessagesRequest, ctx: Context) -> Iterator[Problem]:
+def rule_thinking_passed_back(req: MessagesRequest, ctx: MessagesContext) -> Iterator[Problem]:
     """A10: a turn with a client `tool_use` keeps its thinking block; a turn whose only calls are
     `server_tool_use` (web_search, run at DeepSeek) is not in A10's scope."""
     if not ctx.thinking:
@@ -321,7 +314,7 @@ def rule_thinking_passed_back(req: MessagesRequest, ctx: Context) -> Iterator[Pr
                           "A10")
 
 
-def rule_thinking_params(req: MessagesRequest, ctx: Context) -> Iterator[Problem]:
+def rule_thinking_params(req: MessagesRequest, ctx: MessagesContext) -> Iterator[Problem]:
     if req.thinking is not None and req.thinking.type not in THINKING_TYPES:
         yield Problem("invalid_thinking", "thinking.type",
                       f"thinking.type: unknown variant `{req.thinking.type}`, expected one of `adaptive`, "
@@ -340,7 +333,7 @@ def rule_thinking_params(req: MessagesRequest, ctx: Context) -> Iterator[Problem
                       "means nothing without thinking).", "A12", warning=not ctx.strict)
 
 
-def rule_tool_choice(req: MessagesRequest, ctx: Context) -> Iterator[Problem]:
+def rule_tool_choice(req: MessagesRequest, ctx: MessagesContext) -> Iterator[Problem]:
     choice = req.tool_choice
     if choice is None:
         return
@@ -364,19 +357,17 @@ def rule_tool_choice(req: MessagesRequest, ctx: Context) -> Iterator[Problem]:
 # --- sampling, metadata, tools (A15, A17, A20) --------------------------------------------------------
 
 
-def rule_sampling(req: MessagesRequest, ctx: Context) -> Iterator[Problem]:
+def rule_sampling(req: MessagesRequest, ctx: MessagesContext) -> Iterator[Problem]:
     if ctx.thinking and not ctx.strict:  # ignored in thinking mode (thinking_mode guide)
         return
-    for name, value, top in (("temperature", req.temperature, 2.0), ("top_p", req.top_p, 1.0)):
-        if value is not None and not 0 <= value <= top:
-            yield Problem("out_of_range", name,
-                          f"Invalid '{name}': expected a value in [0, {top:g}], got {value:g}.", "A20")
+    yield from in_range("temperature", req.temperature, 0, 2, "A20")
+    yield from in_range("top_p", req.top_p, 0, 1, "A20")
 
 
 _USER_ID = re.compile(r"^[a-zA-Z0-9_-]+$")
 
 
-def rule_user_id(req: MessagesRequest, ctx: Context) -> Iterator[Problem]:
+def rule_user_id(req: MessagesRequest, ctx: MessagesContext) -> Iterator[Problem]:
     """A15: over 512 UTF-8 bytes is refused; other characters than DeepSeek recommends are a notice (Claude
     Code's JSON user id; DeepSeek only recommends the character set since 2026-11)."""
     user_id = req.metadata.user_id if req.metadata is not None else None
@@ -395,7 +386,7 @@ def rule_user_id(req: MessagesRequest, ctx: Context) -> Iterator[Problem]:
                       notice=not ctx.strict)
 
 
-def rule_safety_check(req: MessagesRequest, ctx: Context) -> Iterator[Problem]:
+def rule_safety_check(req: MessagesRequest, ctx: MessagesContext) -> Iterator[Problem]:
     """A24: `safety_check.level` is high or low (guides/safety, 2026-11)."""
     check = req.safety_check
     if check is not None and check.level is not None and check.level not in SAFETY_LEVELS:
@@ -407,7 +398,7 @@ def rule_safety_check(req: MessagesRequest, ctx: Context) -> Iterator[Problem]:
 REPORTED_FAILING = ("web_fetch", "code_execution", "computer", "bash", "memory", "text_editor", "mcp_toolset")
 
 
-def rule_server_tools(req: MessagesRequest, ctx: Context) -> Iterator[Problem]:
+def rule_server_tools(req: MessagesRequest, ctx: MessagesContext) -> Iterator[Problem]:
     """A17: DeepSeek's own server tools and Anthropic's web_search run at DeepSeek; a type chatgate does not
     know (Claude Code's advisor_*, tool_search, …) is forwarded with a warning."""
     for k, tool in enumerate(req.tools or ()):
@@ -432,8 +423,7 @@ def rule_server_tools(req: MessagesRequest, ctx: Context) -> Iterator[Problem]:
                           "forwarded as sent.", "A17", warning=not ctx.strict)
 
 
-Rule = Any
-RULES: tuple[Rule, ...] = (
+RULES: tuple[Rule[MessagesRequest, MessagesContext], ...] = (
     rule_model, rule_max_tokens, rule_roles, rule_not_empty, rule_tool_results, rule_tool_result_ids,
     rule_blocks, rule_thinking_passed_back, rule_thinking_params, rule_tool_choice, rule_sampling,
     rule_user_id, rule_safety_check, rule_server_tools,

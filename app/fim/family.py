@@ -16,7 +16,7 @@ from app.fim.rules import check_fim
 from app.fim.stream import FimStreamMeter
 from app.gateway.family import FamilyBase, NotServed
 from app.openai.chat import ChatFamily
-from app.openai.rules import Policy
+from app.rules.models import Policy
 from app.sse import LineWatcher
 from app.verdict import Verdict
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.openai.protocol import StreamOptions, WireModel
+from app.openai.protocol import ChatWireModel, StreamOptions
 
 
-class FimRequest(WireModel):
+class FimRequest(ChatWireModel):
     model: str
     prompt: str
     suffix: str | None = None

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,9 +24,11 @@ import pydantic
 
 from app.errors import Problem
 from app.fim.protocol import FimRequest
-from app.openai.rules import STOP_MAX, Policy, ValidationOptions
+from app.openai.rules import STOP_MAX
 from app.openai.type_errors import problems_from_validation_error
 from app.profiles import ModelProfile
+from app.rules.kernel import Ordering, Rule, RuleContext, in_range, run_rules
+from app.rules.models import Policy, unknown_model
 from app.wire import json_type, validate_body
 
 FIM_MAX_TOKENS = 4096  # DOC-fim: "The max tokens of FIM completion is 4K"
@@ -41,16 +43,9 @@ _PARAM_RULES = {
 _ROOT = re.compile(r"^[^.\[]+")
 
 
-@dataclass(frozen=True, slots=True)
-class FimContext:
-    profile: ModelProfile
-    known_model: bool
-    options: ValidationOptions
+@dataclass(slots=True)
+class FimContext(RuleContext):
     policy: Policy
-
-    @property
-    def strict(self) -> bool:
-        return self.options.strict
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,9 +54,6 @@ class FimChecked:
     problems: list[Problem]
     profile: ModelProfile | None = None
     warnings: list[Problem] = field(default_factory=list)
-
-
-FimRule = Callable[[FimRequest, FimContext], Iterable[Problem]]
 
 
 def check_fim(body: bytes, policy: Policy, parse: object = None) -> FimChecked:
@@ -76,8 +68,11 @@ def check_fim(body: bytes, policy: Policy, parse: object = None) -> FimChecked:
 def check_fim_request(request: FimRequest, policy: Policy) -> FimChecked:
     profile, known = policy.profile_for(request.model)
     ctx = FimContext(profile, known, policy.options, policy)
-    found = [p for rule in FIM_RULES for p in rule(request, ctx)]
-    return FimChecked(request, [p for p in found if not p.warning], profile, [p for p in found if p.warning])
+    problems, warnings = run_rules(FIM_RULES, request, ctx, ORDERING)
+    return FimChecked(request, problems, profile, warnings)
+
+
+ORDERING = Ordering("prompt")
 
 
 def _as_fim(problem: Problem) -> Problem:
@@ -92,22 +87,13 @@ def _as_fim(problem: Problem) -> Problem:
     return dataclasses.replace(problem, rule=rule, message=message)
 
 
-def _range(name: str, value: float | None, lo: float, hi: float, rule: str) -> Iterator[Problem]:
-    if value is not None and not lo <= value <= hi:
-        yield Problem("out_of_range", name, f"Invalid '{name}': expected a value in [{lo:g}, {hi:g}], got "
-                                            f"{value:g}.", rule)
-
-
 # --- the rules ------------------------------------------------------------------------
 
 
 def rule_model_known(req: FimRequest, ctx: FimContext) -> Iterator[Problem]:
-    """F3, as R3: unknown names pass unless validation.unknown_models = "reject"."""
-    if ctx.known_model or ctx.options.unknown_models == "pass":
-        return
-    known = ", ".join(sorted(ctx.policy.profiles))
-    yield Problem("model_not_found", "model",
-                  f"Model '{req.model}' does not exist. Known models: {known}.", "F3")
+    """F3, as R3: a model DeepSeek does not serve."""
+    if not ctx.known and not ctx.policy.served(req.model):
+        yield unknown_model(req.model, "fim", "F3", ctx.policy.suggestions(), ctx.options, "Model Not Exist")
 
 
 def rule_max_tokens(req: FimRequest, ctx: FimContext) -> Iterator[Problem]:
@@ -130,7 +116,7 @@ def rule_max_tokens(req: FimRequest, ctx: FimContext) -> Iterator[Problem]:
 
 
 def rule_logprobs(req: FimRequest, ctx: FimContext) -> Iterator[Problem]:
-    yield from _range("logprobs", req.logprobs, 0, LOGPROBS_MAX, "F8")
+    yield from in_range("logprobs", req.logprobs, 0, LOGPROBS_MAX, "F8")
 
 
 def rule_stop(req: FimRequest, ctx: FimContext) -> Iterator[Problem]:
@@ -141,8 +127,8 @@ def rule_stop(req: FimRequest, ctx: FimContext) -> Iterator[Problem]:
 
 def rule_sampling(req: FimRequest, ctx: FimContext) -> Iterator[Problem]:
     """F10: FIM never thinks, so the ranges always apply (chat skips them in thinking mode)."""
-    yield from _range("temperature", req.temperature, 0, 2, "F10")
-    yield from _range("top_p", req.top_p, 0, 1, "F10")
+    yield from in_range("temperature", req.temperature, 0, 2, "F10")
+    yield from in_range("top_p", req.top_p, 0, 1, "F10")
 
 
 def rule_stream_options(req: FimRequest, ctx: FimContext) -> Iterator[Problem]:
@@ -170,7 +156,7 @@ def rule_non_thinking(req: FimRequest, ctx: FimContext) -> Iterator[Problem]:
         yield Problem("thinking_not_supported", "reasoning_effort",
                       f"FIM completion is non-thinking only: reasoning_effort '{shown}' has no effect on "
                       "/beta/completions. Remove it.", "F12", warning=warning)
-    if ctx.known_model and ctx.profile.thinking_only:
+    if ctx.known and ctx.profile.thinking_only:
         yield Problem("thinking_not_supported", "model",
                       f"Model '{req.model}' always thinks, and FIM completion is non-thinking only (DeepSeek "
                       "lists FIM as not supported for deepseek-reasoner). Use 'deepseek-flash' or "
@@ -189,10 +175,10 @@ def rule_penalties(req: FimRequest, ctx: FimContext) -> Iterator[Problem]:
             yield Problem("invalid_type", name, f"Invalid type for '{name}': expected a number, but got "
                                                 f"{json_type(value)} instead.", "F13")
         else:
-            yield from _range(name, value, -2, 2, "F13")
+            yield from in_range(name, value, -2, 2, "F13")
 
 
-FIM_RULES: tuple[FimRule, ...] = (
+FIM_RULES: tuple[Rule[FimRequest, FimContext], ...] = (
     rule_model_known,
     rule_max_tokens,
     rule_logprobs,

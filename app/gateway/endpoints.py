@@ -3,25 +3,20 @@
 from __future__ import annotations
 
 from app.anthropic.family import MessagesFamily
-from app.anthropic.rules import Options as MessagesOptions
 from app.fim.family import FimFamily
 from app.gateway.exchange import Route
 from app.gateway.family import Family
 from app.gateway.proxy import Endpoint
 from app.openai.chat import ChatFamily
 from app.responses.family import ResponsesFamily
-from app.responses.rules import Options as ResponsesOptions
 from app.settings import Settings
 from app.tools.family import tool_families
 
 
 def families(settings: Settings) -> list[Family]:
-    v = settings.validation
-    messages_options = MessagesOptions(strict=v.strict, unknown_models=v.unknown_models)
-    responses_options = ResponsesOptions(strict=v.strict, unknown_models=v.unknown_models)
-    return [ChatFamily(settings.policy()), FimFamily(settings.policy()),
-            MessagesFamily(settings.profiles(), messages_options),
-            ResponsesFamily(settings.profiles(), responses_options), *tool_families(v.strict)]
+    policy = settings.policy()
+    return [ChatFamily(policy), FimFamily(policy), MessagesFamily(policy), ResponsesFamily(policy),
+            *tool_families(settings.validation.strict)]
 
 
 def build_endpoints(settings: Settings) -> tuple[dict[str, Endpoint], dict[str, Endpoint]]:
@@ -30,7 +25,7 @@ def build_endpoints(settings: Settings) -> tuple[dict[str, Endpoint], dict[str, 
     dry_runs: dict[str, Endpoint] = {}
     for family in families(settings):
         for path, label, upstream_path, beta in family.routes:
-            forwarded[path] = Endpoint(Route(label, upstream_path, beta, family.tool), family)
+            forwarded[path] = Endpoint(Route(label, upstream_path, beta, family.tool, family.prompt), family)
         for path, beta in family.validate_routes:
             dry_runs[path] = Endpoint(Route(path, "", beta, family.tool), family)
     return forwarded, dry_runs

@@ -13,7 +13,7 @@ from app.gateway.auth import Identity
 from app.gateway.family import ToolRoute
 from app.gateway.retry import Tries
 from app.gateway.upstream import Answer, response_headers
-from app.metering.cache import Sketch
+from app.metering.cache import PromptShape, Sketch
 from app.quotas.model import Admission, RateInfo
 from app.repair.base import Repaired
 from app.tracing.spans import ExchangeTrace
@@ -26,6 +26,7 @@ class Route:
     upstream_path: str
     beta: bool = False
     tool: ToolRoute | None = None  # a tool API's route (app/tools/)
+    prompt: PromptShape | None = None  # how the cache advisor cuts its requests into parts (the family's)
 
 
 @dataclass(slots=True)

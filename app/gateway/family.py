@@ -15,6 +15,7 @@ from typing import Any, Protocol
 import orjson
 
 from app.errors import APIError, Problem
+from app.metering.cache import PromptShape
 from app.metering.calls import ModelCalls, ToolUnits, server_tool_use
 from app.metering.usage import TokenCounts, tokens_from_usage
 from app.profiles import ModelProfile
@@ -102,6 +103,9 @@ class Family(Repairable, Protocol):
     path_prefix: str
     # A tool API (app/tools/): its route's tool; None for the model families
     tool: ToolRoute | None
+    # How the context cache sees the family's requests (their parts in DeepSeek's order), for the cache
+    # advisor (app/metering/cache.py); None: no prompt cache to advise on
+    prompt: PromptShape | None
 
     def render_error(self, error: APIError, request_id: str | None) -> tuple[bytes, dict[str, str]]:
         """The error in this family's shape: body and extra headers."""
@@ -157,6 +161,7 @@ class FamilyBase:
     token_counts: CountRoutes = ()
     path_prefix = ""
     tool: ToolRoute | None = None
+    prompt: PromptShape | None = None
 
     # --- repairs: none ---
 

@@ -59,7 +59,7 @@ class Ledger:
         still in the CPU's caches (cheaper here than at the exchange's end); the exchange then lets them go
         (`Exchange.release`)."""
         if self.advisor.memory is not None:
-            ex.sketch = self.advisor.sketch(ex.route.upstream_path, ex.identity.caller or ex.identity.key_id,
+            ex.sketch = self.advisor.sketch(ex.route.prompt, ex.identity.caller or ex.identity.key_id,
                                             ex.checked, ex.json, ex.body, ex.own_parse())
 
     def finish(self, ex: Exchange, outcome: str, status: int, tokens: TokenCounts | None = None, *,

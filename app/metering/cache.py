@@ -4,8 +4,9 @@ DeepSeek caches every prompt prefix in 64-token units and bills a hit at a fract
 whose prompt repeats an earlier one of the same caller but differs near the top (a clock in the system
 prompt, tools in another order, a new `user_id`) pays the whole repeated part as misses.
 
-Each request is cut into its rendered parts in DeepSeek's order (`parts_*`), each part hashed (nothing of
-its text is kept). A request whose body repeats a remembered one's bytes and appends items to its
+Each request is cut by its family into its rendered parts in DeepSeek's order (`PromptShape`:
+app/openai/prompt.py, app/anthropic/prompt.py, app/responses/prompt.py), each part hashed (nothing of its
+text is kept). A request whose body repeats a remembered one's bytes and appends items to its
 messages (an agent round, a retry) takes that request's hashes and hashes only the new items
 (`PrefixMemory.extend`): the body's bytes are read once, by XXH3. `PrefixMemory` keeps, per
 caller, the last few requests' hashes and measured prompt tokens, and `PrefixMemory.observe` applies the
@@ -18,7 +19,6 @@ The estimated loss: E's prompt tokens, rounded down to DeepSeek's 64-token unit,
 from __future__ import annotations
 
 import functools
-import operator
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,14 +39,11 @@ NO_PART = bytes(8)  # the hash of a part that is not there (no user id)
 # --- fingerprints --------------------------------------------------------------------------------------
 
 
-def _h(value: Any) -> bytes:
+def part_hash(value: Any) -> bytes:
     return _digest(_dumps(value))
 
 
-_role = operator.itemgetter("role")
-
-
-def _json_hashes(items: list[Any]) -> bytes:
+def item_hashes(items: list[Any]) -> bytes:
     """The hash of each item's JSON, 8 bytes each, the loop in C (map): an item costs one orjson.dumps and
     one hash."""
     return b"".join(map(_digest, map(_dumps, items)))
@@ -76,14 +73,8 @@ class Layout:
         return f"{self.seq}[{self.order[i] if self.order else self.offset + i}]"
 
 
-@functools.lru_cache(maxsize=256)
-def _chat_layout(systems: int, tools: bool) -> Layout:
-    names = ("model", "user_id", *(f"messages[{i}]" for i in range(systems)), *(("tools",) if tools else ()))
-    return Layout(names, "messages", systems, 2 + systems if tools else -1)
-
-
 @functools.lru_cache(maxsize=16)
-def _named_layout(names: tuple[str, ...], seq: str, appends: bool = True) -> Layout:
+def named_layout(names: tuple[str, ...], seq: str, appends: bool = True) -> Layout:
     return Layout(names, seq, 0, names.index("tools") if "tools" in names else -1, (), appends)
 
 
@@ -112,106 +103,20 @@ class Parts:
         return self.layout.path(k)
 
 
-def _field(request: Any, name: str) -> Any:
+def field_of(request: Any, name: str) -> Any:
     return request.get(name) if type(request) is dict else getattr(request, name, None)
 
 
-def _list(value: Any) -> list[Any]:
+def list_of(value: Any) -> list[Any]:
     return value if isinstance(value, list) else []
 
 
-def _tools(request: Any) -> bytes | None:
+def tools_hash_of(request: Any) -> bytes | None:
     """One hash of all the tools (each tool's own hash is taken only when they changed)."""
-    tools = _field(request, "tools")
+    tools = field_of(request, "tools")
     if not isinstance(tools, list) or not tools:
         return None
     return _digest(_dumps(tools))
-
-
-def _roles(messages: list[Any]) -> list[Any]:
-    try:
-        return list(map(_role, messages))
-    except (KeyError, TypeError):  # a message without a role, or not an object: the rules refuse it
-        return [m.get("role") if isinstance(m, dict) else None for m in messages]
-
-
-def parts_chat(request: Any) -> Parts:
-    """Chat completions: the system messages (DeepSeek's template puts them first), the tools, then every
-    other message in order."""
-    messages = _list(_field(request, "messages"))
-    user = _field(request, "user_id")
-    head = _h(_field(request, "model")) + (_h(user) if user is not None else NO_PART)
-    roles = _roles(messages)
-    n = roles.count("system")
-    tools_hash = _tools(request)
-    if roles[:n] == ["system"] * n:  # the usual case: the system messages lead
-        hashes = _json_hashes(messages)
-        system = {2 + i: _h(_field(messages[i], "content")) for i in range(n)}
-        if tools_hash is not None:
-            hashes = hashes[:8 * n] + tools_hash + hashes[8 * n:]
-        return Parts(head + hashes, _chat_layout(n, tools_hash is not None), system, _field(request, "tools"),
-                     len(messages))
-    # system messages further down: DeepSeek still renders them first (rare: spelt out part by part)
-    order = [i for i, r in enumerate(roles) if r == "system"]
-    system = {2 + j: _h(_field(messages[i], "content")) for j, i in enumerate(order)}
-    rest = [i for i, r in enumerate(roles) if r != "system"]
-    names = ["model", "user_id", *(f"messages[{i}]" for i in order)]
-    if tools_hash is not None:
-        names.append("tools")
-    hashes = _json_hashes([messages[i] for i in order]) + (tools_hash if tools_hash is not None else b"")
-    hashes += _json_hashes([messages[i] for i in rest])
-    layout = Layout(tuple(names), "messages", 0, 2 + len(order) if tools_hash is not None else -1,
-                    tuple(rest), False)
-    return Parts(head + hashes, layout, system, _field(request, "tools"), len(messages))
-
-
-def parts_anthropic(request: Any) -> Parts:
-    """The Anthropic route: tools, system, then the messages (the order DeepSeek renders them in)."""
-    metadata = _field(request, "metadata")
-    user = _field(metadata, "user_id") if metadata is not None else None
-    hashes = [_h(_field(request, "model")), _h(user) if user is not None else NO_PART]
-    names = ["model", "metadata.user_id"]
-    tools_hash = _tools(request)
-    if tools_hash is not None:
-        names.append("tools")
-        hashes.append(tools_hash)
-    system: dict[int, bytes] = {}
-    prompt = _field(request, "system")
-    if prompt is not None:
-        system[len(names)] = _h(prompt)
-        names.append("system")
-        hashes.append(system[len(names) - 1])
-    messages = _list(_field(request, "messages"))
-    hashes.append(_json_hashes(messages))
-    return Parts(b"".join(hashes), _named_layout(tuple(names), "messages"), system, _field(request, "tools"),
-                 len(messages))
-
-
-def parts_responses(request: Any) -> Parts:
-    """The Responses API: instructions (the first system message), tools, then the input items."""
-    user = _field(request, "user")
-    hashes = [_h(_field(request, "model")), _h(user) if user is not None else NO_PART]
-    names = ["model", "user"]
-    system: dict[int, bytes] = {}
-    instructions = _field(request, "instructions")
-    if instructions is not None:
-        system[len(names)] = _h(instructions)
-        names.append("instructions")
-        hashes.append(system[len(names) - 1])
-    tools_hash = _tools(request)
-    if tools_hash is not None:
-        names.append("tools")
-        hashes.append(tools_hash)
-    items = _field(request, "input")
-    count = -1
-    if isinstance(items, list):
-        hashes.append(_json_hashes(items))
-        count = len(items)
-    elif items is not None:
-        names.append("input")
-        hashes.append(_h(items))
-    return Parts(b"".join(hashes), _named_layout(tuple(names), "input", count >= 0), system,
-                 _field(request, "tools"), count)
 
 
 # --- the body's bytes: a request that repeats an earlier one's bytes reuses its hashes -------------------
@@ -260,32 +165,19 @@ def raw_of(body: bytes, data: Any, seq: str) -> Raw | None:
     return Raw((head,), (_xx(body[:head]),), len(body) - head, _xx(body[head:]), len(body))
 
 
-def _appendable_chat(items: list[Any]) -> bool:
-    for item in items:  # a system message is rendered first: not a part at the end
-        if isinstance(item, dict) and item.get("role") == "system":
-            break
-    else:
-        return True
-    return False
-
-
-def _always(items: list[Any]) -> bool:
+def always(items: list[Any]) -> bool:
     return True
 
 
 @dataclass(frozen=True, slots=True)
-class Family:
-    """How a route's requests are cut into parts; `seq`: the list a new round appends to; `appendable`:
-    whether items appended to it are parts appended at the end."""
+class PromptShape:
+    """How a family's requests are cut into parts (`parts`, the family's own: app/openai/prompt.py, …);
+    `seq`: the list a new round appends to; `appendable`: whether items appended to it are parts appended
+    at the end."""
 
     parts: Callable[[Any], Parts]
     seq: str
     appendable: Callable[[list[Any]], bool]
-
-
-CHAT = Family(parts_chat, "messages", _appendable_chat)
-ANTHROPIC = Family(parts_anthropic, "messages", _always)
-RESPONSES = Family(parts_responses, "input", _always)
 
 
 # --- the memory and the rule -----------------------------------------------------------------------------
@@ -402,13 +294,13 @@ class PrefixMemory:
     def callers(self) -> int:
         return len(self._callers)
 
-    def assess(self, caller: str, family: Family, request: Any, body: bytes, parsed: Any, prompt_tokens: int,
-               hit_tokens: int, request_id: str) -> Break | None:
+    def assess(self, caller: str, family: PromptShape, request: Any, body: bytes, parsed: Any,
+               prompt_tokens: int, hit_tokens: int, request_id: str) -> Break | None:
         """R's break (it is remembered): `sketch` and `settle` at once."""
         sketch = self.sketch(caller, family, request, body, parsed)
         return None if sketch is None else self.settle(caller, sketch, prompt_tokens, hit_tokens, request_id)
 
-    def sketch(self, caller: str, family: Family, request: Any, body: bytes, parsed: Any = None
+    def sketch(self, caller: str, family: PromptShape, request: Any, body: bytes, parsed: Any = None
                ) -> Sketch | None:
         """R's parts, by `extend` from R's bytes when it can, else from `request` (None: `request` is None
         and R's bytes repeat or extend no remembered request; TypeError: a part orjson cannot serialise).
@@ -427,7 +319,7 @@ class PrefixMemory:
         parts = family.parts(request)
         return _sketch_of(parts, raw_of(body, parsed, family.seq) if parts.layout.appends else None)
 
-    def extend(self, prints: list[Print], family: Family, request: Any, body: bytes) -> Sketch | None:
+    def extend(self, prints: list[Print], family: PromptShape, request: Any, body: bytes) -> Sketch | None:
         """R's parts without hashing what R repeats: when R's body is a remembered request E's body (the same
         head bytes and tail bytes) with whole items appended to `seq` between them, R's parts are E's plus
         one per new item (the same hashes the parts of R would have: equal bytes parse to equal requests).
@@ -487,7 +379,7 @@ class PrefixMemory:
         new = items[e.count:] if items is not None else _appended(body, at, head)
         if new is None or not family.appendable(new):
             return None
-        hashes = e.hashes + _json_hashes(new)
+        hashes = e.hashes + item_hashes(new)
         if len(raw.cuts) < MAX_CUTS:
             cut = Raw((*raw.cuts, head), (*raw.sums, _xx(body[at:head])), raw.tail, raw.tail_sum, size)
         else:
@@ -643,51 +535,23 @@ def hint(param: str) -> str:
 # --- the gateway's one call ----------------------------------------------------------------------------
 
 
-def family_of(upstream_path: str) -> Family | None:
-    """How a route's requests are cut into parts (None: a route without a prompt cache to advise on)."""
-    if upstream_path.endswith("/chat/completions"):
-        return CHAT
-    if upstream_path.endswith("/messages"):
-        return ANTHROPIC
-    if upstream_path.endswith("/responses"):
-        return RESPONSES
-    return None
-
-
-def parts_for(upstream_path: str) -> Callable[[Any], Parts] | None:
-    family = family_of(upstream_path)
-    return family.parts if family is not None else None
-
-
-_NO_FAMILY = Family(parts_chat, "", _always)  # a route without advice, in Advisor's cache of routes
-
-
 class Advisor:
     """The prefix memory of this process (None when `cache.breaks` is off)."""
 
     def __init__(self, enabled: bool, per_caller: int, max_bytes: int) -> None:
         self.memory = PrefixMemory(per_caller, max_bytes) if enabled else None
-        self._families: dict[str, Family] = {}
 
-    def family(self, upstream_path: str) -> Family | None:
-        family = self._families.get(upstream_path)
-        if family is None:
-            family = self._families[upstream_path] = family_of(upstream_path) or _NO_FAMILY
-        return None if family is _NO_FAMILY else family
-
-    def sketch(self, upstream_path: str, caller: str, checked: Any, data: Callable[[], dict[str, Any]],
-               body: bytes = b"", parsed: Any = None) -> Sketch | None:
-        """A request's parts, taken as it is forwarded (None: advice is off, or not for this route or body).
+    def sketch(self, family: PromptShape | None, caller: str, checked: Any,
+               data: Callable[[], dict[str, Any]], body: bytes = b"", parsed: Any = None) -> Sketch | None:
+        """A request's parts, taken as it is forwarded (None: advice is off, or not for this route or body;
+        `family`: how the route's family cuts its requests into parts, None for a route without a prompt).
         `checked` is the family's validated request when there is one (its messages are plain dicts: no
         second parse of the body); else, or when part of it is not plain JSON data, the body parsed (`data`),
         unless the body's bytes repeat or extend a remembered request's. `body` is the request's body as
         sent to DeepSeek, and `parsed` its own parse if one was made (keys in the body's order): a body that
         repeats a remembered one's bytes reuses its hashes (`PrefixMemory.extend`)."""
         memory = self.memory
-        if memory is None:
-            return None
-        family = self.family(upstream_path)
-        if family is None:
+        if memory is None or family is None:
             return None
         try:
             if checked is not None:
@@ -713,11 +577,11 @@ class Advisor:
             return None
         return self.memory.settle(caller, sketch, prompt_tokens, hit_tokens, request_id)
 
-    def assess(self, upstream_path: str, caller: str, checked: Any, data: Callable[[], dict[str, Any]],
-               prompt_tokens: int, hit_tokens: int, request_id: str, body: bytes = b"",
-               parsed: Any = None) -> Break | None:
+    def assess(self, family: PromptShape | None, caller: str, checked: Any,
+               data: Callable[[], dict[str, Any]], prompt_tokens: int, hit_tokens: int, request_id: str,
+               body: bytes = b"", parsed: Any = None) -> Break | None:
         """`sketch` and `settle` at once: a served request's break, if it has one."""
         if self.memory is None or prompt_tokens <= 0:
             return None
-        sketch = self.sketch(upstream_path, caller, checked, data, body, parsed)
+        sketch = self.sketch(family, caller, checked, data, body, parsed)
         return None if sketch is None else self.settle(caller, sketch, prompt_tokens, hit_tokens, request_id)

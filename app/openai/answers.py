@@ -29,7 +29,7 @@ def turn_from_completion(data: Any) -> Turn | None:
     return Turn(ids, names, reasoning)
 
 
-class StreamedTurn:
+class ChatStreamedTurn:
     """Collects the tool calls of a relayed stream from the batches of lines its meter takes (no copy of the
     stream of its own): only the data lines that carry `tool_calls` are parsed (a few per call); the
     reasoning comes from the meter at the end."""

@@ -9,7 +9,9 @@ import orjson
 
 from app.errors import Problem
 from app.gateway.family import FamilyBase
-from app.openai.answers import StreamedTurn, turn_from_completion
+from app.metering.cache import PromptShape
+from app.openai.answers import ChatStreamedTurn, turn_from_completion
+from app.openai.prompt import CHAT_PROMPT
 from app.openai.repairs import (
     calls_of,
     message_index,
@@ -18,10 +20,11 @@ from app.openai.repairs import (
     repair_chat,
     wanted,
 )
-from app.openai.rules import Policy, check_body
-from app.openai.stream import StreamMeter, UsageStripper
+from app.openai.rules import check_body
+from app.openai.stream import ChatStreamMeter, UsageStripper
 from app.profiles import ModelProfile
 from app.repair.base import Applied, InPlace, RepairOptions, Turn
+from app.rules.models import Policy
 from app.sse import LineWatcher
 from app.verdict import Verdict
 
@@ -37,6 +40,7 @@ class ChatFamily(FamilyBase):
         ("/beta/chat/completions", "/beta/chat/completions", "/beta/chat/completions", True),
         ("/v1/beta/chat/completions", "/beta/chat/completions", "/beta/chat/completions", True),
     )
+    prompt: PromptShape | None = CHAT_PROMPT
     validate_routes: Sequence[tuple[str, bool]] = (
         ("/v1/chat/completions/validate", False), ("/chat/completions/validate", False),
         ("/beta/chat/completions/validate", True), ("/v1/beta/chat/completions/validate", True),
@@ -80,11 +84,11 @@ class ChatFamily(FamilyBase):
     def answer_turn(self, answer: Any) -> Turn | None:
         return turn_from_completion(answer)
 
-    def meter(self, watcher: LineWatcher | None = None) -> StreamMeter:
-        return StreamMeter(watcher)
+    def meter(self, watcher: LineWatcher | None = None) -> ChatStreamMeter:
+        return ChatStreamMeter(watcher)
 
-    def stream_turns(self) -> StreamedTurn:
-        return StreamedTurn()
+    def stream_turns(self) -> ChatStreamedTurn:
+        return ChatStreamedTurn()
 
     def prompt_text(self, data: dict[str, Any]) -> str:
         return prompt_text(data)

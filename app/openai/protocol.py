@@ -26,7 +26,7 @@ from typing_extensions import TypedDict  # pydantic refuses typing.TypedDict bef
 WIRE = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
 
 
-class WireModel(BaseModel):
+class ChatWireModel(BaseModel):
     model_config = ConfigDict(**WIRE, frozen=True)
 
 
@@ -34,7 +34,7 @@ class WireModel(BaseModel):
 
 
 @with_config(WIRE)
-class TextPart(TypedDict):
+class ChatTextPart(TypedDict):
     type: Literal["text"]
     text: str
 
@@ -70,11 +70,11 @@ class FilePart(TypedDict):
     filename: NotRequired[str | None]
 
 
-ContentPart = Annotated[TextPart | ImageURLPart | FilePart, Field(discriminator="type")]
+ContentPart = Annotated[ChatTextPart | ImageURLPart | FilePart, Field(discriminator="type")]
 
 
 @with_config(WIRE)
-class OtherPart(TypedDict):
+class ChatOtherPart(TypedDict):
     """A content-part type chatgate does not know (DeepSeek's server-tool results may come back as one)."""
 
     type: str
@@ -174,15 +174,15 @@ REFUSED_ROLES = frozenset({"developer"})
 # --- request -------------------------------------------------------------------
 
 
-class Thinking(WireModel):
+class ChatThinking(ChatWireModel):
     type: str | None = None
 
 
-class ResponseFormat(WireModel):
+class ResponseFormat(ChatWireModel):
     type: str
 
 
-class StreamOptions(WireModel):
+class StreamOptions(ChatWireModel):
     include_usage: bool | None = None
 
 
@@ -195,7 +195,7 @@ class FunctionDef(TypedDict):
 
 
 @with_config(WIRE)
-class Tool(TypedDict):
+class ChatTool(TypedDict):
     """A function tool `{type: function, function}`, or a type without `function`: DeepSeek's server tools
     `{"type": "deepseek_web_search"}` (R30), or a type chatgate does not know."""
 
@@ -203,23 +203,23 @@ class Tool(TypedDict):
     function: NotRequired[FunctionDef]
 
 
-class NamedFunction(WireModel):
+class NamedFunction(ChatWireModel):
     name: str
 
 
-class ToolChoiceFunction(WireModel):
+class ToolChoiceFunction(ChatWireModel):
     type: str
     function: NamedFunction | None = None  # a function's; a server tool's choice has none (R33)
 
 
-class SafetyCheck(WireModel):
+class ChatSafetyCheck(ChatWireModel):
     level: str | None = None
 
 
-class ChatCompletionRequest(WireModel):
+class ChatCompletionRequest(ChatWireModel):
     model: str
     messages: list[Message]
-    thinking: Thinking | None = None
+    thinking: ChatThinking | None = None
     reasoning_effort: str | None = None
     max_tokens: int | None = None
     response_format: ResponseFormat | None = None
@@ -230,13 +230,13 @@ class ChatCompletionRequest(WireModel):
     top_p: float | None = None
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
-    tools: list[Tool] | None = None
+    tools: list[ChatTool] | None = None
     tool_choice: str | ToolChoiceFunction | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
     user_id: str | None = None
     n: int | None = None
-    safety_check: SafetyCheck | None = None
+    safety_check: ChatSafetyCheck | None = None
 
 
 # --- the lenient pass: unknown roles and part types ---------------------------------------------------
@@ -250,8 +250,8 @@ def _part_kind(value: Any) -> str | None:
 
 
 AnyPart = Annotated[
-    Annotated[TextPart, Tag("text")] | Annotated[ImageURLPart, Tag("image_url")]
-    | Annotated[FilePart, Tag("file")] | Annotated[OtherPart, Tag("~other")],
+    Annotated[ChatTextPart, Tag("text")] | Annotated[ImageURLPart, Tag("image_url")]
+    | Annotated[FilePart, Tag("file")] | Annotated[ChatOtherPart, Tag("~other")],
     Discriminator(_part_kind),
 ]
 AnyContent = Annotated[

@@ -9,10 +9,10 @@ than a miss.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import pairwise
-from typing import Any, Literal
+from typing import Any
 
 import pydantic
 
@@ -30,7 +30,9 @@ from app.openai.protocol import (
     UserMessage,
 )
 from app.openai.type_errors import problems_from_validation_error
-from app.profiles import DEFAULT_PROFILES, ModelProfile, generic_profile
+from app.profiles import ModelProfile
+from app.rules.kernel import Ordering, Rule, RuleContext, beside_type_errors, in_range, run_rules
+from app.rules.models import Policy, unknown_model
 from app.surface import (
     SAFETY_LEVELS,
     SERVER_TOOLS,
@@ -41,27 +43,8 @@ from app.surface import (
 )
 from app.wire import validate_body
 
-UnknownModels = Literal["pass", "reject"]
 
-
-@dataclass(frozen=True, slots=True)
-class ValidationOptions:
-    strict: bool = False
-    unknown_models: UnknownModels = "pass"
-    legacy_reasoner_rules: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class Policy:
-    profiles: Mapping[str, ModelProfile] = field(default_factory=lambda: dict(DEFAULT_PROFILES))
-    options: ValidationOptions = field(default_factory=ValidationOptions)
-
-    def profile_for(self, model: str) -> tuple[ModelProfile, bool]:
-        profile = self.profiles.get(model)
-        return (profile, True) if profile is not None else (generic_profile(model), False)
-
-
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class MessageIndex:
     """One pass over the messages, so that each rule visits only the messages it is about."""
 
@@ -107,27 +90,20 @@ def index_messages(messages: list[Message]) -> MessageIndex:
     return MessageIndex(roles, assistants, with_calls, arrays, tools, other_arrays, tuple(unknown))
 
 
-@dataclass(frozen=True, slots=True)
-class RuleContext:
-    profile: ModelProfile
-    known_model: bool
+@dataclass(slots=True)
+class ChatContext(RuleContext):
     beta: bool
-    options: ValidationOptions
     thinking: bool
     policy: Policy
     index: MessageIndex
     origin: str | None  # chatgate's own address as the client used it, for hints; None offline
-
-    @property
-    def strict(self) -> bool:
-        return self.options.strict
 
     def beta_hint(self) -> str:
         where = f" (chatgate: {self.origin}/beta)" if self.origin else ""
         return f"set base_url to …/beta{where}"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one per request (frozen costs a call per field)
 class Checked:
     request: ChatCompletionRequest | None
     problems: list[Problem]
@@ -141,9 +117,6 @@ class Checked:
         return not self.problems
 
 
-Rule = Callable[[ChatCompletionRequest, RuleContext], Iterable[Problem]]
-
-
 def check_body(body: bytes, policy: Policy, *, beta: bool = False, origin: str | None = None,
                parse: object = None) -> Checked:
     """Parse and check a request body; never raises. `origin` (e.g. http://127.0.0.1:8787) is where the
@@ -152,31 +125,47 @@ def check_body(body: bytes, policy: Policy, *, beta: bool = False, origin: str |
         request = validate_body(ChatCompletionRequest, body, parse)
     except pydantic.ValidationError as exc:
         if not _unknown_tag(exc):
-            return Checked(None, problems_from_validation_error(exc, body))
-        try:  # a role or part type the fast pass does not know: unknown is not invalid (R5, R7)
-            request = validate_body(LenientRequest, body)
-        except pydantic.ValidationError as again:
-            return Checked(None, problems_from_validation_error(again, body))
+            return _type_errors(exc, body, policy, beta, origin)
+        try:  # a role or part type the fast pass does not know: unknown is not invalid (R5, R7); `developer`
+            request = validate_body(LenientRequest, body)  # is refused by R5, beside every other problem
+        except pydantic.ValidationError as again:  # the fast pass's errors name `developer`
+            return _type_errors(exc if _refused_role(exc) else again, body, policy, beta, origin)
     return check_request(request, policy, beta=beta, origin=origin)
 
 
 def _unknown_tag(exc: pydantic.ValidationError) -> bool:
-    """Whether the fast pass failed on a role or part type it does not know, and on none DeepSeek refuses
-    (`developer`: refused as the type error it is, R5)."""
-    tags = [error for error in exc.errors(include_url=False, include_input=False)
-            if error["type"] == "union_tag_invalid" and error["loc"][:1] == ("messages",)]
-    return bool(tags) and not any(len(error["loc"]) == 2 and error["ctx"]["tag"] in REFUSED_ROLES
-                                  for error in tags)
+    """Whether the fast pass failed on a role or part type it does not know."""
+    return any(error["type"] == "union_tag_invalid" and error["loc"][:1] == ("messages",)
+               for error in exc.errors(include_url=False, include_input=False))
+
+
+def _refused_role(exc: pydantic.ValidationError) -> bool:
+    return any(error["type"] == "union_tag_invalid" and len(error["loc"]) == 2
+               and error["loc"][0] == "messages" and error["ctx"]["tag"] in REFUSED_ROLES
+               for error in exc.errors(include_url=False, include_input=False))
+
+
+def _type_errors(exc: pydantic.ValidationError, body: bytes, policy: Policy, beta: bool, origin: str | None
+                 ) -> Checked:
+    """The type errors, and what the rules find in the rest of the body (`beside_type_errors`)."""
+    problems = problems_from_validation_error(exc, body)
+    data = beside_type_errors(exc, body, ("messages", "model"))
+    if data is None:
+        return Checked(None, problems)
+    try:
+        rest = ChatCompletionRequest.model_validate(data)
+    except pydantic.ValidationError:
+        return Checked(None, problems)
+    checked = check_request(rest, policy, beta=beta, origin=origin)
+    return Checked(None, [*problems, *checked.problems], checked.profile, checked.warnings)
 
 
 def check_request(request: ChatCompletionRequest, policy: Policy, *, beta: bool = False,
                   origin: str | None = None) -> Checked:
     profile, known = policy.profile_for(request.model)
-    ctx = RuleContext(profile, known, beta, policy.options, is_thinking(request, profile, known), policy,
+    ctx = ChatContext(profile, known, policy.options, beta, is_thinking(request, profile, known), policy,
                       index_messages(request.messages), origin)
-    found = [p for rule in RULES for p in rule(request, ctx)]
-    problems = sorted((p for p in found if not p.warning), key=_position)
-    warnings = sorted((p for p in found if p.warning), key=_position)
+    problems, warnings = run_rules(RULES, request, ctx, ORDERING)
     return Checked(request, problems, profile, warnings, ctx.thinking, ctx.index.media)
 
 
@@ -196,21 +185,7 @@ def is_thinking(request: ChatCompletionRequest, profile: ModelProfile, known: bo
     return profile.thinking_default
 
 
-_MSG_INDEX = re.compile(r"^messages\[(\d+)\]")
-
-
-def _position(problem: Problem) -> tuple[int, float]:
-    param = problem.param or ""
-    if param == "model":
-        return (0, 0)
-    if problem.order is not None:
-        return (1, problem.order)
-    match = _MSG_INDEX.match(param)
-    if match:
-        return (1, int(match.group(1)))
-    if param.startswith("messages"):
-        return (1, -1)
-    return (2, 0)
+ORDERING = Ordering("messages")
 
 
 def where(i: int, message: Message) -> str:
@@ -220,22 +195,20 @@ def where(i: int, message: Message) -> str:
 # --- model and messages (R3, R4) -------------------------------------------------
 
 
-def rule_model_known(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem]:
-    if ctx.known_model or ctx.options.unknown_models == "pass":
-        return
-    known = ", ".join(sorted(ctx.policy.profiles))
-    yield Problem("model_not_found", "model",
-                  f"Model '{req.model}' does not exist. Known models: {known}.", "R3")
+def rule_model_known(req: ChatCompletionRequest, ctx: ChatContext) -> Iterator[Problem]:
+    """R3: a model DeepSeek does not serve (it answers "Model Not Exist")."""
+    if not ctx.known and not ctx.policy.served(req.model):
+        yield unknown_model(req.model, "chat", "R3", ctx.policy.suggestions(), ctx.options, "Model Not Exist")
 
 
-def rule_messages_not_empty(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem]:
+def rule_messages_not_empty(req: ChatCompletionRequest, ctx: ChatContext) -> Iterator[Problem]:
     if not req.messages:
         yield Problem("empty_array", "messages",
                       "Invalid 'messages': empty array. Expected an array with minimum length 1, "
                       "but got an empty array instead. Send at least one message.", "R4")
 
 
-def rule_roles(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem]:
+def rule_roles(req: ChatCompletionRequest, ctx: ChatContext) -> Iterator[Problem]:
     """R5: a role chatgate does not know is forwarded with a warning. `developer`, which DeepSeek was seen
     refusing, is a type error of the fast pass; the lenient one meets it only in a large body whose fast
     pass stopped at an earlier unknown role."""
@@ -259,7 +232,7 @@ IMAGE_DETAILS = ("low", "high", "auto", "original")
 _DATA_IMAGE = re.compile(r"^data:image/(jpeg|jpg|png|gif|webp);base64,", re.IGNORECASE)
 
 
-def rule_content(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem]:
+def rule_content(req: ChatCompletionRequest, ctx: ChatContext) -> Iterator[Problem]:
     images = 0
     for i, msg in ctx.index.arrays:
         parts = msg["content"]
@@ -283,7 +256,7 @@ def rule_content(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Probl
                       f"{IMAGES_MAX}.", "R9")
 
 
-def _unknown_part(ctx: RuleContext, i: int, msg: Message, j: int, kind: str) -> Problem:
+def _unknown_part(ctx: ChatContext, i: int, msg: Message, j: int, kind: str) -> Problem:
     """R7: a part type chatgate does not know (a server tool's result passed back may be one): forwarded."""
     return Problem("unknown_content_part", f"messages[{i}].content[{j}].type",
                    f"{where(i, msg)}: content[{j}] has type '{kind}', which chatgate does not know (DeepSeek "
@@ -291,7 +264,7 @@ def _unknown_part(ctx: RuleContext, i: int, msg: Message, j: int, kind: str) -> 
                    warning=not ctx.strict)
 
 
-def _media_part(req: ChatCompletionRequest, ctx: RuleContext, i: int, msg: Message, j: int,
+def _media_part(req: ChatCompletionRequest, ctx: ChatContext, i: int, msg: Message, j: int,
                 part: ImageURLPart | FilePart) -> Iterator[Problem]:
     param = f"messages[{i}].content[{j}]"
     if not ctx.profile.vision:
@@ -333,7 +306,7 @@ def _image_url(i: int, msg: Message, j: int, part: ImageURLPart, param: str) -> 
 # --- assistant messages and tool calls (R10-R12) -------------------------------------
 
 
-def rule_assistant_not_empty(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem]:
+def rule_assistant_not_empty(req: ChatCompletionRequest, ctx: ChatContext) -> Iterator[Problem]:
     for i, msg in ctx.index.assistants:
         if msg.get("content") is None and not msg.get("tool_calls"):
             yield Problem("assistant_empty", f"messages[{i}]",
@@ -342,7 +315,7 @@ def rule_assistant_not_empty(req: ChatCompletionRequest, ctx: RuleContext) -> It
                           "neither). Send content \"\" or drop the message.", "R10")
 
 
-def rule_tool_call_shape(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem]:
+def rule_tool_call_shape(req: ChatCompletionRequest, ctx: ChatContext) -> Iterator[Problem]:
     seen: dict[str, int] = {}
     for i, msg in ctx.index.with_calls:
         for k, call in enumerate(msg.get("tool_calls") or ()):
@@ -373,7 +346,7 @@ def rule_tool_call_shape(req: ChatCompletionRequest, ctx: RuleContext) -> Iterat
 # --- tool message ordering (R14-R16) -------------------------------------------------
 
 
-def rule_tool_sequence(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem]:
+def rule_tool_sequence(req: ChatCompletionRequest, ctx: ChatContext) -> Iterator[Problem]:
     messages, roles, answers = req.messages, ctx.index.roles, ctx.index.tools
     answered: set[int] = set()  # tool messages inside a block that follows an assistant's tool_calls
     for i, msg in ctx.index.with_calls:
@@ -411,7 +384,7 @@ def _orphan_tool(i: int, msg: ToolMessage, after_tool: bool) -> Problem:
 _IN_BLOCK = ("tool", "latest_reminder")
 
 
-def _tool_block(messages: list[Message], i: int, ids: list[str], end: int, ctx: RuleContext,
+def _tool_block(messages: list[Message], i: int, ids: list[str], end: int, ctx: ChatContext,
                 block: range | list[int]) -> Iterator[Problem]:
     pending = set(ids)
     unknown: list[tuple[int, ToolMessage]] = []
@@ -468,7 +441,7 @@ def _unanswered(messages: list[Message], i: int, ids: list[str], pending: set[st
 # --- thinking mode (R17, R34, R36) -----------------------------------------------
 
 
-def rule_reasoning_content(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem]:
+def rule_reasoning_content(req: ChatCompletionRequest, ctx: ChatContext) -> Iterator[Problem]:
     """R17. Without `tools` (a title or compaction call replaying an agent's history) it is a warning,
     refused in strict mode."""
     if not ctx.thinking or (ctx.profile.legacy_reasoner and ctx.options.legacy_reasoner_rules):
@@ -490,7 +463,7 @@ THINKING_TYPES = ("enabled", "disabled", "adaptive")  # DeepSeek's deserializer 
 REASONING_EFFORTS = ("low", "high", "max", "minimal", "medium", "xhigh", "ultra", "none")
 
 
-def rule_thinking_params(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem]:
+def rule_thinking_params(req: ChatCompletionRequest, ctx: ChatContext) -> Iterator[Problem]:
     if req.thinking is not None and req.thinking.type not in (*THINKING_TYPES, None):
         yield Problem("invalid_thinking", "thinking.type",
                       f"Invalid 'thinking.type': '{req.thinking.type}'. Use \"enabled\", \"disabled\" or "
@@ -501,7 +474,7 @@ def rule_thinking_params(req: ChatCompletionRequest, ctx: RuleContext) -> Iterat
                       "(minimal, medium, xhigh, ultra and none are mapped by DeepSeek).", "R36")
 
 
-def rule_thinking_conflict(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem]:
+def rule_thinking_conflict(req: ChatCompletionRequest, ctx: ChatContext) -> Iterator[Problem]:
     """R41: DeepSeek refused thinking disabled together with an effort (Apr-Jun 2026), maybe not since."""
     effort = req.reasoning_effort
     if req.thinking is None or req.thinking.type != "disabled" or effort is None or effort == "none":
@@ -512,7 +485,7 @@ def rule_thinking_conflict(req: ChatCompletionRequest, ctx: RuleContext) -> Iter
                   "nothing without thinking) or set it to \"none\".", "R41", warning=not ctx.strict)
 
 
-def rule_tool_choice_thinking(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem]:
+def rule_tool_choice_thinking(req: ChatCompletionRequest, ctx: ChatContext) -> Iterator[Problem]:
     forced = req.tool_choice == "required" or (
         req.tool_choice is not None and not isinstance(req.tool_choice, str)
         and req.tool_choice.type == "function" and req.tool_choice.function is not None)
@@ -526,7 +499,7 @@ def rule_tool_choice_thinking(req: ChatCompletionRequest, ctx: RuleContext) -> I
 # --- legacy deepseek-reasoner (R18-R20), behind validation.legacy_reasoner_rules ---------
 
 
-def rule_legacy_reasoner(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem]:
+def rule_legacy_reasoner(req: ChatCompletionRequest, ctx: ChatContext) -> Iterator[Problem]:
     if not (ctx.profile.legacy_reasoner and ctx.options.legacy_reasoner_rules):
         return
     for i, msg in enumerate(req.messages):
@@ -583,7 +556,7 @@ def _reasoner_order(req: ChatCompletionRequest) -> Iterator[Problem]:
 # --- prefix completion (R21) ------------------------------------------------------
 
 
-def rule_prefix(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem]:
+def rule_prefix(req: ChatCompletionRequest, ctx: ChatContext) -> Iterator[Problem]:
     last = len(req.messages) - 1
     for i, msg in ctx.index.assistants:
         if not msg.get("prefix"):
@@ -601,7 +574,7 @@ def rule_prefix(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Proble
 # --- response format (R23, R24) -------------------------------------------------------
 
 
-def rule_response_format(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem]:
+def rule_response_format(req: ChatCompletionRequest, ctx: ChatContext) -> Iterator[Problem]:
     fmt = req.response_format
     if fmt is None:
         return
@@ -627,28 +600,21 @@ def _mentions_json(msg: Message) -> bool:
 # --- sampling and output parameters (R25-R29, R35, R37, R38) ------------------------------
 
 
-def _range(name: str, value: float | None, lo: float, hi: float, rule: str,
-           code: str = "out_of_range") -> Iterator[Problem]:
-    if value is not None and not lo <= value <= hi:
-        yield Problem(code, name, f"Invalid '{name}': expected a value in [{lo:g}, {hi:g}], got "
-                                  f"{value:g}.", rule)
-
-
-def rule_sampling(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem]:
+def rule_sampling(req: ChatCompletionRequest, ctx: ChatContext) -> Iterator[Problem]:
     # In thinking mode DeepSeek ignores these (docs/rules-chat.md, R25); whether it still range-checks them is
     # unknown.
     if not ctx.thinking or ctx.strict:
-        yield from _range("temperature", req.temperature, 0, 2, "R25")
-        yield from _range("top_p", req.top_p, 0, 1, "R25")
+        yield from in_range("temperature", req.temperature, 0, 2, "R25")
+        yield from in_range("top_p", req.top_p, 0, 1, "R25")
     if ctx.strict:  # deprecated and ignored by DeepSeek today (docs/rules-chat.md, R26)
-        yield from _range("frequency_penalty", req.frequency_penalty, -2, 2, "R26")
-        yield from _range("presence_penalty", req.presence_penalty, -2, 2, "R26")
+        yield from in_range("frequency_penalty", req.frequency_penalty, -2, 2, "R26")
+        yield from in_range("presence_penalty", req.presence_penalty, -2, 2, "R26")
 
 
-def rule_max_tokens(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem]:
+def rule_max_tokens(req: ChatCompletionRequest, ctx: ChatContext) -> Iterator[Problem]:
     top = ctx.profile.max_tokens_max
     if req.max_tokens is not None and not 1 <= req.max_tokens <= top:
-        bound = f"[1, {top}]" if ctx.known_model else "[1, …]"
+        bound = f"[1, {top}]" if ctx.known else "[1, …]"
         yield Problem("max_tokens_out_of_range", "max_tokens",
                       f"Invalid max_tokens value, the valid range of max_tokens is {bound} for model "
                       f"'{req.model}'; got {req.max_tokens}.", "R27")
@@ -657,21 +623,21 @@ def rule_max_tokens(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Pr
 STOP_MAX = 16
 
 
-def rule_stop(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem]:
+def rule_stop(req: ChatCompletionRequest, ctx: ChatContext) -> Iterator[Problem]:
     if isinstance(req.stop, list) and len(req.stop) > STOP_MAX:
         yield Problem("too_many_stop_sequences", "stop",
                       f"Invalid 'stop': {len(req.stop)} sequences; DeepSeek accepts up to {STOP_MAX}.", "R28")
 
 
-def rule_stream_options(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem]:
+def rule_stream_options(req: ChatCompletionRequest, ctx: ChatContext) -> Iterator[Problem]:
     if req.stream_options is not None and req.stream is not True:
         yield Problem("stream_options_without_stream", "stream_options",
                       "stream_options should be set along with stream = true. Set \"stream\": true or remove "
                       "'stream_options'.", "R29")
 
 
-def rule_logprobs(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem]:
-    yield from _range("top_logprobs", req.top_logprobs, 0, 20, "R35")
+def rule_logprobs(req: ChatCompletionRequest, ctx: ChatContext) -> Iterator[Problem]:
+    yield from in_range("top_logprobs", req.top_logprobs, 0, 20, "R35")
     if req.top_logprobs is not None and req.logprobs is not True:
         yield Problem("top_logprobs_requires_logprobs", "top_logprobs",
                       "Invalid 'top_logprobs': `logprobs` must be set to true if this parameter is "
@@ -681,7 +647,7 @@ def rule_logprobs(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Prob
 _USER_ID = re.compile(r"^[a-zA-Z0-9_-]+$")
 
 
-def rule_user_id(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem]:
+def rule_user_id(req: ChatCompletionRequest, ctx: ChatContext) -> Iterator[Problem]:
     """R37: over 512 UTF-8 bytes is refused; other characters than DeepSeek recommends are a warning (its
     rate-limit page only recommends them since 2026-11)."""
     user_id = req.user_id
@@ -699,7 +665,7 @@ def rule_user_id(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Probl
                       warning=not ctx.strict)
 
 
-def rule_safety_check(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem]:
+def rule_safety_check(req: ChatCompletionRequest, ctx: ChatContext) -> Iterator[Problem]:
     """R42: `safety_check.level` is high or low (guides/safety, 2026-11)."""
     check = req.safety_check
     if check is not None and check.level is not None and check.level not in SAFETY_LEVELS:
@@ -707,7 +673,7 @@ def rule_safety_check(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[
                       safety_level_message("safety_check.level", check.level), "R42")
 
 
-def rule_n(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem]:
+def rule_n(req: ChatCompletionRequest, ctx: ChatContext) -> Iterator[Problem]:
     if req.n is not None and req.n != 1:
         yield Problem("n_not_supported", "n",
                       f"DeepSeek supports only n = 1; got n = {req.n}. Remove 'n'.", "R38")
@@ -719,7 +685,7 @@ TOOLS_MAX = 128
 _FUNCTION_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 
 
-def rule_tools(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem]:
+def rule_tools(req: ChatCompletionRequest, ctx: ChatContext) -> Iterator[Problem]:
     tools = req.tools or []
     if len(tools) > TOOLS_MAX:
         yield Problem("too_many_tools", "tools",
@@ -753,7 +719,7 @@ def rule_tools(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem
         names.setdefault(name, k)
 
 
-def _other_tool(req: ChatCompletionRequest, ctx: RuleContext, k: int, kind: str) -> Iterator[Problem]:
+def _other_tool(req: ChatCompletionRequest, ctx: ChatContext, k: int, kind: str) -> Iterator[Problem]:
     """R30: DeepSeek's server tools are valid (a warning off deepseek-flash); an unknown type is forwarded."""
     if kind in SERVER_TOOLS:
         note = server_tool_model_note(kind, req.model, ctx.profile.name)
@@ -766,7 +732,7 @@ def _other_tool(req: ChatCompletionRequest, ctx: RuleContext, k: int, kind: str)
                   "R30", warning=not ctx.strict)
 
 
-def rule_strict_tools(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem]:
+def rule_strict_tools(req: ChatCompletionRequest, ctx: ChatContext) -> Iterator[Problem]:
     """R32: strict schemas are a Beta feature. Off /beta DeepSeek accepts `strict: true` and does not enforce
     it (docs/rules-chat.md U11): openai-agents and pydantic-ai send it on every tool, so it is forwarded with
     a warning."""
@@ -832,7 +798,7 @@ def strict_schema_problems(schema: Any, path: str) -> Iterator[tuple[str, str]]:
 TOOL_CHOICES = ("none", "auto", "required")
 
 
-def rule_tool_choice(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[Problem]:
+def rule_tool_choice(req: ChatCompletionRequest, ctx: ChatContext) -> Iterator[Problem]:
     choice = req.tool_choice
     if choice is None:
         return
@@ -862,7 +828,7 @@ def rule_tool_choice(req: ChatCompletionRequest, ctx: RuleContext) -> Iterator[P
                       f"tool_choice names function '{choice.function.name}', which is not in 'tools'.", "R33")
 
 
-RULES: tuple[Rule, ...] = (
+RULES: tuple[Rule[ChatCompletionRequest, ChatContext], ...] = (
     rule_model_known,
     rule_messages_not_empty,
     rule_roles,

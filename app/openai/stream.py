@@ -139,7 +139,7 @@ class ChunkMeter:
         return found is not None
 
 
-class StreamMeter(ChunkMeter):
+class ChatStreamMeter(ChunkMeter):
     """The chat stream's meter: its content, reasoning and tool calls kept for estimates; `watcher` (the
     turn collector) sees each batch of lines."""
 

@@ -24,7 +24,7 @@ log = logging.getLogger("chatgate.quotas")
 
 
 @dataclass(slots=True)
-class Ledger:
+class BudgetLedger:
     spent: int
     holds: dict[str, int] = field(default_factory=dict)
     held: int = 0  # the sum of holds
@@ -37,20 +37,22 @@ class Ledger:
 class LocalBudgets:
     def __init__(self, store: LimitStore | None) -> None:
         self.store = store
-        self.ledgers: dict[tuple[str, str], dict[float, Ledger]] = {}  # (scope, subject) -> period start
+        # (scope, subject) -> period start -> its ledger
+        self.ledgers: dict[tuple[str, str], dict[float, BudgetLedger]] = {}
 
-    def known(self, scope: str, subject: str, period_start: float) -> Ledger | None:
+    def known(self, scope: str, subject: str, period_start: float) -> BudgetLedger | None:
         periods = self.ledgers.get((scope, subject))
         return periods.get(period_start) if periods is not None else None
 
-    async def _ledger(self, scope: str, subject: str, period_start: float) -> Ledger:
+    async def _ledger(self, scope: str, subject: str, period_start: float) -> BudgetLedger:
         ledger = self.known(scope, subject, period_start)
         if ledger is None:
             spent = 0
             if self.store is not None:
                 spent = await asyncio.to_thread(self.store.spend, scope, subject, period_start)
             # another request may have seeded it while this one waited
-            ledger = self.ledgers.setdefault((scope, subject), {}).setdefault(period_start, Ledger(spent))
+            ledgers = self.ledgers.setdefault((scope, subject), {})
+            ledger = ledgers.setdefault(period_start, BudgetLedger(spent))
         return ledger
 
     def unbudgeted(self, scope: str, subject: str) -> None:
@@ -111,7 +113,7 @@ LAST_SPENT_KEPT = 10_000  # budgets whose last known spend is kept after their l
 
 
 @dataclass(slots=True)
-class Lease:
+class BudgetLease:
     """This replica's slice of one budget period: `granted` is held in the store under `hold_id`; requests
     in flight (`holds`) and what they spent since the last renewal (`spent`) always fit in it."""
 
@@ -159,7 +161,7 @@ class StoreBudgets:
         self.store = store
         self.hold_seconds = hold_seconds
         self.clock = clock
-        self.leases: dict[tuple[str, str, float], Lease] = {}
+        self.leases: dict[tuple[str, str, float], BudgetLease] = {}
         self.prefix = f"lease:{uuid.uuid4().hex[:16]}:"
         self._count = itertools.count()
         self.flush_errors = 0
@@ -178,13 +180,13 @@ class StoreBudgets:
         for key in [key for key in self.last_spent if key[:2] == (scope, subject)]:
             del self.last_spent[key]
 
-    def _lease(self, hold: Hold) -> Lease:
+    def _lease(self, hold: Hold) -> BudgetLease:
         key = (hold.scope, hold.subject, hold.period_start)
         lease = self.leases.get(key)
         if lease is None:
             # a lease given back leaves its hold behind until it expires: the next one is another
             hold_id = f"{self.prefix}{next(self._count)}:{hold.scope}:{hold.subject}:{hold.period_start:.0f}"
-            lease = self.leases[key] = Lease(hold_id, hold.scope, hold.subject, hold.period_start)
+            lease = self.leases[key] = BudgetLease(hold_id, hold.scope, hold.subject, hold.period_start)
         return lease
 
     async def reserve(self, holds: Sequence[Hold], now: float) -> Hold | None:
@@ -202,18 +204,19 @@ class StoreBudgets:
             raise
 
     @staticmethod
-    def _take(leases: list[Lease], holds: Sequence[Hold], now: float) -> None:
+    def _take(leases: list[BudgetLease], holds: Sequence[Hold], now: float) -> None:
         for lease, hold in zip(leases, holds, strict=True):
             lease.holds[hold.hold_id] = hold.amount_picousd
             lease.used_at = now
 
     @staticmethod
-    def _untake(done: asyncio.Future[Hold | None], leases: list[Lease], holds: Sequence[Hold]) -> None:
+    def _untake(done: asyncio.Future[Hold | None], leases: list[BudgetLease], holds: Sequence[Hold]) -> None:
         if not done.cancelled() and done.exception() is None and done.result() is None:
             for lease, hold in zip(leases, holds, strict=True):
                 lease.holds.pop(hold.hold_id, None)
 
-    async def _reserve_renewing(self, leases: list[Lease], holds: Sequence[Hold], now: float) -> Hold | None:
+    async def _reserve_renewing(self, leases: list[BudgetLease], holds: Sequence[Hold], now: float
+                                ) -> Hold | None:
         """Renew the leases too small for this request, under their locks. `leases` is updated in place
         to the ones the request holds (reserve's cancel path gives those back)."""
         order = sorted(range(len(holds)), key=lambda i: (holds[i].scope, holds[i].subject))
@@ -228,7 +231,8 @@ class StoreBudgets:
             # never be flushed, so the request's cost would be lost. Start over with the live leases.
             leases[:] = live
 
-    async def _renew_locked(self, leases: list[Lease], holds: Sequence[Hold], now: float) -> Hold | None:
+    async def _renew_locked(self, leases: list[BudgetLease], holds: Sequence[Hold], now: float
+                            ) -> Hold | None:
         short = [i for i, (lease, h) in enumerate(zip(leases, holds, strict=True))
                  if not lease.fits(h, now, self.hold_seconds)]
         if short:  # not renewed by another request while this one waited for the locks
@@ -244,7 +248,7 @@ class StoreBudgets:
         self._take(leases, holds, now)
         return None
 
-    async def _renew(self, pairs: list[tuple[Lease, Hold]], now: float) -> Hold | None:
+    async def _renew(self, pairs: list[tuple[BudgetLease, Hold]], now: float) -> Hold | None:
         asks = []
         for lease, hold in pairs:
             keep = lease.keep
@@ -259,7 +263,7 @@ class StoreBudgets:
         return pairs[refused - 1][1] if refused else None
 
     @staticmethod
-    def _granted(lease: Lease, ask: LeaseAsk, grant: LeaseGrant, budget: int) -> None:
+    def _granted(lease: BudgetLease, ask: LeaseAsk, grant: LeaseGrant, budget: int) -> None:
         # requests may have settled while the store answered: only what was sent left `spent`
         lease.spent -= ask.spent_picousd
         lease.flushed += ask.spent_picousd

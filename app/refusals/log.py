@@ -20,7 +20,7 @@ import orjson
 from app.ids import new_id
 from app.refusals.record import (
     MAX_REFUSAL_CHARS,
-    Refusal,
+    RefusalRecord,
     body_text,
     deepseek_problem,
     kept_problems,
@@ -140,9 +140,9 @@ class RefusalLog:
                 log.warning("refusals could not be stored (%s); %d dropped", exc, len(batch))
             self.last_error = str(exc)
 
-    def _refusal(self, p: Pending) -> Refusal:
+    def _refusal(self, p: Pending) -> RefusalRecord:
         found = p.problems if p.problems is not None else deepseek_problem(p.status, p.answer)
         problems = kept_problems(found, self.keep_content)
         body, redacted = body_text(p.body, self.keep_content, MAX_REFUSAL_CHARS - len(orjson.dumps(problems)))
-        return Refusal(new_id(), p.request_id, p.ts, self.replica, p.key_id, p.key_name, p.team, p.route,
-                       p.model, p.status, p.source, rules_of(found), problems, body, redacted)
+        return RefusalRecord(new_id(), p.request_id, p.ts, self.replica, p.key_id, p.key_name, p.team,
+                             p.route, p.model, p.status, p.source, rules_of(found), problems, body, redacted)

@@ -21,7 +21,7 @@ _RUN = re.compile(f"\\S{_LONG}")  # a long value quoted some other way (or holdi
 
 
 @dataclass(frozen=True, slots=True)
-class Refusal:
+class RefusalRecord:
     """A refused request: `source` says who refused it (chatgate's rules, or DeepSeek's answer)."""
 
     refusal_id: str

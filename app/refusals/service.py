@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from app.refusals.record import Refusal
+from app.refusals.record import RefusalRecord
 from app.refusals.store import LIST_MAX, RefusalQuery, RefusalStore, cursor_of
 from app.refusals.view import Checker, marked, would_fix
 from app.repair.base import RepairOptions
@@ -56,7 +56,7 @@ def show_refusal(store: RefusalStore, ident: str, ttl_hours: float, family_of: F
     return out
 
 
-def fix_of(refusal: Refusal, family_of: FamilyOf, repairs: RepairOptions) -> dict[str, Any]:
+def fix_of(refusal: RefusalRecord, family_of: FamilyOf, repairs: RepairOptions) -> dict[str, Any]:
     known = family_of(refusal.route)
     if known is None:
         return {"repairs": [], "problems_left": [], "note": f"no family checks route {refusal.route}"}

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from app.refusals.record import Refusal
+from app.refusals.record import RefusalRecord
 from app.store.sqlite import create_private
 
 COLUMNS = ("refusal_id", "request_id", "ts", "replica", "key_id", "key_name", "team", "route", "model",
@@ -38,7 +38,7 @@ class RefusalQuery:
     after: tuple[float, str] | None = None  # the page after this (ts, refusal_id): a list's `next_cursor`
 
 
-def cursor_of(refusal: Refusal) -> str:
+def cursor_of(refusal: RefusalRecord) -> str:
     return f"{refusal.ts!r}_{refusal.refusal_id}"
 
 
@@ -53,14 +53,14 @@ def parse_cursor(cursor: str) -> tuple[float, str]:
 class RefusalStore(Protocol):
     def migrate(self) -> None: ...
 
-    def insert(self, rows: Sequence[Refusal], replica: str, keep: int, expired_before: float) -> None:
+    def insert(self, rows: Sequence[RefusalRecord], replica: str, keep: int, expired_before: float) -> None:
         """Insert the rows (in one transaction) and keep only the replica's last `keep`; rows older than
         `expired_before` go too."""
 
-    def list(self, query: RefusalQuery, expired_before: float) -> list[Refusal]:
+    def list(self, query: RefusalQuery, expired_before: float) -> list[RefusalRecord]:
         """Newest first."""
 
-    def lookup(self, ident: str, expired_before: float) -> builtins.list[Refusal]:
+    def lookup(self, ident: str, expired_before: float) -> builtins.list[RefusalRecord]:
         """The refusals whose refusal id (chatgate's own) or request id (maybe a client's: several clients
         may send the same one) is `ident`, newest first, at most FIND_MAX."""
 
@@ -78,16 +78,16 @@ def open_refusal_store(url: str) -> RefusalStore:
     raise ValueError("the refusal inspector needs a sqlite:/// or postgresql:// store URL")
 
 
-def _params(r: Refusal) -> tuple[Any, ...]:
+def _params(r: RefusalRecord) -> tuple[Any, ...]:
     rules = "," + ",".join(r.rules) + "," if r.rules else ""  # ,R16,R3, : a rule matches as ,R16,
     return (r.refusal_id, r.request_id, r.ts, r.replica, r.key_id, r.key_name, r.team, r.route, r.model,
             r.status, r.source, rules, orjson.dumps(r.problems).decode(), r.body, bool(r.redacted))
 
 
-def _row(row: Sequence[Any]) -> Refusal:
+def _row(row: Sequence[Any]) -> RefusalRecord:
     (refusal_id, request_id, ts, replica, key_id, key_name, team, route, model, status, source, rules,
      problems, body, redacted) = row
-    return Refusal(refusal_id, request_id, float(ts), replica, key_id, key_name, team, route, model,
+    return RefusalRecord(refusal_id, request_id, float(ts), replica, key_id, key_name, team, route, model,
                    int(status), source, tuple(x for x in str(rules).split(",") if x), orjson.loads(problems),
                    body, bool(redacted))
 
@@ -129,14 +129,14 @@ class _SQL:
                 f"(SELECT ts FROM refusals WHERE replica = {p} "
                 f"ORDER BY ts DESC LIMIT 1 OFFSET {p})")
 
-    def list(self, query: RefusalQuery, expired_before: float) -> list[Refusal]:
+    def list(self, query: RefusalQuery, expired_before: float) -> list[RefusalRecord]:
         where, args = _where(query, expired_before, self.ph, self.find)
         limit = max(1, min(query.limit, LIST_MAX + 1))  # one more: whether there is a next page
         rows = self._execute(f"SELECT {', '.join(COLUMNS)} FROM refusals WHERE {where} "
                              f"ORDER BY ts DESC, refusal_id LIMIT {limit}", args)
         return [_row(r) for r in rows]
 
-    def lookup(self, ident: str, expired_before: float) -> builtins.list[Refusal]:
+    def lookup(self, ident: str, expired_before: float) -> builtins.list[RefusalRecord]:
         p = self.ph
         rows = self._execute(f"SELECT {', '.join(COLUMNS)} FROM refusals "
                              f"WHERE (refusal_id = {p} OR request_id = {p}) AND ts >= {p} "
@@ -190,7 +190,7 @@ class SQLiteRefusals(_SQL):
         for statement in SCHEMA_SQLITE:
             self._execute(statement)
 
-    def insert(self, rows: Sequence[Refusal], replica: str, keep: int, expired_before: float) -> None:
+    def insert(self, rows: Sequence[RefusalRecord], replica: str, keep: int, expired_before: float) -> None:
         try:
             conn = self._conn()
             conn.execute("BEGIN IMMEDIATE")
@@ -279,7 +279,7 @@ class PostgresRefusals(_SQL):
                     conn.execute(statement)
         self._run(work)
 
-    def insert(self, rows: Sequence[Refusal], replica: str, keep: int, expired_before: float) -> None:
+    def insert(self, rows: Sequence[RefusalRecord], replica: str, keep: int, expired_before: float) -> None:
         def work(conn: Any) -> None:
             with conn.transaction(), conn.cursor() as cur:
                 cur.executemany(self.insert_sql(), [_params(r) for r in rows])

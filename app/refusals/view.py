@@ -12,7 +12,7 @@ import orjson
 
 from app.errors import Problem
 from app.profiles import ModelProfile
-from app.refusals.record import Refusal
+from app.refusals.record import RefusalRecord
 from app.repair.base import NAMES, Applied, RepairOptions
 from app.verdict import Verdict
 
@@ -39,7 +39,7 @@ def path_of(param: str | None) -> tuple[str | int, ...]:
     return tuple(steps)
 
 
-def marked(refusal: Refusal) -> str:
+def marked(refusal: RefusalRecord) -> str:
     """The body as indented JSON, each problem's message after the line of the deepest part of its path
     the body has (`<-- R16 code: message`)."""
     try:
@@ -92,7 +92,7 @@ def _render(value: Any, path: tuple[str | int, ...], depth: int, prefix: str, li
         lines.append(f"{pad}{prefix}{orjson.dumps(value).decode()}{comma}{tail}")
 
 
-def would_fix(family: Checker, refusal: Refusal, beta: bool, options: RepairOptions) -> dict[str, Any]:
+def would_fix(family: Checker, refusal: RefusalRecord, beta: bool, options: RepairOptions) -> dict[str, Any]:
     """What `chatgate lint --fix` would repair in the kept body with the repairs configured (redacted strings
     stay cut: a repair that depends on their text may differ on the original), and the problems left after;
     under `opt_in`, what the repairs that are off would add: each with the setting that turns it on, the

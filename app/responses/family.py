@@ -4,26 +4,29 @@ event and metered; errors in the OpenAI shape, so the openai SDKs and Codex rais
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
 
 from app.errors import APIError, Problem
 from app.gateway.family import FamilyBase, NotServed
+from app.metering.cache import PromptShape
 from app.metering.calls import ModelCalls
 from app.metering.usage import TokenCounts
 from app.profiles import ModelProfile
 from app.repair.base import Applied, RepairOptions, Turn
+from app.responses.prompt import RESPONSES_PROMPT
 from app.responses.repairs import reasoning_wanted, repair_responses, turn_of, wanted
-from app.responses.rules import Options, check_body
+from app.responses.rules import check_body
 from app.responses.stream import (
     ResponsesMeter,
-    StreamedTurn,
+    ResponsesStreamedTurn,
     calls_from_response,
     tokens_from_usage,
     turn_from_response,
 )
+from app.rules.models import Policy
 from app.sse import LineWatcher
 from app.verdict import Verdict
 
@@ -55,13 +58,13 @@ class ResponsesFamily(FamilyBase):
     validate_routes: Sequence[tuple[str, bool]] = (("/v1/responses/validate", False),
                                                    ("/responses/validate", False))
     not_served: NotServed = tuple((path, compaction_not_served) for path in COMPACT_PATHS)
+    prompt: PromptShape | None = RESPONSES_PROMPT
 
-    def __init__(self, profiles: Mapping[str, ModelProfile], options: Options) -> None:
-        self.profiles = profiles
-        self.options = options
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
 
     def check(self, body: bytes, *, beta: bool, origin: str | None, parse: object = None) -> Verdict:
-        return check_body(body, self.profiles, self.options, parse)
+        return check_body(body, self.policy, parse)
 
     def repairable(self, found: Sequence[Problem], options: RepairOptions) -> bool:
         return wanted(found, options)
@@ -100,8 +103,8 @@ class ResponsesFamily(FamilyBase):
     def meter(self, watcher: LineWatcher | None = None) -> ResponsesMeter:
         return ResponsesMeter(watcher)
 
-    def stream_turns(self) -> StreamedTurn:
-        return StreamedTurn()
+    def stream_turns(self) -> ResponsesStreamedTurn:
+        return ResponsesStreamedTurn()
 
     def prompt_text(self, data: dict[str, Any]) -> str:
         return prompt_text(data)

@@ -21,7 +21,7 @@ from typing_extensions import TypedDict
 WIRE = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
 
 
-class WireModel(BaseModel):
+class ResponsesWireModel(BaseModel):
     model_config = ConfigDict(**WIRE, frozen=True)
 
 
@@ -32,7 +32,7 @@ ROLES = ("user", "assistant", "system", "developer")  # documented; another role
 
 
 @with_config(WIRE)
-class TextPart(TypedDict):
+class ResponsesTextPart(TypedDict):
     type: Literal["input_text", "output_text"]
     text: str
 
@@ -52,7 +52,7 @@ class RefusalPart(TypedDict):
 
 
 @with_config(WIRE)
-class OtherPart(TypedDict):
+class ResponsesOtherPart(TypedDict):
     """input_file, input_audio, … : P5 says what DeepSeek does with them."""
 
     type: str
@@ -69,8 +69,8 @@ def _part_kind(value: Any) -> str | None:
 
 
 Part = Annotated[
-    Annotated[TextPart, Tag("~text")] | Annotated[ImagePart, Tag("~image")]
-    | Annotated[RefusalPart, Tag("~refusal")] | Annotated[OtherPart, Tag("~other")],
+    Annotated[ResponsesTextPart, Tag("~text")] | Annotated[ImagePart, Tag("~image")]
+    | Annotated[RefusalPart, Tag("~refusal")] | Annotated[ResponsesOtherPart, Tag("~other")],
     Discriminator(_part_kind, custom_error_type="part_type",
                   custom_error_message="a content part must be an object with a 'type'"),
 ]
@@ -257,30 +257,30 @@ Tool = Annotated[
 ]
 
 
-class ToolChoice(WireModel):
+class ResponsesToolChoice(ResponsesWireModel):
     type: str
     name: str | None = None
 
 
-class Reasoning(WireModel):
+class Reasoning(ResponsesWireModel):
     effort: str | None = None
     summary: str | None = None
 
 
-class TextFormat(WireModel):
+class TextFormat(ResponsesWireModel):
     type: str
 
 
-class TextOptions(WireModel):
+class TextOptions(ResponsesWireModel):
     format: TextFormat | None = None
     verbosity: str | None = None
 
 
-class SafetyCheck(WireModel):
+class ResponsesSafetyCheck(ResponsesWireModel):
     level: str | None = None
 
 
-class ResponsesRequest(WireModel):
+class ResponsesRequest(ResponsesWireModel):
     model: str
     input: Input | None = None
     instructions: str | list[Any] | None = None
@@ -290,11 +290,11 @@ class ResponsesRequest(WireModel):
     top_logprobs: int | None = None
     max_output_tokens: int | None = None
     tools: list[Tool] | None = None
-    tool_choice: str | ToolChoice | None = None
+    tool_choice: str | ResponsesToolChoice | None = None
     reasoning: Reasoning | None = None
     text: TextOptions | None = None
     user: str | None = None
-    safety_check: SafetyCheck | None = None
+    safety_check: ResponsesSafetyCheck | None = None
     # Ignored by DeepSeek (stateless): read only to warn (P20), any type accepted.
     previous_response_id: Any = None
     conversation: Any = None

@@ -15,9 +15,9 @@ turn that calls a function needs a reasoning item with non-empty `content` befor
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import pydantic
 
@@ -25,6 +25,8 @@ from app.errors import Problem
 from app.profiles import ModelProfile, generic_profile
 from app.responses.protocol import ITEM_TYPES, ROLES, Item, ResponsesRequest
 from app.responses.type_errors import problems_from_validation_error
+from app.rules.kernel import Ordering, Rule, RuleContext, beside_type_errors, in_range, run_rules
+from app.rules.models import Policy, unknown_model
 from app.surface import (
     SAFETY_LEVELS,
     SERVER_TOOLS,
@@ -36,18 +38,9 @@ from app.surface import (
 from app.verdict import Verdict
 from app.wire import validate_body
 
-UnknownModels = Literal["pass", "reject"]
-# as DeepSeek's model error names them (docs/rules-responses.md, P2)
-SUPPORTED_MODELS = ("deepseek-flash", "deepseek-v4-pro")
 CALLS = ("function_call", "custom_tool_call")
 OUTPUTS = ("function_call_output", "custom_tool_call_output")
 OPENAI_BLOB = "gAAAAA"  # OpenAI's encrypted_content (a Fernet token); DeepSeek's look like d8b79690-…-0
-
-
-@dataclass(frozen=True, slots=True)
-class Options:
-    strict: bool = False
-    unknown_models: UnknownModels = "pass"
 
 
 @dataclass(slots=True)
@@ -117,19 +110,13 @@ def shape_of(items: list[Item]) -> Shape:
     return shape
 
 
-@dataclass(frozen=True, slots=True)
-class Context:
+@dataclass(slots=True)
+class ResponsesContext(RuleContext):
     request: ResponsesRequest
-    profile: ModelProfile
-    known: bool
     thinking: bool  # the request runs in thinking mode, as far as chatgate can tell
     sure: bool  # …and nothing in the body (a chat-style `thinking` switch) makes that uncertain
-    options: Options
     shape: Shape
-
-    @property
-    def strict(self) -> bool:
-        return self.options.strict
+    policy: Policy
 
 
 def is_thinking(req: ResponsesRequest, profile: ModelProfile, known: bool) -> bool:
@@ -140,29 +127,39 @@ def is_thinking(req: ResponsesRequest, profile: ModelProfile, known: bool) -> bo
     return not (req.reasoning is not None and req.reasoning.effort == "none")
 
 
-def check_body(body: bytes, profiles: Mapping[str, ModelProfile], options: Options, parse: object = None
-               ) -> Verdict:
+def check_body(body: bytes, policy: Policy, parse: object = None) -> Verdict:
     """Parse and check a Responses request body (`parse`: R1's, app/wire.py `validate_body`); never raises."""
     try:
         request = validate_body(ResponsesRequest, body, parse)
     except pydantic.ValidationError as exc:
-        return Verdict(problems_from_validation_error(exc))
-    return check_request(request, profiles, options)
+        return _type_errors(exc, body, policy)
+    return check_request(request, policy)
 
 
-def check_request(request: ResponsesRequest, profiles: Mapping[str, ModelProfile], options: Options
-                  ) -> Verdict:
-    configured = profiles.get(request.model)
+def _type_errors(exc: pydantic.ValidationError, body: bytes, policy: Policy) -> Verdict:
+    """The type errors, and what the rules find in the rest of the body (`beside_type_errors`)."""
+    problems = problems_from_validation_error(exc)
+    data = beside_type_errors(exc, body, ("model", "input"))
+    if data is not None:
+        try:
+            rest = ResponsesRequest.model_validate(data)
+        except pydantic.ValidationError:
+            return Verdict(problems)
+        checked = check_request(rest, policy)
+        return Verdict([*problems, *checked.problems], checked.warnings, profile=checked.profile)
+    return Verdict(problems)
+
+
+def check_request(request: ResponsesRequest, policy: Policy) -> Verdict:
+    configured = policy.profiles.get(request.model)
     # deepseek-chat / deepseek-reasoner were retired (2026-07-24) before /responses existed (2026-07-31).
     known = configured is not None and not (configured.non_thinking_only or configured.thinking_only)
     profile = configured if configured is not None and known else generic_profile(request.model)
     thinking = is_thinking(request, profile, known)
     items = request.input if isinstance(request.input, list) else []
-    ctx = Context(request, profile, known, thinking, thinking and request.thinking is None, options,
-                  shape_of(items))
-    found = [p for rule in RULES for p in rule(ctx)]
-    problems = sorted((p for p in found if not p.warning), key=_position)
-    warnings = sorted((p for p in found if p.warning), key=_position)
+    ctx = ResponsesContext(profile, known, policy.options, request, thinking,
+                           thinking and request.thinking is None, shape_of(items), policy)
+    problems, warnings = run_rules(RULES, request, ctx, ORDERING)
     client_tools = any(t["type"] in ("function", "custom") for t in request.tools or ())
     return Verdict(problems, warnings, request.model, request.stream is True, thinking, client_tools,
                    request.max_output_tokens, profile, request=request)
@@ -176,15 +173,7 @@ def item_index(problem: Problem) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def _position(problem: Problem) -> tuple[int, float]:
-    if problem.param == "model":
-        return (0, 0)
-    if problem.order is not None:
-        return (1, problem.order)
-    i = item_index(problem)
-    if i is not None:
-        return (1, i)
-    return (1, -1) if (problem.param or "").startswith("input") else (2, 0)
+ORDERING = Ordering("input")
 
 
 def where(i: int, item: Item) -> str:
@@ -198,18 +187,17 @@ def where(i: int, item: Item) -> str:
 # --- the model and the input (P2, P3) ----------------------------------------------------------------
 
 
-def rule_model(ctx: Context) -> Iterator[Problem]:
-    if ctx.known:
+def rule_model(req: ResponsesRequest, ctx: ResponsesContext) -> Iterator[Problem]:
+    """P2: deepseek-chat / deepseek-reasoner were retired before /responses existed: not served here."""
+    if ctx.known or req.model in ctx.policy.extra_models:
         return
-    model = ctx.request.model
-    yield Problem("model_not_found", "model",
-                  f"The supported API model names are {', '.join(SUPPORTED_MODELS)}, but you passed {model}. "
-                  "(chatgate knows no model of this name that serves /responses: DeepSeek answers unknown "
-                  "names with 400; set validation.unknown_models = \"reject\" to refuse them here.)", "P2",
-                  warning=ctx.options.unknown_models != "reject")
+    served = [name for name in ctx.policy.suggestions() if name != "deepseek-v4-flash-vision-exp"]
+    yield unknown_model(req.model, "responses", "P2", served, ctx.options,
+                        f"The supported API model names are deepseek-flash, deepseek-v4-pro, but you passed "
+                        f"{req.model}.", doubt=req.model in ctx.policy.profiles)
 
 
-def rule_input(ctx: Context) -> Iterator[Problem]:
+def rule_input(req: ResponsesRequest, ctx: ResponsesContext) -> Iterator[Problem]:
     value = ctx.request.input
     if value is None:
         yield Problem("missing_input", "input",
@@ -224,7 +212,7 @@ def rule_input(ctx: Context) -> Iterator[Problem]:
 # --- messages and content (P4, P5, P6) ------------------------------------------------------------------
 
 
-def rule_messages(ctx: Context) -> Iterator[Problem]:
+def rule_messages(req: ResponsesRequest, ctx: ResponsesContext) -> Iterator[Problem]:
     for i in ctx.shape.kept:
         item = ctx.shape.items[i]
         if ctx.shape.kinds[i] != "message":
@@ -245,7 +233,7 @@ def rule_messages(ctx: Context) -> Iterator[Problem]:
             yield from _part(ctx, i, item, j, part, role)
 
 
-def _part(ctx: Context, i: int, item: Item, j: int, part: Any, role: str,
+def _part(ctx: ResponsesContext, i: int, item: Item, j: int, part: Any, role: str,
           param: str | None = None) -> Iterator[Problem]:
     kind = part["type"]
     param = param or f"input[{i}].content[{j}]"
@@ -269,7 +257,7 @@ def _part(ctx: Context, i: int, item: Item, j: int, part: Any, role: str,
                       warning=not ctx.strict)
 
 
-def rule_output_parts(ctx: Context) -> Iterator[Problem]:
+def rule_output_parts(req: ResponsesRequest, ctx: ResponsesContext) -> Iterator[Problem]:
     """P5/P6 inside tool outputs: images are allowed there (on vision models)."""
     for i in ctx.shape.kept:
         item = ctx.shape.items[i]
@@ -281,7 +269,7 @@ def rule_output_parts(ctx: Context) -> Iterator[Problem]:
 # --- calls and their outputs (P7, P8, P9, P10) -----------------------------------------------------------
 
 
-def rule_call_ids(ctx: Context) -> Iterator[Problem]:
+def rule_call_ids(req: ResponsesRequest, ctx: ResponsesContext) -> Iterator[Problem]:
     seen: dict[str, int] = {}
     for i in ctx.shape.kept:
         item = ctx.shape.items[i]
@@ -310,7 +298,7 @@ def rule_call_ids(ctx: Context) -> Iterator[Problem]:
                           warning=kind != "function_call_output" and not ctx.strict)
 
 
-def rule_outputs(ctx: Context) -> Iterator[Problem]:
+def rule_outputs(req: ResponsesRequest, ctx: ResponsesContext) -> Iterator[Problem]:
     """P9: every output answers a call; a second output for the same call is an inference (warned)."""
     shape = ctx.shape
     for call_id, outputs in shape.outputs.items():
@@ -332,7 +320,7 @@ def rule_outputs(ctx: Context) -> Iterator[Problem]:
 _HARD_GAP = ("reasoning", "function_call_output", "custom_tool_call_output")
 
 
-def rule_adjacency(ctx: Context) -> Iterator[Problem]:
+def rule_adjacency(req: ResponsesRequest, ctx: ResponsesContext) -> Iterator[Problem]:
     """P10: "No tool output found for tool call …": DeepSeek wants the outputs of a batch of calls directly
     after it; a user/developer/system message or a reasoning item in between fails (observed), other
     assistant-side items in between may merge into the same turn (uncertain: warned)."""
@@ -389,7 +377,7 @@ def has_reasoning_text(item: Item) -> bool:
     return isinstance(content, list) and any(isinstance(p.get("text"), str) and p["text"] for p in content)
 
 
-def rule_reasoning(ctx: Context) -> Iterator[Problem]:
+def rule_reasoning(req: ResponsesRequest, ctx: ResponsesContext) -> Iterator[Problem]:
     """P11: in thinking mode with tools, each assistant turn that calls a tool needs a reasoning item with
     non-empty `content` before its calls (an empty text and a summary-only item are refused too:
     docs/rules-responses.md, P11)."""
@@ -431,7 +419,7 @@ def rule_reasoning(ctx: Context) -> Iterator[Problem]:
 _FUNCTION_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,128}$")
 
 
-def rule_tools(ctx: Context) -> Iterator[Problem]:
+def rule_tools(req: ResponsesRequest, ctx: ResponsesContext) -> Iterator[Problem]:
     names: dict[str, int] = {}
     for k, tool in enumerate(ctx.request.tools or ()):
         kind = tool["type"]
@@ -476,7 +464,7 @@ IGNORED_TOOLS = frozenset({"file_search", "code_interpreter", "mcp"})  # DOC-res
 TOOL_CHOICES = ("none", "auto", "required")
 
 
-def rule_tool_choice(ctx: Context) -> Iterator[Problem]:
+def rule_tool_choice(req: ResponsesRequest, ctx: ResponsesContext) -> Iterator[Problem]:
     choice = ctx.request.tool_choice
     if choice is None:
         return
@@ -513,7 +501,7 @@ def rule_tool_choice(ctx: Context) -> Iterator[Problem]:
                   "function, web_search).", "P14", warning=not ctx.strict)
 
 
-def _forced(ctx: Context, what: str) -> Iterator[Problem]:
+def _forced(ctx: ResponsesContext, what: str) -> Iterator[Problem]:
     if ctx.thinking:
         yield Problem("tool_choice_in_thinking", "tool_choice",
                       f"tool_choice forces {what} while model '{ctx.request.model}' thinks; DeepSeek's chat "
@@ -529,7 +517,7 @@ EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 TEXT_FORMATS = ("text", "json_object", "json_schema")
 
 
-def rule_parameters(ctx: Context) -> Iterator[Problem]:
+def rule_parameters(req: ResponsesRequest, ctx: ResponsesContext) -> Iterator[Problem]:
     req = ctx.request
     if req.user is not None:
         yield from _user(req.user, ctx)
@@ -540,9 +528,9 @@ def rule_parameters(ctx: Context) -> Iterator[Problem]:
     # No effect in thinking mode (docs/rules-responses.md); whether DeepSeek range-checks them then is
     # unknown.
     if not ctx.thinking or ctx.strict:
-        yield from _range("temperature", req.temperature, 0, 2)
-        yield from _range("top_p", req.top_p, 0, 1)
-    yield from _range("top_logprobs", req.top_logprobs, 0, 20)
+        yield from in_range("temperature", req.temperature, 0, 2, "P16")
+        yield from in_range("top_p", req.top_p, 0, 1, "P16")
+    yield from in_range("top_logprobs", req.top_logprobs, 0, 20, "P16")
     top = ctx.profile.max_tokens_max
     if req.max_output_tokens is not None and not 1 <= req.max_output_tokens <= top:
         bound = f"[1, {top}]" if ctx.known else "[1, …]"
@@ -563,7 +551,7 @@ def rule_parameters(ctx: Context) -> Iterator[Problem]:
     yield from _stateless(req)
 
 
-def _user(user: str, ctx: Context) -> Iterator[Problem]:
+def _user(user: str, ctx: ResponsesContext) -> Iterator[Problem]:
     """P15: over 512 UTF-8 bytes is refused; other characters than DeepSeek recommends are a warning (the
     character set is only recommended since 2026-11)."""
     size = user_id_too_long(user)
@@ -576,12 +564,6 @@ def _user(user: str, ctx: Context) -> Iterator[Problem]:
                       "'user' has characters other than the letters, digits, '_' and '-' DeepSeek recommends "
                       "(or is empty); forwarded, DeepSeek accepts up to 512 UTF-8 bytes.", "P15",
                       warning=not ctx.strict)
-
-
-def _range(name: str, value: float | None, lo: float, hi: float) -> Iterator[Problem]:
-    if value is not None and not lo <= value <= hi:
-        yield Problem("out_of_range", name, f"Invalid '{name}': expected a value in [{lo:g}, {hi:g}], got "
-                                            f"{value:g}.", "P16")
 
 
 def _stateless(req: ResponsesRequest) -> Iterator[Problem]:
@@ -615,7 +597,7 @@ IGNORED_HINTS = {
 }
 
 
-def rule_ignored_items(ctx: Context) -> Iterator[Problem]:
+def rule_ignored_items(req: ResponsesRequest, ctx: ResponsesContext) -> Iterator[Problem]:
     seen: dict[str, list[int]] = {}
     for i, kind in enumerate(ctx.shape.kinds):
         # DeepSeek's own output items (its server tools' results, shape not documented) are passed back as
@@ -630,7 +612,7 @@ def rule_ignored_items(ctx: Context) -> Iterator[Problem]:
                       f"not see it.{hint}", "P21", warning=True)
 
 
-def rule_encrypted_content(ctx: Context) -> Iterator[Problem]:
+def rule_encrypted_content(req: ResponsesRequest, ctx: ResponsesContext) -> Iterator[Problem]:
     foreign = [i for i in ctx.shape.kept if ctx.shape.kinds[i] == "reasoning"
                and str(ctx.shape.items[i].get("encrypted_content") or "").startswith(OPENAI_BLOB)]
     if foreign:
@@ -642,8 +624,7 @@ def rule_encrypted_content(ctx: Context) -> Iterator[Problem]:
                       "to stop sending it).", "P22", warning=True)
 
 
-Rule = Any
-RULES: tuple[Rule, ...] = (
+RULES: tuple[Rule[ResponsesRequest, ResponsesContext], ...] = (
     rule_model, rule_input, rule_messages, rule_output_parts, rule_call_ids, rule_outputs, rule_adjacency,
     rule_reasoning, rule_tools, rule_tool_choice, rule_parameters, rule_ignored_items, rule_encrypted_content,
 )

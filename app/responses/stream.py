@@ -184,7 +184,7 @@ class ResponsesMeter:
             self.model = response["model"]
 
 
-class StreamedTurn:
+class ResponsesStreamedTurn:
     """Collects the calls and reasoning items of a relayed stream from its `response.output_item.done` lines
     (each carries a whole item), in the lines its meter takes; the reasoning text of the meter stands in
     where no reasoning item came."""

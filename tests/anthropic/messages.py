@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from app.anthropic.rules import Options, check_body
-from app.profiles import DEFAULT_PROFILES
+from app.anthropic.rules import check_body
+from app.rules.kernel import CheckOptions, UnknownModels
+from app.rules.models import Policy
 from app.verdict import Verdict
 
 Block = dict[str, Any]
@@ -65,9 +66,10 @@ def loop(rounds: int = 1, keep_thinking: bool = True) -> list[Message]:
     return msgs
 
 
-def check(req: dict[str, Any] | bytes, *, strict: bool = False, unknown_models: str = "pass") -> Verdict:
+def check(req: dict[str, Any] | bytes, *, strict: bool = False, unknown_models: UnknownModels = "reject"
+          ) -> Verdict:
     body = req if isinstance(req, bytes) else json.dumps(req).encode()
-    return check_body(body, dict(DEFAULT_PROFILES), Options(strict=strict, unknown_models=unknown_models))
+    return check_body(body, Policy(options=CheckOptions(strict=strict, unknown_models=unknown_models)))
 
 
 def summary(verdict: Verdict) -> list[tuple[str, str | None, str | None]]:

@@ -191,9 +191,13 @@ def test_server_tools_other_than_web_search_warn_a17() -> None:
 
 def test_model_names_a18_a19() -> None:
     assert warned(check(request([user()], model="deepseek-v4-pro[1m]"))) == [("model_suffix", "model", "A19")]
-    assert warned(check(request([user()], model="gpt-4o"))) == [("model_not_found", "model", "A18")]
-    assert summary(check(request([user()], model="gpt-4o"), unknown_models="reject")) == [
+    refused = check(request([user()], model="gpt-4o"))
+    assert summary(refused) == [("model_not_found", "model", "A18")]
+    assert "did you mean 'deepseek-flash'" in refused.problems[0].message
+    assert warned(check(request([user()], model="gpt-4o"), unknown_models="warn")) == [
         ("model_not_found", "model", "A18")]
+    for name in ("claude-sonnet-5-0", "claude-something-new", "deepseek-v4-flash"):  # DeepSeek maps claude*
+        assert summary(check(request([user()], model=name))) == []
     for name in ("claude-opus-4-1", "claude-haiku-4-5", "deepseek-flash", "deepseek-v4-pro"):
         verdict = check(request([user()], model=name))
         assert summary(verdict) == [] == warned(verdict)
@@ -298,3 +302,10 @@ def test_a_client_tool_needs_its_name_and_a_new_type_may_have_none_a17() -> None
         ("missing_required_parameter", "tools[0].name", "A17")]
     verdict = check(request([user()], tools=[{"type": "memory_20270101"}]))
     assert summary(verdict) == [] and warned(verdict) == [("unsupported_server_tool", "tools[0].type", "A17")]
+
+
+def test_a_type_error_does_not_hide_the_other_problems() -> None:
+    """Issue 50 item 8: a top-level field's type error is listed with what the rules find in the rest."""
+    verdict = check(request([user()], model="gpt-4o", temperature="hot"))
+    assert [(p.code, p.param) for p in verdict.problems] == [("invalid_type", "temperature"),
+                                                              ("model_not_found", "model")]

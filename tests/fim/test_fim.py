@@ -15,13 +15,14 @@ from app.fim.family import FimFamily, not_on_beta, prompt_text
 from app.fim.rules import check_fim
 from app.fim.stream import FimStreamMeter
 from app.metering.usage import TokenCounts
-from app.openai.rules import Policy, ValidationOptions
 from app.repair.base import RepairOptions
+from app.rules.kernel import CheckOptions
+from app.rules.models import Policy
 from tests.metering.test_pricing_usage import DEEPSEEK_USAGE
 
 DROP = object()
-STRICT = Policy(options=ValidationOptions(strict=True))
-REJECT_UNKNOWN = Policy(options=ValidationOptions(unknown_models="reject"))
+STRICT = Policy(options=CheckOptions(strict=True))
+REJECT_UNKNOWN = Policy(options=CheckOptions(unknown_models="reject"))
 
 
 def fim_body(**changes: Any) -> dict[str, Any]:
@@ -79,7 +80,6 @@ VALID: list[Any] = [
                  id="F14-unknown-and-deprecated-fields"),
     pytest.param(fim_body(thinking={"type": "disabled"}, reasoning_effort="none"), id="F12-thinking-off"),
     pytest.param(fim_body(thinking="on"), id="F12-thinking-not-an-object-is-ignored"),
-    pytest.param(fim_body(model="some-future-model"), id="F3-unknown-model-passes-by-default"),
 ]
 
 
@@ -133,11 +133,15 @@ def test_every_problem_is_listed() -> None:
                                                      ("temperature", "F10"), ("top_p", "F10")]
 
 
-def test_f3_unknown_model_is_refused_when_configured() -> None:
+def test_f3_unknown_model_is_refused() -> None:
     problem = only(check_fim(raw(fim_body(model="deepseek-coder")), REJECT_UNKNOWN).problems)
     assert (problem.code, problem.param, problem.rule) == ("model_not_found", "model", "F3")
     assert "deepseek-flash" in problem.message
     assert check_fim(raw(fim_body()), REJECT_UNKNOWN).problems == []
+    extra = Policy(extra_models=frozenset({"some-future-model"}))
+    assert check_fim(raw(fim_body(model="some-future-model")), extra).problems == []
+    warn = Policy(options=CheckOptions(unknown_models="warn"))
+    assert [p.rule for p in check_fim(raw(fim_body(model="deepseek-coder")), warn).warnings] == ["F3"]
 
 
 @pytest.mark.parametrize("value", [4097, 8192, 10**6])

@@ -181,6 +181,16 @@ def test_validate_endpoint_returns_the_400_without_forwarding(client: httpx2.Cli
     assert upstream.seen == []
 
 
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/chat/completions/validate"])
+def test_a_model_deepseek_does_not_serve_is_refused_with_the_one_to_use(
+        client: httpx2.Client, upstream: MockUpstream, path: str) -> None:
+    """Issue 50 item 7: DeepSeek would answer "Model Not Exist" with param null; chatgate names the model."""
+    error = assert_openai_error(post_chat(client, path, orjson.dumps(chat_body(model="gpt-4o"))), 400)
+    assert (error["code"], error["param"]) == ("model_not_found", "model")
+    assert "did you mean 'deepseek-flash'" in error["message"] and error["problems"][0]["rule"] == "R3"
+    assert upstream.seen == []
+
+
 STRICT_TOOL = {"type": "function", "function": {
     "name": "lookup", "strict": True,
     "parameters": {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"],

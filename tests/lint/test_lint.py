@@ -17,7 +17,7 @@ import pytest
 
 from app.cli import main
 from app.lint import run_lint
-from app.openai.rules import Policy
+from app.rules.models import Policy
 from tests.harness import REPO_ROOT
 
 GOOD = {
@@ -224,15 +224,17 @@ def test_missing_or_empty_file_is_a_problem(tmp_path: Path, capsys: pytest.Captu
 
 
 def test_lint_applies_the_configured_policy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """validation.unknown_models = "reject" in the config file: an unknown model is flagged by lint too."""
+    """The config file's validation settings apply to lint: a model DeepSeek does not serve is refused by
+    default, and passes when the configuration names it (validation.extra_models) or only warns."""
     body = tmp_path / "request.json"
     body.write_text(json.dumps({**GOOD, "model": "gpt-4o"}))
-    assert lint(capsys, body)[0] == 0  # default policy: unknown models pass
-    config = tmp_path / "chatgate.toml"
-    config.write_text('[validation]\nunknown_models = "reject"\n')
-    code = main(["lint", "--config", str(config), str(body)])
-    out = capsys.readouterr().out
-    assert code == 1 and f"{body}:1: model: " in out
+    code, out = lint(capsys, body)
+    assert code == 1 and f"{body}:1: model: " in out and "did you mean 'deepseek-flash'" in out
+    for setting in ('extra_models = ["gpt-4o"]', 'unknown_models = "warn"'):
+        config = tmp_path / "chatgate.toml"
+        config.write_text(f"[validation]\n{setting}\n")
+        assert main(["lint", "--config", str(config), str(body)]) == 0, setting
+        capsys.readouterr()
 
 
 def test_bom_and_crlf_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -8,20 +8,20 @@ from typing import Any
 
 import orjson
 
+from app.anthropic.prompt import MESSAGES_PROMPT, parts_anthropic
 from app.gateway.checking import check_now
 from app.gateway.strict import parse_strictly
 from app.metering.cache import (
-    CHAT,
     MAX_CUTS,
     PRINT_OVERHEAD,
     Advisor,
     PrefixMemory,
-    parts_anthropic,
-    parts_chat,
-    parts_responses,
+    PromptShape,
 )
 from app.openai.chat import ChatFamily
+from app.openai.prompt import CHAT_PROMPT, parts_chat
 from app.openai.protocol import ChatCompletionRequest
+from app.responses.prompt import RESPONSES_PROMPT, parts_responses
 from app.settings import Settings
 from app.wire import validate_body
 
@@ -127,15 +127,15 @@ def test_the_memory_is_bounded_per_caller_and_in_all() -> None:
 def test_off_records_nothing_and_a_body_that_is_not_json_data_is_no_error() -> None:
     assert Advisor(False, 8, 1 << 20).memory is None
     advisor = Advisor(True, 8, 1 << 20)
-    assert advisor.assess("/beta/completions", "c", None, dict, 100, 0, "r") is None  # FIM: no advice
-    assert advisor.assess("/chat/completions", "c", None, lambda: {"messages": ["not an object"]}, 100, 0,
+    assert advisor.assess(None, "c", None, dict, 100, 0, "r") is None  # FIM: no advice
+    assert advisor.assess(CHAT_PROMPT, "c", None, lambda: {"messages": ["not an object"]}, 100, 0,
                           "r") is None
 
 
 # --- parts from the body's bytes (PrefixMemory.extend): the same hashes as parts made from the request ----
 
 
-def _replay(bodies: list[bytes], route: str = "/chat/completions") -> tuple[Advisor, list[Any]]:
+def _replay(bodies: list[bytes], route: PromptShape = CHAT_PROMPT) -> tuple[Advisor, list[Any]]:
     """Each body assessed twice over: from its bytes (as the gateway does) and from its parse alone."""
     from_bytes, from_request = Advisor(True, 8, 1 << 24), Advisor(True, 8, 1 << 24)
     found = []
@@ -201,12 +201,12 @@ def test_the_other_families_reuse_hashes_from_bytes_too() -> None:
     msgs = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"q{i}"} for i in range(7)]
     anthropic = [{"model": "m", "system": "s", "tools": TOOLS, "messages": msgs[:n]} for n in (1, 3, 5)]
     anthropic.append({**anthropic[-1], "system": "s2", "messages": msgs})
-    advisor, found = _replay([_dump(b) for b in anthropic], "/anthropic/v1/messages")
+    advisor, found = _replay([_dump(b) for b in anthropic], MESSAGES_PROMPT)
     assert [f.param if f else None for f in found] == [None, None, None, "system"]
     assert advisor.memory is not None and len(advisor.memory._callers["c"][2].raw.cuts) == 3
     responses = [{"model": "m", "instructions": "i", "input": msgs[:n]} for n in (1, 3, 5)]
     responses.append({"model": "m", "instructions": "i", "input": "a string"})
-    advisor, found = _replay([_dump(b) for b in responses], "/responses")
+    advisor, found = _replay([_dump(b) for b in responses], RESPONSES_PROMPT)
     assert found == [None] * 4
     assert advisor.memory is not None and len(advisor.memory._callers["c"][2].raw.cuts) == 3
 
@@ -228,7 +228,7 @@ def test_the_gateways_check_hands_its_parse_to_the_advisor_which_then_reads_byte
         checked = check_now(family, body, False, None)
         verdict, parsed = checked.verdict, checked.parse
         assert not verdict.problems and parsed is not None
-        advisor.assess("/chat/completions", "c", verdict.request, dict, 1000, 0, f"r{i}", body, parsed)
+        advisor.assess(CHAT_PROMPT, "c", verdict.request, dict, 1000, 0, f"r{i}", body, parsed)
     assert advisor.memory is not None
     assert [len(p.raw.cuts) if p.raw else 0 for p in advisor.memory._callers["c"]] == [1, 2, 2, 3]
 
@@ -250,7 +250,7 @@ def test_a_body_too_large_to_parse_twice_is_sketched_from_its_bytes_when_it_repe
         def parse(raw: bytes = raw, i: int = i) -> dict[str, Any]:
             parses.append(i)
             return orjson.loads(raw)  # type: ignore[no-any-return]
-        found.append(advisor.assess("/chat/completions", "c", None, parse, 4000 + 100 * i, 500, f"r{i}", raw))
+        found.append(advisor.assess(CHAT_PROMPT, "c", None, parse, 4000 + 100 * i, 500, f"r{i}", raw))
     assert found == expected
     assert [f.param if f else None for f in found] == [None, None, None, None, "messages[0].content", None]
     assert parses == [0, 4]  # the first body, and the one whose system prompt changed
@@ -261,13 +261,13 @@ def test_a_body_too_large_to_parse_twice_is_sketched_from_its_bytes_when_it_repe
 def test_bytes_between_a_head_and_a_tail_that_are_not_whole_items_are_parsed_as_a_request() -> None:
     first = _dump(chat(n=3))
     memory = PrefixMemory(8, 1 << 24)
-    sketch = memory.sketch("c", CHAT, orjson.loads(first), first, orjson.loads(first))
+    sketch = memory.sketch("c", CHAT_PROMPT, orjson.loads(first), first, orjson.loads(first))
     assert sketch is not None and sketch.raw is not None
     memory.settle("c", sketch, 1000, 0, "r0")
     head = sketch.raw.head
     # the same head and tail around bytes that close the list and open another: not items appended
     odd = first[:head] + b',{"role":"user","content":"x"}],"x":[{"a":1}' + first[head:]
-    assert memory.sketch("c", CHAT, None, odd) is None
+    assert memory.sketch("c", CHAT_PROMPT, None, odd) is None
 
 
 def test_requests_settled_in_another_order_than_they_were_sketched() -> None:
@@ -275,12 +275,12 @@ def test_requests_settled_in_another_order_than_they_were_sketched() -> None:
     what is remembered when it is settled, and its sketch still reuses the hashes it was made from."""
     memory = PrefixMemory(8, 1 << 24)
     first = _dump(chat(n=3))
-    opening = memory.sketch("c", CHAT, orjson.loads(first), first, orjson.loads(first))
+    opening = memory.sketch("c", CHAT_PROMPT, orjson.loads(first), first, orjson.loads(first))
     assert opening is not None
     memory.settle("c", opening, 1000, 0, "r0")
     longer, rewritten = _dump(chat(n=5)), _dump(chat("Now: 12:01. You are terse.", n=7))
-    a = memory.sketch("c", CHAT, orjson.loads(longer), longer, orjson.loads(longer))
-    b = memory.sketch("c", CHAT, orjson.loads(rewritten), rewritten, orjson.loads(rewritten))
+    a = memory.sketch("c", CHAT_PROMPT, orjson.loads(longer), longer, orjson.loads(longer))
+    b = memory.sketch("c", CHAT_PROMPT, orjson.loads(rewritten), rewritten, orjson.loads(rewritten))
     assert a is not None and b is not None and a.like is not None and b.like is None
     found_b = memory.settle("c", b, 1400, 0, "r2")
     assert found_b is not None and found_b.param == "messages[0].content"
@@ -290,7 +290,7 @@ def test_requests_settled_in_another_order_than_they_were_sketched() -> None:
     assert memory._callers["c"][-1].hashes == parts_chat(orjson.loads(longer)).hashes
     tools = memory._callers["c"][0].tools
     assert len(tools) == len(TOOLS)
-    again = memory.sketch("c", CHAT, orjson.loads(longer), longer)
+    again = memory.sketch("c", CHAT_PROMPT, orjson.loads(longer), longer)
     assert again is not None and again.like is memory._callers["c"][-1]
     memory._callers.clear()  # the caller forgotten between a sketch and its settlement
     memory.bytes = 0
@@ -307,7 +307,7 @@ def test_the_callers_last_body_again_is_its_own_sketch_and_changes_only_its_toke
     memory = PrefixMemory(3, 1 << 24)
     sketches = []
     for i in range(6):
-        sketch = memory.sketch("c", CHAT, orjson.loads(body), body, orjson.loads(body))
+        sketch = memory.sketch("c", CHAT_PROMPT, orjson.loads(body), body, orjson.loads(body))
         assert sketch is not None
         sketches.append(sketch)
         assert memory.settle("c", sketch, 1000 + i, 900, f"r{i}") is None
@@ -322,9 +322,9 @@ def test_the_callers_last_body_again_is_its_own_sketch_and_changes_only_its_toke
     assert memory.bytes == sum(p.size for p in prints)
     # a longer body is not taken for the last one: it extends it
     longer = _dump(chat(n=7))
-    grown = memory.sketch("c", CHAT, orjson.loads(longer), longer, orjson.loads(longer))
+    grown = memory.sketch("c", CHAT_PROMPT, orjson.loads(longer), longer, orjson.loads(longer))
     assert grown is not None and grown is not sketches[5] and grown.like is prints[-1]
     assert grown.hashes == parts_chat(orjson.loads(longer)).hashes
     # and a repeat of the caller's last body found by the rule (not the shortcut) is the same finding
     assert memory.settle("c", grown, 1200, 1000, "r6") is None
-    assert memory.sketch("c", CHAT, orjson.loads(body), body).like is prints[-2]  # type: ignore[union-attr]
+    assert memory.sketch("c", CHAT_PROMPT, orjson.loads(body), body).like is prints[-2]  # type: ignore[union-attr]

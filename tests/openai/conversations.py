@@ -10,7 +10,9 @@ import json
 from typing import Any
 
 from app.errors import Problem
-from app.openai.rules import Checked, Policy, ValidationOptions, check_body
+from app.openai.rules import Checked, check_body
+from app.rules.kernel import CheckOptions
+from app.rules.models import Policy
 
 Message = dict[str, Any]
 
@@ -147,12 +149,16 @@ def request(messages: list[Message], model: str = "deepseek-flash", **params: An
 # --- checking ---------------------------------------------------------------------------
 
 
-def policy(*, strict: bool = False, unknown_models: str = "pass", legacy: bool = False) -> Policy:
-    return Policy(options=ValidationOptions(strict=strict, unknown_models=unknown_models,  # type: ignore[arg-type]
-                                            legacy_reasoner_rules=legacy))
+# A model DeepSeek serves that chatgate has no profile for (validation.extra_models): the general rules only
+EXTRA_MODEL = "acme-unknown-model"
 
 
-def check(req: dict[str, Any] | bytes, *, strict: bool = False, unknown_models: str = "pass",
+def policy(*, strict: bool = False, unknown_models: str = "reject", legacy: bool = False) -> Policy:
+    return Policy(options=CheckOptions(strict=strict, unknown_models=unknown_models,  # type: ignore[arg-type]
+                                       legacy_reasoner_rules=legacy), extra_models=frozenset({EXTRA_MODEL}))
+
+
+def check(req: dict[str, Any] | bytes, *, strict: bool = False, unknown_models: str = "reject",
           legacy: bool = False, beta: bool = False, origin: str | None = None) -> Checked:
     body = req if isinstance(req, bytes) else json.dumps(req).encode()
     return check_body(body, policy(strict=strict, unknown_models=unknown_models, legacy=legacy), beta=beta,

@@ -7,8 +7,8 @@ from typing import Any
 import orjson
 import pytest
 
-from app.openai.answers import StreamedTurn, turn_from_completion
-from app.openai.stream import StreamMeter
+from app.openai.answers import ChatStreamedTurn, turn_from_completion
+from app.openai.stream import ChatStreamMeter
 from app.repair.base import Turn
 from app.sse import SCAN_AT
 
@@ -51,11 +51,11 @@ def event(delta: dict[str, Any]) -> bytes:
     return b"data: " + orjson.dumps({"choices": [{"index": 0, "delta": delta}]}) + b"\n\n"
 
 
-def watched(stream: bytes, step: int) -> tuple[StreamedTurn, StreamMeter]:
+def watched(stream: bytes, step: int) -> tuple[ChatStreamedTurn, ChatStreamMeter]:
     """The stream relayed in chunks of `step` bytes through a meter that the turn collector watches, as the
     proxy does."""
-    turns = StreamedTurn()
-    meter = StreamMeter(turns)
+    turns = ChatStreamedTurn()
+    meter = ChatStreamMeter(turns)
     for n in range(0, len(stream), step):
         meter.feed(stream[n:n + step])
     meter.finish()

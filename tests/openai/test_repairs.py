@@ -13,10 +13,11 @@ from hypothesis import strategies as st
 
 from app.openai.chat import ChatFamily
 from app.openai.repairs import HANDLES, repair_chat
-from app.openai.rules import Checked, Policy
+from app.openai.rules import Checked
 from app.profiles import DEFAULT_PROFILES
 from app.repair.base import CATALOG, NAMES, RepairOptions
 from app.repair.loop import REPAIR_PASSES
+from app.rules.models import Policy
 from tests.openai.conversations import TOOLS, assistant, call, calls, check, request, tool, user
 from tests.openai.test_properties import examples
 

@@ -11,7 +11,9 @@ from typing import Any
 
 import pytest
 
+from app.errors import APIError
 from tests.openai.conversations import (
+    EXTRA_MODEL,
     SEARCH_TOOL,
     TOOLS,
     WEATHER_TOOL,
@@ -149,19 +151,38 @@ def test_speed_sanity_1000_messages_with_200_tool_pairs_is_valid() -> None:
 # --- R3 unknown models ----------------------------------------------------------------------
 
 
-def test_unknown_model_passes_general_rules_by_default_r3() -> None:
-    assert_valid(check(request(weather_round(), model="deepseek-v5-preview", tools=TOOLS)))
+def test_a_model_deepseek_does_not_serve_is_refused_with_the_closest_one_r3() -> None:
+    """Issue 50 item 7: DeepSeek answers "Model Not Exist" (param null); chatgate names the model to use."""
+    problem = only_problem(check(request([user()], model="gpt-4o")), "model_not_found", "model", "R3")
+    says(problem, "'gpt-4o'", "did you mean 'deepseek-flash'", "Model Not Exist", "deepseek-v4-pro",
+         "observed as of 2026-03", "validation.extra_models")
+    problem = only_problem(check(request([user()], model="deepseek-v5-preview")), "model_not_found", "model",
+                           "R3")
+    says(problem, "did you mean 'deepseek-v4-pro'")
 
 
-def test_unknown_model_still_gets_general_rules_r3() -> None:
-    checked = check(request([user(), calls(call("call_1"))], model="deepseek-v5-preview"))
+def test_an_unknown_model_is_only_warned_about_when_configured_r3() -> None:
+    checked = check(request([user()], model="gpt-4o"), unknown_models="warn")
+    assert checked.ok and [(w.code, w.param, w.rule) for w in checked.warnings] == [
+        ("model_not_found", "model", "R3")]
+    says(checked.warnings[0], "Forwarded as sent")
+
+
+def test_a_model_in_another_case_is_warned_not_refused_r3() -> None:
+    checked = check(request([user()], model="DeepSeek-Flash"))
+    assert checked.ok and "did you mean 'deepseek-flash'" in checked.warnings[0].message
+
+
+def test_a_model_deepseek_added_since_is_forwarded_by_configuration_r3() -> None:
+    """`validation.extra_models`: the general rules only (no model-specific limit, not assumed thinking)."""
+    assert_valid(check(request(weather_round(), model=EXTRA_MODEL, tools=TOOLS)))
+    checked = check(request([user(), calls(call("call_1"))], model=EXTRA_MODEL))
     assert summary(checked) == [("tool_calls_unanswered", "messages[1].tool_calls")]
 
 
-def test_unknown_model_rejected_when_configured_r3() -> None:
-    problem = only_problem(check(request([user()], model="deepseek-v5-preview"), unknown_models="reject"),
-                           "model_not_found", "model", "R3")
-    says(problem, "'deepseek-v5-preview'", "deepseek-flash")
+def test_every_problem_is_listed_with_an_unknown_model_r3() -> None:
+    checked = check(request([user()], model="gpt-4o", n=2))
+    assert summary(checked) == [("model_not_found", "model"), ("n_not_supported", "n")]
 
 
 def test_known_model_passes_when_unknown_models_are_rejected_r3() -> None:
@@ -455,7 +476,7 @@ def test_tool_call_turn_without_reasoning_in_a_request_without_tools_warns_and_f
 
 def test_unknown_model_is_not_assumed_thinking_r17() -> None:
     messages = [user(), calls(call("call_1"), reasoning=None), tool("call_1"), assistant()]
-    assert_valid(check(request(messages, model="my-local-proxy-model", tools=TOOLS)))
+    assert_valid(check(request(messages, model=EXTRA_MODEL, tools=TOOLS)))
 
 
 # --- R18-R20 legacy deepseek-reasoner (behind legacy_reasoner_rules) -------------------------------
@@ -606,7 +627,7 @@ def test_max_tokens_out_of_range_is_invalid_r27(model: str, value: int) -> None:
 
 def test_max_tokens_at_the_model_maximum_is_valid_r27() -> None:
     assert_valid(check(request([user()], model="deepseek-flash", max_tokens=393_216)))
-    assert_valid(check(request([user()], model="some-new-model", max_tokens=2_000_000)))
+    assert_valid(check(request([user()], model=EXTRA_MODEL, max_tokens=2_000_000)))
 
 
 def test_seventeen_stop_sequences_are_invalid_r28() -> None:
@@ -997,3 +1018,24 @@ def test_a_function_call_without_its_function_is_refused_r11() -> None:
     del turn["tool_calls"][0]["function"]
     only_problem(check(request([user(), turn, tool("call_1")], tools=TOOLS)), "invalid_tool_call",
                  "messages[1].tool_calls[0].function", "R11")
+
+
+# --- every problem of a body (issue 50 item 8) ----------------------------------------------------------
+
+
+def test_a_developer_role_does_not_hide_the_other_problems_r5() -> None:
+    body = request([{"role": "developer", "content": "Be brief."}, user()], max_tokens=999_999, n=2)
+    checked = check(body)
+    assert summary(checked) == [("invalid_role", "messages[0].role"),
+                                ("max_tokens_out_of_range", "max_tokens"), ("n_not_supported", "n")]
+    error = APIError.from_problems(checked.problems)
+    assert error.param == "messages[0].role" and error.code == "invalid_role"
+    assert error.message.endswith("(2 more problem(s) listed in error.problems)")
+    assert [p["rule"] for p in error.body()["error"]["problems"]] == ["R5", "R27", "R38"]
+
+
+def test_a_type_error_does_not_hide_the_other_problems() -> None:
+    checked = check(request([user()], temperature="hot", n=2))
+    assert summary(checked) == [("invalid_type", "temperature"), ("n_not_supported", "n")]
+    assert [param for _, param in summary(check(request([user(), {"role": "user", "content": 3}], n=2)))] == [
+        "messages[1].content"], "an error in the messages leaves nothing to read"

@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from app.metering.usage import TokenCounts
-from app.openai.stream import StreamMeter, UsageStripper
+from app.openai.stream import ChatStreamMeter, UsageStripper
 from tests.metering.test_pricing_usage import DEEPSEEK_USAGE
 
 # --- StreamMeter ----------------------------------------------------------------------------------
@@ -24,7 +24,7 @@ def chunk(delta: dict[str, object], finish: str | None = None, **extra: object) 
             "choices": [{"index": 0, "delta": delta, "finish_reason": finish}], **extra}
 
 
-def feed_split(meter: StreamMeter, data: bytes, size: int) -> None:
+def feed_split(meter: ChatStreamMeter, data: bytes, size: int) -> None:
     """Feed in awkward pieces, like TCP does (a line can be cut anywhere)."""
     for start in range(0, len(data), size):
         meter.feed(data[start:start + size])
@@ -36,7 +36,7 @@ def test_meter_finds_usage_on_the_last_content_chunk(piece: int) -> None:
     stream = (b": keep-alive\n\n" + sse(chunk({"role": "assistant", "content": ""}))
               + sse(chunk({"content": "Hello"})) + sse(chunk({"content": ""}, "stop", usage=DEEPSEEK_USAGE))
               + b"data: [DONE]\n\n")
-    meter = StreamMeter()
+    meter = ChatStreamMeter()
     feed_split(meter, stream, piece)
     assert meter.usage == TokenCounts(120, 45, 64, 56, 30)
     assert meter.done
@@ -47,7 +47,7 @@ def test_meter_finds_usage_on_a_separate_usage_only_chunk() -> None:
     stream = (sse(chunk({"content": "Hi"}, usage=None)) + sse(chunk({"content": ""}, "stop", usage=None))
               + sse({"id": "c1", "object": "chat.completion.chunk", "choices": [], "usage": DEEPSEEK_USAGE})
               + b"data: [DONE]\n\n")
-    meter = StreamMeter()
+    meter = ChatStreamMeter()
     feed_split(meter, stream, 13)
     assert meter.usage == TokenCounts(120, 45, 64, 56, 30)
 
@@ -62,7 +62,7 @@ def test_meter_collects_text_reasoning_and_tool_calls_when_usage_is_absent() -> 
               + sse(chunk({"tool_calls": [call]}))
               + sse(chunk({"tool_calls": [{"index": 0, "function": {"arguments": '{"city":"Oslo"}'}}]}))
               + sse(chunk({"content": ""}, "tool_calls")) + b"data: [DONE]\n\n")
-    meter = StreamMeter()
+    meter = ChatStreamMeter()
     feed_split(meter, stream, 5)
     assert meter.usage is None
     assert meter.reasoning == "Thinking."
@@ -79,7 +79,7 @@ def test_the_reasoning_alone_is_read_for_a_turn_and_the_rest_when_asked(order: s
     stream += sse(chunk({"content": "Sunny"})) + sse(chunk({"tool_calls": [
         {"index": 0, "id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}))
     stream += sse(chunk({"content": ""}, "tool_calls")) + b"data: [DONE]\n\n"
-    meter = StreamMeter()
+    meter = ChatStreamMeter()
     feed_split(meter, stream, 700)
     thought = "".join(f"t{i} " for i in range(thoughts))
     if order == "reasoning first":
@@ -94,7 +94,7 @@ def test_meter_handles_streams_larger_than_its_compaction_threshold() -> None:
     """Past its threshold the meter parses as it goes; a line cut at a chunk boundary must not be lost."""
     body = b"".join(sse(chunk({"content": f"w{i} "})) for i in range(3000))
     stream = body + sse(chunk({"content": ""}, "stop", usage=DEEPSEEK_USAGE)) + b"data: [DONE]\n\n"
-    meter = StreamMeter()
+    meter = ChatStreamMeter()
     feed_split(meter, stream, 1000)
     assert meter.text == "".join(f"w{i} " for i in range(3000))
     assert meter.usage == TokenCounts(120, 45, 64, 56, 30)
@@ -102,7 +102,7 @@ def test_meter_handles_streams_larger_than_its_compaction_threshold() -> None:
 
 def test_meter_tolerates_a_stream_cut_mid_line() -> None:
     stream = sse(chunk({"content": "partial"})) + b'data: {"id": "c1", "choi'
-    meter = StreamMeter()
+    meter = ChatStreamMeter()
     feed_split(meter, stream, 8)
     assert meter.text == "partial" and meter.usage is None and not meter.done
 
@@ -114,7 +114,7 @@ def test_meter_decodes_escapes_and_unicode_in_the_kept_text() -> None:
               + sse(chunk({"tool_calls": [{"index": 0, "function": {"name": "write", "arguments": args}}]}))
               + b"data: " + json.dumps(chunk({"content": " ascii-escaped é"})).encode() + b"\n\n"
               + b"data: [DONE]\n\n")
-    meter = StreamMeter()
+    meter = ChatStreamMeter()
     feed_split(meter, stream, 3)
     assert meter.text == "你好 \"quoted\" \\ back\nslash 😀" + " ascii-escaped é" + "write" + args
     assert meter.done and not meter.ended_with_error
@@ -123,7 +123,7 @@ def test_meter_decodes_escapes_and_unicode_in_the_kept_text() -> None:
 def test_meter_ignores_key_names_quoted_inside_content() -> None:
     text = 'a "content": "x" and "usage": {"prompt_tokens": 9}'
     stream = sse(chunk({"content": text})) + b"data: [DONE]\n\n"
-    meter = StreamMeter()
+    meter = ChatStreamMeter()
     feed_split(meter, stream, 4096)
     assert meter.text == text
     assert meter.usage is None
@@ -133,10 +133,10 @@ def test_meter_ignores_key_names_quoted_inside_content() -> None:
 def test_meter_sees_a_stream_that_ends_with_deepseeks_error_event(piece: int) -> None:
     error = {"error": {"message": "Service busy", "type": "server_error", "code": "overloaded"}}
     body = b"".join(sse(chunk({"content": f"w{i} "})) for i in range(400))
-    meter = StreamMeter()
+    meter = ChatStreamMeter()
     feed_split(meter, body + sse(error), piece)
     assert meter.ended_with_error and not meter.done
-    meter = StreamMeter()
+    meter = ChatStreamMeter()
     feed_split(meter, sse(error) + body + b"data: [DONE]\n\n", piece)
     assert not meter.ended_with_error and meter.done
 
@@ -150,7 +150,7 @@ def test_meter_sees_a_stream_that_ends_with_deepseeks_error_event(piece: int) ->
     (sse(chunk({"content": "data: [DONE]"})), False),
 ])  # fmt: skip
 def test_the_end_of_the_stream_is_a_done_line_of_its_own(lines: bytes, final: bool) -> None:
-    assert StreamMeter().final_in(lines) is final
+    assert ChatStreamMeter().final_in(lines) is final
 
 
 # --- UsageStripper --------------------------------------------------------------------------------

@@ -36,6 +36,9 @@ class Clock:
     def __call__(self) -> float:
         return self.now
 
+# a model DeepSeek serves (since chatgate's rules were dated) that its catalogue has no price for
+UNPRICED_SERVED = {"extra_models": ["deepseek-v9-secret"]}
+
 
 def records(tmp_path: Path, count: int, timeout: float = 10) -> list[dict[str, Any]]:
     deadline = time.monotonic() + timeout
@@ -214,7 +217,7 @@ def test_a_model_without_a_price_cannot_run_through_a_budget(
     """The attack: a $0.01 budget, requests to a model chatgate has no price for. Before: reserved and
     recorded at $0, all admitted, no warning. Now: reserved and recorded at the catalogue's highest price,
     with a warning, until the budget is spent."""
-    gate = start(Clock("2026-11-30T02:00:00"))
+    gate = start(Clock("2026-11-30T02:00:00"), validation=UNPRICED_SERVED)
     secret = "sk-unpriced-attack-01"
     budget = usd("0.01")
     set_limits(f"sqlite:///{tmp_path}/usage.db", "key", key_subject(secret), budget_picousd=budget,
@@ -243,7 +246,7 @@ def test_limits_unpriced_refuse(tmp_path: Path, start: Callable[..., RunningChat
                                 fake: RunningFake) -> None:
     """limits.unpriced = refuse: a caller with a budget gets a 400 for an unpriced model; one without a
     budget is served, with the warning, and recorded at the highest price."""
-    gate = start(Clock("2026-11-30T12:00:00"), limits={"unpriced": "refuse"})
+    gate = start(Clock("2026-11-30T12:00:00"), limits={"unpriced": "refuse"}, validation=UNPRICED_SERVED)
     budgeted = "sk-unpriced-budget-01"
     set_limits(f"sqlite:///{tmp_path}/usage.db", "key", key_subject(budgeted), budget_picousd=usd("100"),
                budget_period="month")

@@ -7,8 +7,9 @@ from typing import Any
 import orjson
 
 from app.errors import Problem
-from app.profiles import DEFAULT_PROFILES
-from app.responses.rules import Options, check_body
+from app.responses.rules import check_body
+from app.rules.kernel import CheckOptions, UnknownModels
+from app.rules.models import Policy
 from app.verdict import Verdict
 
 SHELL: dict[str, Any] = {"type": "function", "name": "shell", "description": "Run a command.",
@@ -60,9 +61,10 @@ def request(items: list[Any], **extra: Any) -> dict[str, Any]:
     return {"model": "deepseek-flash", "input": items, "tools": TOOLS, **extra}
 
 
-def check(body: dict[str, Any] | bytes, strict: bool = False, unknown_models: str = "pass") -> Verdict:
+def check(body: dict[str, Any] | bytes, strict: bool = False, unknown_models: UnknownModels = "reject"
+          ) -> Verdict:
     raw = body if isinstance(body, bytes) else orjson.dumps(body)
-    return check_body(raw, DEFAULT_PROFILES, Options(strict, unknown_models))  # type: ignore[arg-type]
+    return check_body(raw, Policy(options=CheckOptions(strict, unknown_models)))
 
 
 def summary(verdict: Verdict) -> list[tuple[str, str | None, str | None]]:

@@ -231,9 +231,10 @@ def test_what_deepseek_ignores_is_forwarded_with_a_warning(gate: RunningChatgate
 
 
 def test_a_warning_about_a_clients_text_is_a_valid_header(gate: RunningChatgate, fake: RunningFake) -> None:
-    """A model name with a newline is forwarded with a warning that quotes it: the header value must stay
+    """A role with a newline is forwarded with a warning that quotes it: the header value must stay
     printable, or the server drops the answer DeepSeek has already given (and billed)."""
-    resp = post(gate, request([user()], model="deepseek-flash\r\nx-injected: 1"))
+    odd = {"type": "message", "role": "robot\r\nx-injected: 1", "content": "hi"}
+    resp = post(gate, request([user(), odd]))
     assert len(fake.state.requests) == 1
     warning = resp.headers["x-chatgate-warning"]
     assert "x-injected" in warning and "\n" not in warning and "\r" not in warning

@@ -117,15 +117,16 @@ def test_a_call_without_call_id_uses_deepseeks_words_p1() -> None:
 # --- P2, P3: model and input --------------------------------------------------------------------------------
 
 
-def test_an_unknown_model_is_warned_with_deepseeks_words_p2() -> None:
+def test_an_unknown_model_is_refused_with_deepseeks_words_p2() -> None:
     verdict = check({"model": "deepseek-v4.1-flash", "input": "hi"})
-    assert summary(verdict) == [] and warned(verdict) == [("model_not_found", "model", "P2")]
-    assert verdict.warnings[0].message.startswith(
-        "The supported API model names are deepseek-flash, deepseek-v4-pro, but you passed "
-        "deepseek-v4.1-flash.")
+    assert summary(verdict) == [("model_not_found", "model", "P2")]
+    message = verdict.problems[0].message
+    assert "did you mean 'deepseek-v4-flash'" in message
+    assert ("The supported API model names are deepseek-flash, deepseek-v4-pro, but you passed "
+            "deepseek-v4.1-flash.") in message
     assert not verdict.thinking, "an unknown model: thinking unknown, so no P11"
-    refused = check({"model": "deepseek-v4.1-flash", "input": "hi"}, unknown_models="reject")
-    assert summary(refused) == [("model_not_found", "model", "P2")]
+    warned_only = check({"model": "deepseek-v4.1-flash", "input": "hi"}, unknown_models="warn")
+    assert summary(warned_only) == [] and warned(warned_only) == [("model_not_found", "model", "P2")]
 
 
 def test_a_missing_or_empty_input_is_only_warned_p3() -> None:
@@ -487,3 +488,10 @@ def test_another_safety_check_level_is_refused_p23() -> None:
     assert (problem.code, problem.param, problem.rule) == (
         "invalid_safety_check", "safety_check.level", "P23")
     assert "unknown variant `Low`, expected `high` or `low`" in problem.message
+
+
+def test_a_type_error_does_not_hide_the_other_problems() -> None:
+    """Issue 50 item 8: a top-level field's type error is listed with what the rules find in the rest."""
+    verdict = check({"model": "gpt-4o", "input": "hi", "temperature": "hot"})
+    assert [(p.code, p.param) for p in verdict.problems] == [("invalid_type", "temperature"),
+                                                              ("model_not_found", "model")]

@@ -12,7 +12,7 @@ import pytest
 
 from app.demo import responses as fake
 from app.metering.usage import TokenCounts
-from app.responses.stream import ResponsesMeter, StreamedTurn, tokens_from_usage, turn_from_response
+from app.responses.stream import ResponsesMeter, ResponsesStreamedTurn, tokens_from_usage, turn_from_response
 from tests.responses.items import SHELL, user
 
 BODY = {"model": "deepseek-flash", "input": [user("Weather in Oslo?")], "tools": [SHELL]}
@@ -104,7 +104,7 @@ def test_text_that_looks_like_a_terminal_event_does_not_end_the_stream() -> None
 
 def test_a_streamed_tool_call_turn_is_remembered_with_its_reasoning_item() -> None:
     raw, _, plan = stream_of(BODY)
-    turns = StreamedTurn()
+    turns = ResponsesStreamedTurn()
     meter = ResponsesMeter(turns)
     for at in range(0, len(raw), 13):
         meter.feed(raw[at:at + 13])
@@ -120,13 +120,13 @@ def test_a_streamed_tool_call_turn_is_remembered_with_its_reasoning_item() -> No
 def test_a_stream_without_reasoning_items_uses_the_meters_text() -> None:
     done = {"type": "response.output_item.done", "output_index": 0,
             "item": {"type": "function_call", "call_id": "call_1", "name": "shell", "arguments": "{}"}}
-    turns = StreamedTurn()
+    turns = ResponsesStreamedTurn()
     meter = ResponsesMeter(turns)
     meter.feed(b"event: response.output_item.done\ndata: " + orjson.dumps(done) + b"\n\n")
     meter.finish()
     turn = turns.turn(lambda: "thinking hard")
     assert turn is not None and orjson.loads(turn.payload)[0]["content"][0]["text"] == "thinking hard"
-    assert StreamedTurn().turn(lambda: "x") is None, "no calls: nothing to remember"
+    assert ResponsesStreamedTurn().turn(lambda: "x") is None, "no calls: nothing to remember"
 
 
 def test_the_turn_of_a_body_needs_calls_and_reasoning_text() -> None:

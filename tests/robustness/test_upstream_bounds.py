@@ -19,7 +19,7 @@ import httpx2
 import orjson
 import pytest
 
-from app.openai.stream import StreamMeter
+from app.openai.stream import ChatStreamMeter
 from app.sse import TEXT_KEPT
 from tests.fakes.server import RunningFake, run_fake_deepseek
 from tests.gateway.conftest import usage_rows
@@ -77,7 +77,7 @@ def test_an_endless_stream_is_relayed_and_estimated_from_a_bounded_text(
 
 
 def test_a_meter_keeps_at_most_text_kept() -> None:
-    meter = StreamMeter()
+    meter = ChatStreamMeter()
     event = b'data: {"choices":[{"index":0,"delta":{"content":"' + b"z" * 65536 + b'"}}]}\n\n'
     for _ in range(3 * TEXT_KEPT // 65536):
         meter.feed(event)

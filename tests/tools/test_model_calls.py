@@ -23,7 +23,7 @@ from app.anthropic.stream import MessagesMeter, calls_from_message
 from app.metering.calls import ModelCalls, server_tool_use
 from app.metering.pricing import call_cost
 from app.openai.chat import ChatFamily
-from app.openai.stream import StreamMeter
+from app.openai.stream import ChatStreamMeter
 from app.responses.stream import ResponsesMeter, calls_from_response
 from app.settings import Settings
 from tests.fakes.server import RunningFake
@@ -60,7 +60,7 @@ def test_chat_answers_and_streams_are_metered_from_their_usage() -> None:
     usage = {"prompt_tokens": 10, "completion_tokens": 5, "server_tool_use": USED}
     assert family.model_calls({"usage": usage}) == ModelCalls(2, 1)
     assert family.model_calls({"usage": {"prompt_tokens": 10}}) is None
-    meter = StreamMeter()
+    meter = ChatStreamMeter()
     meter.feed(b'data: {"choices":[{"index":0,"delta":{"content":"Hi"}}]}\n\n')
     meter.feed(b'data: {"choices":[],"usage":' + orjson.dumps(usage) + b"}\n\ndata: [DONE]\n\n")
     meter.finish()

@@ -376,8 +376,7 @@ def cases() -> list[dict[str, Any]]:
         },
         {
             "name": "misspelt-model",
-            "expect": "deepseek:400",
-            "warns": ["P2"],
+            "expect": "refused:model_not_found",
             "body": body(first, model="deepseek-v4.1-flash"),
         },
     ]

@@ -9,13 +9,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from app.anthropic.rules import Options as AnthropicOptions
 from app.anthropic.rules import check_body as check_messages
-from app.openai.rules import Policy
 from app.openai.rules import check_body as check_chat
-from app.profiles import DEFAULT_PROFILES
-from app.responses.rules import Options as ResponsesOptions
 from app.responses.rules import check_body as check_responses
+from app.rules.models import Policy
 
 CORPUS = Path(__file__).with_name("november.jsonl")
 
@@ -25,9 +22,9 @@ def problems(case: dict[str, Any]) -> list[str]:
     raw = json.dumps(case["body"], ensure_ascii=False).encode()
     path = case["path"]
     if path.startswith("/anthropic"):
-        found = check_messages(raw, dict(DEFAULT_PROFILES), AnthropicOptions()).problems
+        found = check_messages(raw, Policy()).problems
     elif path.endswith("/responses"):
-        found = check_responses(raw, DEFAULT_PROFILES, ResponsesOptions()).problems
+        found = check_responses(raw, Policy()).problems
     else:
         found = check_chat(raw, Policy()).problems
     return [p.code for p in found]
