@@ -172,6 +172,48 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "ALTER TABLE usage ADD COLUMN currency TEXT NOT NULL DEFAULT 'USD'",
         "ALTER TABLE limits ADD COLUMN budget_currency TEXT NOT NULL DEFAULT 'USD'",
     ),
+    # 13: agent runs (issue 52): each run's identity, each of its requests, and the bounds on a run.
+    (
+        """CREATE TABLE runs (
+            run_id TEXT PRIMARY KEY,
+            key_id TEXT NOT NULL,
+            key_name TEXT NOT NULL,
+            team TEXT NOT NULL,
+            source TEXT NOT NULL,
+            started DOUBLE PRECISION NOT NULL,
+            stopped TEXT
+        )""",
+        """CREATE TABLE run_requests (
+            request_id TEXT PRIMARY KEY,
+            run_id TEXT NOT NULL,
+            ts DOUBLE PRECISION NOT NULL,
+            thread TEXT,
+            model TEXT NOT NULL,
+            outcome TEXT NOT NULL,
+            status INTEGER NOT NULL,
+            rule_code TEXT,
+            prompt_tokens BIGINT NOT NULL,
+            completion_tokens BIGINT NOT NULL,
+            prompt_cache_hit_tokens BIGINT NOT NULL,
+            prompt_cache_miss_tokens BIGINT NOT NULL,
+            reasoning_tokens BIGINT NOT NULL,
+            cost_picousd BIGINT NOT NULL,
+            currency TEXT NOT NULL,
+            context_window BIGINT NOT NULL,
+            attempts BIGINT NOT NULL,
+            repairs BIGINT NOT NULL,
+            retry BOOLEAN NOT NULL,
+            tool_calls TEXT NOT NULL,
+            repeats BIGINT NOT NULL,
+            finish TEXT
+        )""",
+        "CREATE INDEX run_requests_run ON run_requests (run_id, ts)",
+        "CREATE INDEX run_requests_ts ON run_requests (ts)",
+        "CREATE INDEX run_requests_thread ON run_requests (thread)",
+        "ALTER TABLE limits ADD COLUMN run_max_turns BIGINT",
+        "ALTER TABLE limits ADD COLUMN run_max_cost_picousd BIGINT",
+        "ALTER TABLE limits ADD COLUMN run_max_repeats BIGINT",
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -222,7 +264,7 @@ FILE_OWNER_COLUMNS = ("file_id", "team", "key_id", "created_at", "tokens")
 FILE_IDS_PER_QUERY = 500  # below every SQLite's limit on a statement's parameters (999 before 3.32)
 _KEY_SELECT = "SELECT key_id, name, team, prefix, created_at, revoked_at FROM api_keys"
 LIMIT_COLUMNS = ("scope", "subject", "budget_picousd", "budget_period", "rpm", "tpm", "max_concurrent",
-                 "updated_at", "budget_currency")
+                 "updated_at", "budget_currency", "run_max_turns", "run_max_cost_picousd", "run_max_repeats")
 
 _GROUP_FIELDS: dict[GroupBy, tuple[tuple[str, str], ...]] = {
     "key": (("key_id", "key_id"), ("key_name", "max(key_name)"), ("team", "max(team)")),
@@ -497,9 +539,10 @@ def limit_params(row: LimitRow) -> tuple[Any, ...]:
 
 
 def limit_from_row(row: Sequence[Any]) -> LimitRow:
-    scope, subject, budget, period, rpm, tpm, conc, updated, currency = row
+    scope, subject, budget, period, rpm, tpm, conc, updated, currency, turns, cost, repeats = row
     return LimitRow(scope, subject, _int_or_none(budget), period, _int_or_none(rpm), _int_or_none(tpm),
-                    _int_or_none(conc), float(updated), currency)
+                    _int_or_none(conc), float(updated), currency, _int_or_none(turns), _int_or_none(cost),
+                    _int_or_none(repeats))
 
 
 def _int_or_none(value: Any) -> int | None:

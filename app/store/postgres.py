@@ -33,6 +33,7 @@ from app.store._sql import (
     report_rows,
     turn_params,
 )
+from app.store import runs
 from app.store.base import (
     ApiKey,
     FileOwner,
@@ -409,6 +410,24 @@ class PostgresStore:
     def mark_alert(self, scope: str, subject: str, period_start: float, level: str, now: float) -> bool:
         with self._connection(self._timeout) as conn:
             return conn.execute(_Q.mark_alert, (scope, subject, period_start, level, now)).rowcount == 1
+
+    def save_runs(self, heads: Sequence[runs.RunHead], requests: Sequence[runs.RunRequest]) -> None:
+        if heads or requests:
+            with self._connection(self._insert_timeout) as conn, conn.transaction(), conn.cursor() as cur:
+                runs.save_in(cur, "%s", heads, requests)
+
+    def find_runs(self, team: str | None, key_id: str | None, since: float, limit: int
+                  ) -> list[runs.RunHead]:
+        with self._connection(self._slow_timeout) as conn, conn.cursor() as cur:
+            return runs.find_in(cur, "%s", team, key_id, since, limit)
+
+    def run_requests(self, run_ids: Sequence[str]) -> list[runs.RunRequest]:
+        with self._connection(self._slow_timeout) as conn, conn.cursor() as cur:
+            return runs.requests_in(cur, "%s", run_ids)
+
+    def run_of_thread(self, thread: str) -> str | None:
+        with self._connection(self._timeout) as conn, conn.cursor() as cur:
+            return runs.thread_in(cur, "%s", thread)
 
     def close(self) -> None:
         self._pool.close()

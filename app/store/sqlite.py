@@ -30,6 +30,7 @@ from app.store._sql import (
     settle_in,
     turn_params,
 )
+from app.store import runs
 from app.store.base import (
     ApiKey,
     FileOwner,
@@ -334,6 +335,24 @@ class SQLiteStore:
     def mark_alert(self, scope: str, subject: str, period_start: float, level: str, now: float) -> bool:
         with self._write() as conn:
             return conn.execute(_Q.mark_alert, (scope, subject, period_start, level, now)).rowcount == 1
+
+    def save_runs(self, heads: Sequence[runs.RunHead], requests: Sequence[runs.RunRequest]) -> None:
+        if heads or requests:
+            with self._write() as conn:
+                runs.save_in(conn.cursor(), "?", heads, requests)
+
+    def find_runs(self, team: str | None, key_id: str | None, since: float, limit: int
+                  ) -> list[runs.RunHead]:
+        with self._errors():
+            return runs.find_in(self._conn().cursor(), "?", team, key_id, since, limit)
+
+    def run_requests(self, run_ids: Sequence[str]) -> list[runs.RunRequest]:
+        with self._errors():
+            return runs.requests_in(self._conn().cursor(), "?", run_ids)
+
+    def run_of_thread(self, thread: str) -> str | None:
+        with self._errors():
+            return runs.thread_in(self._conn().cursor(), "?", thread)
 
     def close(self) -> None:
         """Close every thread's connection; call it once the other threads are done with the store."""
