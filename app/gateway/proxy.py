@@ -64,6 +64,7 @@ from app.quotas.model import Refusal
 from app.refusals.log import Pending, RefusalLog
 from app.repair.loop import Repairer, refusal
 from app.repair.memory import TurnMemory
+from app.runs.tracker import Runs
 from app.settings import Settings
 from app.store.base import FileOwnerStore
 from app.tools.rules import upload_summary, upload_too_large
@@ -112,6 +113,10 @@ class Gateway:
         self.refusals: RefusalLog | None = None  # the refusal inspector (server.capture_refusals)
         self.keep_text = settings.server.log_content or settings.tracing.capture_content
         self.pool, self.retrier = retrying(settings, metrics, quotas.alerts if quotas is not None else None)
+        self.runs = self.ledger.runs = Runs(
+            recorder.store if recorder is not None else None, quotas.book if quotas is not None else None,
+            self.profiles, settings.limits.cache_seconds,
+            shared=settings.server.workers > 1 or (recorder is not None and recorder.store.server))
 
     # --- entry points ---------------------------------------------------------------
 
@@ -159,6 +164,10 @@ class Gateway:
             ex.warnings.append(overflow.message)
         if ex.route.tool is None and self.pricing.rates(ex.priced_as or ex.model, ex.ts) is None:
             ex.warnings.append(self._unpriced(ex.model))
+        stopped = await self.runs.enter(ex, request.headers.get)
+        if stopped is not None:
+            self.ledger.finish(ex, "limited", stopped.status, rule_code=stopped.code)
+            return error_response(stopped, request_id, family)
         if self.admitter is not None:
             media = functools.partial(self.media.tokens, ex, verdict) if self.media.may_hold(ex, verdict) \
                 else None  # a plain body: no look-up of the caller's limits for it
@@ -454,6 +463,7 @@ class Gateway:
     async def drain(self) -> None:
         while self.background:
             await asyncio.gather(*list(self.background), return_exceptions=True)
+        await self.runs.close()
         if self.ledger.access_log is not None:
             self.ledger.access_log.flush()
 

@@ -20,6 +20,7 @@ import psycopg
 from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool, PoolTimeout
 
+from app.store import runs
 from app.store._sql import (
     CURRENT_VERSION,
     USAGE_COLUMNS,
@@ -33,7 +34,6 @@ from app.store._sql import (
     report_rows,
     turn_params,
 )
-from app.store import runs
 from app.store.base import (
     ApiKey,
     FileOwner,
@@ -424,6 +424,10 @@ class PostgresStore:
     def run_requests(self, run_ids: Sequence[str]) -> list[runs.RunRequest]:
         with self._connection(self._slow_timeout) as conn, conn.cursor() as cur:
             return runs.requests_in(cur, "%s", run_ids)
+
+    def run_head(self, run_id: str) -> runs.RunHead | None:
+        with self._connection(self._timeout) as conn, conn.cursor() as cur:
+            return runs.head_in(cur, "%s", run_id)
 
     def run_of_thread(self, thread: str) -> str | None:
         with self._connection(self._timeout) as conn, conn.cursor() as cur:

@@ -62,6 +62,9 @@ class RunStore(Protocol):
     def run_requests(self, run_ids: Sequence[str]) -> list[RunRequest]:
         """Their requests, in order."""
 
+    def run_head(self, run_id: str) -> RunHead | None:
+        """The run of this id, else the one run whose id starts with it (None: none, or several)."""
+
     def run_of_thread(self, thread: str) -> str | None:
         """The run whose request left this print of its history, if one did."""
 
@@ -115,6 +118,20 @@ def requests_in(cur: Cursor, p: str, run_ids: Sequence[str]) -> list[RunRequest]
     return out
 
 
+def head_in(cur: Cursor, p: str, run_id: str) -> RunHead | None:
+    columns = ", ".join(RUN_COLUMNS)
+    cur.execute(f"SELECT {columns} FROM runs WHERE run_id = {p}", (run_id,))
+    rows = cur.fetchall()
+    if not rows:
+        cur.execute(f"SELECT {columns} FROM runs WHERE substr(run_id, 1, {len(run_id):d}) = {p} LIMIT 2",
+                    (run_id,))
+        rows = cur.fetchall()
+    if len(rows) != 1:
+        return None
+    r = rows[0]
+    return RunHead(r[0], r[1], r[2], r[3], r[4], float(r[5]), r[6])
+
+
 def thread_in(cur: Cursor, p: str, thread: str) -> str | None:
     cur.execute(f"SELECT run_id FROM run_requests WHERE thread = {p} ORDER BY ts DESC LIMIT 1", (thread,))
     row = cur.fetchone()
@@ -124,6 +141,6 @@ def thread_in(cur: Cursor, p: str, thread: str) -> str | None:
 def _request(row: Sequence[Any]) -> RunRequest:
     (request_id, run_id, ts, thread, model, outcome, status, rule_code, prompt, completion, hit, miss,
      reasoning, cost, currency, window, attempts, repairs, retry, tool_calls, repeats, finish) = row
-    return RunRequest(request_id, run_id, float(ts), thread, model, outcome, int(status), rule_code, int(prompt),
-                      int(completion), int(hit), int(miss), int(reasoning), int(cost), currency, int(window),
-                      int(attempts), int(repairs), bool(retry), tool_calls, int(repeats), finish)
+    return RunRequest(request_id, run_id, float(ts), thread, model, outcome, int(status), rule_code,
+                      int(prompt), int(completion), int(hit), int(miss), int(reasoning), int(cost), currency,
+                      int(window), int(attempts), int(repairs), bool(retry), tool_calls, int(repeats), finish)

@@ -13,6 +13,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
+from app.store import runs
 from app.store._sql import (
     CURRENT_VERSION,
     TURN_WIDTH,
@@ -30,7 +31,6 @@ from app.store._sql import (
     settle_in,
     turn_params,
 )
-from app.store import runs
 from app.store.base import (
     ApiKey,
     FileOwner,
@@ -349,6 +349,10 @@ class SQLiteStore:
     def run_requests(self, run_ids: Sequence[str]) -> list[runs.RunRequest]:
         with self._errors():
             return runs.requests_in(self._conn().cursor(), "?", run_ids)
+
+    def run_head(self, run_id: str) -> runs.RunHead | None:
+        with self._errors():
+            return runs.head_in(self._conn().cursor(), "?", run_id)
 
     def run_of_thread(self, thread: str) -> str | None:
         with self._errors():

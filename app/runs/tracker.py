@@ -1,0 +1,477 @@
+"""The runs of this process: which run each request belongs to (`Runs.enter`, before it is admitted and
+forwarded: where a run's bounds refuse it), and what it added to its run (`Runs.add`, with its usage
+record). Runs are written to the store in batches, off the request path; a run seen by another replica or
+before a restart is found there.
+
+A request's run is the one it names (`x-chatgate-run`, its agent's session: app/runs/identity.py), else
+the one whose last request its history continues (app/runs/history.py), else a new one. Only requests with a
+history, or offering tools, are read at all; what is forwarded never changes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Mapping, Sequence, Sized
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import orjson
+
+from app.errors import APIError
+from app.ids import new_id
+from app.profiles import ModelProfile
+from app.quotas.book import LimitBook
+from app.runs.history import NO_CALLS, Calls, Shape, kind_of, shape
+from app.runs.identity import Headers, declared
+from app.runs.summary import RUN_LIMIT, rounds, runs_document, summarize
+from app.store.base import LimitRow, StoreError, UsageRecord
+from app.store.runs import RunHead, RunRequest, RunStore
+
+log = logging.getLogger("chatgate.runs")
+
+MAX_RUNS = 50_000  # live runs remembered by this process (the least recently seen are forgotten)
+MAX_PRINTS = 100_000  # history prints remembered
+FLUSH_SECONDS = 0.2
+QUEUE_MAX = 100_000
+
+
+class Caller(Protocol):
+    @property
+    def key_id(self) -> str: ...
+
+    @property
+    def key_name(self) -> str: ...
+
+    @property
+    def team(self) -> str: ...
+
+    @property
+    def caller(self) -> str: ...
+
+
+class Path(Protocol):
+    @property
+    def upstream_path(self) -> str: ...
+
+
+class Traced(Protocol):
+    conversation: str | None
+
+
+class Repairs(Protocol):
+    @property
+    def applied(self) -> Sized: ...
+
+
+class Exchange(Protocol):
+    """What runs read of the gateway's exchange (app/gateway/exchange.py)."""
+
+    @property
+    def request_id(self) -> str: ...
+
+    @property
+    def identity(self) -> Caller: ...
+
+    @property
+    def route(self) -> Path: ...
+
+    @property
+    def ts(self) -> float: ...
+
+    @property
+    def attempts(self) -> int: ...
+
+    @property
+    def repaired(self) -> Repairs | None: ...
+
+    @property
+    def trace(self) -> Traced | None: ...
+
+    def json(self) -> dict[str, Any]: ...
+
+    def own_parse(self) -> Any: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Bounds:
+    turns: int | None = None
+    cost: int | None = None  # pico-units of the prices' currency
+    repeats: int | None = None
+
+    @staticmethod
+    def of(rows: Sequence[LimitRow | None]) -> Bounds | None:
+        def least(values: list[int | None]) -> int | None:  # the tightest of the team's and the key's
+            given = [v for v in values if v is not None]
+            return min(given) if given else None
+        found = [r for r in rows if r is not None]
+        turns, cost = least([r.run_max_turns for r in found]), least([r.run_max_cost_picousd for r in found])
+        bounds = Bounds(turns, cost, least([r.run_max_repeats for r in found]))
+        return None if bounds == Bounds() else bounds
+
+
+@dataclass(slots=True)
+class Live:
+    """A run as this process knows it."""
+
+    head: RunHead
+    turns: int = 0  # its requests forwarded (or on their way)
+    cost: int = 0
+    same: int = 0  # the hash of the last tool calls its model made
+    streak: int = 0  # how many times in a row it made them
+    own: tuple[int, int] | None = None  # the print of its last request's history
+    fresh: bool = False  # it may have requests in the store this process has not counted
+
+
+@dataclass(slots=True)
+class Entry:
+    """A request on its way, as `add` will record it."""
+
+    live: Live
+    thread: str | None
+    retry: bool
+    calls: Calls
+    finish: str | None
+
+
+@dataclass(slots=True)
+class _Queue:
+    heads: dict[str, RunHead] = field(default_factory=dict)
+    requests: list[RunRequest] = field(default_factory=list)
+
+
+def thread_text(p: tuple[int, int]) -> str:
+    return f"{p[0]:x}-{p[1]:016x}"
+
+
+def run_limit(run_id: str, bound: str, limit: str, what: str) -> APIError:
+    return APIError(
+        429, f"chatgate stopped the agent run {run_id!r}: it reached its bound {bound} = {limit} ({what}). "
+        "Nothing was sent to DeepSeek. To go on, start a new run: send another `x-chatgate-run` header value "
+        "(or a new session), or start a new conversation instead of continuing this history; or raise the "
+        f"bound (chatgate keys set / teams set --{bound.replace('_', '-')}).",
+        "run_limit_exceeded", None, RUN_LIMIT, headers={"x-should-retry": "false"})
+
+
+class Runs:
+    def __init__(self, store: RunStore | None, book: LimitBook | None, profiles: Mapping[str, ModelProfile],
+                 bounds_seconds: float, shared: bool = False, clock: Callable[[], float] = time.time) -> None:
+        self.store = store
+        self.book = book
+        self.profiles = profiles
+        self.bounds_seconds = bounds_seconds
+        self.shared = shared  # replicas share the store: a bounded run's counters are read from it
+        self.clock = clock
+        self._live: OrderedDict[str, Live] = OrderedDict()
+        self._prints: OrderedDict[tuple[int, int], list[Live]] = OrderedDict()
+        self._pending: dict[str, Entry] = {}
+        self._bounds: dict[tuple[str, str], tuple[float, int, Bounds | None]] = {}
+        self._kinds: dict[str, str | None] = {}
+        self._queue = _Queue()
+        self._writer: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+
+    # --- the request path ------------------------------------------------------------------------------
+
+    async def enter(self, ex: Exchange, header: Headers) -> APIError | None:
+        """The request's run, found or begun; its refusal when it would go beyond one of the run's bounds."""
+        path = ex.route.upstream_path
+        kind = self._kinds.get(path, "")
+        if kind == "":
+            kind = self._kinds[path] = kind_of(path)
+        if kind is None:
+            return None
+        data = ex.own_parse()
+        if type(data) is not dict:
+            data = ex.json()
+        found = self._identify(ex, kind, data, header)
+        if found is None:
+            return None
+        entry, named = found
+        if entry is None:
+            entry = await self._look_up(ex, named)
+        live = entry.live
+        if ex.trace is not None:
+            ex.trace.conversation = live.head.run_id
+        streak = live.streak
+        if not entry.retry and entry.calls.names:
+            streak = streak + 1 if entry.calls.same == live.same else 1
+        bounds = await self._bounds_of(ex.identity.team, ex.identity.key_id)
+        if bounds is not None:
+            if self.shared or live.fresh:
+                await self._catch_up(live)
+            refusal = self._over(live, bounds, streak)
+            if refusal is not None:
+                self._pending[ex.request_id] = entry
+                return refusal
+        if not entry.retry:
+            live.same, live.streak = (entry.calls.same, streak) if entry.calls.names else (0, 0)
+        live.turns += 1
+        self._pending[ex.request_id] = entry
+        return None
+
+    def add(self, ex: Exchange, record: UsageRecord) -> None:
+        """The request's usage, added to its run."""
+        entry = self._pending.pop(ex.request_id, None)
+        if entry is None:
+            if record.outcome != "rejected":
+                return
+            entry = self._rejected(ex)  # refused by the rules, before `enter`: counted as the run's refusal
+            if entry is None:
+                return
+        live = entry.live
+        live.cost += record.cost_picousd
+        profile = self.profiles.get(record.model)
+        self._put(RunRequest(
+            record.request_id, live.head.run_id, record.ts, entry.thread, record.model, record.outcome,
+            record.upstream_status or (200 if record.outcome == "ok" else 0), record.rule_code,
+            record.prompt_tokens, record.completion_tokens, record.prompt_cache_hit_tokens,
+            record.prompt_cache_miss_tokens, record.reasoning_tokens, record.cost_picousd, record.currency,
+            profile.context_window if profile is not None else 0, record.attempts,
+            len(ex.repaired.applied) if ex.repaired is not None else 0, entry.retry,
+            orjson.dumps(Counter(entry.calls.names)).decode() if not entry.retry else "{}",
+            live.streak, entry.finish))
+
+    # --- finding the run ---------------------------------------------------------------------------------
+
+    def _identify(self, ex: Exchange, kind: str, data: dict[str, Any], header: Headers
+                  ) -> tuple[Entry | None, tuple[str, str, Shape | None]] | None:
+        """The request's entry when this process knows its run (else None and what to look up), or None
+        when the request is in no run."""
+        items = data.get("input" if kind == "responses" else "messages")
+        named = declared(kind, data, header)
+        caller = ex.identity.caller or ex.identity.key_id
+        read = shape(kind, items, caller, bool(data.get("tools")) or named is not None) \
+            if type(items) is list else None
+        if named is not None:
+            run_id, source = named
+            live = self._live.get(run_id)
+            if live is None:
+                return None, (run_id, source, read)
+            self._live.move_to_end(run_id)
+            retry = read is not None and live.own == read.own
+            if read is not None:
+                live.own = read.own
+            return self._entry(live, read, retry), (run_id, source, read)
+        if read is None:
+            return None
+        same = self._prints.get(read.own)
+        if same:  # this history again: a retry
+            return self._entry(same[-1], read, True), ("", "inferred", read)
+        if read.after is not None:
+            before = self._prints.get(read.after)
+            if before:
+                live = next((r for r in before if r.own == read.after), before[-1])
+                self._advance(live, read)
+                return self._entry(live, read, False), ("", "inferred", read)
+            return None, ("", "inferred", read)
+        return self._entry(self._begin(ex, new_id(), "inferred", read), read, False), ("", "inferred", read)
+
+    def _entry(self, live: Live, read: Shape | None, retry: bool) -> Entry:
+        if read is None:
+            return Entry(live, None, retry, NO_CALLS, None)
+        return Entry(live, thread_text(read.own), retry, read.calls, read.finish)
+
+    def _advance(self, live: Live, read: Shape) -> None:
+        live.own = read.own
+        self._live.move_to_end(live.head.run_id)
+        prints = self._prints
+        prints.setdefault(read.own, []).append(live)
+        if len(prints) > MAX_PRINTS:
+            prints.popitem(last=False)
+
+    def _begin(self, ex: Exchange, run_id: str, source: str, read: Shape | None) -> Live:
+        i = ex.identity
+        live = Live(RunHead(run_id, i.key_id, i.key_name, i.team, source, ex.ts))
+        self._remember(live)
+        self._queue.heads[run_id] = live.head
+        if read is not None:
+            self._advance(live, read)
+        return live
+
+    def _remember(self, live: Live) -> None:
+        self._live[live.head.run_id] = live
+        if len(self._live) > MAX_RUNS:
+            self._live.popitem(last=False)
+
+    async def _look_up(self, ex: Exchange, named: tuple[str, str, Shape | None]) -> Entry:
+        """A run this process does not know: one named (seen by another replica, or before a restart, or
+        new), or one whose history continues a print the store may hold."""
+        run_id, source, read = named
+        if not run_id and read is not None and read.after is not None and self.store is not None:
+            with contextlib.suppress(StoreError):
+                stored = await asyncio.to_thread(self.store.run_of_thread, thread_text(read.after))
+                run_id = stored or ""
+            known = self._live.get(run_id) if run_id else None
+            if known is not None:
+                self._advance(known, read)
+                return self._entry(known, read, False)
+            if run_id:
+                head = await self._stored_head(run_id)
+                if head is not None:
+                    live = Live(head, fresh=True)
+                    self._remember(live)
+                    self._advance(live, read)
+                    return self._entry(live, read, False)
+        if not run_id:
+            return self._entry(self._begin(ex, new_id(), "inferred", read), read, False)
+        if run_id in self._live:  # begun meanwhile by another request
+            return self._entry(self._live[run_id], read, False)
+        live = self._begin(ex, run_id, source, None)
+        live.fresh = True
+        if read is not None:
+            live.own = read.own
+        return self._entry(live, read, False)
+
+    async def _stored_head(self, run_id: str) -> RunHead | None:
+        if self.store is None:
+            return None
+        try:
+            return await asyncio.to_thread(self.store.run_head, run_id)
+        except StoreError:
+            return None
+
+    def _rejected(self, ex: Exchange) -> Entry | None:
+        kind = kind_of(ex.route.upstream_path)
+        if kind is None:
+            return None
+        found = self._identify(ex, kind, ex.json(), lambda _: None)
+        if found is None:
+            return None
+        entry, named = found
+        if entry is not None:
+            return entry
+        run_id, source, read = named
+        return self._entry(self._begin(ex, run_id or new_id(), source, read), read, False)
+
+    # --- the bounds ----------------------------------------------------------------------------------------
+
+    async def _bounds_of(self, team: str, key_id: str) -> Bounds | None:
+        book = self.book
+        if book is None:
+            return None
+        now = time.monotonic()
+        cached = self._bounds.get((team, key_id))
+        if cached is not None and cached[0] > now and cached[1] == book.generation:
+            return cached[2]
+        try:
+            rows = (await book.get("team", team), await book.get("key", key_id))
+        except StoreError:
+            return None
+        bounds = Bounds.of(rows)
+        if len(self._bounds) > 10_000:
+            self._bounds.clear()
+        self._bounds[(team, key_id)] = (now + self.bounds_seconds, book.generation, bounds)
+        return bounds
+
+    async def _catch_up(self, live: Live) -> None:
+        """A bounded run's counters as the store has them (its requests on other replicas, before a
+        restart), with what this process has not written yet and its requests still under way."""
+        live.fresh = False
+        if self.store is None:
+            return
+        try:
+            stored = await asyncio.to_thread(self.store.run_requests, [live.head.run_id])
+        except StoreError:
+            return
+        seen = {r.request_id for r in stored}
+        rows = [*stored, *(r for r in self._queue.requests
+                           if r.run_id == live.head.run_id and r.request_id not in seen)]
+        under_way = sum(1 for e in self._pending.values() if e.live is live)
+        live.turns = sum(1 for r in rows if not (r.rule_code or "").startswith(RUN_LIMIT)) + under_way
+        live.cost = sum(r.cost_picousd for r in rows)
+        if rows:
+            live.streak = rows[-1].repeats
+
+    def _over(self, live: Live, bounds: Bounds, streak: int) -> APIError | None:
+        run_id = live.head.run_id
+        refusal = None
+        if bounds.turns is not None and live.turns >= bounds.turns:
+            refusal = run_limit(run_id, "run_max_turns", str(bounds.turns),
+                                f"{live.turns} requests sent in this run")
+        elif bounds.cost is not None and live.cost >= bounds.cost:
+            refusal = run_limit(run_id, "run_max_cost_usd", str(bounds.cost / 1e12),
+                                f"this run has cost {live.cost / 1e12:.6f} so far")
+        elif bounds.repeats is not None and streak >= bounds.repeats:
+            refusal = run_limit(run_id, "run_max_repeats", str(bounds.repeats),
+                                f"the model made the same tool call with the same arguments {streak} "
+                                "times in a row")
+        if refusal is not None:
+            bound = refusal.message.split("bound ", 1)[1].split(" ", 1)[0]
+            if live.head.stopped != bound:
+                live.head = RunHead(live.head.run_id, live.head.key_id, live.head.key_name, live.head.team,
+                                    live.head.source, live.head.started, bound)
+                self._queue.heads[run_id] = live.head
+        return refusal
+
+    # --- the store ---------------------------------------------------------------------------------------
+
+    def _put(self, row: RunRequest) -> None:
+        queue = self._queue
+        if len(queue.requests) < QUEUE_MAX:
+            queue.requests.append(row)
+        if self.store is not None and self._writer is None:
+            self._writer = asyncio.get_running_loop().create_task(self._write_every())
+
+    async def _write_every(self) -> None:
+        while True:
+            await asyncio.sleep(FLUSH_SECONDS)
+            await self.flush()
+
+    async def flush(self) -> None:
+        """Write what is queued (kept for the next try when the store is down)."""
+        if self.store is None:
+            return
+        queue = self._queue
+        if not queue.heads and not queue.requests:
+            return
+        self._queue = _Queue()
+        heads = list(queue.heads.values())
+        try:
+            await asyncio.to_thread(self.store.save_runs, heads, queue.requests)
+        except StoreError as exc:
+            log.warning("runs: writing %d requests failed (kept for the next try): %s", len(queue.requests),
+                        exc)
+            self._queue.heads = {**queue.heads, **self._queue.heads}
+            self._queue.requests[:0] = queue.requests[:QUEUE_MAX]
+            return
+
+    async def close(self) -> None:
+        if self._writer is not None:
+            self._writer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._writer
+            self._writer = None
+        await self.flush()
+
+    # --- reading -------------------------------------------------------------------------------------------
+
+    async def document(self, team: str | None = None, key_id: str | None = None, since: float = 0.0,
+                       limit: int = 200) -> dict[str, Any]:
+        """GET /admin/runs: the runs with a request since `since`, latest begun first."""
+        await self.flush()
+        if self.store is None:
+            return {"object": "list", "runs": []}
+        store = self.store
+        heads = await asyncio.to_thread(store.find_runs, team, key_id, since, limit)
+        requests = await asyncio.to_thread(store.run_requests, [h.run_id for h in heads])
+        return runs_document(heads, requests)
+
+    async def one(self, run_id: str) -> dict[str, Any] | None:
+        """One run with its requests round by round (None: no such run)."""
+        await self.flush()
+        if self.store is None:
+            return None
+        return await asyncio.to_thread(show, self.store, run_id)
+
+
+def show(store: RunStore, run_id: str) -> dict[str, Any] | None:
+    """`chatgate runs show RUN`'s document: the run's line and its requests (`rounds`)."""
+    head = store.run_head(run_id)
+    if head is None:
+        return None
+    requests = store.run_requests([head.run_id])
+    return {"run": summarize(head, requests), "rounds": rounds(requests)}
