@@ -258,10 +258,10 @@ class Runs:
             return self._entry(live, read, retry), (run_id, source, read)
         if read is None:
             return None
-        same = self._prints.get(read.own)
-        if same:  # this history again: a retry
-            return self._entry(same[-1], read, True), ("", "inferred", read)
         if read.after is not None:
+            same = self._prints.get(read.own)
+            if same:  # this history again: a retry (an opening again is a new run: agents start alike)
+                return self._entry(same[-1], read, True), ("", "inferred", read)
             before = self._prints.get(read.after)
             if before:
                 live = next((r for r in before if r.own == read.after), before[-1])

@@ -28,6 +28,7 @@ from app.gateway.upstream import response_headers
 from app.metering.cache_report import build_cache_report, cache_query
 from app.metering.reports import ReportError, build_report, make_query
 from app.web.admin import add_admin
+from app.web.runs import add_runs
 from app.web.count_tokens import add_count_tokens
 from app.web.dashboard import add_dashboard
 from app.web.refusals import add_refusals
@@ -70,6 +71,7 @@ def add_routes(app: FastAPI, state: State) -> None:
         for path, error in family.not_served:
             app.router.add_route(path, _not_served(error), methods=ANY_METHOD, include_in_schema=False)
     add_count_tokens(app, state, families)
+    add_runs(app, state)
     add_dashboard(app, state)
     add_admin(app, state)
     add_refusals(app, state)
