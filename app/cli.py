@@ -199,6 +199,11 @@ def _limit_args(p: argparse.ArgumentParser) -> None:
     group.add_argument("--rpm", metavar="N", help="requests per minute")
     group.add_argument("--tpm", metavar="N", help="tokens per minute (prompt + completion)")
     group.add_argument("--max-concurrent", metavar="N", help="requests in flight at once")
+    group.add_argument("--run-max-turns", metavar="N", help="requests per agent run (docs/runs.md)")
+    group.add_argument("--run-max-cost-usd", metavar="AMOUNT",
+                       help="an agent run's cost, in the prices' currency (pricing.currency)")
+    group.add_argument("--run-max-repeats", metavar="K",
+                       help="the same tool call with the same arguments K times in a row in an agent run")
 
 
 def _flags(args: argparse.Namespace) -> dict[str, Any]:
@@ -344,10 +349,12 @@ def _limit_change(args: argparse.Namespace) -> dict[str, Any]:
         change["budget_cny"] = parse_usd(args.budget_cny, "budget_cny")
     if args.budget_period is not None:
         change["budget_period"] = parse_period(args.budget_period)
-    for name in ("rpm", "tpm", "max_concurrent"):
+    for name in ("rpm", "tpm", "max_concurrent", "run_max_turns", "run_max_repeats"):
         value = getattr(args, name)
         if value is not None:
             change[name] = parse_count(value, name)
+    if args.run_max_cost_usd is not None:
+        change["run_max_cost_usd"] = parse_usd(args.run_max_cost_usd, "run_max_cost_usd")
     return change
 
 

@@ -28,10 +28,10 @@ from app.gateway.upstream import response_headers
 from app.metering.cache_report import build_cache_report, cache_query
 from app.metering.reports import ReportError, build_report, make_query
 from app.web.admin import add_admin
-from app.web.runs import add_runs
 from app.web.count_tokens import add_count_tokens
 from app.web.dashboard import add_dashboard
 from app.web.refusals import add_refusals
+from app.web.runs import add_runs
 
 BALANCE_ROUTE = "/user/balance"
 MODELS_CACHE_SLOTS = 1024

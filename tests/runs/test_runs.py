@@ -35,13 +35,13 @@ def settings_for(tmp_path: Path, fake: RunningFake, **sections: dict[str, Any]) 
     return make_settings(tmp_path, fake.url, auth=auth, **sections)
 
 
-def chat_loop(url: str, key: str, task: str, rounds: int, headers: dict[str, str] | None = None,
-              client: httpx2.Client | None = None) -> list[httpx2.Response]:
-    """A raw tool loop: the task, the fake's tool call, its result, the answer, "go on", ... `rounds` times."""
+def chat_loop(url: str, key: str, task: str, rounds: int, headers: dict[str, str] | None = None
+              ) -> list[httpx2.Response]:
+    """A raw tool loop: the task, the fake's tool call, its result, the answer, "go on", ... (`rounds`)."""
     messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a coding agent."},
                                       {"role": "user", "content": task}]
     answers = []
-    http = client or httpx2.Client(timeout=30)
+    http = httpx2.Client(timeout=30)
     for n in range(rounds):
         resp = http.post(f"{url}/v1/chat/completions", json={
             "model": "deepseek-flash", "messages": messages, "tools": TOOLS},
@@ -105,7 +105,8 @@ def anthropic_loop(url: str, key: str, user_id: str, rounds: int) -> list[httpx2
         for n in range(rounds):
             resp = http.post(f"{url}/anthropic/v1/messages", json={
                 "model": "deepseek-flash", "max_tokens": 256, "messages": messages, "tools": tools,
-                "metadata": {"user_id": user_id}}, headers={"x-api-key": key, "anthropic-version": "2023-06-01"})
+                "metadata": {"user_id": user_id}},
+                headers={"x-api-key": key, "anthropic-version": "2023-06-01"})
             out.append(resp)
             assert resp.status_code == 200, resp.text
             content = resp.json()["content"]
@@ -164,9 +165,10 @@ def test_run_max_repeats_stops_the_same_tool_call_in_a_row(tmp_path: Path, fake:
                 messages += [{"role": "assistant", "content": None, "tool_calls": [call]},
                              {"role": "tool", "tool_call_id": call["id"], "content": "same"}]
             resp = httpx2.post(f"{gate.url}/v1/chat/completions", json={
-                "model": "deepseek-flash", "messages": messages, "tools": TOOLS},
+                "model": "deepseek-flash", "messages": messages, "tools": TOOLS, "thinking": {"type": "disabled"}},
                 headers={"authorization": f"Bearer {key}", "x-chatgate-run": "looping"}, timeout=30)
             statuses.append(resp.status_code)
+            assert resp.status_code in (200, 429), resp.text
     assert statuses == [200, 200, 429, 429]
     assert "run_max_repeats" in resp.json()["error"]["message"]
 
