@@ -13,6 +13,7 @@ from typing import Any
 import httpx2
 import pytest
 
+from app.cli import main
 from app.gateway.auth import fingerprint
 from tests.fakes.server import RunningFake, run_fake_deepseek
 from tests.harness import ADMIN_KEY, make_settings, run_chatgate
@@ -165,7 +166,8 @@ def test_run_max_repeats_stops_the_same_tool_call_in_a_row(tmp_path: Path, fake:
                 messages += [{"role": "assistant", "content": None, "tool_calls": [call]},
                              {"role": "tool", "tool_call_id": call["id"], "content": "same"}]
             resp = httpx2.post(f"{gate.url}/v1/chat/completions", json={
-                "model": "deepseek-flash", "messages": messages, "tools": TOOLS, "thinking": {"type": "disabled"}},
+                "model": "deepseek-flash", "messages": messages, "tools": TOOLS,
+                "thinking": {"type": "disabled"}},
                 headers={"authorization": f"Bearer {key}", "x-chatgate-run": "looping"}, timeout=30)
             statuses.append(resp.status_code)
             assert resp.status_code in (200, 429), resp.text
@@ -200,6 +202,28 @@ def test_runs_survive_a_restart_and_a_loop_goes_on_in_its_run(tmp_path: Path, fa
         after = runs_of(gate.url)
     assert len(before) == 1 and before[0]["requests"] == 3
     assert [(r["run_id"], r["requests"]) for r in after] == [(before[0]["run_id"], 4)]
+
+
+def test_the_cli_lists_runs_and_shows_one_round_by_round(tmp_path: Path, fake: RunningFake,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    settings = settings_for(tmp_path, fake)
+    with run_chatgate(settings) as gate:
+        chat_loop(gate.url, "sk-cli", "Summarise the logs", 4, {"x-chatgate-run": "cli-run-1"})
+        runs_of(gate.url)  # written by now
+    store = settings.store.url
+    assert main(["runs", "--store", store, "--format", "json"]) == 0
+    listed = json.loads(capsys.readouterr().out)["runs"]
+    assert [(r["run_id"], r["requests"], r["rounds"]) for r in listed] == [("cli-run-1", 4, 4)]
+    assert main(["runs", "--store", store]) == 0
+    assert "cli-run-1" in capsys.readouterr().out
+    assert main(["runs", "show", "cli-run", "--store", store]) == 0
+    shown = capsys.readouterr().out
+    assert "run cli-run-1" in shown and "read_file" in shown
+    assert len([line for line in shown.splitlines() if line.startswith("   ") and "ok" in line]) == 4
+    assert main(["runs", "show", "cli-run", "--store", store, "--format", "json"]) == 0
+    steps = json.loads(capsys.readouterr().out)["rounds"]
+    assert [s["context_tokens"] for s in steps] == sorted(s["context_tokens"] for s in steps)
+    assert main(["runs", "show", "nope", "--store", store]) == 1
 
 
 @pytest.mark.slow
