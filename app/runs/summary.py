@@ -3,6 +3,7 @@ one run round by round (`chatgate runs show`). Pure functions of the store's row
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -70,14 +71,18 @@ def rounds(requests: Sequence[RunRequest]) -> list[dict[str, Any]]:
     how much that grew since the request before."""
     out: list[dict[str, Any]] = []
     before = 0
+    answered = [r for r in requests if not r.retry]
+    # a request carries back the answer of the one before it: its tool calls and finish are that round's
+    carried = {a.request_id: (b.tool_calls, b.finish) for a, b in itertools.pairwise(answered)}
     for n, r in enumerate(requests, 1):
+        tool_calls, finish = carried.get(r.request_id, ("{}", None))
         out.append({
             "n": n, "request_id": r.request_id, "ts": r.ts, "model": r.model, "outcome": r.outcome,
             "status": r.status, "rule_code": r.rule_code, "retry": r.retry,
             "prompt_tokens": r.prompt_tokens, "prompt_cache_hit_tokens": r.prompt_cache_hit_tokens,
             "completion_tokens": r.completion_tokens, "reasoning_tokens": r.reasoning_tokens,
             f"cost_{r.currency.lower()}": _money(r.cost_picousd),
-            "tool_calls": orjson.loads(r.tool_calls), "finish_reason": r.finish,
+            "tool_calls": orjson.loads(tool_calls), "finish_reason": finish,
             "context_tokens": r.prompt_tokens, "context_growth": r.prompt_tokens - before if r.prompt_tokens
             else 0, "context_window": r.context_window,
         })
@@ -107,7 +112,8 @@ def runs_document(heads: Sequence[RunHead], requests: Sequence[RunRequest], now:
 def _cost_of(line: dict[str, Any]) -> str:
     currency = str(line.get("currency", "USD"))
     value = line.get(f"cost_{currency.lower()}", 0.0)
-    return f"{'¥' if currency == 'CNY' else '$'}{value:.4f}"
+    return f"{'¥' if currency == 'CNY' else '$'}{value:.4f}" if value >= 0.01 or not value else \
+        f"{'¥' if currency == 'CNY' else '$'}{value:.6f}"
 
 
 def _tokens(n: int) -> str:
