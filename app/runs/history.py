@@ -28,7 +28,7 @@ OUTPUT_TYPES = frozenset({"function_call", "custom_tool_call", "local_shell_call
                           "image_generation_call"})
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Calls:
     """The tool calls of one answer: their names in order, and one hash of names and arguments together."""
 
@@ -39,7 +39,7 @@ class Calls:
 NO_CALLS = Calls((), 0)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Shape:
     """A request's history as runs read it. `after`: the print of the request it continues (None: it
     continues none; it opens a run); `own`: its own print; `calls`: the tool calls of the answer it carries

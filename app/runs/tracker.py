@@ -35,6 +35,7 @@ log = logging.getLogger("chatgate.runs")
 
 MAX_RUNS = 50_000  # live runs remembered by this process (the least recently seen are forgotten)
 MAX_PRINTS = 100_000  # history prints remembered
+SAME_START = 16  # runs remembered per print: as many as an agent runs at once from the same start
 FLUSH_SECONDS = 0.2
 QUEUE_MAX = 100_000
 
@@ -143,6 +144,10 @@ class _Queue:
     requests: list[RunRequest] = field(default_factory=list)
 
 
+def _counted(names: tuple[str, ...]) -> str:
+    return orjson.dumps(Counter(names)).decode()
+
+
 def thread_text(p: tuple[int, int]) -> str:
     return f"{p[0]:x}-{p[1]:016x}"
 
@@ -232,7 +237,7 @@ class Runs:
             record.prompt_cache_miss_tokens, record.reasoning_tokens, record.cost_picousd, record.currency,
             profile.context_window if profile is not None else 0, record.attempts,
             len(ex.repaired.applied) if ex.repaired is not None else 0, entry.retry,
-            orjson.dumps(Counter(entry.calls.names)).decode() if not entry.retry else "{}",
+            _counted(entry.calls.names) if entry.calls.names and not entry.retry else "{}",
             live.streak, entry.finish))
 
     # --- finding the run ---------------------------------------------------------------------------------
@@ -279,7 +284,13 @@ class Runs:
         live.own = read.own
         self._live.move_to_end(live.head.run_id)
         prints = self._prints
-        prints.setdefault(read.own, []).append(live)
+        runs = prints.get(read.own)
+        if runs is None:
+            prints[read.own] = [live]
+        else:  # runs that began alike (one agent started again and again): the latest few
+            runs.append(live)
+            if len(runs) > SAME_START:
+                del runs[0]
         if len(prints) > MAX_PRINTS:
             prints.popitem(last=False)
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one per run (a frozen __init__ pays a call per field)
 class RunHead:
     run_id: str
     key_id: str
@@ -20,7 +20,7 @@ class RunHead:
     stopped: str | None = None  # the bound that stopped it (run_max_turns, run_max_cost, run_max_repeats)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one per request
 class RunRequest:
     """One request of a run, as its usage record metered it."""
 
