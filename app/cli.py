@@ -685,8 +685,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
     if opened is None:
         return 1
     store, _ = opened
-    heads = store.find_runs(args.team, args.key, since or 0.0, args.limit)
-    document = runs_document(heads, store.run_requests([h.run_id for h in heads]), time.time())
+    document = runs_document(store.find_runs(args.team, args.key, since or 0.0, args.limit), time.time())
     store.close()
     if args.format == "json":
         _print_json(document)

@@ -10,9 +10,7 @@ from collections.abc import Sequence
 from decimal import Decimal
 from typing import Any
 
-import orjson
-
-from app.store.runs import RunHead, RunRequest
+from app.store.runs import RunHead, RunRequest, requests_of
 
 IDLE_SECONDS = 600.0  # a run with no request for this long has ended
 PICO = Decimal(10) ** 12
@@ -38,7 +36,7 @@ def summarize(head: RunHead, requests: Sequence[RunRequest], now: float | None =
     tools: Counter[str] = Counter()
     for r in requests:
         if not r.retry:
-            tools.update(orjson.loads(r.tool_calls))
+            tools.update(r.tool_calls)
     last = requests[-1] if requests else None
     widest = max(requests, key=lambda r: r.prompt_tokens, default=None)
     window = widest.context_window if widest is not None else 0
@@ -75,14 +73,14 @@ def rounds(requests: Sequence[RunRequest]) -> list[dict[str, Any]]:
     # a request carries back the answer of the one before it: its tool calls and finish are that round's
     carried = {a.request_id: (b.tool_calls, b.finish) for a, b in itertools.pairwise(answered)}
     for n, r in enumerate(requests, 1):
-        tool_calls, finish = carried.get(r.request_id, ("{}", None))
+        tool_calls, finish = carried.get(r.request_id, ({}, None))
         out.append({
             "n": n, "request_id": r.request_id, "ts": r.ts, "model": r.model, "outcome": r.outcome,
             "status": r.status, "rule_code": r.rule_code, "retry": r.retry,
             "prompt_tokens": r.prompt_tokens, "prompt_cache_hit_tokens": r.prompt_cache_hit_tokens,
             "completion_tokens": r.completion_tokens, "reasoning_tokens": r.reasoning_tokens,
             f"cost_{r.currency.lower()}": _money(r.cost_picousd),
-            "tool_calls": orjson.loads(tool_calls), "finish_reason": finish,
+            "tool_calls": dict(tool_calls), "finish_reason": finish,
             "context_tokens": r.prompt_tokens, "context_growth": r.prompt_tokens - before if r.prompt_tokens
             else 0, "context_window": r.context_window,
         })
@@ -91,17 +89,13 @@ def rounds(requests: Sequence[RunRequest]) -> list[dict[str, Any]]:
     return out
 
 
-def runs_document(heads: Sequence[RunHead], requests: Sequence[RunRequest], now: float | None = None
-                  ) -> dict[str, Any]:
+def runs_document(heads: Sequence[RunHead], now: float | None = None) -> dict[str, Any]:
     """`{"runs": [...]}`, each run with its context per request (`context`: the chart's points)."""
-    by_run: dict[str, list[RunRequest]] = {h.run_id: [] for h in heads}
-    for r in requests:
-        if r.run_id in by_run:
-            by_run[r.run_id].append(r)
     runs = []
     for head in heads:
-        line = summarize(head, by_run[head.run_id], now)
-        line["context"] = [r.prompt_tokens for r in by_run[head.run_id] if r.outcome == "ok"]
+        requests = requests_of(head)
+        line = summarize(head, requests, now)
+        line["context"] = [r.prompt_tokens for r in requests if r.outcome == "ok"]
         runs.append(line)
     return {"object": "list", "runs": runs}
 

@@ -29,7 +29,7 @@ from app.runs.history import NO_CALLS, Calls, Shape, kind_of, shape
 from app.runs.identity import Headers, declared
 from app.runs.summary import RUN_LIMIT, rounds, runs_document, summarize
 from app.store.base import LimitRow, StoreError, UsageRecord
-from app.store.runs import RunHead, RunRequest, RunStore
+from app.store.runs import RunHead, RunStore, requests_of
 
 log = logging.getLogger("chatgate.runs")
 
@@ -116,7 +116,7 @@ class Bounds:
 
 @dataclass(slots=True)
 class Live:
-    """A run as this process knows it."""
+    """A run as this process knows it, and what it has not written yet (`out`, the `d_` counters)."""
 
     head: RunHead
     turns: int = 0  # its requests forwarded (or on their way)
@@ -125,6 +125,11 @@ class Live:
     streak: int = 0  # how many times in a row it made them
     own: tuple[int, int] | None = None  # the print of its last request's history
     fresh: bool = False  # it may have requests in the store this process has not counted
+    out: list[tuple[Any, ...]] = field(default_factory=list)
+    d_requests: int = 0
+    d_turns: int = 0
+    d_cost: int = 0
+    last_seen: float = 0.0
 
 
 @dataclass(slots=True)
@@ -132,20 +137,9 @@ class Entry:
     """A request on its way, as `add` will record it."""
 
     live: Live
-    thread: str | None
     retry: bool
     calls: Calls
     finish: str | None
-
-
-@dataclass(slots=True)
-class _Queue:
-    heads: dict[str, RunHead] = field(default_factory=dict)
-    requests: list[RunRequest] = field(default_factory=list)
-
-
-def _counted(names: tuple[str, ...]) -> str:
-    return orjson.dumps(Counter(names)).decode()
 
 
 def thread_text(p: tuple[int, int]) -> str:
@@ -175,9 +169,9 @@ class Runs:
         self._pending: dict[str, Entry] = {}
         self._bounds: dict[tuple[str, str], tuple[float, int, Bounds | None]] = {}
         self._kinds: dict[str, str | None] = {}
-        self._queue = _Queue()
+        self._dirty: dict[str, Live] = {}  # the runs with something not written yet
+        self._unsaved: list[RunHead] = []  # updates a store error sent back, tried again first
         self._writer: asyncio.Task[None] | None = None
-        self._wake = asyncio.Event()
 
     # --- the request path ------------------------------------------------------------------------------
 
@@ -204,7 +198,14 @@ class Runs:
         streak = live.streak
         if not entry.retry and entry.calls.names:
             streak = streak + 1 if entry.calls.same == live.same else 1
-        bounds = await self._bounds_of(ex.identity.team, ex.identity.key_id)
+        bounds = None
+        if self.book is not None:
+            team, key_id = ex.identity.team, ex.identity.key_id
+            cached = self._bounds.get((team, key_id))
+            if cached is not None and cached[0] > time.monotonic() and cached[1] == self.book.generation:
+                bounds = cached[2]
+            else:
+                bounds = await self._bounds_of(team, key_id)
         if bounds is not None:
             if self.shared or live.fresh:
                 await self._catch_up(live)
@@ -219,7 +220,7 @@ class Runs:
         return None
 
     def add(self, ex: Exchange, record: UsageRecord) -> None:
-        """The request's usage, added to its run."""
+        """The request's usage, added to its run (written with the run's next update)."""
         entry = self._pending.pop(ex.request_id, None)
         if entry is None:
             if record.outcome != "rejected":
@@ -228,17 +229,28 @@ class Runs:
             if entry is None:
                 return
         live = entry.live
-        live.cost += record.cost_picousd
+        cost = record.cost_picousd
+        live.cost += cost
         profile = self.profiles.get(record.model)
-        self._put(RunRequest(
-            record.request_id, live.head.run_id, record.ts, entry.thread, record.model, record.outcome,
-            record.upstream_status or (200 if record.outcome == "ok" else 0), record.rule_code,
-            record.prompt_tokens, record.completion_tokens, record.prompt_cache_hit_tokens,
-            record.prompt_cache_miss_tokens, record.reasoning_tokens, record.cost_picousd, record.currency,
-            profile.context_window if profile is not None else 0, record.attempts,
-            len(ex.repaired.applied) if ex.repaired is not None else 0, entry.retry,
-            _counted(entry.calls.names) if entry.calls.names and not entry.retry else "{}",
-            live.streak, entry.finish))
+        window = profile.context_window if profile is not None else 0
+        rule = record.rule_code
+        live.out.append((
+            record.request_id, record.ts, record.model, record.outcome,
+            record.upstream_status or (200 if record.outcome == "ok" else 0), rule, record.prompt_tokens,
+            record.completion_tokens, record.prompt_cache_hit_tokens, record.prompt_cache_miss_tokens,
+            record.reasoning_tokens, cost, record.currency, window,
+            record.attempts, len(ex.repaired.applied) if ex.repaired is not None else 0, entry.retry,
+            Counter(entry.calls.names) if entry.calls.names and not entry.retry else {}, live.streak,
+            entry.finish))
+        live.d_requests += 1
+        if rule is None or not rule.startswith(RUN_LIMIT):
+            live.d_turns += 1
+        live.d_cost += cost
+        if record.ts > live.last_seen:
+            live.last_seen = record.ts
+        self._dirty[live.head.run_id] = live
+        if self._writer is None and self.store is not None:
+            self._writer = asyncio.get_running_loop().create_task(self._write_every())
 
     # --- finding the run ---------------------------------------------------------------------------------
 
@@ -277,8 +289,8 @@ class Runs:
 
     def _entry(self, live: Live, read: Shape | None, retry: bool) -> Entry:
         if read is None:
-            return Entry(live, None, retry, NO_CALLS, None)
-        return Entry(live, thread_text(read.own), retry, read.calls, read.finish)
+            return Entry(live, retry, NO_CALLS, None)
+        return Entry(live, retry, read.calls, read.finish)
 
     def _advance(self, live: Live, read: Shape) -> None:
         live.own = read.own
@@ -298,7 +310,6 @@ class Runs:
         i = ex.identity
         live = Live(RunHead(run_id, i.key_id, i.key_name, i.team, source, ex.ts))
         self._remember(live)
-        self._queue.heads[run_id] = live.head
         if read is not None:
             self._advance(live, read)
         return live
@@ -313,20 +324,19 @@ class Runs:
         new), or one whose history continues a print the store may hold."""
         run_id, source, read = named
         if not run_id and read is not None and read.after is not None and self.store is not None:
+            stored = None
             with contextlib.suppress(StoreError):
                 stored = await asyncio.to_thread(self.store.run_of_thread, thread_text(read.after))
-                run_id = stored or ""
-            known = self._live.get(run_id) if run_id else None
-            if known is not None:
-                self._advance(known, read)
-                return self._entry(known, read, False)
-            if run_id:
-                head = await self._stored_head(run_id)
-                if head is not None:
-                    live = Live(head, fresh=True)
+            if stored is not None:
+                live = self._live.get(stored.run_id)
+                if live is None:
+                    h = stored
+                    head = RunHead(h.run_id, h.key_id, h.key_name, h.team, h.source, h.started,
+                                   stopped=h.stopped)
+                    live = Live(head, h.turns, h.cost_picousd, streak=h.streak, fresh=self.shared)
                     self._remember(live)
-                    self._advance(live, read)
-                    return self._entry(live, read, False)
+                self._advance(live, read)
+                return self._entry(live, read, False)
         if not run_id:
             return self._entry(self._begin(ex, new_id(), "inferred", read), read, False)
         if run_id in self._live:  # begun meanwhile by another request
@@ -336,14 +346,6 @@ class Runs:
         if read is not None:
             live.own = read.own
         return self._entry(live, read, False)
-
-    async def _stored_head(self, run_id: str) -> RunHead | None:
-        if self.store is None:
-            return None
-        try:
-            return await asyncio.to_thread(self.store.run_head, run_id)
-        except StoreError:
-            return None
 
     def _rejected(self, ex: Exchange) -> Entry | None:
         kind = kind_of(ex.route.upstream_path)
@@ -385,17 +387,16 @@ class Runs:
         if self.store is None:
             return
         try:
-            stored = await asyncio.to_thread(self.store.run_requests, [live.head.run_id])
+            stored = await asyncio.to_thread(self.store.run_head, live.head.run_id)
         except StoreError:
             return
-        seen = {r.request_id for r in stored}
-        rows = [*stored, *(r for r in self._queue.requests
-                           if r.run_id == live.head.run_id and r.request_id not in seen)]
+        if stored is None or stored.run_id != live.head.run_id:
+            return
         under_way = sum(1 for e in self._pending.values() if e.live is live)
-        live.turns = sum(1 for r in rows if not (r.rule_code or "").startswith(RUN_LIMIT)) + under_way
-        live.cost = sum(r.cost_picousd for r in rows)
-        if rows:
-            live.streak = rows[-1].repeats
+        live.turns = stored.turns + live.d_turns + under_way
+        live.cost = stored.cost_picousd + live.d_cost
+        if not live.out:
+            live.streak = stored.streak
 
     def _over(self, live: Live, bounds: Bounds, streak: int) -> APIError | None:
         run_id = live.head.run_id
@@ -411,21 +412,10 @@ class Runs:
                                 f"the model made the same tool call with the same arguments {streak} "
                                 "times in a row")
         if refusal is not None:
-            bound = refusal.message.split("bound ", 1)[1].split(" ", 1)[0]
-            if live.head.stopped != bound:
-                live.head = RunHead(live.head.run_id, live.head.key_id, live.head.key_name, live.head.team,
-                                    live.head.source, live.head.started, bound)
-                self._queue.heads[run_id] = live.head
+            live.head.stopped = refusal.message.split("bound ", 1)[1].split(" ", 1)[0]
         return refusal
 
     # --- the store ---------------------------------------------------------------------------------------
-
-    def _put(self, row: RunRequest) -> None:
-        queue = self._queue
-        if len(queue.requests) < QUEUE_MAX:
-            queue.requests.append(row)
-        if self.store is not None and self._writer is None:
-            self._writer = asyncio.get_running_loop().create_task(self._write_every())
 
     async def _write_every(self) -> None:
         while True:
@@ -433,22 +423,24 @@ class Runs:
             await self.flush()
 
     async def flush(self) -> None:
-        """Write what is queued (kept for the next try when the store is down)."""
-        if self.store is None:
+        """Write each run's update: what it added since the last (kept for the next try when the store is
+        down)."""
+        if self.store is None or not (self._dirty or self._unsaved):
             return
-        queue = self._queue
-        if not queue.heads and not queue.requests:
-            return
-        self._queue = _Queue()
-        heads = list(queue.heads.values())
+        dirty, self._dirty = self._dirty, {}
+        batch = []
+        for live in dirty.values():
+            h = live.head
+            batch.append((RunHead(h.run_id, h.key_id, h.key_name, h.team, h.source, h.started, live.last_seen,
+                                  h.stopped, thread_text(live.own) if live.own is not None else None,
+                                  live.d_requests, live.d_turns, live.d_cost, live.streak), live.out))
+            live.out, live.d_requests, live.d_turns, live.d_cost = [], 0, 0, 0
+        unsaved, self._unsaved = self._unsaved, []
         try:
-            await asyncio.to_thread(self.store.save_runs, heads, queue.requests)
+            await asyncio.to_thread(_save, self.store, unsaved, batch)
         except StoreError as exc:
-            log.warning("runs: writing %d requests failed (kept for the next try): %s", len(queue.requests),
-                        exc)
-            self._queue.heads = {**queue.heads, **self._queue.heads}
-            self._queue.requests[:0] = queue.requests[:QUEUE_MAX]
-            return
+            log.warning("runs: writing %d runs' updates failed (kept for the next try): %s", len(batch), exc)
+            self._unsaved = [*unsaved, *(head for head, _ in batch)][-QUEUE_MAX:]
 
     async def close(self) -> None:
         if self._writer is not None:
@@ -466,10 +458,8 @@ class Runs:
         await self.flush()
         if self.store is None:
             return {"object": "list", "runs": []}
-        store = self.store
-        heads = await asyncio.to_thread(store.find_runs, team, key_id, since, limit)
-        requests = await asyncio.to_thread(store.run_requests, [h.run_id for h in heads])
-        return runs_document(heads, requests)
+        heads = await asyncio.to_thread(self.store.find_runs, team, key_id, since, limit)
+        return runs_document(heads)
 
     async def one(self, run_id: str) -> dict[str, Any] | None:
         """One run with its requests round by round (None: no such run)."""
@@ -479,10 +469,20 @@ class Runs:
         return await asyncio.to_thread(show, self.store, run_id)
 
 
+Batch = list[tuple[RunHead, list[tuple[Any, ...]]]]
+
+
+def _save(store: RunStore, unsaved: list[RunHead], batch: Batch) -> None:
+    """Encode the batch's rounds (here, off the event loop) and write the updates."""
+    for head, out in batch:
+        head.rounds = b"".join([orjson.dumps(r, option=orjson.OPT_APPEND_NEWLINE) for r in out]).decode()
+    store.save_runs([*unsaved, *(head for head, _ in batch)])
+
+
 def show(store: RunStore, run_id: str) -> dict[str, Any] | None:
     """`chatgate runs show RUN`'s document: the run's line and its requests (`rounds`)."""
     head = store.run_head(run_id)
     if head is None:
         return None
-    requests = store.run_requests([head.run_id])
+    requests = requests_of(head)
     return {"run": summarize(head, requests), "rounds": rounds(requests)}

@@ -172,7 +172,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "ALTER TABLE usage ADD COLUMN currency TEXT NOT NULL DEFAULT 'USD'",
         "ALTER TABLE limits ADD COLUMN budget_currency TEXT NOT NULL DEFAULT 'USD'",
     ),
-    # 13: agent runs (issue 52): each run's identity, each of its requests, and the bounds on a run.
+    # 13: agent runs (issue 52): each run, its counters and its requests; the bounds on a run.
     (
         """CREATE TABLE runs (
             run_id TEXT PRIMARY KEY,
@@ -181,35 +181,16 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             team TEXT NOT NULL,
             source TEXT NOT NULL,
             started DOUBLE PRECISION NOT NULL,
-            stopped TEXT
-        )""",
-        """CREATE TABLE run_requests (
-            request_id TEXT PRIMARY KEY,
-            run_id TEXT NOT NULL,
-            ts DOUBLE PRECISION NOT NULL,
+            last_seen DOUBLE PRECISION NOT NULL,
+            stopped TEXT,
             thread TEXT,
-            model TEXT NOT NULL,
-            outcome TEXT NOT NULL,
-            status INTEGER NOT NULL,
-            rule_code TEXT,
-            prompt_tokens BIGINT NOT NULL,
-            completion_tokens BIGINT NOT NULL,
-            prompt_cache_hit_tokens BIGINT NOT NULL,
-            prompt_cache_miss_tokens BIGINT NOT NULL,
-            reasoning_tokens BIGINT NOT NULL,
+            requests BIGINT NOT NULL,
+            turns BIGINT NOT NULL,
             cost_picousd BIGINT NOT NULL,
-            currency TEXT NOT NULL,
-            context_window BIGINT NOT NULL,
-            attempts BIGINT NOT NULL,
-            repairs BIGINT NOT NULL,
-            retry BOOLEAN NOT NULL,
-            tool_calls TEXT NOT NULL,
-            repeats BIGINT NOT NULL,
-            finish TEXT
+            streak BIGINT NOT NULL,
+            rounds TEXT NOT NULL
         )""",
-        "CREATE INDEX run_requests_run ON run_requests (run_id, ts)",
-        "CREATE INDEX run_requests_ts ON run_requests (ts)",
-        "CREATE INDEX run_requests_thread ON run_requests (thread)",
+        "CREATE INDEX runs_thread ON runs (thread)",
         "ALTER TABLE limits ADD COLUMN run_max_turns BIGINT",
         "ALTER TABLE limits ADD COLUMN run_max_cost_picousd BIGINT",
         "ALTER TABLE limits ADD COLUMN run_max_repeats BIGINT",

@@ -411,25 +411,21 @@ class PostgresStore:
         with self._connection(self._timeout) as conn:
             return conn.execute(_Q.mark_alert, (scope, subject, period_start, level, now)).rowcount == 1
 
-    def save_runs(self, heads: Sequence[runs.RunHead], requests: Sequence[runs.RunRequest]) -> None:
-        if heads or requests:
+    def save_runs(self, updates: Sequence[runs.RunHead]) -> None:
+        if updates:
             with self._connection(self._insert_timeout) as conn, conn.transaction(), conn.cursor() as cur:
-                runs.save_in(cur, "%s", heads, requests)
+                runs.save_in(cur, "%s", updates)
 
     def find_runs(self, team: str | None, key_id: str | None, since: float, limit: int
                   ) -> list[runs.RunHead]:
         with self._connection(self._slow_timeout) as conn, conn.cursor() as cur:
             return runs.find_in(cur, "%s", team, key_id, since, limit)
 
-    def run_requests(self, run_ids: Sequence[str]) -> list[runs.RunRequest]:
-        with self._connection(self._slow_timeout) as conn, conn.cursor() as cur:
-            return runs.requests_in(cur, "%s", run_ids)
-
     def run_head(self, run_id: str) -> runs.RunHead | None:
         with self._connection(self._timeout) as conn, conn.cursor() as cur:
             return runs.head_in(cur, "%s", run_id)
 
-    def run_of_thread(self, thread: str) -> str | None:
+    def run_of_thread(self, thread: str) -> runs.RunHead | None:
         with self._connection(self._timeout) as conn, conn.cursor() as cur:
             return runs.thread_in(cur, "%s", thread)
 

@@ -1,6 +1,6 @@
-"""Agent runs in the store (issue 52): one `runs` row per run (who, how it was told apart, when it began,
-what stopped it) and one `run_requests` row per request of a run. A run's counters are summed from its
-requests when read, so replicas adding requests to one run never overwrite each other."""
+"""Agent runs in the store (issue 52): one `runs` row per run, written as additive updates (a replica adds
+its requests' counters and appends their rounds), so that replicas adding requests to one run never
+overwrite each other, and a run costs one row write per batch of its requests, not one per request."""
 
 from __future__ import annotations
 
@@ -8,16 +8,29 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import orjson
+
 
 @dataclass(slots=True)  # not frozen: one per run (a frozen __init__ pays a call per field)
 class RunHead:
+    """A run as the store has it: who, how it was told apart (header, session, inferred), its first and
+    last request, what stopped it, the print of its last request's history (`thread`), its counters and
+    its requests (`rounds`: one JSON array a line, `ROUND_FIELDS`)."""
+
     run_id: str
     key_id: str
     key_name: str
     team: str
-    source: str  # header, session, or inferred
+    source: str
     started: float
-    stopped: str | None = None  # the bound that stopped it (run_max_turns, run_max_cost, run_max_repeats)
+    last_seen: float = 0.0
+    stopped: str | None = None  # the bound that stopped it (run_max_turns, run_max_cost_usd, run_max_repeats)
+    thread: str | None = None
+    requests: int = 0
+    turns: int = 0  # its requests not refused by a run bound
+    cost_picousd: int = 0
+    streak: int = 0  # the same tool call in a row, as of its last request
+    rounds: str = ""
 
 
 @dataclass(slots=True)  # not frozen: one per request
@@ -27,7 +40,6 @@ class RunRequest:
     request_id: str
     run_id: str
     ts: float
-    thread: str | None  # the history's print a later request continuing it looks up (inferred runs)
     model: str
     outcome: str
     status: int
@@ -43,30 +55,29 @@ class RunRequest:
     attempts: int
     repairs: int
     retry: bool  # the same history as the run's request before it, sent again
-    tool_calls: str  # JSON: the tool calls of the answer this request carries back, {name: count}
+    tool_calls: dict[str, int]  # the tool calls of the answer this request carries back, by name
     repeats: int  # how many times in a row the run's model has made the same tool call, as of this request
     finish: str | None  # why the answer this request carries back ended (tool_calls, stop), when it shows
 
 
-RUN_COLUMNS = ("run_id", "key_id", "key_name", "team", "source", "started", "stopped")
-REQUEST_COLUMNS = tuple(RunRequest.__slots__)
+ROUND_FIELDS = tuple(f for f in RunRequest.__slots__ if f != "run_id")
+HEAD_COLUMNS = ("run_id", "key_id", "key_name", "team", "source", "started", "last_seen", "stopped", "thread",
+                "requests", "turns", "cost_picousd", "streak", "rounds")
 
 
 class RunStore(Protocol):
-    def save_runs(self, heads: Sequence[RunHead], requests: Sequence[RunRequest]) -> None:
-        """Add runs (a known run keeps its row; a stop is kept once set) and their requests (idempotent)."""
+    def save_runs(self, updates: Sequence[RunHead]) -> None:
+        """Add to each run (made by its first update): its counters are added, its rounds appended, its
+        last request and its print kept when they are the latest, a stop kept once set."""
 
     def find_runs(self, team: str | None, key_id: str | None, since: float, limit: int) -> list[RunHead]:
         """The runs with a request since `since`, the latest begun first."""
 
-    def run_requests(self, run_ids: Sequence[str]) -> list[RunRequest]:
-        """Their requests, in order."""
-
     def run_head(self, run_id: str) -> RunHead | None:
         """The run of this id, else the one run whose id starts with it (None: none, or several)."""
 
-    def run_of_thread(self, thread: str) -> str | None:
-        """The run whose request left this print of its history, if one did."""
+    def run_of_thread(self, thread: str) -> RunHead | None:
+        """The run whose last request left this print of its history, if one did."""
 
 
 class Cursor(Protocol):
@@ -76,25 +87,31 @@ class Cursor(Protocol):
 
     def fetchall(self) -> list[Any]: ...
 
-    def fetchone(self) -> Any: ...
+
+def _newer(column: str) -> str:
+    return f"CASE WHEN excluded.last_seen >= runs.last_seen THEN excluded.{column} ELSE runs.{column} END"
 
 
-def save_in(cur: Cursor, p: str, heads: Sequence[RunHead], requests: Sequence[RunRequest]) -> None:
-    if heads:
+def save_in(cur: Cursor, p: str, updates: Sequence[RunHead]) -> None:
+    if updates:
         cur.executemany(
-            f"INSERT INTO runs ({', '.join(RUN_COLUMNS)}) VALUES ({', '.join([p] * len(RUN_COLUMNS))}) "
-            "ON CONFLICT (run_id) DO UPDATE SET stopped = coalesce(runs.stopped, excluded.stopped)",
-            [tuple(getattr(h, c) for c in RUN_COLUMNS) for h in heads])
-    if requests:
-        cur.executemany(
-            f"INSERT INTO run_requests ({', '.join(REQUEST_COLUMNS)}) "
-            f"VALUES ({', '.join([p] * len(REQUEST_COLUMNS))}) ON CONFLICT (request_id) DO NOTHING",
-            [tuple(getattr(r, c) for c in REQUEST_COLUMNS) for r in requests])
+            f"INSERT INTO runs ({', '.join(HEAD_COLUMNS)}) VALUES ({', '.join([p] * len(HEAD_COLUMNS))}) "
+            f"ON CONFLICT (run_id) DO UPDATE SET last_seen = {_newer('last_seen')}, "
+            f"thread = {_newer('thread')}, streak = {_newer('streak')}, "
+            "stopped = coalesce(excluded.stopped, runs.stopped), "
+            "requests = runs.requests + excluded.requests, turns = runs.turns + excluded.turns, cost_picousd = runs.cost_picousd + excluded.cost_picousd, "
+            "rounds = runs.rounds || excluded.rounds",
+            [tuple(getattr(u, c) for c in HEAD_COLUMNS) for u in updates])
+
+
+def _heads(cur: Cursor) -> list[RunHead]:
+    return [RunHead(r[0], r[1], r[2], r[3], r[4], float(r[5]), float(r[6]), r[7], r[8], int(r[9]), int(r[10]),
+                    int(r[11]), int(r[12]), r[13]) for r in cur.fetchall()]
 
 
 def find_in(cur: Cursor, p: str, team: str | None, key_id: str | None, since: float, limit: int
             ) -> list[RunHead]:
-    where = [f"run_id IN (SELECT run_id FROM run_requests WHERE ts >= {p})"]
+    where = [f"last_seen >= {p}"]
     params: list[Any] = [since]
     if team is not None:
         where.append(f"team = {p}")
@@ -102,45 +119,42 @@ def find_in(cur: Cursor, p: str, team: str | None, key_id: str | None, since: fl
     if key_id is not None:
         where.append(f"key_id = {p}")
         params.append(key_id)
-    cur.execute(f"SELECT {', '.join(RUN_COLUMNS)} FROM runs WHERE {' AND '.join(where)} "
+    cur.execute(f"SELECT {', '.join(HEAD_COLUMNS)} FROM runs WHERE {' AND '.join(where)} "
                 f"ORDER BY started DESC, run_id LIMIT {int(limit)}", params)
-    return [RunHead(r[0], r[1], r[2], r[3], r[4], float(r[5]), r[6]) for r in cur.fetchall()]
-
-
-def requests_in(cur: Cursor, p: str, run_ids: Sequence[str]) -> list[RunRequest]:
-    out: list[RunRequest] = []
-    for start in range(0, len(run_ids), 500):
-        chunk = list(run_ids[start:start + 500])
-        cur.execute(f"SELECT {', '.join(REQUEST_COLUMNS)} FROM run_requests WHERE run_id IN "
-                    f"({', '.join([p] * len(chunk))}) ORDER BY ts, request_id", chunk)
-        out.extend(_request(row) for row in cur.fetchall())
-    out.sort(key=lambda r: (r.ts, r.request_id))
-    return out
+    return _heads(cur)
 
 
 def head_in(cur: Cursor, p: str, run_id: str) -> RunHead | None:
-    columns = ", ".join(RUN_COLUMNS)
+    columns = ", ".join(HEAD_COLUMNS)
     cur.execute(f"SELECT {columns} FROM runs WHERE run_id = {p}", (run_id,))
-    rows = cur.fetchall()
+    rows = _heads(cur)
     if not rows:
         cur.execute(f"SELECT {columns} FROM runs WHERE substr(run_id, 1, {len(run_id):d}) = {p} LIMIT 2",
                     (run_id,))
-        rows = cur.fetchall()
-    if len(rows) != 1:
-        return None
-    r = rows[0]
-    return RunHead(r[0], r[1], r[2], r[3], r[4], float(r[5]), r[6])
+        rows = _heads(cur)
+    return rows[0] if len(rows) == 1 else None
 
 
-def thread_in(cur: Cursor, p: str, thread: str) -> str | None:
-    cur.execute(f"SELECT run_id FROM run_requests WHERE thread = {p} ORDER BY ts DESC LIMIT 1", (thread,))
-    row = cur.fetchone()
-    return None if row is None else str(row[0])
+def thread_in(cur: Cursor, p: str, thread: str) -> RunHead | None:
+    cur.execute(f"SELECT {', '.join(HEAD_COLUMNS)} FROM runs WHERE thread = {p} ORDER BY last_seen DESC LIMIT 1",
+                (thread,))
+    rows = _heads(cur)
+    return rows[0] if rows else None
 
 
-def _request(row: Sequence[Any]) -> RunRequest:
-    (request_id, run_id, ts, thread, model, outcome, status, rule_code, prompt, completion, hit, miss,
-     reasoning, cost, currency, window, attempts, repairs, retry, tool_calls, repeats, finish) = row
-    return RunRequest(request_id, run_id, float(ts), thread, model, outcome, int(status), rule_code,
-                      int(prompt), int(completion), int(hit), int(miss), int(reasoning), int(cost), currency,
-                      int(window), int(attempts), int(repairs), bool(retry), tool_calls, int(repeats), finish)
+def round_line(r: RunRequest) -> bytes:
+    return orjson.dumps([getattr(r, f) for f in ROUND_FIELDS], option=orjson.OPT_APPEND_NEWLINE)
+
+
+def requests_of(head: RunHead) -> list[RunRequest]:
+    """The run's requests, in order, from its `rounds`."""
+    out = []
+    for line in head.rounds.splitlines():
+        try:
+            values = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(values, list) and len(values) == len(ROUND_FIELDS):
+            out.append(RunRequest(values[0], head.run_id, *values[1:]))
+    out.sort(key=lambda r: (r.ts, r.request_id))
+    return out

@@ -336,25 +336,21 @@ class SQLiteStore:
         with self._write() as conn:
             return conn.execute(_Q.mark_alert, (scope, subject, period_start, level, now)).rowcount == 1
 
-    def save_runs(self, heads: Sequence[runs.RunHead], requests: Sequence[runs.RunRequest]) -> None:
-        if heads or requests:
+    def save_runs(self, updates: Sequence[runs.RunHead]) -> None:
+        if updates:
             with self._write() as conn:
-                runs.save_in(conn.cursor(), "?", heads, requests)
+                runs.save_in(conn.cursor(), "?", updates)
 
     def find_runs(self, team: str | None, key_id: str | None, since: float, limit: int
                   ) -> list[runs.RunHead]:
         with self._errors():
             return runs.find_in(self._conn().cursor(), "?", team, key_id, since, limit)
 
-    def run_requests(self, run_ids: Sequence[str]) -> list[runs.RunRequest]:
-        with self._errors():
-            return runs.requests_in(self._conn().cursor(), "?", run_ids)
-
     def run_head(self, run_id: str) -> runs.RunHead | None:
         with self._errors():
             return runs.head_in(self._conn().cursor(), "?", run_id)
 
-    def run_of_thread(self, thread: str) -> str | None:
+    def run_of_thread(self, thread: str) -> runs.RunHead | None:
         with self._errors():
             return runs.thread_in(self._conn().cursor(), "?", thread)
 
