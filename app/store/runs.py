@@ -99,7 +99,8 @@ def save_in(cur: Cursor, p: str, updates: Sequence[RunHead]) -> None:
             f"ON CONFLICT (run_id) DO UPDATE SET last_seen = {_newer('last_seen')}, "
             f"thread = {_newer('thread')}, streak = {_newer('streak')}, "
             "stopped = coalesce(excluded.stopped, runs.stopped), "
-            "requests = runs.requests + excluded.requests, turns = runs.turns + excluded.turns, cost_picousd = runs.cost_picousd + excluded.cost_picousd, "
+            "requests = runs.requests + excluded.requests, turns = runs.turns + excluded.turns, "
+            "cost_picousd = runs.cost_picousd + excluded.cost_picousd, "
             "rounds = runs.rounds || excluded.rounds",
             [tuple(getattr(u, c) for c in HEAD_COLUMNS) for u in updates])
 
@@ -136,8 +137,8 @@ def head_in(cur: Cursor, p: str, run_id: str) -> RunHead | None:
 
 
 def thread_in(cur: Cursor, p: str, thread: str) -> RunHead | None:
-    cur.execute(f"SELECT {', '.join(HEAD_COLUMNS)} FROM runs WHERE thread = {p} ORDER BY last_seen DESC LIMIT 1",
-                (thread,))
+    columns = ", ".join(HEAD_COLUMNS)
+    cur.execute(f"SELECT {columns} FROM runs WHERE thread = {p} ORDER BY last_seen DESC LIMIT 1", (thread,))
     rows = _heads(cur)
     return rows[0] if rows else None
 
