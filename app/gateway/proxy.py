@@ -164,7 +164,7 @@ class Gateway:
             ex.warnings.append(overflow.message)
         if ex.route.tool is None and self.pricing.rates(ex.priced_as or ex.model, ex.ts) is None:
             ex.warnings.append(self._unpriced(ex.model))
-        stopped = await self.runs.enter(ex, request.headers.get)
+        stopped = await self.runs.enter(ex, request.headers.raw)
         if stopped is not None:
             self.ledger.finish(ex, "limited", stopped.status, rule_code=stopped.code)
             return error_response(stopped, request_id, family)

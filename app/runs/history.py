@@ -3,17 +3,15 @@
 An agent resends its whole history every round: the request after request E holds E's items, then E's
 answer (the model's turn: an assistant message, or the Responses API's output items), then what the agent
 adds (tool results, the user's next words). A model's turn is unique to its round (its tool calls' ids are
-DeepSeek's, one per call), so a history is printed as a chain: the hash of the item before the first answer
-(the task), then each answer's signature (its tool call ids, else its text) in turn. The request whose
-history holds k answers, the last at position p, continues the request whose print is (p, chain of the
-first k - 1); its own print is (len(items), chain of all k). Only the answers and one item are read: the
-prefix they stand on is the same by construction (equal tool call ids are answers to equal histories).
+DeepSeek's, one per call), so a request's print is its length, its task (the item before the first answer)
+and its last answer's signature (its tool call ids, else its text): the request whose last answer starts at
+position p continues the request whose print is (p, the task, the answer before). Reading a round costs the
+same however long the history is: the roles (in C), the task's JSON and two answers.
 """
 
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,112 +58,150 @@ def _text(content: Any) -> bytes:
 # --- the families' answers ---------------------------------------------------------------------------------
 
 
-def _chat_sig(item: dict[str, Any]) -> tuple[bytes, Calls]:
+def _name(value: Any) -> str:
+    return value if isinstance(value, str) else "?"
+
+
+def _chat_answer(item: Any, last: bool) -> tuple[bytes, Calls]:
+    """An assistant message's signature (its tool call ids, else its text), and (`last`) its tool calls."""
+    if type(item) is not dict:
+        return b"", NO_CALLS
     calls = item.get("tool_calls")
-    if isinstance(calls, list) and calls:
-        ids, names, same = [], [], []
-        for call in calls:
-            if type(call) is not dict:
-                continue
-            ids.append(str(call.get("id")))
-            function = call.get("function")
-            name = function.get("name") if type(function) is dict else None
-            names.append(name if isinstance(name, str) else "?")
-            same.append(_dumps(function) if function is not None else b"")
-        return "\x00".join(ids).encode(), Calls(tuple(names), _xx(b"\x00".join(same)))
+    if type(calls) is list and len(calls) == 1 and type(call := calls[0]) is dict and "id" in call:
+        ids = str(call["id"]).encode()
+        if not last:
+            return ids, NO_CALLS
+        function = call.get("function")
+        return ids, Calls((_name(function.get("name") if type(function) is dict else None),),
+                          _xx(_dumps([function])))
+    if type(calls) is list and calls:
+        try:
+            ids = "\x00".join([str(call["id"]) for call in calls]).encode()
+        except (KeyError, TypeError):
+            return _dumps(calls), NO_CALLS
+        if not last:
+            return ids, NO_CALLS
+        functions = [call.get("function") if type(call) is dict else None for call in calls]
+        names = tuple(_name(f.get("name") if type(f) is dict else None) for f in functions)
+        return ids, Calls(names, _xx(_dumps(functions)))
     return _text(item.get("content")), NO_CALLS
 
 
-def _anthropic_sig(item: dict[str, Any]) -> tuple[bytes, Calls]:
+def _anthropic_answer(item: Any, last: bool) -> tuple[bytes, Calls]:
+    if type(item) is not dict:
+        return b"", NO_CALLS
     content = item.get("content")
-    if isinstance(content, list):
-        ids, names, same, texts = [], [], [], []
-        for block in content:
-            if type(block) is not dict:
-                continue
-            kind = block.get("type")
-            if kind in ("tool_use", "server_tool_use"):
-                ids.append(str(block.get("id")))
-                name = block.get("name")
-                names.append(name if isinstance(name, str) else "?")
-                same.append(_dumps([name, block.get("input")]))
-            elif kind == "text":
-                texts.append(_text(block.get("text")))
-        if ids:
-            return "\x00".join(ids).encode(), Calls(tuple(names), _xx(b"\x00".join(same)))
+    if type(content) is not list:
+        return _text(content), NO_CALLS
+    uses = [b for b in content if type(b) is dict and b.get("type") in ("tool_use", "server_tool_use")]
+    if not uses:
+        return b"\x00".join([_text(b.get("text")) for b in content
+                             if type(b) is dict and b.get("type") == "text"]), NO_CALLS
+    ids = "\x00".join([str(b.get("id")) for b in uses]).encode()
+    if not last:
+        return ids, NO_CALLS
+    names = tuple(_name(b.get("name")) for b in uses)
+    return ids, Calls(names, _xx(_dumps([[b.get("name"), b.get("input")] for b in uses])))
+
+
+def _responses_answer(group: list[Any], last: bool) -> tuple[bytes, Calls]:
+    calls = [i for i in group if i.get("call_id") is not None]
+    if not calls:
+        texts = [_text(i.get("content")) for i in group if i.get("role") == "assistant"]
         return b"\x00".join(texts), NO_CALLS
-    return _text(content), NO_CALLS
+    ids = "\x00".join([str(i.get("call_id")) for i in calls]).encode()
+    if not last:
+        return ids, NO_CALLS
+    names = tuple(_name(i.get("name") or i.get("type")) for i in calls)
+    same = _xx(_dumps([[i.get("name"), i.get("arguments", i.get("input", i.get("action")))] for i in calls]))
+    return ids, Calls(names, same)
 
 
-def _responses_sig(items: list[Any]) -> tuple[bytes, Calls]:
-    ids, names, same, texts = [], [], [], []
-    for item in items:
-        if item.get("call_id") is not None:
-            ids.append(str(item.get("call_id")))
-            name = item.get("name") or item.get("type")
-            names.append(name if isinstance(name, str) else "?")
-            same.append(_dumps([name, item.get("arguments", item.get("input", item.get("action")))]))
-        elif item.get("role") == "assistant":
-            texts.append(_text(item.get("content")))
-    if ids:
-        return "\x00".join(ids).encode(), Calls(tuple(names), _xx(b"\x00".join(same)))
-    return b"\x00".join(texts), NO_CALLS
-
-
-def _answers_by_role(items: list[Any]) -> list[int]:
-    """Where the assistant messages are (consecutive ones are one answer: their first)."""
+def _roles(items: list[Any]) -> list[Any]:
     try:
-        roles = list(map(_role, items))
+        return list(map(_role, items))
     except (KeyError, TypeError):
-        roles = [i.get("role") if type(i) is dict else None for i in items]
-    if "assistant" not in roles:
-        return []
-    return [i for i, r in enumerate(roles) if r == "assistant" and (i == 0 or roles[i - 1] != "assistant")]
+        return [i.get("role") if type(i) is dict else None for i in items]
 
 
 def _is_output(item: Any) -> bool:
     return type(item) is dict and (item.get("type") in OUTPUT_TYPES or item.get("role") == "assistant")
 
 
+def _print(base: bytes, sig: bytes, anchor: bytes) -> int:
+    return _xx(b"%s%s\x01%s" % (base, sig, anchor))
+
+
+ANCHOR_SCAN = 64  # items looked back through for the last answer that called tools
+
+
+def _anchor(kind: str, items: list[Any], roles: list[Any], upto: int) -> bytes:
+    """The tool call ids of the last answer at or before `upto` that called tools (b"": none near): what
+    tells apart two runs whose text answers are the same words."""
+    answer = _chat_answer if kind == "chat" else _anthropic_answer
+    for j in range(upto, max(upto - ANCHOR_SCAN, -1), -1):
+        if roles[j] == "assistant":
+            sig, calls = answer(items[j], True)
+            if calls.names:
+                return sig
+    return b""
+
+
 def shape(kind: str, items: list[Any], caller: str, opens: bool) -> Shape | None:
     """The request's `Shape`. None: no items, or no answer in them and it does not open a run (`opens`: it
-    offers tools, as an agent's first request does; a plain chat's first request is left alone)."""
+    offers tools, as an agent's first request does; a plain chat's first request is left alone).
+
+    Only the task (the item before the first answer) and the last two answers are read: a request's own
+    print is (its items, its task and its last answer's signature); the print of the request it continues
+    is (where its last answer starts, its task and the answer before). Tool call ids are DeepSeek's, one per
+    call: two runs never share an answer's signature, so the history before it need not be hashed."""
     if not items:
         return None
+    n = len(items)
     if kind == "responses":
-        outputs = [i for i, item in enumerate(items) if _is_output(item)]
-        starts = [i for i in outputs if i == 0 or not _is_output(items[i - 1])]
+        starts = [i for i in range(n) if _is_output(items[i]) and (i == 0 or not _is_output(items[i - 1]))]
+        if not starts and not opens:
+            return None
+        first = starts[0] if starts else n
+        last = starts[-1] if starts else -1
+        prev = starts[-2] if len(starts) > 1 else -1
     else:
-        starts = _answers_by_role(items)
-    if not starts and not opens:
-        return None
-    first = starts[0] if starts else len(items)
+        roles = _roles(items)
+        if "assistant" not in roles:
+            if not opens:
+                return None
+            first = n
+            last = prev = -1
+        else:
+            first = roles.index("assistant")
+            last = n - 1 - roles[::-1].index("assistant")
+            prev = last - 1 - roles[last - 1::-1].index("assistant") if last > first else -1
     task = items[first - 1] if first > 0 else items[0]
     try:
-        chain = _xx(caller.encode("utf-8", "replace") + b"\x00" + _dumps(task))
+        base = caller.encode("utf-8", "replace") + b"\x00" + _xx(_dumps(task)).to_bytes(8, "little")
     except TypeError:
         return None
-    prints: list[tuple[int, int]] = []
-    calls, finish = NO_CALLS, None
-    for j, start in enumerate(starts):
-        stop = starts[j + 1] if j + 1 < len(starts) else len(items)
-        if kind == "responses":
-            group = [items[i] for i in range(start, stop) if _is_output(items[i])]
-            sig, calls = _responses_sig(group)
-        elif kind == "anthropic":
-            sig, calls = _anthropic_sig(items[start])
-        else:
-            sig, calls = _chat_sig(items[start])
-        prints.append((start, chain))
-        chain = _xx(chain.to_bytes(8, "little") + sig)
-    if starts:
-        finish = "tool_calls" if calls.names else "stop"
-    return Shape(prints[-1] if prints else None, (len(items), chain), calls, finish)
-
-
-def items_of(kind: str) -> Callable[[dict[str, Any]], Any]:
-    name = "input" if kind == "responses" else "messages"
-    return lambda data: data.get(name)
+    if last < 0:
+        return Shape(None, (n, _xx(base)), NO_CALLS, None)
+    if kind == "responses":
+        def group(start: int) -> list[Any]:
+            end = start
+            while end < n and _is_output(items[end]):
+                end += 1
+            return items[start:end]
+        sig, calls = _responses_answer(group(last), True)
+        before = _responses_answer(group(prev), False)[0] if prev >= 0 else None
+        own_anchor = before_anchor = b""
+    else:
+        answer = _chat_answer if kind == "chat" else _anthropic_answer
+        sig, calls = answer(items[last], True)
+        own_anchor = sig if calls.names else _anchor(kind, items, roles, last - 1)
+        before, before_anchor = None, b""
+        if prev >= 0:
+            before, prev_calls = answer(items[prev], True)
+            before_anchor = before if prev_calls.names else _anchor(kind, items, roles, prev - 1)
+    after = (last, _xx(base) if before is None else _print(base, before, before_anchor))
+    return Shape(after, (n, _print(base, sig, own_anchor)), calls, "tool_calls" if calls.names else "stop")
 
 
 def kind_of(upstream_path: str) -> str | None:

@@ -4,18 +4,25 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
 
-RUN_HEADER = "x-chatgate-run"
+RUN_HEADER = b"x-chatgate-run"
 MAX_ID = 128
 _ID = re.compile(r"[\x21-\x7e]{1,128}")  # printable ASCII without spaces
 # Claude Code's user_id before it became JSON: user_<device>_account_<uuid>_session_<uuid>
 _LEGACY_SESSION = re.compile(r"_session_([0-9a-fA-F-]{8,64})$")
 
-Headers = Callable[[str], str | None]
+Headers = Sequence[tuple[bytes, bytes]]  # the request's, as the ASGI scope has them (names lower-case)
+
+
+def header(raw: Headers, name: bytes) -> str | None:
+    for key, value in raw:
+        if key == name:
+            return value.decode("latin-1")
+    return None
 
 
 def _clean(value: Any) -> str | None:
@@ -39,19 +46,19 @@ def claude_session(data: dict[str, Any]) -> str | None:
     return found.group(1) if found else None
 
 
-def codex_conversation(data: dict[str, Any], header: Headers) -> str | None:
+def codex_conversation(data: dict[str, Any], raw: Headers) -> str | None:
     """Codex's conversation id: `prompt_cache_key` in the body (it is the conversation id), else its
     `session_id` or `conversation_id` header."""
     key = _clean(data.get("prompt_cache_key"))
     if key is not None:
         return key
-    return _clean(header("session_id") or header("conversation_id"))
+    return _clean(header(raw, b"session_id") or header(raw, b"conversation_id"))
 
 
-def declared(kind: str, data: dict[str, Any], header: Headers) -> tuple[str, str] | None:
+def declared(kind: str, data: dict[str, Any], raw: Headers) -> tuple[str, str] | None:
     """(run id, source) when the client names the run: `x-chatgate-run` (source "header"), else its agent's
     session ("session"); None: the run is inferred from the history."""
-    explicit = header(RUN_HEADER)
+    explicit = header(raw, RUN_HEADER)
     if explicit is not None:
         value = explicit.strip()
         return (value, "header") if _ID.fullmatch(value) else None
@@ -60,7 +67,7 @@ def declared(kind: str, data: dict[str, Any], header: Headers) -> tuple[str, str
         if session is not None:
             return f"claude-{session}", "session"
     elif kind == "responses":
-        conversation = codex_conversation(data, header)
+        conversation = codex_conversation(data, raw)
         if conversation is not None:
             return f"codex-{conversation}", "session"
     return None

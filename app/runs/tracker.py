@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence, Sized
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -164,8 +164,10 @@ class Runs:
         self.bounds_seconds = bounds_seconds
         self.shared = shared  # replicas share the store: a bounded run's counters are read from it
         self.clock = clock
-        self._live: OrderedDict[str, Live] = OrderedDict()
-        self._prints: OrderedDict[tuple[int, int], list[Live]] = OrderedDict()
+        # the runs and prints seen last (the first seen are forgotten first: a run forgotten here is found
+        # again in the store by its last print)
+        self._live: dict[str, Live] = {}
+        self._prints: dict[tuple[int, int], list[Live]] = {}
         self._pending: dict[str, Entry] = {}
         self._bounds: dict[tuple[str, str], tuple[float, int, Bounds | None]] = {}
         self._kinds: dict[str, str | None] = {}
@@ -268,7 +270,6 @@ class Runs:
             live = self._live.get(run_id)
             if live is None:
                 return None, (run_id, source, read)
-            self._live.move_to_end(run_id)
             retry = read is not None and live.own == read.own
             if read is not None:
                 live.own = read.own
@@ -294,7 +295,6 @@ class Runs:
 
     def _advance(self, live: Live, read: Shape) -> None:
         live.own = read.own
-        self._live.move_to_end(live.head.run_id)
         prints = self._prints
         runs = prints.get(read.own)
         if runs is None:
@@ -304,7 +304,7 @@ class Runs:
             if len(runs) > SAME_START:
                 del runs[0]
         if len(prints) > MAX_PRINTS:
-            prints.popitem(last=False)
+            del prints[next(iter(prints))]
 
     def _begin(self, ex: Exchange, run_id: str, source: str, read: Shape | None) -> Live:
         i = ex.identity
@@ -317,7 +317,7 @@ class Runs:
     def _remember(self, live: Live) -> None:
         self._live[live.head.run_id] = live
         if len(self._live) > MAX_RUNS:
-            self._live.popitem(last=False)
+            del self._live[next(iter(self._live))]
 
     async def _look_up(self, ex: Exchange, named: tuple[str, str, Shape | None]) -> Entry:
         """A run this process does not know: one named (seen by another replica, or before a restart, or
@@ -351,7 +351,7 @@ class Runs:
         kind = kind_of(ex.route.upstream_path)
         if kind is None:
             return None
-        found = self._identify(ex, kind, ex.json(), lambda _: None)
+        found = self._identify(ex, kind, ex.json(), ())
         if found is None:
             return None
         entry, named = found
