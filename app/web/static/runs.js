@@ -93,7 +93,7 @@
   }
 
   function start() {
-    const grid = document.querySelector("main section") || document.body;
+    const grid = document.querySelector("main section.grid") || document.querySelector("main") || document.body;
     const card = el("figure", { class: "card wide", id: "runs-card" });
     const caption = el("figcaption", {}, "Agent runs ");
     caption.appendChild(el("small", {}, "(the last 7 days: each agent task's requests, cost and context growth)"));
