@@ -233,6 +233,8 @@ class Runs:
         live = entry.live
         cost = record.cost_picousd
         live.cost += cost
+        if self.store is None:  # metering off: the bounds still count, nothing is kept
+            return
         profile = self.profiles.get(record.model)
         window = profile.context_window if profile is not None else 0
         rule = record.rule_code
@@ -251,7 +253,7 @@ class Runs:
         if record.ts > live.last_seen:
             live.last_seen = record.ts
         self._dirty[live.head.run_id] = live
-        if self._writer is None and self.store is not None:
+        if self._writer is None:
             self._writer = asyncio.get_running_loop().create_task(self._write_every())
 
     # --- finding the run ---------------------------------------------------------------------------------
@@ -387,7 +389,7 @@ class Runs:
         if self.store is None:
             return
         try:
-            stored = await asyncio.to_thread(self.store.run_head, live.head.run_id)
+            stored = await asyncio.to_thread(self.store.run_head, live.head.run_id, False)
         except StoreError:
             return
         if stored is None or stored.run_id != live.head.run_id:

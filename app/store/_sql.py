@@ -187,10 +187,15 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             requests BIGINT NOT NULL,
             turns BIGINT NOT NULL,
             cost_picousd BIGINT NOT NULL,
-            streak BIGINT NOT NULL,
-            rounds TEXT NOT NULL
+            streak BIGINT NOT NULL
         )""",
         "CREATE INDEX runs_thread ON runs (thread)",
+        """CREATE TABLE run_rounds (
+            run_id TEXT NOT NULL,
+            ts DOUBLE PRECISION NOT NULL,
+            rounds TEXT NOT NULL
+        )""",
+        "CREATE INDEX run_rounds_run ON run_rounds (run_id)",
         "ALTER TABLE limits ADD COLUMN run_max_turns BIGINT",
         "ALTER TABLE limits ADD COLUMN run_max_cost_picousd BIGINT",
         "ALTER TABLE limits ADD COLUMN run_max_repeats BIGINT",

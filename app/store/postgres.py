@@ -421,9 +421,9 @@ class PostgresStore:
         with self._connection(self._slow_timeout) as conn, conn.cursor() as cur:
             return runs.find_in(cur, "%s", team, key_id, since, limit)
 
-    def run_head(self, run_id: str) -> runs.RunHead | None:
+    def run_head(self, run_id: str, rounds: bool = True) -> runs.RunHead | None:
         with self._connection(self._timeout) as conn, conn.cursor() as cur:
-            return runs.head_in(cur, "%s", run_id)
+            return runs.head_in(cur, "%s", run_id, rounds)
 
     def run_of_thread(self, thread: str) -> runs.RunHead | None:
         with self._connection(self._timeout) as conn, conn.cursor() as cur:

@@ -1,6 +1,6 @@
 """Agent runs in the store (issue 52): one `runs` row per run, written as additive updates (a replica adds
-its requests' counters and appends their rounds), so that replicas adding requests to one run never
-overwrite each other, and a run costs one row write per batch of its requests, not one per request."""
+its requests' counters), so that replicas adding requests to one run never overwrite each other; and the
+run's requests in `run_rounds`, one row per run per batch of its requests (never rewritten)."""
 
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ class RunRequest:
 
 ROUND_FIELDS = tuple(f for f in RunRequest.__slots__ if f != "run_id")
 HEAD_COLUMNS = ("run_id", "key_id", "key_name", "team", "source", "started", "last_seen", "stopped", "thread",
-                "requests", "turns", "cost_picousd", "streak", "rounds")
+                "requests", "turns", "cost_picousd", "streak")
 
 
 class RunStore(Protocol):
@@ -73,8 +73,9 @@ class RunStore(Protocol):
     def find_runs(self, team: str | None, key_id: str | None, since: float, limit: int) -> list[RunHead]:
         """The runs with a request since `since`, the latest begun first."""
 
-    def run_head(self, run_id: str) -> RunHead | None:
-        """The run of this id, else the one run whose id starts with it (None: none, or several)."""
+    def run_head(self, run_id: str, rounds: bool = True) -> RunHead | None:
+        """The run of this id, else the one run whose id starts with it (None: none, or several); its
+        `rounds` only when asked."""
 
     def run_of_thread(self, thread: str) -> RunHead | None:
         """The run whose last request left this print of its history, if one did."""
@@ -100,14 +101,30 @@ def save_in(cur: Cursor, p: str, updates: Sequence[RunHead]) -> None:
             f"thread = {_newer('thread')}, streak = {_newer('streak')}, "
             "stopped = coalesce(excluded.stopped, runs.stopped), "
             "requests = runs.requests + excluded.requests, turns = runs.turns + excluded.turns, "
-            "cost_picousd = runs.cost_picousd + excluded.cost_picousd, "
-            "rounds = runs.rounds || excluded.rounds",
+            "cost_picousd = runs.cost_picousd + excluded.cost_picousd",
             [tuple(getattr(u, c) for c in HEAD_COLUMNS) for u in updates])
+        cur.executemany(f"INSERT INTO run_rounds (run_id, ts, rounds) VALUES ({p}, {p}, {p})",
+                        [(u.run_id, u.last_seen, u.rounds) for u in updates if u.rounds])
 
 
-def _heads(cur: Cursor) -> list[RunHead]:
-    return [RunHead(r[0], r[1], r[2], r[3], r[4], float(r[5]), float(r[6]), r[7], r[8], int(r[9]), int(r[10]),
-                    int(r[11]), int(r[12]), r[13]) for r in cur.fetchall()]
+def _heads(cur: Cursor, p: str, rounds: bool = True) -> list[RunHead]:
+    """The selected runs, with their `rounds` (`rounds`: read them too)."""
+    heads = [RunHead(r[0], r[1], r[2], r[3], r[4], float(r[5]), float(r[6]), r[7], r[8], int(r[9]),
+                     int(r[10]), int(r[11]), int(r[12])) for r in cur.fetchall()]
+    if not rounds or not heads:
+        return heads
+    by_id = {h.run_id: h for h in heads}
+    parts: dict[str, list[str]] = {h.run_id: [] for h in heads}
+    ids = list(by_id)
+    for start in range(0, len(ids), 500):
+        chunk = ids[start:start + 500]
+        cur.execute(f"SELECT run_id, rounds FROM run_rounds WHERE run_id IN ({', '.join([p] * len(chunk))}) "
+                    "ORDER BY ts", chunk)
+        for run_id, text in cur.fetchall():
+            parts[run_id].append(text)
+    for run_id, texts in parts.items():
+        by_id[run_id].rounds = "".join(texts)
+    return heads
 
 
 def find_in(cur: Cursor, p: str, team: str | None, key_id: str | None, since: float, limit: int
@@ -122,24 +139,24 @@ def find_in(cur: Cursor, p: str, team: str | None, key_id: str | None, since: fl
         params.append(key_id)
     cur.execute(f"SELECT {', '.join(HEAD_COLUMNS)} FROM runs WHERE {' AND '.join(where)} "
                 f"ORDER BY started DESC, run_id LIMIT {int(limit)}", params)
-    return _heads(cur)
+    return _heads(cur, p)
 
 
-def head_in(cur: Cursor, p: str, run_id: str) -> RunHead | None:
+def head_in(cur: Cursor, p: str, run_id: str, rounds: bool = True) -> RunHead | None:
     columns = ", ".join(HEAD_COLUMNS)
     cur.execute(f"SELECT {columns} FROM runs WHERE run_id = {p}", (run_id,))
-    rows = _heads(cur)
+    rows = _heads(cur, p, rounds)
     if not rows:
         cur.execute(f"SELECT {columns} FROM runs WHERE substr(run_id, 1, {len(run_id):d}) = {p} LIMIT 2",
                     (run_id,))
-        rows = _heads(cur)
+        rows = _heads(cur, p, rounds)
     return rows[0] if len(rows) == 1 else None
 
 
 def thread_in(cur: Cursor, p: str, thread: str) -> RunHead | None:
     columns = ", ".join(HEAD_COLUMNS)
     cur.execute(f"SELECT {columns} FROM runs WHERE thread = {p} ORDER BY last_seen DESC LIMIT 1", (thread,))
-    rows = _heads(cur)
+    rows = _heads(cur, p, rounds=False)
     return rows[0] if rows else None
 
 

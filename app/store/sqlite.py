@@ -346,9 +346,9 @@ class SQLiteStore:
         with self._errors():
             return runs.find_in(self._conn().cursor(), "?", team, key_id, since, limit)
 
-    def run_head(self, run_id: str) -> runs.RunHead | None:
+    def run_head(self, run_id: str, rounds: bool = True) -> runs.RunHead | None:
         with self._errors():
-            return runs.head_in(self._conn().cursor(), "?", run_id)
+            return runs.head_in(self._conn().cursor(), "?", run_id, rounds)
 
     def run_of_thread(self, thread: str) -> runs.RunHead | None:
         with self._errors():
