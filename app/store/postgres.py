@@ -20,7 +20,6 @@ import psycopg
 from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from app.store import runs
 from app.store._sql import (
     CURRENT_VERSION,
     USAGE_COLUMNS,
@@ -48,6 +47,7 @@ from app.store.base import (
     TurnRow,
     UsageRecord,
 )
+from app.store.runs import RunHead, find_in, head_in, save_in, thread_in
 
 _Q = Queries.with_placeholder("%s")
 
@@ -411,23 +411,23 @@ class PostgresStore:
         with self._connection(self._timeout) as conn:
             return conn.execute(_Q.mark_alert, (scope, subject, period_start, level, now)).rowcount == 1
 
-    def save_runs(self, updates: Sequence[runs.RunHead]) -> None:
+    def save_runs(self, updates: Sequence[RunHead]) -> None:
         if updates:
             with self._connection(self._insert_timeout) as conn, conn.transaction(), conn.cursor() as cur:
-                runs.save_in(cur, "%s", updates)
+                save_in(cur, "%s", updates)
 
     def find_runs(self, team: str | None, key_id: str | None, since: float, limit: int
-                  ) -> list[runs.RunHead]:
+                  ) -> list[RunHead]:
         with self._connection(self._slow_timeout) as conn, conn.cursor() as cur:
-            return runs.find_in(cur, "%s", team, key_id, since, limit)
+            return find_in(cur, "%s", team, key_id, since, limit)
 
-    def run_head(self, run_id: str, rounds: bool = True) -> runs.RunHead | None:
+    def run_head(self, run_id: str, rounds: bool = True) -> RunHead | None:
         with self._connection(self._timeout) as conn, conn.cursor() as cur:
-            return runs.head_in(cur, "%s", run_id, rounds)
+            return head_in(cur, "%s", run_id, rounds)
 
-    def run_of_thread(self, thread: str) -> runs.RunHead | None:
+    def run_of_thread(self, thread: str) -> RunHead | None:
         with self._connection(self._timeout) as conn, conn.cursor() as cur:
-            return runs.thread_in(cur, "%s", thread)
+            return thread_in(cur, "%s", thread)
 
     def close(self) -> None:
         self._pool.close()

@@ -13,7 +13,6 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
-from app.store import runs
 from app.store._sql import (
     CURRENT_VERSION,
     TURN_WIDTH,
@@ -45,6 +44,7 @@ from app.store.base import (
     TurnRow,
     UsageRecord,
 )
+from app.store.runs import RunHead, find_in, head_in, save_in, thread_in
 
 _Q = Queries.with_placeholder("?")
 
@@ -336,23 +336,23 @@ class SQLiteStore:
         with self._write() as conn:
             return conn.execute(_Q.mark_alert, (scope, subject, period_start, level, now)).rowcount == 1
 
-    def save_runs(self, updates: Sequence[runs.RunHead]) -> None:
+    def save_runs(self, updates: Sequence[RunHead]) -> None:
         if updates:
             with self._write() as conn:
-                runs.save_in(conn.cursor(), "?", updates)
+                save_in(conn.cursor(), "?", updates)
 
     def find_runs(self, team: str | None, key_id: str | None, since: float, limit: int
-                  ) -> list[runs.RunHead]:
+                  ) -> list[RunHead]:
         with self._errors():
-            return runs.find_in(self._conn().cursor(), "?", team, key_id, since, limit)
+            return find_in(self._conn().cursor(), "?", team, key_id, since, limit)
 
-    def run_head(self, run_id: str, rounds: bool = True) -> runs.RunHead | None:
+    def run_head(self, run_id: str, rounds: bool = True) -> RunHead | None:
         with self._errors():
-            return runs.head_in(self._conn().cursor(), "?", run_id, rounds)
+            return head_in(self._conn().cursor(), "?", run_id, rounds)
 
-    def run_of_thread(self, thread: str) -> runs.RunHead | None:
+    def run_of_thread(self, thread: str) -> RunHead | None:
         with self._errors():
-            return runs.thread_in(self._conn().cursor(), "?", thread)
+            return thread_in(self._conn().cursor(), "?", thread)
 
     def close(self) -> None:
         """Close every thread's connection; call it once the other threads are done with the store."""

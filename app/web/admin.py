@@ -201,10 +201,13 @@ def limits_json(row: LimitRow | None) -> dict[str, Any]:
     budget = None if row.budget_picousd is None else orjson.Fragment(usd_text(row.budget_picousd).encode())
     run_cost = None if row.run_max_cost_picousd is None else orjson.Fragment(
         usd_text(row.run_max_cost_picousd).encode())
-    return {f"budget_{row.budget_currency.lower()}": budget, "budget_period": row.budget_period,
-            "rpm": row.rpm, "tpm": row.tpm, "max_concurrent": row.max_concurrent,
-            "run_max_turns": row.run_max_turns, "run_max_cost_usd": run_cost,
+    shown = {f"budget_{row.budget_currency.lower()}": budget, "budget_period": row.budget_period,
+             "rpm": row.rpm, "tpm": row.tpm, "max_concurrent": row.max_concurrent}
+    runs = {"run_max_turns": row.run_max_turns, "run_max_cost_usd": run_cost,
             "run_max_repeats": row.run_max_repeats}
+    if any(v is not None for v in runs.values()):  # an agent run's bounds, when one is set (docs/runs.md)
+        shown.update(runs)
+    return shown
 
 
 def _shown(limits: dict[str, Any]) -> list[str]:
