@@ -260,10 +260,8 @@ def runs_of(gate: Gate, key: str, requests: int) -> list[tuple[str, int]]:
     while time.monotonic() < deadline:
         conn = sqlite3.connect(f"file:{gate.db}?mode=ro", uri=True, timeout=5)
         try:
-            rows = conn.execute(
-                "SELECT r.source, count(q.request_id) FROM runs r JOIN run_requests q ON q.run_id = r.run_id "
-                "WHERE r.key_id = ? GROUP BY r.run_id, r.source ORDER BY r.run_id",
-                (fingerprint(key),)).fetchall()
+            rows = conn.execute("SELECT source, requests FROM runs WHERE key_id = ? ORDER BY run_id",
+                                (fingerprint(key),)).fetchall()
         except sqlite3.OperationalError:
             rows = []
         finally:
