@@ -178,7 +178,23 @@ class Runs:
     # --- the request path ------------------------------------------------------------------------------
 
     async def enter(self, ex: Exchange, header: Headers) -> APIError | None:
-        """The request's run, found or begun; its refusal when it would go beyond one of the run's bounds."""
+        """The request's run, found or begun; its refusal when it would go beyond one of the run's bounds.
+        A fault of the runs' own never fails the request: it is logged, and the request is in no run."""
+        try:
+            return await self._enter(ex, header)
+        except Exception:
+            self._pending.pop(ex.request_id, None)
+            log.exception("runs: request %s left out of the runs", ex.request_id)
+            return None
+
+    def add(self, ex: Exchange, record: UsageRecord) -> None:
+        """The request's usage, added to its run (written with the run's next update); never raises."""
+        try:
+            self._add(ex, record)
+        except Exception:
+            log.exception("runs: request %s not added to its run", ex.request_id)
+
+    async def _enter(self, ex: Exchange, header: Headers) -> APIError | None:
         path = ex.route.upstream_path
         kind = self._kinds.get(path, "")
         if kind == "":
@@ -221,8 +237,7 @@ class Runs:
         self._pending[ex.request_id] = entry
         return None
 
-    def add(self, ex: Exchange, record: UsageRecord) -> None:
-        """The request's usage, added to its run (written with the run's next update)."""
+    def _add(self, ex: Exchange, record: UsageRecord) -> None:
         entry = self._pending.pop(ex.request_id, None)
         if entry is None:
             if record.outcome != "rejected":

@@ -248,3 +248,20 @@ def test_replicas_on_postgresql_share_runs_and_their_bounds(tmp_path: Path, fake
     assert statuses == [200, 200, 200, 200, 429]
     assert seen[0] == seen[1]
     assert [(r["run_id"], r["requests"], r["rounds"]) for r in seen[0]] == [("shared-run", 5, 4)]
+
+
+@pytest.mark.parametrize("messages", [
+    [{"role": "user", "content": "a"}, {"role": "assistant", "tool_calls": "not a list"}, {"role": "user"}],
+    [{"role": "user", "content": "a"}, {"role": "assistant", "tool_calls": [1, {"id": None}]},
+     {"role": "tool", "content": [3]}],
+    [1, "two", {"role": "assistant", "content": {"x": [1.5, None]}}, {"role": "user", "content": "go"}],
+    [{"role": "assistant"}, {"role": "assistant", "content": None}],
+])
+def test_odd_histories_are_refused_or_served_never_a_5xx(tmp_path: Path, fake: RunningFake,
+                                                         messages: list[Any]) -> None:
+    with run_chatgate(settings_for(tmp_path, fake)) as gate:
+        resp = httpx2.post(f"{gate.url}/v1/chat/completions", json={
+            "model": "deepseek-flash", "messages": messages, "tools": TOOLS},
+            headers={"authorization": "Bearer sk-odd"}, timeout=30)
+        assert resp.status_code < 500, resp.text
+        runs_of(gate.url)  # the listing reads whatever was kept
