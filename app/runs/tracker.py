@@ -181,7 +181,47 @@ class Runs:
         """The request's run, found or begun; its refusal when it would go beyond one of the run's bounds.
         A fault of the runs' own never fails the request: it is logged, and the request is in no run."""
         try:
-            return await self._enter(ex, header)
+            path = ex.route.upstream_path
+            kind = self._kinds.get(path, "")
+            if kind == "":
+                kind = self._kinds[path] = kind_of(path)
+            if kind is None:
+                return None
+            data = ex.own_parse()
+            if type(data) is not dict:
+                data = ex.json()
+            found = self._identify(ex, kind, data, header)
+            if found is None:
+                return None
+            entry, named = found
+            if entry is None:
+                entry = await self._look_up(ex, named)
+            live = entry.live
+            if ex.trace is not None:
+                ex.trace.conversation = live.head.run_id
+            streak = live.streak
+            if not entry.retry and entry.calls.names:
+                streak = streak + 1 if entry.calls.same == live.same else 1
+            bounds = None
+            if self.book is not None:
+                team, key_id = ex.identity.team, ex.identity.key_id
+                cached = self._bounds.get((team, key_id))
+                if cached is not None and cached[0] > time.monotonic() and cached[1] == self.book.generation:
+                    bounds = cached[2]
+                else:
+                    bounds = await self._bounds_of(team, key_id)
+            if bounds is not None:
+                if self.shared or live.fresh:
+                    await self._catch_up(live)
+                refusal = self._over(live, bounds, streak)
+                if refusal is not None:
+                    self._pending[ex.request_id] = entry
+                    return refusal
+            if not entry.retry:
+                live.same, live.streak = (entry.calls.same, streak) if entry.calls.names else (0, 0)
+            live.turns += 1
+            self._pending[ex.request_id] = entry
+            return None
         except Exception:
             self._pending.pop(ex.request_id, None)
             log.exception("runs: request %s left out of the runs", ex.request_id)
@@ -193,49 +233,6 @@ class Runs:
             self._add(ex, record)
         except Exception:
             log.exception("runs: request %s not added to its run", ex.request_id)
-
-    async def _enter(self, ex: Exchange, header: Headers) -> APIError | None:
-        path = ex.route.upstream_path
-        kind = self._kinds.get(path, "")
-        if kind == "":
-            kind = self._kinds[path] = kind_of(path)
-        if kind is None:
-            return None
-        data = ex.own_parse()
-        if type(data) is not dict:
-            data = ex.json()
-        found = self._identify(ex, kind, data, header)
-        if found is None:
-            return None
-        entry, named = found
-        if entry is None:
-            entry = await self._look_up(ex, named)
-        live = entry.live
-        if ex.trace is not None:
-            ex.trace.conversation = live.head.run_id
-        streak = live.streak
-        if not entry.retry and entry.calls.names:
-            streak = streak + 1 if entry.calls.same == live.same else 1
-        bounds = None
-        if self.book is not None:
-            team, key_id = ex.identity.team, ex.identity.key_id
-            cached = self._bounds.get((team, key_id))
-            if cached is not None and cached[0] > time.monotonic() and cached[1] == self.book.generation:
-                bounds = cached[2]
-            else:
-                bounds = await self._bounds_of(team, key_id)
-        if bounds is not None:
-            if self.shared or live.fresh:
-                await self._catch_up(live)
-            refusal = self._over(live, bounds, streak)
-            if refusal is not None:
-                self._pending[ex.request_id] = entry
-                return refusal
-        if not entry.retry:
-            live.same, live.streak = (entry.calls.same, streak) if entry.calls.names else (0, 0)
-        live.turns += 1
-        self._pending[ex.request_id] = entry
-        return None
 
     def _add(self, ex: Exchange, record: UsageRecord) -> None:
         entry = self._pending.pop(ex.request_id, None)
@@ -299,7 +296,8 @@ class Runs:
                 return self._entry(same[-1], read, True), ("", "inferred", read)
             before = self._prints.get(read.after)
             if before:
-                live = next((r for r in before if r.own == read.after), before[-1])
+                live = before[0] if len(before) == 1 else next(
+                    (r for r in before if r.own == read.after), before[-1])
                 self._advance(live, read)
                 return self._entry(live, read, False), ("", "inferred", read)
             return None, ("", "inferred", read)
