@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping, Sequence, Sized
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -166,8 +166,8 @@ class Runs:
         self.clock = clock
         # the runs and prints seen last (the first seen are forgotten first: a run forgotten here is found
         # again in the store by its last print)
-        self._live: dict[str, Live] = {}
-        self._prints: dict[tuple[int, int], list[Live]] = {}
+        self._live: OrderedDict[str, Live] = OrderedDict()
+        self._prints: OrderedDict[tuple[int, int], list[Live]] = OrderedDict()
         self._pending: dict[str, Entry] = {}
         self._bounds: dict[tuple[str, str], tuple[float, int, Bounds | None]] = {}
         self._kinds: dict[str, str | None] = {}
@@ -319,7 +319,7 @@ class Runs:
             if len(runs) > SAME_START:
                 del runs[0]
         if len(prints) > MAX_PRINTS:
-            del prints[next(iter(prints))]
+            prints.popitem(last=False)  # (a dict's first key after many deletions is found in O(n))
 
     def _begin(self, ex: Exchange, run_id: str, source: str, read: Shape | None) -> Live:
         i = ex.identity
@@ -332,7 +332,7 @@ class Runs:
     def _remember(self, live: Live) -> None:
         self._live[live.head.run_id] = live
         if len(self._live) > MAX_RUNS:
-            del self._live[next(iter(self._live))]
+            self._live.popitem(last=False)
 
     async def _look_up(self, ex: Exchange, named: tuple[str, str, Shape | None]) -> Entry:
         """A run this process does not know: one named (seen by another replica, or before a restart, or
