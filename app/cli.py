@@ -180,6 +180,25 @@ def build_parser() -> argparse.ArgumentParser:
         _store_arg(p)
         p.set_defaults(func=func)
 
+    runs = sub.add_parser("runs", help="agent runs: each agent task's requests, tokens, cost and context",
+                          description="Agent runs (docs/runs.md): the requests of one agent task, told apart "
+                          "by x-chatgate-run, the agent's session, or its history; the latest begun first.")
+    runs.add_argument("--team")
+    runs.add_argument("--key", help="a key id (key_…) or passthrough fingerprint (fp-…)")
+    runs.add_argument("--since", help=SINCE_HELP + " (default 7d)")
+    runs.add_argument("--limit", type=int, default=50, help="at most this many runs (1 to 1000)")
+    runs.add_argument("--format", choices=["table", "json"], default="table")
+    runs_sub = runs.add_subparsers(metavar="ACTION")
+    run_show = runs_sub.add_parser("show", help="one run, request by request, with its context growth",
+                                   description="One run request by request: tokens, cost, the tools its "
+                                   "model called, the context it sent and how it grew.")
+    run_show.add_argument("run_id", metavar="RUN", help="its id, or the start of it")
+    run_show.add_argument("--format", choices=["text", "json"], default="text")
+    for p, func in ((runs, cmd_runs), (run_show, cmd_runs_show)):
+        _config_arg(p)
+        _store_arg(p)
+        p.set_defaults(func=func)
+
     lint = sub.add_parser("lint", help="check request bodies offline",
                           description="Check chat-completions request bodies without any network: a JSON "
                           "body, a JSONL file of bodies, or an OpenAI batch-input file.")
@@ -215,6 +234,11 @@ def _limit_args(p: argparse.ArgumentParser) -> None:
     group.add_argument("--rpm", metavar="N", help="requests per minute")
     group.add_argument("--tpm", metavar="N", help="tokens per minute (prompt + completion)")
     group.add_argument("--max-concurrent", metavar="N", help="requests in flight at once")
+    group.add_argument("--run-max-turns", metavar="N", help="requests per agent run (docs/runs.md)")
+    group.add_argument("--run-max-cost-usd", metavar="AMOUNT",
+                       help="an agent run's cost, in the prices' currency (pricing.currency)")
+    group.add_argument("--run-max-repeats", metavar="K",
+                       help="the same tool call with the same arguments K times in a row in an agent run")
 
 
 def _flags(args: argparse.Namespace) -> dict[str, Any]:
@@ -415,10 +439,12 @@ def _limit_change(args: argparse.Namespace) -> dict[str, Any]:
         change["budget_cny"] = parse_usd(args.budget_cny, "budget_cny")
     if args.budget_period is not None:
         change["budget_period"] = parse_period(args.budget_period)
-    for name in ("rpm", "tpm", "max_concurrent"):
+    for name in ("rpm", "tpm", "max_concurrent", "run_max_turns", "run_max_repeats"):
         value = getattr(args, name)
         if value is not None:
             change[name] = parse_count(value, name)
+    if args.run_max_cost_usd is not None:
+        change["run_max_cost_usd"] = parse_usd(args.run_max_cost_usd, "run_max_cost_usd")
     return change
 
 
@@ -714,6 +740,55 @@ def cmd_config_check(args: argparse.Namespace) -> int:
 
 
 # --- refusals -----------------------------------------------------------------------------------
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    import time
+
+    from app.metering.reports import ReportError, parse_time
+    from app.runs.summary import runs_document, table
+
+    try:
+        since = parse_time(args.since or "7d", "since")
+    except ReportError as exc:
+        print(f"chatgate: {exc}", file=sys.stderr)
+        return 2
+    if not 1 <= args.limit <= 1000:
+        print("chatgate: --limit: expected 1 to 1000", file=sys.stderr)
+        return 2
+    opened = _report_store(args)
+    if opened is None:
+        return 1
+    store, _ = opened
+    document = runs_document(store.find_runs(args.team, args.key, since or 0.0, args.limit), time.time())
+    store.close()
+    if args.format == "json":
+        _print_json(document)
+    elif not document["runs"]:
+        print("No agent runs in this period (docs/runs.md says how requests make runs).")
+    else:
+        sys.stdout.write(table(document))
+    return 0
+
+
+def cmd_runs_show(args: argparse.Namespace) -> int:
+    from app.runs.summary import show_text
+    from app.runs.tracker import show
+
+    opened = _report_store(args)
+    if opened is None:
+        return 1
+    store, _ = opened
+    found = show(store, args.run_id)
+    store.close()
+    if found is None:
+        print(f"chatgate: no run {args.run_id!r} (nor one run whose id starts with it)", file=sys.stderr)
+        return 1
+    if args.format == "json":
+        _print_json(found)
+    else:
+        sys.stdout.write(show_text(found["run"], found["rounds"]))
+    return 0
 
 
 def cmd_refusals_list(args: argparse.Namespace) -> int:

@@ -24,6 +24,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("app.files.ownership",),
     # who owns each uploaded file, and which files a request names: asked by the Files routes and the gateway
     ("app.files.owners", "app.files.file_ids"),
+    ("app.runs",),  # agent runs: which run each request is in, its bounds, its store rows
     ("app.tracing", "app.refusals"),  # OpenTelemetry spans; the refusal inspector (its store, its views)
     ("app.quotas",),
     ("app.settings",),

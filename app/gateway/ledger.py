@@ -19,13 +19,15 @@ from app.metering.tokens import count_async, count_text
 from app.metering.usage import TokenCounts
 from app.quotas.gate import Quotas
 from app.quotas.model import Admission
+from app.runs.tracker import Runs
 from app.settings import Settings
 from app.store.base import UsageRecord
 
 
 class Ledger:
     def __init__(self, settings: Settings, recorder: Recorder | None, metrics: Metrics, pricing: Pricing,
-                 quotas: Quotas | None = None, background: Background | None = None) -> None:
+                 quotas: Quotas | None = None, background: Background | None = None,
+                 runs: Runs | None = None) -> None:
         self.settings = settings
         self.pricing = pricing
         self.recorder = recorder
@@ -36,6 +38,7 @@ class Ledger:
         self.access_log = AccessLog(log_format=server.log_format) if server.access_log else None
         c = settings.cache
         self.advisor = Advisor(c.breaks, c.memory_per_caller, c.memory_bytes)
+        self.runs = runs  # the agent runs each record adds to (app/runs/)
 
     async def estimate(self, ex: Exchange, prompt_text: Callable[[], str], completion_text: str,
                        reasoning_text: str = "", media: int = 0) -> TokenCounts:
@@ -112,6 +115,8 @@ class Ledger:
             record = dataclasses.replace(record, **billed.fields())
         if self.recorder is not None:
             self.recorder.record(record)
+        if self.runs is not None:
+            self.runs.add(ex, record)
         if ex.admission is not None:
             self._settle(ex.admission, record)
         if (trace := ex.trace) is not None:

@@ -80,6 +80,7 @@ from app.quotas.model import Refusal
 from app.refusals.log import Pending, RefusalLog
 from app.repair.loop import Repairer, refusal
 from app.repair.memory import TurnMemory
+from app.runs.tracker import Runs
 from app.settings import Settings
 from app.store.base import FileOwnerStore
 from app.tools.rules import upload_summary, upload_too_large
@@ -102,7 +103,7 @@ class Gateway:
 
     def __init__(self, settings: Settings, *, upstream: Upstream, auth: Authenticator, metrics: Metrics,
                  ledger: Ledger, checkers: Checkers, memory: TurnMemory, retrier: Retrier,
-                 background: Background, pricing: Pricing, quotas: Quotas | None = None,
+                 background: Background, pricing: Pricing, runs: Runs, quotas: Quotas | None = None,
                  files: FileOwnerStore | None = None, tracing: Tracing | None = None,
                  refusals: RefusalLog | None = None, clock: Callable[[], float] = time.time) -> None:
         self.settings = settings
@@ -113,6 +114,7 @@ class Gateway:
         self.auth = auth
         self.metrics = metrics
         self.ledger = ledger
+        self.runs = runs  # agent runs: each request's run, and its bounds (app/runs/)
         self.notices = Notices(metrics)
         self.repairs = settings.repair.options()
         self.memory = memory
@@ -178,6 +180,10 @@ class Gateway:
             ex.warnings.append(overflow.message)
         if ex.route.tool is None and self.pricing.rates(ex.priced_as or ex.model, ex.ts) is None:
             ex.warnings.append(self._unpriced(ex.model))
+        stopped = await self.runs.enter(ex, request.headers.raw)
+        if stopped is not None:
+            self.ledger.finish(ex, "limited", stopped.status, rule_code=stopped.code)
+            return error_response(stopped, request_id, family)
         if self.admitter is not None:
             media = functools.partial(self.media.tokens, ex, verdict) if self.media.may_hold(ex, verdict) \
                 else None  # a plain body: no look-up of the caller's limits for it
@@ -593,6 +599,7 @@ class Gateway:
 
     async def drain(self) -> None:
         await self.background.drain()
+        await self.runs.close()
         if self.ledger.access_log is not None:
             self.ledger.access_log.flush()
 

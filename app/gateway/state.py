@@ -26,6 +26,7 @@ from app.quotas.gate import Quotas
 from app.refusals.log import RefusalLog
 from app.refusals.store import open_refusal_store
 from app.repair.memory import TurnMemory
+from app.runs.tracker import Runs
 from app.settings import Settings
 from app.store import Store, open_store
 from app.tracing.setup import build_tracing
@@ -100,12 +101,15 @@ class State:
         await self._observability()
         background = Background()
         auth = Authenticator(s.auth, self.store, on_refused=self.metrics.auth_failure)
+        store = self.recorder.store if self.recorder is not None else None
+        runs = Runs(store, self.quotas.book, s.profiles(), s.limits.cache_seconds, clock=self.clock,
+                    shared=s.server.workers > 1 or (store is not None and store.server))
         self.gateway = Gateway(
             s, upstream=upstream, auth=auth, retrier=retrying(s, self.metrics, self.quotas.alerts),
             metrics=self.metrics, checkers=Checkers(s, families), memory=self.memory,
-            ledger=Ledger(s, self.recorder, self.metrics, self.pricing, self.quotas, background),
+            ledger=Ledger(s, self.recorder, self.metrics, self.pricing, self.quotas, background, runs),
             background=background, pricing=self.pricing, quotas=self.quotas, files=self.store,
-            tracing=self.tracing, refusals=self.refusals, clock=self.clock)
+            tracing=self.tracing, refusals=self.refusals, runs=runs, clock=self.clock)
         self._purger = asyncio.get_running_loop().create_task(self._purge_expired_turns())
 
     async def _observability(self) -> None:

@@ -172,6 +172,34 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "ALTER TABLE usage ADD COLUMN currency TEXT NOT NULL DEFAULT 'USD'",
         "ALTER TABLE limits ADD COLUMN budget_currency TEXT NOT NULL DEFAULT 'USD'",
     ),
+    # 13: agent runs (issue 52): each run, its counters and its requests; the bounds on a run.
+    (
+        """CREATE TABLE runs (
+            run_id TEXT PRIMARY KEY,
+            key_id TEXT NOT NULL,
+            key_name TEXT NOT NULL,
+            team TEXT NOT NULL,
+            source TEXT NOT NULL,
+            started DOUBLE PRECISION NOT NULL,
+            last_seen DOUBLE PRECISION NOT NULL,
+            stopped TEXT,
+            thread TEXT,
+            requests BIGINT NOT NULL,
+            turns BIGINT NOT NULL,
+            cost_picousd BIGINT NOT NULL,
+            streak BIGINT NOT NULL
+        )""",
+        "CREATE INDEX runs_thread ON runs (thread)",
+        """CREATE TABLE run_rounds (
+            run_id TEXT NOT NULL,
+            ts DOUBLE PRECISION NOT NULL,
+            rounds TEXT NOT NULL
+        )""",
+        "CREATE INDEX run_rounds_run ON run_rounds (run_id)",
+        "ALTER TABLE limits ADD COLUMN run_max_turns BIGINT",
+        "ALTER TABLE limits ADD COLUMN run_max_cost_picousd BIGINT",
+        "ALTER TABLE limits ADD COLUMN run_max_repeats BIGINT",
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -222,7 +250,7 @@ FILE_OWNER_COLUMNS = ("file_id", "team", "key_id", "created_at", "tokens")
 FILE_IDS_PER_QUERY = 500  # below every SQLite's limit on a statement's parameters (999 before 3.32)
 _KEY_SELECT = "SELECT key_id, name, team, prefix, created_at, revoked_at FROM api_keys"
 LIMIT_COLUMNS = ("scope", "subject", "budget_picousd", "budget_period", "rpm", "tpm", "max_concurrent",
-                 "updated_at", "budget_currency")
+                 "updated_at", "budget_currency", "run_max_turns", "run_max_cost_picousd", "run_max_repeats")
 
 _GROUP_FIELDS: dict[GroupBy, tuple[tuple[str, str], ...]] = {
     "key": (("key_id", "key_id"), ("key_name", "max(key_name)"), ("team", "max(team)")),
@@ -507,9 +535,10 @@ def limit_params(row: LimitRow) -> tuple[Any, ...]:
 
 
 def limit_from_row(row: Sequence[Any]) -> LimitRow:
-    scope, subject, budget, period, rpm, tpm, conc, updated, currency = row
+    scope, subject, budget, period, rpm, tpm, conc, updated, currency, turns, cost, repeats = row
     return LimitRow(scope, subject, _int_or_none(budget), period, _int_or_none(rpm), _int_or_none(tpm),
-                    _int_or_none(conc), float(updated), currency)
+                    _int_or_none(conc), float(updated), currency, _int_or_none(turns), _int_or_none(cost),
+                    _int_or_none(repeats))
 
 
 def _int_or_none(value: Any) -> int | None:

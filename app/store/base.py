@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+from app.store.runs import RunStore
+
 GroupBy = Literal["key", "team", "model", "day", "rule", "repair", "account", "break_key", "break_team",
                   "break_model"]
 GROUP_BYS: tuple[GroupBy, ...] = ("key", "team", "model", "day", "rule", "repair", "account")
@@ -126,13 +128,20 @@ class LimitRow:
     max_concurrent: int | None = None
     updated_at: float = 0.0
     budget_currency: str = "USD"  # the budget's (budget_picousd holds 1e-12 of it)
+    # an agent run's bounds (app/runs/): its requests, its cost (pico-units of the prices' currency), and the
+    # same tool call with the same arguments in a row
+    run_max_turns: int | None = None
+    run_max_cost_picousd: int | None = None
+    run_max_repeats: int | None = None
 
     @property
     def empty(self) -> bool:
-        return all(v is None for v in (self.budget_picousd, self.rpm, self.tpm, self.max_concurrent))
+        return all(v is None for v in (self.budget_picousd, self.rpm, self.tpm, self.max_concurrent,
+                                       self.run_max_turns, self.run_max_cost_picousd, self.run_max_repeats))
 
 
-LIMIT_FIELDS = ("budget_picousd", "budget_period", "rpm", "tpm", "max_concurrent", "budget_currency")
+LIMIT_FIELDS = ("budget_picousd", "budget_period", "rpm", "tpm", "max_concurrent", "budget_currency",
+                "run_max_turns", "run_max_cost_picousd", "run_max_repeats")
 
 
 @dataclass(slots=True)  # not frozen: one per budget per request, and a frozen __init__ pays a call per field
@@ -340,7 +349,7 @@ class AlertStore(Protocol):
         """True for the one caller (of every replica) that marks this alert first in the period."""
 
 
-class Store(UsageStore, KeyStore, LimitStore, TurnStore, FileOwnerStore, AlertStore, Protocol):
+class Store(UsageStore, KeyStore, LimitStore, TurnStore, FileOwnerStore, AlertStore, RunStore, Protocol):
     """Every concern in one database (what SQLiteStore and PostgresStore are); a user types against the
     concern it uses."""
 

@@ -48,6 +48,7 @@ from app.store.base import (
     TurnRow,
     UsageRecord,
 )
+from app.store.runs import RunHead, find_in, head_in, save_in, thread_in
 
 _Q = Queries.with_placeholder("%s")
 
@@ -416,6 +417,24 @@ class PostgresStore:
     def mark_alert(self, scope: str, subject: str, period_start: float, level: str, now: float) -> bool:
         with self._connection(self._timeout) as conn:
             return conn.execute(_Q.mark_alert, (scope, subject, period_start, level, now)).rowcount == 1
+
+    def save_runs(self, updates: Sequence[RunHead]) -> None:
+        if updates:
+            with self._connection(self._insert_timeout) as conn, conn.transaction(), conn.cursor() as cur:
+                save_in(cur, "%s", updates)
+
+    def find_runs(self, team: str | None, key_id: str | None, since: float, limit: int
+                  ) -> list[RunHead]:
+        with self._connection(self._slow_timeout) as conn, conn.cursor() as cur:
+            return find_in(cur, "%s", team, key_id, since, limit)
+
+    def run_head(self, run_id: str, rounds: bool = True) -> RunHead | None:
+        with self._connection(self._timeout) as conn, conn.cursor() as cur:
+            return head_in(cur, "%s", run_id, rounds)
+
+    def run_of_thread(self, thread: str) -> RunHead | None:
+        with self._connection(self._timeout) as conn, conn.cursor() as cur:
+            return thread_in(cur, "%s", thread)
 
     def close(self) -> None:
         self._pool.close()

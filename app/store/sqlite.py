@@ -44,6 +44,7 @@ from app.store.base import (
     TurnRow,
     UsageRecord,
 )
+from app.store.runs import RunHead, find_in, head_in, save_in, thread_in
 
 _Q = Queries.with_placeholder("?")
 
@@ -339,6 +340,24 @@ class SQLiteStore:
     def mark_alert(self, scope: str, subject: str, period_start: float, level: str, now: float) -> bool:
         with self._write() as conn:
             return conn.execute(_Q.mark_alert, (scope, subject, period_start, level, now)).rowcount == 1
+
+    def save_runs(self, updates: Sequence[RunHead]) -> None:
+        if updates:
+            with self._write() as conn:
+                save_in(conn.cursor(), "?", updates)
+
+    def find_runs(self, team: str | None, key_id: str | None, since: float, limit: int
+                  ) -> list[RunHead]:
+        with self._errors():
+            return find_in(self._conn().cursor(), "?", team, key_id, since, limit)
+
+    def run_head(self, run_id: str, rounds: bool = True) -> RunHead | None:
+        with self._errors():
+            return head_in(self._conn().cursor(), "?", run_id, rounds)
+
+    def run_of_thread(self, thread: str) -> RunHead | None:
+        with self._errors():
+            return thread_in(self._conn().cursor(), "?", thread)
 
     def close(self) -> None:
         """Close every thread's connection; call it once the other threads are done with the store."""

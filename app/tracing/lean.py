@@ -73,6 +73,7 @@ class ExchangeTrace(Protocol):
     resp_id: str | None
     resp_model: str | None
     reasons: list[str] | None
+    conversation: str | None
     first_chunk: float | None
     content: tuple[str | None, str | None] | None
 
@@ -165,6 +166,8 @@ def spans_of(t: ExchangeTrace) -> list[SpanRecord]:
     server = t.server
     assert server is not None  # a sampled trace's
     attrs = {"chatgate.request_id": t.request_id}
+    if t.conversation is not None:
+        attrs["gen_ai.conversation.id"] = t.conversation
     attrs["http.response.status_code"] = status
     if record is None:  # refused before its body was read (ExchangeTrace.early)
         attrs["error.type"] = str(status)

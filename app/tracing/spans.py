@@ -159,11 +159,11 @@ class ExchangeTrace:
     """One request's trace, as the request path records it; its spans are made when it is exported
     (app.tracing.lean.spans_of)."""
 
-    __slots__ = ("attempt", "attempt_end", "attempt_t0", "content", "early_code", "end", "failed",
-                 "first_chunk", "max_tokens", "parent_id", "reasons", "record", "remote_parent", "request_id",
-                 "resp_id", "resp_model", "route", "rules", "sampled", "scan_each", "server", "span_id",
-                 "start", "status_code", "strip", "tail0", "tail1", "tail2", "trace_id", "trace_state",
-                 "tracing")
+    __slots__ = ("attempt", "attempt_end", "attempt_t0", "content", "conversation", "early_code", "end",
+                 "failed", "first_chunk", "max_tokens", "parent_id", "reasons", "record", "remote_parent",
+                 "request_id", "resp_id", "resp_model", "route", "rules", "sampled", "scan_each", "server",
+                 "span_id", "start", "status_code", "strip", "tail0", "tail1", "tail2", "trace_id",
+                 "trace_state", "tracing")
     # set before they are read (not in __init__, which every request pays for): the time of a streamed
     # attempt's start, whether each of its reads is scanned for its finish reasons or its last three at the
     # end; when it ends, the usage record and status (no record: refused before the body was read), the
@@ -202,6 +202,7 @@ class ExchangeTrace:
         self.resp_id: str | None = None
         self.resp_model: str | None = None
         self.reasons: list[str] | None = None
+        self.conversation: str | None = None  # the agent run it is part of (app/runs/)
 
     @property
     def attempt_open(self) -> bool:

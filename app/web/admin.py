@@ -46,6 +46,8 @@ BIGINT = 2**63 - 1  # the store's columns are BIGINT
 MAX_BUDGET_USD = Decimal(BIGINT) / PICO_PER_USD  # exact: 9223372.036854775807
 MAX_NAME = 200
 LIMIT_INPUTS = ("budget_usd", "budget_period", "rpm", "tpm", "max_concurrent")
+# an agent run's bounds (app/runs/): its requests, its cost (the prices' currency), one tool call in a row
+RUN_INPUTS = ("run_max_turns", "run_max_cost_usd", "run_max_repeats")
 FINGERPRINT = re.compile(r"fp-[0-9a-f]{12}")  # app.gateway.auth.fingerprint
 NO_STORE = "no-store"
 
@@ -59,6 +61,11 @@ EXPECTED = {
     "rpm": "expected a whole number >= 0, or null to clear it",
     "tpm": "expected a whole number >= 0, or null to clear it",
     "max_concurrent": "expected a whole number >= 0, or null to clear it",
+    "run_max_turns": "expected a whole number >= 0 (requests per agent run), or null to clear it",
+    "run_max_cost_usd": "expected an amount >= 0 with at most 12 decimal places (an agent run's cost, in "
+                        "the prices' currency), or null to clear it",
+    "run_max_repeats": "expected a whole number >= 0 (the same tool call in a row in an agent run), or null "
+                       "to clear it",
     "team": f"expected a non-empty string of at most {MAX_NAME} printable characters, without surrounding "
             "spaces",
     "name": f"expected a non-empty string of at most {MAX_NAME} printable characters, without surrounding "
@@ -125,8 +132,8 @@ def parse_usd(text: str, param: str = "budget_usd") -> int | None:
     try:
         value = Decimal(text.strip())
     except InvalidOperation:
-        raise LimitsError(param, f"expected an amount of {BUDGETS[param]} such as 50 or 12.50, or none; got "
-                                 f"{text!r}") from None
+        raise LimitsError(param, f"expected an amount of {BUDGETS.get(param, 'money')} such as 50 or 12.50, "
+                                 f"or none; got {text!r}") from None
     return usd_to_picousd(value, param)
 
 
@@ -173,6 +180,8 @@ def merge(current: LimitRow | None, scope: str, subject: str, change: dict[str, 
             if value is not None or values["budget_currency"] == BUDGETS[name] or not any(
                     change.get(n) is not None for n in BUDGETS):
                 values["budget_picousd"], values["budget_currency"] = value, BUDGETS[name]
+        elif name == "run_max_cost_usd":
+            values["run_max_cost_picousd"] = value
         else:
             values[name] = value
     values["budget_currency"] = values["budget_currency"] or "USD"
@@ -190,8 +199,15 @@ def limits_json(row: LimitRow | None) -> dict[str, Any]:
     JSON number written from the integer picoUSD, never through a float."""
     row = row or LimitRow("", "")
     budget = None if row.budget_picousd is None else orjson.Fragment(usd_text(row.budget_picousd).encode())
-    return {f"budget_{row.budget_currency.lower()}": budget, "budget_period": row.budget_period,
-            "rpm": row.rpm, "tpm": row.tpm, "max_concurrent": row.max_concurrent}
+    run_cost = None if row.run_max_cost_picousd is None else orjson.Fragment(
+        usd_text(row.run_max_cost_picousd).encode())
+    shown = {f"budget_{row.budget_currency.lower()}": budget, "budget_period": row.budget_period,
+             "rpm": row.rpm, "tpm": row.tpm, "max_concurrent": row.max_concurrent}
+    runs = {"run_max_turns": row.run_max_turns, "run_max_cost_usd": run_cost,
+            "run_max_repeats": row.run_max_repeats}
+    if any(v is not None for v in runs.values()):  # an agent run's bounds, when one is set (docs/runs.md)
+        shown.update(runs)
+    return shown
 
 
 def _shown(limits: dict[str, Any]) -> list[str]:
@@ -212,7 +228,7 @@ def limits_cells(limits: dict[str, Any], none: str = "-") -> tuple[str, ...]:
 
 def limits_text(limits: dict[str, Any]) -> str:
     """`budget_usd=50 budget_period=month rpm=60 tpm=none max_concurrent=4`, for the CLI."""
-    names = _shown(limits)
+    names = _shown(limits) + [n for n in RUN_INPUTS if limits.get(n) is not None]
     cells = ["none" if limits[n] is None else orjson.dumps(limits[n]).decode().strip('"') for n in names]
     return " ".join(f"{name}={cell}" for name, cell in zip(names, cells, strict=True))
 
@@ -370,14 +386,18 @@ class LimitsBody(BaseModel):
     rpm: Count | None = None
     tpm: Count | None = None
     max_concurrent: Count | None = None
+    run_max_turns: Count | None = None
+    run_max_cost_usd: Annotated[Decimal, Field(allow_inf_nan=False)] | None = None
+    run_max_repeats: Count | None = None
 
     def change(self) -> dict[str, Any]:
-        """The fields sent, a budget as pico-units of its currency."""
+        """The fields sent, a budget (and a run's cost) as pico-units of its currency."""
         out: dict[str, Any] = {}
-        for name in (*LIMIT_INPUTS, "budget_cny"):
+        for name in (*LIMIT_INPUTS, "budget_cny", *RUN_INPUTS):
             if name in self.model_fields_set:
                 value = getattr(self, name)
-                out[name] = usd_to_picousd(value, name) if name in BUDGETS and value is not None else value
+                money = name in BUDGETS or name == "run_max_cost_usd"
+                out[name] = usd_to_picousd(value, name) if money and value is not None else value
         return out
 
 

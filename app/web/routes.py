@@ -30,6 +30,7 @@ from app.web.admin import add_admin
 from app.web.count_tokens import add_count_tokens
 from app.web.dashboard import add_dashboard
 from app.web.refusals import add_refusals
+from app.web.runs import add_runs
 
 BALANCE_ROUTE = "/user/balance"
 MODELS_CACHE_SLOTS = 1024
@@ -69,6 +70,7 @@ def add_routes(app: FastAPI, state: State) -> None:
         for path, error in family.not_served:
             app.router.add_route(path, _not_served(error), methods=ANY_METHOD, include_in_schema=False)
     add_count_tokens(app, state, families)
+    add_runs(app, state)
     add_dashboard(app, state)
     add_admin(app, state)
     add_refusals(app, state)

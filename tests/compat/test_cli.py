@@ -252,6 +252,26 @@ def check_run(gate: Gate, done: Run, client: str, scenario: str, route: str) -> 
     return upstream
 
 
+def runs_of(gate: Gate, key: str, requests: int) -> list[tuple[str, int]]:
+    """The agent runs chatgate made of a key's requests (docs/runs.md), once it has written them all: (how
+    the run was told apart, its requests) per run."""
+    deadline = time.monotonic() + 10
+    rows: list[tuple[str, int]] = []
+    while time.monotonic() < deadline:
+        conn = sqlite3.connect(f"file:{gate.db}?mode=ro", uri=True, timeout=5)
+        try:
+            rows = conn.execute("SELECT source, requests FROM runs WHERE key_id = ? ORDER BY run_id",
+                                (fingerprint(key),)).fetchall()
+        except sqlite3.OperationalError:
+            rows = []
+        finally:
+            conn.close()
+        if sum(n for _, n in rows) >= requests:
+            break
+        time.sleep(0.05)
+    return [(str(source), int(n)) for source, n in rows]
+
+
 def bodies(upstream: list[RecordedRequest]) -> list[dict[str, Any]]:
     return [json.loads(r.body) for r in upstream]
 
@@ -297,6 +317,7 @@ def test_claude_code_thinking_tool_loop(fresh: Gate, tmp_path: Path) -> None:
     done = claude(fresh, tmp_path, key, "read README and tell me the answer")
     upstream = check_run(fresh, done, "claude", "thinking tool loop (3 rounds)", "/anthropic/")
     assert tool_results_sent(upstream) >= 3
+    assert runs_of(fresh, key, len(upstream)) == [("session", len(upstream))], "one run: the session"
     main = [b for b in bodies(upstream) if any(m["role"] == "assistant" for m in b["messages"])]
     last = main[-1]
     assert "The answer is 42." in json.dumps(last["messages"]), "Read ran and its result went back"
@@ -353,7 +374,8 @@ def test_claude_code_three_sessions_at_once(fresh: Gate, tmp_path: Path) -> None
         runs = list(pool.map(lambda i: claude(fresh, tmp_path / f"s{i}", keys[i], f"session {i}: list files"),
                              range(3)))
     for done in runs:
-        check_run(fresh, done, "claude", f"3 sessions at once ({done.key[-1]})", "/anthropic/")
+        upstream = check_run(fresh, done, "claude", f"3 sessions at once ({done.key[-1]})", "/anthropic/")
+        assert runs_of(fresh, done.key, len(upstream)) == [("session", len(upstream))]
 
 
 def test_claude_code_subagent(fresh: Gate, tmp_path: Path) -> None:
@@ -373,6 +395,7 @@ def test_claude_code_subagent(fresh: Gate, tmp_path: Path) -> None:
     calls = [block for m in main[-1]["messages"] if isinstance(m["content"], list) for block in m["content"]
              if block.get("type") == "tool_use" and block.get("name") == "Agent"]
     assert calls, "the main agent's last request carries its Agent call (and its result after it)"
+    assert runs_of(fresh, key, len(upstream)) == [("session", len(upstream))], "the subagent is in its run"
 
 
 # ----------------------------------------------------------------------------------------------- Codex
@@ -386,6 +409,7 @@ def test_codex_exec_multi_round_tool_loop(fresh: Gate, tmp_path: Path) -> None:
     upstream = check_run(fresh, done, "codex", "exec --sandbox read-only, tool loop (3 rounds)",
                          "/v1/responses")
     assert tool_results_sent(upstream) >= 3
+    assert runs_of(fresh, key, len(upstream)) == [("session", len(upstream))], "one run: the conversation"
     last = bodies(upstream)[-1]
     outputs = [i for i in last["input"] if i.get("type") == "function_call_output"]
     assert len(outputs) >= 3
