@@ -72,13 +72,13 @@ class Relayed(Response):
         try:
             async with client.watching(receive, lazy=self.lazy):
                 if self.head is not None:
-                    await _send(send, response_start(scope, self.head.status, self.head.headers, self.lines))
+                    await _send(send, response_start(self.head.status, self.head.headers, self.lines))
                 closed = False
                 async for piece in self.pieces:
                     if piece is WAIT:
                         client.arm()
                     elif isinstance(piece, Head):
-                        await _send(send, response_start(scope, piece.status, piece.headers, self.lines))
+                        await _send(send, response_start(piece.status, piece.headers, self.lines))
                     else:
                         body, last = piece
                         await _send(send, {"type": "http.response.body", "body": body, "more_body": not last})

@@ -13,31 +13,20 @@ from app.errors import APIError
 from app.gateway.family import Family
 
 JSON = "application/json"
-# An ASGI extension of chatgate's own server (app/server.py `OneCheckHeads`): a response start may carry,
-# under this key, header lines rendered by chatgate (`HeadLines.block`), written after the others as they are.
-HEAD_BLOCK = "chatgate.head_block"
 
 
 class HeadLines(Protocol):
-    """Headers chatgate renders itself from numbers (the x-ratelimit headers): as pairs, or as the lines of a
-    response head at once (no per-header check and copy by the server)."""
+    """Headers chatgate renders itself from numbers (the x-ratelimit headers)."""
 
     def headers(self) -> list[tuple[bytes, bytes]]: ...
 
-    def block(self) -> bytes: ...
 
-
-def response_start(scope: Scope, status: int, headers: list[tuple[bytes, bytes]],
+def response_start(status: int, headers: list[tuple[bytes, bytes]],
                    lines: HeadLines | None) -> dict[str, Any]:
-    """The `http.response.start` message: `lines` as a block when the server takes one, else as pairs."""
-    start: dict[str, Any] = {"type": "http.response.start", "status": status, "headers": headers}
+    """The `http.response.start` message, `lines` after the other headers."""
     if lines is not None:
-        extensions = scope.get("extensions")
-        if extensions is not None and HEAD_BLOCK in extensions:
-            start[HEAD_BLOCK] = lines.block()
-        else:
-            start["headers"] = [*headers, *lines.headers()]
-    return start
+        headers = [*headers, *lines.headers()]
+    return {"type": "http.response.start", "status": status, "headers": headers}
 
 
 def json_response(status: int, content: Any, headers: dict[str, str] | None = None) -> Response:
@@ -74,7 +63,7 @@ class RawResponse(Response):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.before_send is not None:
             self.before_send()
-        await send(response_start(scope, self.status_code, self.raw_headers, self.lines))
+        await send(response_start(self.status_code, self.raw_headers, self.lines))
         await send({"type": "http.response.body", "body": self.body})
 
 

@@ -304,7 +304,7 @@ class Retrier:
         if tries.trace is not None:  # the attempt's span ends here; the last one ends with the request
             tries.trace.attempt_failed(reason, int(reason) if reason.isdigit() else None)
         tries.reasons.append(reason)
-        self.metrics._child(self.metrics.upstream_retries, reason).inc()
+        self.metrics.upstream_retries.labels(reason).inc()
         await hangup.sleep(wait)
 
     def _count(self, tries: Tries, status: str) -> None:
@@ -313,7 +313,7 @@ class Retrier:
         key = (tries.account or "caller", status)
         counter = self._counters.get(key)
         if counter is None:
-            counter = self._counters[key] = self.metrics._child(self.metrics.upstream_attempts, *key)
+            counter = self._counters[key] = self.metrics.upstream_attempts.labels(*key)
         counter.inc()
 
     def _elsewhere(self, tries: Tries, lease: Lease) -> bool:

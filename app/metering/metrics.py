@@ -88,11 +88,6 @@ class Metrics:
         self.upstream_retries = Labelled("chatgate_upstream_retries", "Attempts retried, by reason (a "
                                          "status, connect, timeout, keepalive_drop)", ["reason"], registry=r)
 
-    @staticmethod
-    def _child(metric: Labelled, *labels: str) -> Counter:
-        """`metric.labels(*labels)`: the name app/gateway/retry.py calls it by."""
-        return metric.labels(*labels)
-
     def auth_failure(self, source: str) -> None:
         if source not in self._sources:
             if len(self._sources) >= AUTH_SOURCES:

@@ -22,6 +22,7 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
+from app.bounded import BoundedDict
 from app.errors import APIError
 from app.metering.catalogue import SYMBOLS
 from app.quotas.alerts import Alerts
@@ -35,6 +36,7 @@ from app.settings import Settings
 from app.store.base import Hold, LimitRow, Store, StoreError
 
 PICO_PER_USD = Decimal(10**12)
+PLANS_CACHED = 10_000  # callers (team, key) whose worked-out limits are kept
 log = logging.getLogger("chatgate.quotas")
 
 BACKEND_ERRORS = (StoreError, RedisError, OSError, TimeoutError)
@@ -93,7 +95,7 @@ class Quotas:
         self._ids_prefix = uuid.uuid4().hex[:16] + "-"  # reservation ids: unique across replicas, cheap
         self._ids = itertools.count()
         self.backend_errors = 0
-        self._plans: dict[tuple[str, str], Known] = {}
+        self._plans: BoundedDict[tuple[str, str], Known] = BoundedDict(PLANS_CACHED)
 
     def _known(self, team: str, key_id: str) -> Known | None:
         """The caller's plan without an await: its rows are cached and the plan was worked out from them."""
@@ -124,8 +126,6 @@ class Quotas:
                 self.budgets.unbudgeted(scope, name)
             if row is not None and not row.empty:
                 subjects.append(Subject(scope, name, row))
-        if len(self._plans) > 10_000:
-            self._plans.clear()
         plan = Plan.of(subjects, self.currency)
         self._plans[(team, key_id)] = Known(rows, plan, until, book.generation)
         return plan

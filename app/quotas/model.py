@@ -73,21 +73,6 @@ class RateInfo:
                     (b"x-ratelimit-reset-tokens", reset)]
         return out
 
-    def block(self) -> bytes:
-        """`headers` as the lines of a response head, formatted at once when both limits apply."""
-        if self.limit_requests is None or self.limit_tokens is None:
-            return b"".join([b"%s: %s\r\n" % pair for pair in self.headers()])
-        reset = tokens_reset = duration_bytes(self.reset_requests)
-        if self.reset_tokens != self.reset_requests:
-            tokens_reset = duration_bytes(self.reset_tokens)
-        return _BOTH % (self.limit_requests, max(self.remaining_requests or 0, 0), reset, self.limit_tokens,
-                        max(self.remaining_tokens or 0, 0), tokens_reset)
-
-
-_BOTH = (b"x-ratelimit-limit-requests: %d\r\nx-ratelimit-remaining-requests: %d\r\n"
-         b"x-ratelimit-reset-requests: %s\r\nx-ratelimit-limit-tokens: %d\r\n"
-         b"x-ratelimit-remaining-tokens: %d\r\nx-ratelimit-reset-tokens: %s\r\n")
-
 
 @dataclass(frozen=True, slots=True)
 class Refusal:
