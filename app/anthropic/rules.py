@@ -19,7 +19,7 @@ from app.anthropic.protocol import SUPPORTED_BLOCKS, UNSUPPORTED_BLOCKS, Message
 from app.anthropic.type_errors import problems_from_validation_error
 from app.errors import Problem
 from app.profiles import DEFAULT_PROFILES, ModelProfile, generic_profile
-from app.rules.kernel import Ordering, Rule, RuleContext, beside_type_errors, in_range, run_rules
+from app.rules.kernel import Ordering, Rule, RuleContext, checked_beside_type_errors, in_range, run_rules
 from app.rules.models import Policy, unknown_model
 from app.surface import (
     SAFETY_LEVELS,
@@ -58,22 +58,10 @@ def check_body(body: bytes, policy: Policy, parse: object = None) -> Verdict:
     try:
         request = validate_body(MessagesRequest, body, parse)
     except pydantic.ValidationError as exc:
-        return _type_errors(exc, body, policy)
+        found = problems_from_validation_error(exc)
+        return checked_beside_type_errors(found, exc, body, ("model", "messages"), MessagesRequest,
+                                          lambda rest: check_request(rest, policy))
     return check_request(request, policy)
-
-
-def _type_errors(exc: pydantic.ValidationError, body: bytes, policy: Policy) -> Verdict:
-    """The type errors, and what the rules find in the rest of the body (`beside_type_errors`)."""
-    problems = problems_from_validation_error(exc)
-    data = beside_type_errors(exc, body, ("model", "messages"))
-    if data is not None:
-        try:
-            rest = MessagesRequest.model_validate(data)
-        except pydantic.ValidationError:
-            return Verdict(problems)
-        checked = check_request(rest, policy)
-        return Verdict([*problems, *checked.problems], checked.warnings, profile=checked.profile)
-    return Verdict(problems)
 
 
 def check_request(request: MessagesRequest, policy: Policy) -> Verdict:

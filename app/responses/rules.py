@@ -25,7 +25,7 @@ from app.errors import Problem
 from app.profiles import ModelProfile, generic_profile
 from app.responses.protocol import ITEM_TYPES, ROLES, Item, ResponsesRequest
 from app.responses.type_errors import problems_from_validation_error
-from app.rules.kernel import Ordering, Rule, RuleContext, beside_type_errors, in_range, run_rules
+from app.rules.kernel import Ordering, Rule, RuleContext, checked_beside_type_errors, in_range, run_rules
 from app.rules.models import Policy, unknown_model
 from app.surface import (
     SAFETY_LEVELS,
@@ -132,22 +132,10 @@ def check_body(body: bytes, policy: Policy, parse: object = None) -> Verdict:
     try:
         request = validate_body(ResponsesRequest, body, parse)
     except pydantic.ValidationError as exc:
-        return _type_errors(exc, body, policy)
+        found = problems_from_validation_error(exc)
+        return checked_beside_type_errors(found, exc, body, ("model", "input"), ResponsesRequest,
+                                          lambda rest: check_request(rest, policy))
     return check_request(request, policy)
-
-
-def _type_errors(exc: pydantic.ValidationError, body: bytes, policy: Policy) -> Verdict:
-    """The type errors, and what the rules find in the rest of the body (`beside_type_errors`)."""
-    problems = problems_from_validation_error(exc)
-    data = beside_type_errors(exc, body, ("model", "input"))
-    if data is not None:
-        try:
-            rest = ResponsesRequest.model_validate(data)
-        except pydantic.ValidationError:
-            return Verdict(problems)
-        checked = check_request(rest, policy)
-        return Verdict([*problems, *checked.problems], checked.warnings, profile=checked.profile)
-    return Verdict(problems)
 
 
 def check_request(request: ResponsesRequest, policy: Policy) -> Verdict:

@@ -14,8 +14,10 @@ import pydantic
 
 from app.errors import Problem
 from app.profiles import ModelProfile
+from app.verdict import Verdict
 
 Req = TypeVar("Req")
+Model = TypeVar("Model", bound=pydantic.BaseModel)
 Ctx = TypeVar("Ctx")
 
 # A rule: what it finds wrong with a request (problems and warnings), given the family's context
@@ -125,3 +127,19 @@ def beside_type_errors(exc: pydantic.ValidationError, body: bytes, needed: Colle
     for root in roots:
         data.pop(root, None)
     return data
+
+
+def checked_beside_type_errors(problems: list[Problem], exc: pydantic.ValidationError, body: bytes,
+                               needed: Collection[str], model: type[Model],
+                               check: Callable[[Model], Verdict]) -> Verdict:
+    """A body with type errors: `problems` (the family's words for them), then what `check` finds in the rest
+    of the body (`beside_type_errors`), so that one field's type error does not hide the other problems."""
+    data = beside_type_errors(exc, body, needed)
+    if data is None:
+        return Verdict(problems)
+    try:
+        rest = model.model_validate(data)
+    except pydantic.ValidationError:
+        return Verdict(problems)
+    checked = check(rest)
+    return Verdict([*problems, *checked.problems], checked.warnings, profile=checked.profile)
