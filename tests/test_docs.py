@@ -92,7 +92,7 @@ def test_where_is_what_names_real_paths() -> None:
     paths = where_is_what()
     assert len([p for p in paths if p.startswith("app/")]) >= 8
     missing = [p for p in paths if not (ROOT / p).exists()]
-    assert not missing, f"docs/architecture.md's 'Where the parts live' names paths that do not exist: {missing}"
+    assert not missing, f"docs/architecture.md's table names paths that do not exist: {missing}"
 
 
 _HASH = re.compile(r"`(?=[0-9a-f]*[0-9])(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}`")
