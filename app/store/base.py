@@ -362,6 +362,10 @@ class RuleEvidence:
     example_request_id: str | None = None
     updated_at: float = 0.0
 
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.rule, self.family, self.model)
+
 
 @dataclass(frozen=True, slots=True)
 class EvidenceEvent:

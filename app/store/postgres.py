@@ -21,7 +21,15 @@ import psycopg
 from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from app.store import _evidence
+from app.store._evidence import (
+    add_unpredicted,
+    apply_event,
+    release_lease,
+    reset,
+    select_evidence,
+    select_unpredicted,
+    take_lease,
+)
 from app.store._sql import (
     CURRENT_VERSION,
     USAGE_COLUMNS,
@@ -426,31 +434,31 @@ class PostgresStore:
     def rule_evidence(self, keys: Sequence[tuple[str, str, str]] | None = None, since: float | None = None
                       ) -> list[RuleEvidence]:
         with self._connection(self._timeout) as conn, conn.cursor() as cur:
-            return _evidence.select_evidence(cur, "%s", keys, since)
+            return select_evidence(cur, "%s", keys, since)
 
     def record_evidence(self, events: Sequence[EvidenceEvent], now: float) -> list[RuleEvidence]:
         with self._connection(self._timeout) as conn, conn.transaction(), conn.cursor() as cur:
-            return [_evidence.apply_event(cur, "%s", e, now) for e in events]
+            return [apply_event(cur, "%s", e, now) for e in events]
 
     def reset_evidence(self, rule: str, family: str | None = None) -> int:
         with self._connection(self._timeout) as conn, conn.cursor() as cur:
-            return _evidence.reset(cur, "%s", rule, family)
+            return reset(cur, "%s", rule, family)
 
     def take_rule_lease(self, key: tuple[str, str, str], holder: str, now: float, expires_at: float) -> bool:
         with self._connection(self._timeout) as conn, conn.cursor() as cur:
-            return _evidence.take_lease(cur, "%s", key, holder, now, expires_at)
+            return take_lease(cur, "%s", key, holder, now, expires_at)
 
     def release_rule_lease(self, key: tuple[str, str, str], holder: str) -> None:
         with self._connection(self._timeout) as conn, conn.cursor() as cur:
-            _evidence.release_lease(cur, "%s", key, holder)
+            release_lease(cur, "%s", key, holder)
 
     def record_unpredicted(self, family: str, model: str, message: str, request_id: str, now: float) -> None:
         with self._connection(self._timeout) as conn, conn.cursor() as cur:
-            _evidence.add_unpredicted(cur, "%s", family, model, message, request_id, now)
+            add_unpredicted(cur, "%s", family, model, message, request_id, now)
 
     def unpredicted(self, since: float | None = None, limit: int = 100) -> list[Unpredicted]:
         with self._connection(self._timeout) as conn, conn.cursor() as cur:
-            return _evidence.select_unpredicted(cur, "%s", since, limit)
+            return select_unpredicted(cur, "%s", since, limit)
 
     def close(self) -> None:
         self._pool.close()

@@ -13,7 +13,15 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
-from app.store import _evidence
+from app.store._evidence import (
+    add_unpredicted,
+    apply_event,
+    release_lease,
+    reset,
+    select_evidence,
+    select_unpredicted,
+    take_lease,
+)
 from app.store._sql import (
     CURRENT_VERSION,
     TURN_WIDTH,
@@ -349,32 +357,32 @@ class SQLiteStore:
     def rule_evidence(self, keys: Sequence[tuple[str, str, str]] | None = None, since: float | None = None
                       ) -> list[RuleEvidence]:
         with self._errors():
-            return _evidence.select_evidence(self._conn().cursor(), "?", keys, since)
+            return select_evidence(self._conn().cursor(), "?", keys, since)
 
     def record_evidence(self, events: Sequence[EvidenceEvent], now: float) -> list[RuleEvidence]:
         with self._write() as conn:
             cur = conn.cursor()
-            return [_evidence.apply_event(cur, "?", e, now) for e in events]
+            return [apply_event(cur, "?", e, now) for e in events]
 
     def reset_evidence(self, rule: str, family: str | None = None) -> int:
         with self._write() as conn:
-            return _evidence.reset(conn.cursor(), "?", rule, family)
+            return reset(conn.cursor(), "?", rule, family)
 
     def take_rule_lease(self, key: tuple[str, str, str], holder: str, now: float, expires_at: float) -> bool:
         with self._write() as conn:
-            return _evidence.take_lease(conn.cursor(), "?", key, holder, now, expires_at)
+            return take_lease(conn.cursor(), "?", key, holder, now, expires_at)
 
     def release_rule_lease(self, key: tuple[str, str, str], holder: str) -> None:
         with self._write() as conn:
-            _evidence.release_lease(conn.cursor(), "?", key, holder)
+            release_lease(conn.cursor(), "?", key, holder)
 
     def record_unpredicted(self, family: str, model: str, message: str, request_id: str, now: float) -> None:
         with self._write() as conn:
-            _evidence.add_unpredicted(conn.cursor(), "?", family, model, message, request_id, now)
+            add_unpredicted(conn.cursor(), "?", family, model, message, request_id, now)
 
     def unpredicted(self, since: float | None = None, limit: int = 100) -> list[Unpredicted]:
         with self._errors():
-            return _evidence.select_unpredicted(self._conn().cursor(), "?", since, limit)
+            return select_unpredicted(self._conn().cursor(), "?", since, limit)
 
     def close(self) -> None:
         """Close every thread's connection; call it once the other threads are done with the store."""
