@@ -280,3 +280,20 @@ def test_chatgate_rules_reports_and_resets(start: Callable[..., RunningChatgate]
     assert "R27: 1 row(s)" in chatgate_cli(tmp_path, "rules", "reset", "R27", "--family", "chat")
     assert [r["rule"] for r in orjson.loads(chatgate_cli(tmp_path, "rules", "--format", "json"))["rules"]] \
         == ["R29"]
+
+
+@pytest.mark.slow  # headless Chromium
+def test_the_dashboards_rules_card_shows_disputed_rules_and_unpredicted_refusals(
+        start: Callable[..., RunningChatgate], fake: RunningFake, tmp_path: Path) -> None:
+    from tests.web.test_dashboard import chromium
+
+    gate = start()
+    fake.state.configure(accept_refusals=["stream_options"], refuse_bodies={"tell me": "Unknown thing 77"})
+    assert post(gate, R29).status_code == 200
+    assert post(gate, {"model": "deepseek-flash", "messages": [{"role": "user", "content": "tell me"}]}
+                ).status_code == 400
+    dom = chromium(tmp_path, "--dump-dom", f"{gate.url}/admin/dashboard#key={ADMIN_KEY}").stdout
+    assert 'data-state="ready"' in dom, dom[:3000]
+    card = dom[dom.index("id=\"rules-card\""):]
+    assert '<td class="">R29</td><td class="">chat</td><td class="">deepseek-flash</td>' in card
+    assert '<td class="num">1</td><td class="">chat</td>' in card and "Unknown thing N" in card
