@@ -17,7 +17,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +40,7 @@ from app.store.base import EvidenceEvent, EvidenceStore, RuleEvidence, StoreErro
 
 log = logging.getLogger("chatgate.confirmation")
 LEASE_MARGIN_S = 30.0  # a confirmation's lease outlives its request's deadline by this much
+SCORES_EVERY_S = 5.0  # a replica writes the warned rules' scores of accepted requests at most this often
 
 
 @dataclass(slots=True)
@@ -68,6 +69,9 @@ class Confirmations:
         self.lease_s = lease_s + LEASE_MARGIN_S
         self.clock = clock
         self.replica = f"{socket.gethostname()}:{os.getpid()}"
+        self._scores: dict[tuple[Claim, str], int] = {}  # (claim, warned|accepted) -> count not yet written
+        self._scored_at = 0.0  # monotonic time of the last write of the scores
+        self._writing = asyncio.Lock()
 
     # --- before forwarding --------------------------------------------------------------
 
@@ -105,7 +109,19 @@ class Confirmations:
             if not taken:  # another request (of any replica) is confirming it: refused at once
                 await self._release(watch.pending[:i], watch.holder)
                 return None
+        if watch.pending and await self._confirmed_meanwhile(watch.pending, now):
+            await self._release(watch.pending, watch.holder)
+            return None
         return watch
+
+    async def _confirmed_meanwhile(self, claims: Sequence[Claim], now: float) -> bool:
+        """Whether a confirmation that held the lease before this one was kept between the first read and
+        the lease (then this one would be a second confirmation within the period)."""
+        try:
+            rows = await asyncio.to_thread(self.store.rule_evidence, [c.key for c in claims])
+        except StoreError:
+            return True
+        return any(r.last_confirmed is not None and now - r.last_confirmed < self.period for r in rows)
 
     async def promoted(self, warnings: Sequence[Problem], model: str) -> list[Problem]:
         """The warnings of warned rules DeepSeek refused `promote_after` times and never accepted
@@ -134,6 +150,36 @@ class Confirmations:
         return watch
 
     # --- DeepSeek's answer --------------------------------------------------------------
+
+    def score(self, watch: Watch, status: int) -> Coroutine[Any, Any, None] | None:
+        """A warned request DeepSeek answered without a refusal (2xx, or no answer): its rules' scores,
+        added up in memory; the write of them all when one is due (to run in the background), else None."""
+        watch.done = True
+        for claim in watch.warned:
+            self._add(claim, "warned")
+            if status < 300:
+                self._add(claim, "accepted")
+        if time.monotonic() - self._scored_at < SCORES_EVERY_S:
+            return None
+        self._scored_at = time.monotonic()
+        return self.flush()
+
+    def _add(self, claim: Claim, event: str) -> None:
+        self._scores[(claim, event)] = self._scores.get((claim, event), 0) + 1
+
+    async def flush(self) -> None:
+        """Write the scores added up since the last write (after the write in flight, if any: a report
+        that flushes first sees them all)."""
+        async with self._writing:
+            scores, self._scores = self._scores, {}
+            if not scores:
+                return
+            events = [dataclasses.replace(self._event(claim, event, ""), count=n)
+                      for (claim, event), n in sorted(scores.items())]
+            try:
+                await asyncio.to_thread(self.store.record_evidence, events, self.clock())
+            except StoreError as exc:
+                log.warning("the warned rules' scores were not kept (%s)", exc)
 
     async def answered(self, watch: Watch | None, status: int, content: bytes | None, family: str, model: str,
                        request_id: str) -> list[Claim]:

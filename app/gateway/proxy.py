@@ -346,15 +346,20 @@ class Gateway:
 
     async def _learn(self, ex: Exchange, family: Family, status: int, content: bytes | None) -> bool:
         """Keep what DeepSeek's answer says about the rules; True when the client gets chatgate's own
-        refusal instead (a refusal DeepSeek confirmed). A confirmation is kept before the client has the
-        answer (the next identical request must find it); a warned request's score in the background."""
+        refusal instead (a refusal DeepSeek confirmed). What a refusal or a confirmation teaches is kept
+        before the client has the answer (the next request must find it); the scores of a warned request
+        DeepSeek accepted are added up in memory and written now and then (`Confirmations.score`)."""
         c, watch = self.confirmations, ex.watch
         if c is None or (watch is None and status not in KEPT_UPSTREAM):
             return False
         model = self._evidence_model(ex)
         name = CATALOGUE_FAMILY.get(family.name, family.name)
-        if watch is None or not watch.confirming:
-            self.spawn(c.answered(watch, status, content, name, model, ex.request_id))
+        if watch is not None and not watch.confirming and status not in KEPT_UPSTREAM:
+            if (flush := c.score(watch, status)) is not None:  # an accepted warned request: a count
+                self.spawn(flush)
+            return False
+        if watch is None or not watch.confirming:  # DeepSeek refused it: kept before the client knows
+            await c.answered(watch, status, content, name, model, ex.request_id)
             return False
         await c.answered(watch, status, content, name, model, ex.request_id)
         if status < 300:

@@ -72,11 +72,11 @@ def apply_event(cur: Cursor, p: str, e: EvidenceEvent, now: float) -> RuleEviden
                f"last_disputed = {p}, example_request_id = {p}, updated_at = {p} {where}")
         args = (now, e.request_id, now, *key)
     elif e.event == "warned":
-        sql = f"UPDATE rule_evidence SET warned = warned + 1, updated_at = {p} {where}"
-        args = (now, *key)
+        sql = f"UPDATE rule_evidence SET warned = warned + {p}, updated_at = {p} {where}"
+        args = (e.count, now, *key)
     elif e.event == "accepted":
-        sql = f"UPDATE rule_evidence SET accepted = accepted + 1, updated_at = {p} {where}"
-        args = (now, *key)
+        sql = f"UPDATE rule_evidence SET accepted = accepted + {p}, updated_at = {p} {where}"
+        args = (e.count, now, *key)
     elif e.event == "refused":
         # DeepSeek refused a warned request in the rule's words: a disputed rule is enforced again, a warned
         # one once it was refused `promote_after` times and never accepted

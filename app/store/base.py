@@ -380,6 +380,7 @@ class EvidenceEvent:
     status: str
     request_id: str
     promote_after: int = 0
+    count: int = 1  # warned and accepted: that many at once (a replica adds its scores up between writes)
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,6 +34,8 @@ def add_rules(app: FastAPI, state: State) -> None:
         except ReportError as exc:
             raise APIError(400, f"Invalid query: {exc}", "invalid_request_error", "since",
                            "invalid_value") from None
+        if state.gw.confirmations is not None:  # this replica's latest scores too
+            await state.gw.confirmations.flush()
         found = await asyncio.to_thread(rules_report, state.store, q.get("family"), since)
         return json_response(200, found, NO_STORE)
 
