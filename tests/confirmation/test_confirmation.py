@@ -297,3 +297,20 @@ def test_the_dashboards_rules_card_shows_disputed_rules_and_unpredicted_refusals
     card = dom[dom.index("id=\"rules-card\""):]
     assert '<td class="">R29</td><td class="">chat</td><td class="">deepseek-flash</td>' in card
     assert '<td class="num">1</td><td class="">chat</td>' in card and "Unknown thing N" in card
+
+
+def test_a_warned_rule_deepseek_refuses_in_its_words_is_promoted(start: Callable[..., RunningChatgate],
+                                                                 fake: RunningFake) -> None:
+    gate = start(validation={"confirm_every_s": 3600, "promote_after": 2},
+                 repair={"thinking_conflict": False})
+    # R41 only warns; the fake refuses it in R41's words ("thinking options type cannot be disabled …")
+    body = {"model": "deepseek-flash", "messages": [{"role": "user", "content": "hi"}],
+            "thinking": {"type": "disabled"}, "reasoning_effort": "high"}
+    for _ in range(2):
+        relayed = post(gate, body)
+        assert relayed.status_code == 400 and b"cannot be disabled" in relayed.content  # DeepSeek's words
+    row = rule_row(gate, "R41")
+    assert (row["status"], row["warned"], row["refused"], row["accepted"]) == ("enforced", 2, 2, 0)
+    refused = post(gate, body)
+    assert refused.status_code == 400 and refused.json()["error"]["problems"][0]["rule"] == "R41"
+    assert len(fake.state.requests) == 2  # enforced: refused by chatgate at once
