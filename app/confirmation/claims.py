@@ -70,27 +70,16 @@ def warned_claims(warnings: Iterable[Problem], model: str) -> list[Claim]:
 
 
 def credited(claims: Sequence[Claim], message: str) -> list[Claim]:
-    """The claims DeepSeek's refusal `message` names in their rule's words. None named: a lone claim whose
-    rule has no wording on record is credited (the request broke nothing else chatgate knows of); several,
-    all of them (DeepSeek refused a request that broke each)."""
-    named = {(e.family, e.id) for e in matching(message)}
-    found = [c for c in claims if (c.family, c.rule) in named]
-    if found:
-        return found
-    if len(claims) == 1 and not _says(claims[0]):
-        return list(claims)
-    return []
+    """The claims a refusal of DeepSeek's confirms: those its `message` names in their rule's words; when it
+    names none, all of them (DeepSeek refused a request that broke each: else every such request would be
+    forwarded again)."""
+    return named_only(claims, message) or list(claims)
 
 
 def named_only(claims: Sequence[Claim], message: str) -> list[Claim]:
     """The claims whose rule's words DeepSeek's message carries (a warned request's refusal)."""
     named = {(e.family, e.id) for e in matching(message)}
     return [c for c in claims if (c.family, c.rule) in named]
-
-
-def _says(claim: Claim) -> bool:
-    entry = lookup(claim.rule)
-    return entry is not None and bool(entry.says)
 
 
 _MASK = re.compile(r"\b(?:call|toolu|fc|msg|resp|req|file|rs)[_-][\w-]+|\b[0-9a-f]{8,}\b|\d+(?:\.\d+)?"

@@ -205,7 +205,7 @@ class Confirmations:
                 refused = named_only(warned, message)
                 events += [self._event(c, "confirmed", request_id) for c in confirmed]
                 events += [self._event(c, "refused", request_id) for c in refused]
-                if not confirmed and not refused:
+                if not refused and not named_only(pending, message):  # no rule of it says so
                     unpredicted = masked(message)
             if events:
                 await asyncio.to_thread(self.store.record_evidence, events, self.clock())
