@@ -314,3 +314,44 @@ def test_a_warned_rule_deepseek_refuses_in_its_words_is_promoted(start: Callable
     refused = post(gate, body)
     assert refused.status_code == 400 and refused.json()["error"]["problems"][0]["rule"] == "R41"
     assert len(fake.state.requests) == 2  # enforced: refused by chatgate at once
+
+
+def test_a_disputed_rule_sends_the_rule_disputed_alert(start: Callable[..., RunningChatgate],
+                                                       fake: RunningFake) -> None:
+    from tests.quotas.support import webhook_receiver
+
+    with webhook_receiver() as hook:
+        gate = start(alerts={"webhook_url": hook.url})
+        fake.state.configure(accept_refusals=["stream_options"])
+        resp = post(gate, R29)
+        assert resp.status_code == 200
+        [alert] = hook.wait(1)
+        assert {k: alert[k] for k in ("event", "rule", "family", "model", "request_id")} == {
+            "event": "rule_disputed", "rule": "R29", "family": "chat", "model": "deepseek-flash",
+            "request_id": resp.headers["x-request-id"]}
+
+
+@pytest.mark.parametrize(("path", "body", "rule", "words"), [
+    ("/v1/responses", {"model": "deepseek-flash", "input": "hi", "max_output_tokens": 0, "stream": True},
+     "P17", "max_output_tokens"),
+    ("/beta/completions", {"model": "deepseek-flash", "prompt": "def f(", "max_tokens": 0, "stream": True},
+     "F6", "max_tokens"),
+    ("/anthropic/v1/messages", {"model": "deepseek-flash", "max_tokens": 0, "stream": True,
+                                "messages": [{"role": "user", "content": "hi"}]}, "A2", "max_tokens"),
+])
+def test_a_confirmed_rule_deepseek_later_accepts_is_disputed_once_the_period_is_over(
+        start: Callable[..., RunningChatgate], fake: RunningFake, path: str, body: dict[str, Any], rule: str,
+        words: str) -> None:
+    clock = Clock()
+    gate = start(clock)
+    assert post(gate, body, path).status_code == 400
+    assert rule_row(gate, rule)["status"] == "enforced"
+    fake.state.configure(accept_refusals=[words])
+    clock.now += 3601
+    streamed = post(gate, body, path)
+    assert streamed.status_code == 200 and streamed.headers["content-type"].startswith("text/event-stream")
+    assert streamed.content == bytes(fake.state.requests[-1].sent)  # relayed byte for byte
+    assert rule in streamed.headers["x-chatgate-warning"]
+    assert rule_row(gate, rule)["status"] == "disputed"
+    assert post(gate, body, path).status_code == 200  # forwarded with its warning from now on
+    assert len(fake.state.requests) == 3
