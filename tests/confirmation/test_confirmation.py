@@ -277,6 +277,10 @@ def test_chatgate_rules_reports_and_resets(start: Callable[..., RunningChatgate]
     table = chatgate_cli(tmp_path, "rules")
     assert "R27" in table and "disputed" in table and "Unknown thing N" in table
     assert max(len(line) for line in table.splitlines()) <= 120
+    assert orjson.loads(chatgate_cli(tmp_path, "rules", "--family", "anthropic", "--format", "json")) == \
+        {"rules": [], "unpredicted": []}
+    assert orjson.loads(chatgate_cli(tmp_path, "rules", "--since", "2099-01-01", "--format", "json")) == \
+        {"rules": [], "unpredicted": []}
     assert "R27: 1 row(s)" in chatgate_cli(tmp_path, "rules", "reset", "R27", "--family", "chat")
     assert [r["rule"] for r in orjson.loads(chatgate_cli(tmp_path, "rules", "--format", "json"))["rules"]] \
         == ["R29"]
