@@ -675,6 +675,8 @@ class Gateway:
 
     async def drain(self) -> None:
         await self.background.drain()
+        if self.confirmations is not None:  # the warned rules' scores not written yet
+            await self.confirmations.flush()
         if self.ledger.access_log is not None:
             self.ledger.access_log.flush()
 

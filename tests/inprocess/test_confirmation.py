@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from app.demo.deepseek import FakeState
+from app.store import open_store
 from tests.inprocess.gate import Gate, chat, run
 
 R29 = chat(stream_options={"include_usage": True})
@@ -42,3 +43,16 @@ def test_with_0_the_fake_never_sees_a_refused_request(tmp_path: Path) -> None:
         assert g.fake.requests == [] and g.state.gw.confirmations is None
 
     run(tmp_path, scenario)
+
+
+def test_the_scores_of_warned_requests_are_written_when_chatgate_stops(tmp_path: Path) -> None:
+    async def scenario(g: Gate) -> None:
+        g.fake.configure(accept_refusals=["stream_options"])
+        for _ in range(3):  # the first disputes R29; the next two are forwarded with its warning
+            assert (await g.post("/v1/chat/completions", R29)).status_code == 200
+
+    run(tmp_path, scenario, FakeState(), validation={"confirm_every_s": 60})
+    store = open_store(f"sqlite:///{tmp_path}/usage.db")
+    [row] = store.rule_evidence()
+    store.close()
+    assert (row.status, row.disputed, row.warned, row.accepted) == ("disputed", 1, 2, 2)
