@@ -1,4 +1,4 @@
-"""`chatgate serve | demo | keys | usage | refusals | cache | config check | lint`."""
+"""`chatgate serve | demo | keys | usage | refusals | rules | cache | config check | lint`."""
 
 from __future__ import annotations
 
@@ -195,6 +195,24 @@ def build_parser() -> argparse.ArgumentParser:
     run_show.add_argument("run_id", metavar="RUN", help="its id, or the start of it")
     run_show.add_argument("--format", choices=["text", "json"], default="text")
     for p, func in ((runs, cmd_runs), (run_show, cmd_runs_show)):
+        _config_arg(p)
+        _store_arg(p)
+        p.set_defaults(func=func)
+
+    rules = sub.add_parser("rules", help="what DeepSeek answered about chatgate's rules",
+                           description="The rules' evidence from DeepSeek (docs/confirmation.md): each "
+                           "rule's status per family and model (enforced, warned, disputed), and DeepSeek's "
+                           "refusals no rule predicted.")
+    rules.add_argument("--family", choices=["chat", "anthropic", "responses", "fim"])
+    rules.add_argument("--since", help=SINCE_HELP)
+    rules.add_argument("--format", choices=["table", "json"], default="table")
+    rules_sub = rules.add_subparsers(metavar="ACTION")
+    reset = rules_sub.add_parser("reset", help="forget a rule's evidence",
+                                 description="Forget a rule's evidence (of one family, or all): it refuses "
+                                 "again, unconfirmed, and is confirmed with DeepSeek anew.")
+    reset.add_argument("rule", help="a rule's number (R37, A2, …)")
+    reset.add_argument("--family", choices=["chat", "anthropic", "responses", "fim"])
+    for p, func in ((rules, cmd_rules), (reset, cmd_rules_reset)):
         _config_arg(p)
         _store_arg(p)
         p.set_defaults(func=func)
@@ -736,6 +754,66 @@ def cmd_config_check(args: argparse.Namespace) -> int:
             state = "set" if os.environ.get(account.key_env) else "NOT SET"
             print(f"#   {account.name}: key in ${account.key_env} ({state}), weight {account.weight:g}")
     print("# configuration is valid")
+    return 0
+
+
+# --- rules ---------------------------------------------------------------------------------------
+
+
+def cmd_rules(args: argparse.Namespace) -> int:
+    from app.confirmation.service import rules_report
+    from app.metering.reports import ReportError, parse_time
+
+    try:
+        since = parse_time(args.since, "since")
+    except ReportError as exc:
+        print(f"chatgate: {exc}", file=sys.stderr)
+        return 2
+    opened = _report_store(args)
+    if opened is None:
+        return 1
+    store, _ = opened
+    report = rules_report(store, args.family, since)
+    store.close()
+    if args.format == "json":
+        _print_json(report)
+        return 0
+    if not report["rules"]:
+        print("No evidence about the rules yet (validation.confirm_every_s: docs/confirmation.md).")
+    else:
+        table: list[tuple[str, ...]] = [("rule", "family", "model", "status", "certainty", "confirmed",
+                                         "disputed", "score w/r/a", "last confirmed", "last disputed")]
+        table += [(r["rule"], r["family"], _cut(r["model"], 16), r["status"], str(r["certainty"]),
+                   str(r["confirmed"]), str(r["disputed"]), f"{r['warned']}/{r['refused']}/{r['accepted']}",
+                   _day_time(r["last_confirmed"]), _day_time(r["last_disputed"]))
+                  for r in report["rules"]]
+        _print_table(table)
+    if report["unpredicted"]:
+        print("\nDeepSeek's refusals no rule predicted:")
+        groups: list[tuple[str, ...]] = [("count", "family", "model", "last seen", "message")]
+        groups += [(str(g["count"]), g["family"], _cut(g["model"], 16), _day_time(g["last_seen"]),
+                    _cut(g["message"], 70)) for g in report["unpredicted"]]
+        _print_table(groups)
+    return 0
+
+
+def _day_time(iso: str | None) -> str:
+    """An ISO time as month, day, hour and minute (UTC): the JSON has it whole."""
+    return "-" if iso is None else iso[5:16].replace("T", " ")
+
+
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[:width - 1] + "…"
+
+
+def cmd_rules_reset(args: argparse.Namespace) -> int:
+    opened = _report_store(args)
+    if opened is None:
+        return 1
+    store, _ = opened
+    gone = store.reset_evidence(args.rule, args.family)
+    store.close()
+    print(f"{args.rule}: {gone} row(s) of evidence forgotten" + (f" ({args.family})" if args.family else ""))
     return 0
 
 

@@ -202,6 +202,10 @@ class ValidationSettings(Section):
     extra_models: tuple[str, ...] = ()  # names DeepSeek serves that chatgate has no profile for
     legacy_reasoner_rules: bool = False
     context_guard: bool = False
+    # Confirm a refusal with DeepSeek once per rule, family, model and this many seconds
+    # (docs/confirmation.md); 0: never forward a refused request
+    confirm_every_s: float = Field(default=3600.0, ge=0)
+    promote_after: int = Field(default=0, ge=0)  # enforce a warned rule DeepSeek refused this often (0: off)
 
 
 class RepairSettings(Section):

@@ -36,9 +36,12 @@ def make_settings(tmp_path: Path, upstream_url: str = "http://127.0.0.1:9", **se
                   ) -> Settings:
     """Settings for a test: SQLite and spool under tmp_path, the given upstream, overrides per section.
     Upstream retries are off unless a test turns them on (tests/gateway/test_retries.py): a fault the fake
-    injects reaches the client as it was injected."""
+    injects reaches the client as it was injected. Refusals are not confirmed with DeepSeek
+    (validation.confirm_every_s = 0) unless a test asks: a refused request never reaches the fake
+    (tests/confirmation/ asks)."""
     data: dict[str, Any] = {
         "upstream": {"base_url": upstream_url, "retries": 0},
+        "validation": {"confirm_every_s": 0},
         "store": {"url": f"sqlite:///{tmp_path}/usage.db", "spool_dir": str(tmp_path / "spool"),
                   "flush_interval_ms": 5},
         "server": {"access_log": False},
@@ -215,6 +218,7 @@ def spawn_chatgate(tmp_path: Path, *args: str, env: dict[str, str] | None = None
     log_path = tmp_path / f"{name}-{port}.log"
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("CHATGATE_")}
     full_env.setdefault("CHATGATE_STORE_SPOOL_DIR", str(tmp_path / "spool"))
+    full_env["CHATGATE_VALIDATION_CONFIRM_EVERY_S"] = "0"  # as make_settings: unless the test's env asks
     full_env["XDG_DATA_HOME"] = str(tmp_path / "xdg")  # the default store: the test's own, not the user's
     if module != "app":
         full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), full_env.get("PYTHONPATH")]))

@@ -25,7 +25,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # who owns each uploaded file, and which files a request names: asked by the Files routes and the gateway
     ("app.files.owners", "app.files.file_ids"),
     ("app.runs",),  # agent runs: which run each request is in, its bounds, its store rows
-    ("app.tracing", "app.refusals"),  # OpenTelemetry spans; the refusal inspector (its store, its views)
+    # OpenTelemetry spans; the refusal inspector (its store, its views); the rules' evidence from DeepSeek
+    ("app.tracing", "app.refusals", "app.confirmation"),
     ("app.quotas",),
     ("app.settings",),
     ("app.fim",),  # the FIM completion family, built on the OpenAI family's wire pieces

@@ -94,7 +94,7 @@ CONFIG_FIELDS = (
     "fault_after_chunks", "slow_delay", "hang_seconds", "error_content_type", "valid_keys", "validate",
     "tool_rounds", "tool_name", "tool_arguments",
     "fault_attempts", "fault_ratio", "retry_after", "key_concurrency", "no_balance_keys", "balance_currency",
-    "prefix_cache", "bill_media",
+    "prefix_cache", "bill_media", "accept_refusals", "refuse_bodies",
 )  # fmt: skip
 HTML_GARBAGE = b"<html><head><title>502 Bad Gateway</title></head><body><center>nginx</center></body></html>"
 
@@ -197,6 +197,10 @@ class FakeState:
     # chat bills as DeepSeek does what the body's bytes do not show: 384 tokens per image part, and an
     # uploaded file a part names at one token per byte of it (`media_tokens`)
     bill_media: bool = False
+    # DeepSeek changing its mind (issue 47's tests): a refusal whose message carries one of `accept_refusals`
+    # is not made (the body is accepted); a body carrying a key of `refuse_bodies` is refused with its value
+    accept_refusals: list[str] = field(default_factory=list)
+    refuse_bodies: dict[str, str] = field(default_factory=dict)
     requests: list[RecordedRequest] = field(default_factory=list)
     keep_requests: int | None = None  # keep only the newest N in `requests` (a long-running demo); None: all
     issued_usage: dict[str, dict[str, int]] = field(default_factory=dict)  # per Authorization key
@@ -230,6 +234,20 @@ class FakeState:
             raise ValueError("tool_rounds must be an integer >= 0")
         for name, value in values.items():
             setattr(self, name, value)
+
+    def changed_mind(self, raw: bytes, body: dict[str, Any] | None, problem: str | None
+                     ) -> tuple[dict[str, Any] | None, str | None]:
+        """A body's check, `(body, problem)` as the family's parse gave it, with `accept_refusals` and
+        `refuse_bodies` applied."""
+        if problem is not None and any(words in problem for words in self.accept_refusals):
+            parsed = orjson.loads(raw)
+            return (parsed, None) if isinstance(parsed, dict) else (body, problem)
+        if problem is None:
+            text = raw.decode("utf-8", "replace")
+            for needle, message in self.refuse_bodies.items():
+                if needle in text:
+                    return None, message
+        return body, problem
 
     def reset(self) -> None:
         """Forget all records and restore the configuration the state was created with."""
@@ -810,7 +828,8 @@ class FakeDeepSeek:
         return False
 
     async def answer(self, rec: RecordedRequest, conn: Conn, fault: str | None) -> None:
-        body, problem = parse_chat_body(rec.path, rec.body, self.state.validate)
+        body, problem = self.state.changed_mind(rec.body, *parse_chat_body(rec.path, rec.body,
+                                                                           self.state.validate))
         if body is None:
             rec.refused = problem
             await self.send_error(rec, conn, 400, error_bytes(problem or "Invalid request", INVALID))

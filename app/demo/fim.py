@@ -78,7 +78,7 @@ async def fim(fake: FakeDeepSeek, rec: RecordedRequest, conn: Conn) -> None:
 
 
 async def answer(fake: FakeDeepSeek, rec: RecordedRequest, conn: Conn, fault: str | None) -> None:
-    body, problem = parse_fim_body(rec.body, fake.state.validate)
+    body, problem = fake.state.changed_mind(rec.body, *parse_fim_body(rec.body, fake.state.validate))
     if body is None:
         rec.refused = problem
         await fake.send_error(rec, conn, 400, error_bytes(problem or "Invalid request", INVALID))

@@ -589,7 +589,7 @@ async def respond(app: FakeDeepSeek, rec: RecordedRequest, conn: Conn) -> None:
 
 
 async def answer(app: FakeDeepSeek, rec: RecordedRequest, conn: Conn, fault: str | None) -> None:
-    body, problem = parse_body(rec.body, app.state.validate)
+    body, problem = app.state.changed_mind(rec.body, *parse_body(rec.body, app.state.validate))
     if body is None:
         rec.refused = problem
         await app.send_error(rec, conn, 400, error_bytes(problem or "Invalid request", INVALID))

@@ -41,6 +41,7 @@ DISABLED_WITH_EFFORT = "thinking options type cannot be disabled when reasoning_
 STREAM_OPTIONS = "stream_options should be set along with stream = true"
 ASSISTANT_EMPTY = "Invalid assistant message: content or tool_calls must be set"
 RESPONSE_FORMAT = "This response_format type is unavailable now"
+ONLY_N_1 = "currently, the deepseek api only support n = 1"
 
 
 class Refused(Exception):
@@ -280,6 +281,8 @@ def semantics(path: str, body: dict[str, Any]) -> None:
     max_tokens = body.get("max_tokens")
     if max_tokens is not None and not 1 <= max_tokens <= MAX_TOKENS:
         raise Refused(f"Invalid max_tokens value, the valid range of max_tokens is [1, {MAX_TOKENS}]")  # R27
+    if body.get("n") not in (None, 1):
+        raise Refused(ONLY_N_1)  # R38 (observed, DeepSeek-V2 #55)
     thinking = body.get("thinking") or {}
     effort = body.get("reasoning_effort")
     if thinking.get("type") == "disabled" and effort not in (None, "none"):

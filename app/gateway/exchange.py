@@ -8,7 +8,8 @@ from typing import Any
 
 import orjson
 
-from app.errors import MODEL_MAX_CHARS
+from app.confirmation.service import Watch
+from app.errors import MODEL_MAX_CHARS, APIError
 from app.gateway.auth import Identity
 from app.gateway.family import ToolRoute
 from app.gateway.retry import Tries
@@ -57,6 +58,11 @@ class Exchange:
     media_tokens: int | None = None  # what its images and documents add to its prompt (app/gateway/media.py)
     parsed: object = None  # R1's parse of `body` (app/gateway/checking.py `Checked`): the advisor's items
     sketch: Sketch | None = None  # the cache advisor's parts of the request, taken as it is forwarded
+    # what its answer is evidence about (app/confirmation/): forwarded to confirm a refusal, or with a
+    # rule's warning; the refusal a confirmed 4xx answers with; its record's note (a rule DeepSeek disputed)
+    watch: Watch | None = None
+    refusal: APIError | None = None
+    rule_note: str | None = None
     _json: dict[str, Any] | None = None
 
     @property

@@ -18,6 +18,7 @@ which writes the usage record and settles the admission.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import time
@@ -30,6 +31,8 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
+from app.confirmation.claims import CATALOGUE_FAMILY, OTHER_MODEL
+from app.confirmation.service import Confirmations
 from app.errors import (
     MODEL_MAX_CHARS,
     NOT_OWNED,
@@ -105,7 +108,8 @@ class Gateway:
                  ledger: Ledger, checkers: Checkers, memory: TurnMemory, retrier: Retrier,
                  background: Background, pricing: Pricing, runs: Runs, quotas: Quotas | None = None,
                  files: FileOwnerStore | None = None, tracing: Tracing | None = None,
-                 refusals: RefusalLog | None = None, clock: Callable[[], float] = time.time) -> None:
+                 refusals: RefusalLog | None = None, confirmations: Confirmations | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
         self.settings = settings
         self.pricing = pricing
         self.profiles = settings.profiles()
@@ -128,6 +132,7 @@ class Gateway:
         self.clock = clock  # a request's start: its usage record's time and price
         self.tracing = tracing  # when tracing is on (app.tracing)
         self.refusals = refusals  # the refusal inspector (server.capture_refusals)
+        self.confirmations = confirmations  # refusals confirmed with DeepSeek (validation.confirm_every_s)
         self.keep_text = settings.server.log_content or settings.tracing.capture_content
         self.retrier = retrier
         self.pool = retrier.pool
@@ -160,8 +165,16 @@ class Gateway:
         if verdict is not None and (verdict.problems or verdict.warnings) and self.repairs.enabled:
             verdict = await self.repairer.repair(ex, family, verdict, origin)
         if verdict is not None and verdict.problems:
-            return await self._reject(ex, family, refusal(ex, family, verdict))
+            forwarded = await self._to_confirm(ex, family, verdict)
+            if forwarded is None:
+                return await self._reject(ex, family, refusal(ex, family, verdict))
+            verdict = forwarded
         if verdict is not None and verdict.warnings:
+            if self.confirmations is not None:
+                if promoted := await self.confirmations.promoted(verdict.warnings, self._evidence_model(ex)):
+                    return await self._reject(ex, family, APIError.from_problems(promoted))
+                ex.watch = self.confirmations.watch_warnings(verdict.warnings, self._evidence_model(ex),
+                                                             ex.watch)
             ex.warnings.extend(self.notices.warnings(route.label, identity.key_id, verdict.warnings))
         if (pricier := pricier_model(ex.model, ex.priced_as)) is not None:
             ex.warnings.extend(self.notices.tell(route.label, identity.key_id, pricier))
@@ -196,12 +209,15 @@ class Gateway:
         try:
             return await self._forward(ex, family, request)
         except ClientHungUp:
+            self._unwatched(ex, family)
             self.ledger.finish(ex, "client_disconnected", 499)
             return Response(status_code=499)
         except APIError as error:
+            self._unwatched(ex, family)
             self.ledger.finish(ex, "upstream_failed", error.status, upstream_status=None)
             return error_response(error, request_id, family)
         except BaseException as exc:
+            self._unwatched(ex, family)
             # chatgate's own fault, or the server stopping mid-request: the exchange still gets its one record
             # (which settles its reservations); app/web/app.py logs and renders the error
             self.ledger.finish(ex, "aborted", 500 if isinstance(exc, Exception) else 499)
@@ -314,6 +330,65 @@ class Gateway:
         self.ledger.finish(ex, "rejected", 400, rule_code=error.code)
         return error_response(error, ex.request_id, family)
 
+    # --- rules confirmed with DeepSeek (app/confirmation/) ---------------------------------
+
+    def _evidence_model(self, ex: Exchange) -> str:
+        """The model a rule's evidence is kept for: a served model's name, one key for all the others."""
+        return ex.priced_as if ex.priced_as in self.profiles else OTHER_MODEL
+
+    async def _to_confirm(self, ex: Exchange, family: Family, verdict: Verdict) -> Verdict | None:
+        """A refused request forwarded as it is to confirm its refusal with DeepSeek, or with the warnings
+        of rules DeepSeek disputed: the verdict it goes on with (its problems as warnings); None: refused."""
+        if self.confirmations is None or ex.route.tool is not None:
+            return None
+        watch = await self.confirmations.decide(verdict.problems, self._evidence_model(ex))
+        if watch is None:
+            return None
+        ex.watch, ex.refusal = watch, refusal(ex, family, verdict)
+        pending = {c.rule for c in watch.pending}
+        told = [dataclasses.replace(p, warning=True, message=_disputed_text(p, p.rule in pending))
+                for p in verdict.problems]
+        return dataclasses.replace(verdict, problems=[], warnings=[*verdict.warnings, *told])
+
+    async def _learn(self, ex: Exchange, family: Family, status: int, content: bytes | None) -> bool:
+        """Keep what DeepSeek's answer says about the rules; True when the client gets chatgate's own
+        refusal instead (a refusal DeepSeek confirmed). What a refusal or a confirmation teaches is kept
+        before the client has the answer (the next request must find it); the scores of a warned request
+        DeepSeek accepted are added up in memory and written now and then (`Confirmations.score`)."""
+        c, watch = self.confirmations, ex.watch
+        if c is None or (watch is None and status not in KEPT_UPSTREAM):
+            return False
+        model = self._evidence_model(ex)
+        name = CATALOGUE_FAMILY.get(family.name, family.name)
+        if watch is not None and not watch.confirming and status not in KEPT_UPSTREAM:
+            if (flush := c.score(watch, status)) is not None:  # an accepted warned request: a count
+                self.spawn(flush)
+            return False
+        if watch is None or not watch.confirming:  # DeepSeek refused it: kept before the client knows
+            await c.answered(watch, status, content, name, model, ex.request_id)
+            return False
+        await c.answered(watch, status, content, name, model, ex.request_id)
+        if status < 300:
+            ex.rule_note = "disputed:" + ",".join(claim.rule for claim in watch.pending)
+            return False
+        return status in KEPT_UPSTREAM
+
+    def _unwatched(self, ex: Exchange, family: Family) -> None:
+        """A watched request that got no answer from DeepSeek: its leases go, nothing is learnt."""
+        if self.confirmations is not None and ex.watch is not None and not ex.watch.done:
+            self.spawn(self.confirmations.answered(ex.watch, 599, None, family.name, ex.model, ex.request_id))
+
+    def _confirmed(self, ex: Exchange, family: Family, status: int, content: bytes) -> Response:
+        """DeepSeek refused a request forwarded to confirm chatgate's refusal: the client gets chatgate's own
+        error, as without confirmation; the record says what DeepSeek answered."""
+        error = ex.refusal
+        assert error is not None
+        if self.refusals is not None:
+            problems = [p.as_dict() for p in error.problems]
+            self._keep_refusal(ex, 400, "chatgate", problems, content)
+        self.ledger.finish(ex, "rejected", error.status, rule_code=error.code, upstream_status=status)
+        return error_response(error, ex.request_id, family)
+
     # --- observability ---------------------------------------------------------------
 
     def _trace(self, request: Request, route: Route, request_id: str) -> ExchangeTrace | None:
@@ -359,6 +434,8 @@ class Gateway:
                 await resp.aclose()
                 raise bad_gateway("DeepSeek answered a streaming request with 200 but not an event stream "
                                   "(upstream broke the protocol).", "upstream_bad_response")
+            if ex.watch is not None:
+                await self._learn(ex, family, 200, None)
             turns = family.stream_turns() if ex.remember else None
             framer = EventFramer(family.meter(turns), family.stream_error, usage_filter, ex.trace,
                                  self.settings.limits.max_upstream_bytes)
@@ -464,6 +541,9 @@ class Gateway:
         headers = ex.response_headers(resp)
         if resp.status_code == 401 and self.auth.managed:
             return self._upstream_refused_key(ex, family)
+        if (ex.watch is not None or resp.status_code in KEPT_UPSTREAM) and \
+                await self._learn(ex, family, resp.status_code, content):
+            return self._confirmed(ex, family, resp.status_code, content)
         if resp.status_code != 200:
             if self.refusals is not None and resp.status_code in KEPT_UPSTREAM:
                 self._keep_refusal(ex, resp.status_code, "deepseek", None, content)
@@ -490,7 +570,7 @@ class Gateway:
                                                 media=await self.media.tokens(ex, None))
         # spooled before anything is sent: a `kill -9` once the client has the answer cannot lose it
         self.ledger.finish(ex, "ok", 200, tokens, exact=exact, upstream_status=200,
-                           calls=family.model_calls(answer))
+                           calls=family.model_calls(answer), rule_code=ex.rule_note)
         return RawResponse(200, headers, content, lines=ex.rate_headers)
 
     async def _events(self, ex: Exchange, family: Family, answer: Answer, tries: Tries, send: SendOnce,
@@ -581,11 +661,13 @@ class Gateway:
         if meter.model is not None:
             ex.model = ex.priced_as = meter.model[:MODEL_MAX_CHARS]
         if meter.usage is not None:
-            self.ledger.finish(ex, outcome, status, meter.usage, upstream_status=200, calls=meter.calls)
+            self.ledger.finish(ex, outcome, status, meter.usage, upstream_status=200, calls=meter.calls,
+                               rule_code=ex.rule_note)
             return
         tokens = await self.ledger.estimate(ex, functools.partial(family.prompt_text, ex.json()), meter.text,
                                             meter.reasoning, await self.media.tokens(ex, None))
-        self.ledger.finish(ex, outcome, status, tokens, exact=False, upstream_status=200, calls=meter.calls)
+        self.ledger.finish(ex, outcome, status, tokens, exact=False, upstream_status=200, calls=meter.calls,
+                           rule_code=ex.rule_note)
 
     def _tenant(self, ex: Exchange) -> str:
         """Whose share of the reasoning memory a turn takes: its team's in managed mode (teams are made by
@@ -600,8 +682,21 @@ class Gateway:
     async def drain(self) -> None:
         await self.background.drain()
         await self.runs.close()
+        if self.confirmations is not None:  # the warned rules' scores not written yet
+            await self.confirmations.flush()
         if self.ledger.access_log is not None:
             self.ledger.access_log.flush()
+
+
+def _disputed_text(problem: Problem, confirming: bool) -> str:
+    """A refusing rule's problem as the warning of a request forwarded despite it (x-chatgate-warning: the
+    client sees it only when DeepSeek accepted the request)."""
+    if confirming:
+        return (f"{problem.message} (chatgate's rule {problem.rule} refuses this; it was forwarded to "
+                "confirm it with DeepSeek, which accepted it: the rule warns from now on, "
+                "docs/confirmation.md)")
+    return (f"{problem.message} (chatgate's rule {problem.rule} refuses this, but DeepSeek accepted such a "
+            "request: the rule is disputed and warns, docs/confirmation.md)")
 
 
 def _upload(route: Route) -> bool:

@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 import httpx2
 
+from app.confirmation.service import Confirmations
 from app.gateway.auth import Authenticator
 from app.gateway.background import Background
 from app.gateway.checking import Checkers
@@ -109,7 +110,10 @@ class State:
             metrics=self.metrics, checkers=Checkers(s, families), memory=self.memory,
             ledger=Ledger(s, self.recorder, self.metrics, self.pricing, self.quotas, background, runs),
             background=background, pricing=self.pricing, quotas=self.quotas, files=self.store,
-            tracing=self.tracing, refusals=self.refusals, runs=runs, clock=self.clock)
+            tracing=self.tracing, refusals=self.refusals, runs=runs, clock=self.clock,
+            confirmations=Confirmations(s.validation, self.store, self.quotas.alerts, self.metrics,
+                                        s.upstream.total_timeout, self.clock)
+            if self.store is not None and s.validation.confirm_every_s > 0 and s.validation.enabled else None)
         self._purger = asyncio.get_running_loop().create_task(self._purge_expired_turns())
 
     async def _observability(self) -> None:

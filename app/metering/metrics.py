@@ -77,6 +77,14 @@ class Metrics:
         self.restore_misses = Counter("chatgate_reasoning_restore_misses",
                                       "Turns restore_reasoning could not restore (not relayed to that "
                                       "caller, or expired)", registry=r)
+        self.rule_evidence = Labelled("chatgate_rule_evidence", "What DeepSeek answered the requests "
+                                      "chatgate forwarded to confirm a rule or with its warning "
+                                      "(docs/confirmation.md), by rule, family and event (confirmed, "
+                                      "disputed, refused, accepted)",
+                                      ["rule", "family", "event"], registry=r)
+        self.unpredicted = Labelled("chatgate_unpredicted_refusals", "DeepSeek's refusals of forwarded "
+                                    "requests that no rule of chatgate predicted, by family", ["family"],
+                                    registry=r)
         self.auth_failures = Labelled(
             "chatgate_auth_failures", "Requests refused with 401 (a missing, unknown or revoked key), by "
             f"client address (the first {AUTH_SOURCES} seen; later ones as \"other\")",

@@ -77,6 +77,19 @@ class Alerts:
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
+    def rule_disputed(self, rule: str, family: str, model: str, request_id: str, message: str) -> None:
+        """DeepSeek accepted a request a rule refused (issue 47, app/confirmation/): one webhook per rule,
+        family, model and dispute (every replica asks the store first)."""
+        if self.settings.webhook_url is None:
+            return
+        now = time.time()
+        key = ("rule", f"{rule}:{family}:{model}", now, "disputed")
+        payload = {"event": "rule_disputed", "rule": rule, "family": family, "model": model,
+                   "request_id": request_id, "message": message, "ts": now}
+        task = asyncio.get_running_loop().create_task(self._deliver(key, payload))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
     async def _deliver(self, key: tuple[str, str, float, str], payload: dict[str, Any]) -> None:
         if self.store is not None:
             try:

@@ -200,6 +200,45 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "ALTER TABLE limits ADD COLUMN run_max_cost_picousd BIGINT",
         "ALTER TABLE limits ADD COLUMN run_max_repeats BIGINT",
     ),
+    # 14: rules that keep themselves true (issue 47): what DeepSeek answered requests a rule refused or
+    # warned about, per rule, family and model; the one confirmation in flight per rule, family and model
+    # (a lease); and the refusals of DeepSeek no rule predicted, grouped by their masked message.
+    (
+        """CREATE TABLE rule_evidence (
+            rule TEXT NOT NULL,
+            family TEXT NOT NULL,
+            model TEXT NOT NULL,
+            status TEXT NOT NULL,
+            confirmed BIGINT NOT NULL DEFAULT 0,
+            disputed BIGINT NOT NULL DEFAULT 0,
+            warned BIGINT NOT NULL DEFAULT 0,
+            refused BIGINT NOT NULL DEFAULT 0,
+            accepted BIGINT NOT NULL DEFAULT 0,
+            last_confirmed DOUBLE PRECISION,
+            last_disputed DOUBLE PRECISION,
+            example_request_id TEXT,
+            updated_at DOUBLE PRECISION NOT NULL,
+            PRIMARY KEY (rule, family, model)
+        )""",
+        """CREATE TABLE rule_leases (
+            rule TEXT NOT NULL,
+            family TEXT NOT NULL,
+            model TEXT NOT NULL,
+            holder TEXT NOT NULL,
+            expires_at DOUBLE PRECISION NOT NULL,
+            PRIMARY KEY (rule, family, model)
+        )""",
+        """CREATE TABLE unpredicted_refusals (
+            family TEXT NOT NULL,
+            model TEXT NOT NULL,
+            message TEXT NOT NULL,
+            count BIGINT NOT NULL,
+            first_seen DOUBLE PRECISION NOT NULL,
+            last_seen DOUBLE PRECISION NOT NULL,
+            example_request_ids TEXT NOT NULL,
+            PRIMARY KEY (family, model, message)
+        )""",
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -349,7 +349,90 @@ class AlertStore(Protocol):
         """True for the one caller (of every replica) that marks this alert first in the period."""
 
 
-class Store(UsageStore, KeyStore, LimitStore, TurnStore, FileOwnerStore, AlertStore, RunStore, Protocol):
+EVIDENCE_EVENTS = ("confirmed", "disputed", "warned", "refused", "accepted")
+RULE_STATUSES = ("enforced", "warned", "disputed")
+
+
+@dataclass(frozen=True, slots=True)
+class RuleEvidence:
+    """What DeepSeek answered the requests one rule refused or warned about, for one family and model."""
+
+    rule: str
+    family: str
+    model: str
+    status: str  # enforced, warned or disputed
+    confirmed: int = 0  # DeepSeek refused a request the rule refused (or re-enforced it)
+    disputed: int = 0  # DeepSeek accepted a request the rule refused
+    warned: int = 0  # requests forwarded with the rule's warning
+    refused: int = 0  # of those, refused by DeepSeek in the rule's words
+    accepted: int = 0  # of those, accepted by DeepSeek
+    last_confirmed: float | None = None
+    last_disputed: float | None = None
+    example_request_id: str | None = None
+    updated_at: float = 0.0
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.rule, self.family, self.model)
+
+
+@dataclass(frozen=True, slots=True)
+class EvidenceEvent:
+    """One answer of DeepSeek about a rule: `event` is one of EVIDENCE_EVENTS; `status` the rule's status
+    when it has no row yet; `promote_after` > 0 enforces a warned rule once DeepSeek refused it that many
+    times in its words and never accepted it."""
+
+    rule: str
+    family: str
+    model: str
+    event: str
+    status: str
+    request_id: str
+    promote_after: int = 0
+    count: int = 1  # warned and accepted: that many at once (a replica adds its scores up between writes)
+
+
+@dataclass(frozen=True, slots=True)
+class Unpredicted:
+    """DeepSeek's refusals that no rule predicted, grouped by their message with numbers and ids masked."""
+
+    family: str
+    model: str
+    message: str
+    count: int
+    first_seen: float
+    last_seen: float
+    example_request_ids: tuple[str, ...]
+
+
+class EvidenceStore(Protocol):
+    """The evidence about the rules (app/confirmation/), shared by every replica."""
+
+    def rule_evidence(self, keys: Sequence[tuple[str, str, str]] | None = None, since: float | None = None
+                      ) -> list[RuleEvidence]:
+        """The rows of those (rule, family, model) keys (all rows: None), updated at or after `since`."""
+
+    def record_evidence(self, events: Sequence[EvidenceEvent], now: float) -> list[RuleEvidence]:
+        """Apply the events in one transaction; the rows as they are after it."""
+
+    def reset_evidence(self, rule: str, family: str | None = None) -> int:
+        """Forget a rule's evidence (of one family, or all); the number of rows gone."""
+
+    def take_rule_lease(self, key: tuple[str, str, str], holder: str, now: float, expires_at: float) -> bool:
+        """True for the one caller (of every replica) that holds the rule's confirmation lease now: none
+        held it, or its holder's lease expired."""
+
+    def release_rule_lease(self, key: tuple[str, str, str], holder: str) -> None: ...
+
+    def record_unpredicted(self, family: str, model: str, message: str, request_id: str, now: float) -> None:
+        """Count one more refusal of DeepSeek in the group of `message` (masked already)."""
+
+    def unpredicted(self, since: float | None = None, limit: int = 100) -> list[Unpredicted]:
+        """The groups seen at or after `since`, the most frequent first."""
+
+
+class Store(UsageStore, KeyStore, LimitStore, TurnStore, FileOwnerStore, AlertStore, RunStore, EvidenceStore,
+            Protocol):
     """Every concern in one database (what SQLiteStore and PostgresStore are); a user types against the
     concern it uses."""
 

@@ -21,6 +21,15 @@ import psycopg
 from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool, PoolTimeout
 
+from app.store._evidence import (
+    add_unpredicted,
+    apply_event,
+    release_lease,
+    reset,
+    select_evidence,
+    select_unpredicted,
+    take_lease,
+)
 from app.store._sql import (
     CURRENT_VERSION,
     USAGE_COLUMNS,
@@ -36,6 +45,7 @@ from app.store._sql import (
 )
 from app.store.base import (
     ApiKey,
+    EvidenceEvent,
     FileOwner,
     Hold,
     LeaseAsk,
@@ -43,9 +53,11 @@ from app.store.base import (
     LimitRow,
     ReportQuery,
     ReportRow,
+    RuleEvidence,
     StoreError,
     StoreRefused,
     TurnRow,
+    Unpredicted,
     UsageRecord,
 )
 from app.store.runs import RunHead, find_in, head_in, save_in, thread_in
@@ -435,6 +447,37 @@ class PostgresStore:
     def run_of_thread(self, thread: str) -> RunHead | None:
         with self._connection(self._timeout) as conn, conn.cursor() as cur:
             return thread_in(cur, "%s", thread)
+
+    # --- the rules' evidence (issue 47) ---
+
+    def rule_evidence(self, keys: Sequence[tuple[str, str, str]] | None = None, since: float | None = None
+                      ) -> list[RuleEvidence]:
+        with self._connection(self._timeout) as conn, conn.cursor() as cur:
+            return select_evidence(cur, "%s", keys, since)
+
+    def record_evidence(self, events: Sequence[EvidenceEvent], now: float) -> list[RuleEvidence]:
+        with self._connection(self._timeout) as conn, conn.transaction(), conn.cursor() as cur:
+            return [apply_event(cur, "%s", e, now) for e in events]
+
+    def reset_evidence(self, rule: str, family: str | None = None) -> int:
+        with self._connection(self._timeout) as conn, conn.cursor() as cur:
+            return reset(cur, "%s", rule, family)
+
+    def take_rule_lease(self, key: tuple[str, str, str], holder: str, now: float, expires_at: float) -> bool:
+        with self._connection(self._timeout) as conn, conn.cursor() as cur:
+            return take_lease(cur, "%s", key, holder, now, expires_at)
+
+    def release_rule_lease(self, key: tuple[str, str, str], holder: str) -> None:
+        with self._connection(self._timeout) as conn, conn.cursor() as cur:
+            release_lease(cur, "%s", key, holder)
+
+    def record_unpredicted(self, family: str, model: str, message: str, request_id: str, now: float) -> None:
+        with self._connection(self._timeout) as conn, conn.cursor() as cur:
+            add_unpredicted(cur, "%s", family, model, message, request_id, now)
+
+    def unpredicted(self, since: float | None = None, limit: int = 100) -> list[Unpredicted]:
+        with self._connection(self._timeout) as conn, conn.cursor() as cur:
+            return select_unpredicted(cur, "%s", since, limit)
 
     def close(self) -> None:
         self._pool.close()

@@ -13,6 +13,15 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
+from app.store._evidence import (
+    add_unpredicted,
+    apply_event,
+    release_lease,
+    reset,
+    select_evidence,
+    select_unpredicted,
+    take_lease,
+)
 from app.store._sql import (
     CURRENT_VERSION,
     TURN_WIDTH,
@@ -32,6 +41,7 @@ from app.store._sql import (
 )
 from app.store.base import (
     ApiKey,
+    EvidenceEvent,
     FileOwner,
     Hold,
     LeaseAsk,
@@ -39,9 +49,11 @@ from app.store.base import (
     LimitRow,
     ReportQuery,
     ReportRow,
+    RuleEvidence,
     StoreError,
     StoreRefused,
     TurnRow,
+    Unpredicted,
     UsageRecord,
 )
 from app.store.runs import RunHead, find_in, head_in, save_in, thread_in
@@ -358,6 +370,38 @@ class SQLiteStore:
     def run_of_thread(self, thread: str) -> RunHead | None:
         with self._errors():
             return thread_in(self._conn().cursor(), "?", thread)
+
+    # --- the rules' evidence (issue 47) ---
+
+    def rule_evidence(self, keys: Sequence[tuple[str, str, str]] | None = None, since: float | None = None
+                      ) -> list[RuleEvidence]:
+        with self._errors():
+            return select_evidence(self._conn().cursor(), "?", keys, since)
+
+    def record_evidence(self, events: Sequence[EvidenceEvent], now: float) -> list[RuleEvidence]:
+        with self._write() as conn:
+            cur = conn.cursor()
+            return [apply_event(cur, "?", e, now) for e in events]
+
+    def reset_evidence(self, rule: str, family: str | None = None) -> int:
+        with self._write() as conn:
+            return reset(conn.cursor(), "?", rule, family)
+
+    def take_rule_lease(self, key: tuple[str, str, str], holder: str, now: float, expires_at: float) -> bool:
+        with self._write() as conn:
+            return take_lease(conn.cursor(), "?", key, holder, now, expires_at)
+
+    def release_rule_lease(self, key: tuple[str, str, str], holder: str) -> None:
+        with self._write() as conn:
+            release_lease(conn.cursor(), "?", key, holder)
+
+    def record_unpredicted(self, family: str, model: str, message: str, request_id: str, now: float) -> None:
+        with self._write() as conn:
+            add_unpredicted(conn.cursor(), "?", family, model, message, request_id, now)
+
+    def unpredicted(self, since: float | None = None, limit: int = 100) -> list[Unpredicted]:
+        with self._errors():
+            return select_unpredicted(self._conn().cursor(), "?", since, limit)
 
     def close(self) -> None:
         """Close every thread's connection; call it once the other threads are done with the store."""

@@ -42,7 +42,8 @@ if TYPE_CHECKING:
     from app.gateway.state import State
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
-STATIC_FILES = {"dashboard.js": "text/javascript; charset=utf-8", "dashboard.css": "text/css; charset=utf-8"}
+STATIC_FILES = {"dashboard.js": "text/javascript; charset=utf-8", "dashboard.css": "text/css; charset=utf-8",
+                "rules.js": "text/javascript; charset=utf-8"}
 BUCKETS = {"day": 86400, "hour": 3600}
 DEFAULT_SPAN = {"day": 14, "hour": 48}  # buckets shown when `since` is not given
 MAX_BUCKETS = 400

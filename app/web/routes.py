@@ -30,6 +30,7 @@ from app.web.admin import add_admin
 from app.web.count_tokens import add_count_tokens
 from app.web.dashboard import add_dashboard
 from app.web.refusals import add_refusals
+from app.web.rules import add_rules
 from app.web.runs import add_runs
 
 BALANCE_ROUTE = "/user/balance"
@@ -74,6 +75,7 @@ def add_routes(app: FastAPI, state: State) -> None:
     add_dashboard(app, state)
     add_admin(app, state)
     add_refusals(app, state)
+    add_rules(app, state)
 
 
 async def _healthz(request: Request) -> Response:

@@ -1,0 +1,2 @@
+"""Rules that keep themselves true: refusals confirmed with DeepSeek, and what its answers teach
+(docs/confirmation.md)."""
