@@ -1,5 +1,5 @@
 """The checks' own cost, in process: µs per check of a body, as the gateway runs them on the event loop
-(`app.gateway.checking.check_now`: R1 as DeepSeek reads JSON, then the family's rules), and the family's
+(`chatgate.gateway.checking.check_now`: R1 as DeepSeek reads JSON, then the family's rules), and the family's
 rules alone.
 
     python -m bench.checks               # the plain 6 KB chat body and the agent's round-2 body
@@ -23,12 +23,12 @@ from collections.abc import Callable
 
 import orjson
 
-from app.gateway.checking import check_now
-from app.gateway.endpoints import families
-from app.settings import Settings
 from bench.bodies import agent_body
 from bench.toolloop import round1, round2
 from bench.upstream import TOOL_REASONING, _tool_call
+from chatgate.gateway.checking import check_now
+from chatgate.gateway.endpoints import families
+from chatgate.settings import Settings
 
 
 def bodies() -> dict[str, bytes]:

@@ -1,7 +1,7 @@
 """What the cache advisor's fingerprinting costs per request, on the benchmark's chat bodies (bench.bodies).
 
 Times, in this process, the work `Ledger.sketch` and `Ledger.finish` add per served request when
-`cache.breaks` is on (`app.metering.cache.Advisor.assess`: the sketch and its settlement at once): as the
+`cache.breaks` is on (`chatgate.metering.cache.Advisor.assess`: the sketch and its settlement at once): as the
 gateway does it, from the body's bytes (a request that repeats a remembered one's bytes and appends messages
 takes its hashes and hashes only the new messages), and, for comparison, from the parsed request alone
 (every part serialised and hashed: the first request of a caller, or a body not written as orjson writes
@@ -40,10 +40,10 @@ from typing import Any
 
 import orjson
 
-from app.metering.cache import Advisor
-from app.openai.prompt import CHAT_PROMPT
 from bench.bodies import agent_body, big_body_bytes, history_body
 from bench.common import REPO_DIR
+from chatgate.metering.cache import Advisor
+from chatgate.openai.prompt import CHAT_PROMPT
 
 
 def _rounds(body: dict[str, Any], n: int) -> list[dict[str, Any]]:
@@ -82,12 +82,12 @@ def touched(megabytes: float, requests: int = 3000) -> str:
     family first, as the gateway does), with `megabytes` of other memory written and read between requests,
     as a request's other work does in a server: only assess() is timed. In a server the advisor's work finds
     the CPU's caches cold; run back to back (0 MB) it does not."""
-    from app import wire
-    from app.gateway.checking import check_now
-    from app.openai.chat import ChatFamily
-    from app.settings import Settings
     from bench.toolloop import round1, round2
     from bench.upstream import TOOL_REASONING
+    from chatgate import wire
+    from chatgate.gateway.checking import check_now
+    from chatgate.openai.chat import ChatFamily
+    from chatgate.settings import Settings
 
     family, first = ChatFamily(Settings().policy()), round1(False)
     junk = bytearray(int(megabytes * (1 << 20)))
@@ -141,18 +141,18 @@ def _counted(scenario: str, assess: bool) -> None:
     inside functools.reduce (what callgrind's --toggle-collect counts)."""
     import inspect
 
-    from app import wire
-    from app.gateway.checking import check_now
-    from app.metering.cache import Advisor  # the tree's (--tree)
-    from app.openai.chat import ChatFamily
-    from app.settings import Settings
+    from chatgate import wire
+    from chatgate.gateway.checking import check_now
+    from chatgate.metering.cache import Advisor  # the tree's (--tree)
+    from chatgate.openai.chat import ChatFamily
+    from chatgate.settings import Settings
 
     family, bodies = ChatFamily(Settings().policy()), _bodies(scenario)
     advisor = Advisor(True, 8, 64 * 1024 * 1024)
     kept = getattr(wire, "kept", lambda body: None)
     with_bytes = "body" in inspect.signature(advisor.assess).parameters  # not before the bytes path
     try:  # the route's family's prompt shape, or (before it) the route's path
-        from app.openai.prompt import CHAT_PROMPT as route
+        from chatgate.openai.prompt import CHAT_PROMPT as route
     except ImportError:
         route = "/chat/completions"  # type: ignore[assignment]
     callers = [f"caller-{k}" for k in range(16)]

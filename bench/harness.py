@@ -8,9 +8,9 @@ Every process is started here, nothing is shared with `bench.run`'s scenarios bu
 - reference: the smallest FastAPI app that forwards the body bytes with httpx2 on httpx-aiohttp and returns
   the answer (streamed with `aiter_raw`), uvicorn with uvloop and httptools, one worker, no access log. It is
   written here (`python -m bench.harness reference`), apart from bench/reference.py.
-- chatgate-default: `python -m app serve --upstream …` and nothing else: passthrough auth, the default store
-  (SQLite in the per-user data directory, a temp dir here through XDG_DATA_HOME), the access log on, the cache
-  advisor and restore_reasoning on: what a user gets.
+- chatgate-default: `python -m chatgate serve --upstream …` and nothing else: passthrough auth, the default
+  store (SQLite in the per-user data directory, a temp dir here through XDG_DATA_HOME), the access log on, the
+  cache advisor and restore_reasoning on: what a user gets.
 - chatgate-all: managed mode, a client key with a budget, rpm, tpm and max_concurrent (scenario 14's
   everything-on).
 - with `--base COMMIT`: base-default and base-all, the same two run from that commit's tree (`git archive`
@@ -113,7 +113,7 @@ def reference_main(argv: list[str]) -> None:
         finally:
             await resp.aclose()
 
-    if args.gc:  # what `chatgate serve` does (app.cli.tune_gc), written out so as not to import app
+    if args.gc:  # what `chatgate serve` does (chatgate.cli.tune_gc), written out so as not to import chatgate
         gc.collect()
         gc.freeze()
         gc.set_threshold(50_000, 50, 100)
@@ -205,7 +205,7 @@ def _env_pairs(pairs: list[str]) -> dict[str, str]:
 
 
 def _create_key(tree: Path, store_url: str, workdir: Path) -> str:
-    argv = [sys.executable, "-m", "app", "keys", "create", "--team", "bench", "--name", "bench", *LIMITS,
+    argv = [sys.executable, "-m", "chatgate", "keys", "create", "--team", "bench", "--name", "bench", *LIMITS,
             "--store", store_url]
     env = {k: v for k, v in os.environ.items() if not k.startswith("CHATGATE_")}
     env["PYTHONPATH"] = str(tree)
@@ -219,11 +219,12 @@ def _create_key(tree: Path, store_url: str, workdir: Path) -> str:
 
 def _chatgate(name: str, tree: Path, upstream: str, workdir: Path, managed: bool,
               extra_env: dict[str, str]) -> Server:
-    """`python -m app serve` from `tree` (PYTHONPATH), its data directory and cwd in a temp dir of its own."""
+    """`python -m chatgate serve` from `tree` (PYTHONPATH), its data directory and cwd in a temp dir of its
+    own."""
     home = workdir / name
     (home / "data").mkdir(parents=True, exist_ok=True)
     port = free_port()
-    argv = [sys.executable, "-m", "app", "serve", "--host", "127.0.0.1", "--port", str(port),
+    argv = [sys.executable, "-m", "chatgate", "serve", "--host", "127.0.0.1", "--port", str(port),
             "--upstream", upstream]
     env = {"PYTHONPATH": str(tree), "XDG_DATA_HOME": str(home / "data"), **extra_env}
     auth = AUTH

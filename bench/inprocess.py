@@ -13,7 +13,7 @@ with no uvicorn, sockets or load generator in the numbers, so `--profile` can sa
 On a busy host it scatters far more than the server's side-by-side rounds (0.74-0.92 in four runs on the
 host of 2026-12-02): to tell whether a change is measurable, use `python -m bench.pair`.
 Both apps share one process and Python's default garbage-collector settings: with `chatgate serve`'s
-(`app.cli.tune_gc`) a collection's cost lands on whichever app's block triggers it, and the ratio moved
+(`chatgate.cli.tune_gc`) a collection's cost lands on whichever app's block triggers it, and the ratio moved
 to 0.78-0.80 in two runs, so they are not applied.
 
     python -m bench.inprocess                       # the ratio (median of 10 blocks of 400 loops each)
@@ -72,8 +72,8 @@ class Upstream:
 
 
 def make_app(restore: bool, workdir: str) -> Any:
-    from app.settings import load_settings
-    from app.web.app import create_app
+    from chatgate.settings import load_settings
+    from chatgate.web.app import create_app
 
     env = {"CHATGATE_STORE_URL": f"sqlite:///{workdir}/usage.db",
            "CHATGATE_STORE_SPOOL_DIR": f"{workdir}/spool", "CHATGATE_AUTH_MODE": "passthrough",

@@ -129,7 +129,7 @@ def measure(name: str, env: dict[str, str], store: str, upstream: str, send: Sen
     if tree == "ref":
         argv += ["bench.reference", "--port", str(port), "--upstream", upstream]
     else:
-        argv += ["app", "serve", "--host", "127.0.0.1", "--port", str(port), "--upstream", upstream,
+        argv += ["chatgate", "serve", "--host", "127.0.0.1", "--port", str(port), "--upstream", upstream,
                  "--auth", auth, "--workers", "1", "--store", store]
     if tree not in (None, "ref"):
         env = {**env, "PYTHONPATH": str(Path(tree).resolve())}

@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         tree = workdir / "tree-a"
         problem, sha = materialize(args.commit, tree)
         if problem is None and not imported_from(tree).startswith(str(tree)):
-            problem = f"`import app` with cwd {tree} does not import the extracted tree"
+            problem = f"`import chatgate` with cwd {tree} does not import the extracted tree"
         if problem is not None:
             print(f"A: {problem}", file=sys.stderr)
             return 1

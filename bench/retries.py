@@ -99,7 +99,7 @@ def serving(fake_url: str, workdir: Path, name: str, env_extra: dict[str, str] |
             "PYTHONPATH": str(REPO_DIR), **(env_extra or {})}
     log = workdir / f"{name}.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "app", "serve", "--port", str(port), "--upstream",
+        proc = subprocess.Popen([sys.executable, "-m", "chatgate", "serve", "--port", str(port), "--upstream",
                                  fake_url, "--store", f"sqlite:///{workdir / f'{name}.db'}"],
                                 cwd=REPO_DIR, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:

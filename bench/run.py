@@ -64,8 +64,8 @@ def validation_scenario(settings: Settings) -> ScenarioResult:
         res.skip("validation median", f"≤ {BUDGET_MS:g} ms", str(out.get("note")))
         return res
     keys = ("median_ms", "p99_ms", "json_loads_ms", "runs")
-    res.rows["app.openai.rules"] = {k: float(out[k]) for k in keys}
-    res.samples["app.openai.rules"] = [out]
+    res.rows["chatgate.openai.rules"] = {k: float(out[k]) for k in keys}
+    res.samples["chatgate.openai.rules"] = [out]
     res.notes.append(f"API timed: {out.get('api')}; result on this body: {out.get('outcome')}")
     if not out.get("valid", True):
         res.notes.append(

@@ -1,6 +1,6 @@
 """Scenario 13 (issue 15): the cost of limits (budgets, rpm, tpm, concurrency).
 
-Limits are set per passthrough caller, the key `fp-` + sha256(secret)[:12] (app/gateway/auth.py), with
+Limits are set per passthrough caller, the key `fp-` + sha256(secret)[:12] (chatgate/gateway/auth.py), with
 `chatgate keys set` (the store API when the CLI cannot). They are high enough never to refuse, so every kind
 is checked, counted and settled on every request: budget $1,000,000 a month, rpm 10,000,000, tpm 10^12,
 max_concurrent 10,000. Only key limits: team `default` limits would also apply to the unlimited caller of
@@ -46,7 +46,7 @@ ADDED_MS = 1.0
 
 
 def fingerprint(secret: str) -> str:
-    """app/gateway/auth.py fingerprint(): how a passthrough caller is named (and limited)."""
+    """chatgate/gateway/auth.py fingerprint(): how a passthrough caller is named (and limited)."""
     return "fp-" + hashlib.sha256(secret.encode()).hexdigest()[:12]
 
 
@@ -64,8 +64,8 @@ def set_key_limits(store_url: str, secret: str) -> str:
         why = f"`chatgate keys set` exited {out.returncode}: {(out.stderr or out.stdout).strip()[-200:]}"
     except (OSError, subprocess.TimeoutExpired) as exc:
         why = f"`chatgate keys set` failed: {exc}"
-    from app.store import open_store
-    from app.store.base import LimitRow
+    from chatgate.store import open_store
+    from chatgate.store.base import LimitRow
 
     store = open_store(store_url)
     try:
@@ -347,8 +347,8 @@ def _evidence(pg_url: str) -> str:
     except Exception as exc:
         parts.append(f"Redis not readable: {exc}")
     try:
-        from app.quotas.periods import period_start
-        from app.store import open_store
+        from chatgate.quotas.periods import period_start
+        from chatgate.store import open_store
 
         store = open_store(pg_url)
         try:

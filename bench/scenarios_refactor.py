@@ -1,12 +1,13 @@
 """Scenario 12 (issue 13): the chat route keeps its speed across the API-family refactor.
 
 "before" is the source tree at BEFORE_COMMIT, extracted with `git archive` into the bench workdir (no
-worktree metadata left in the repository) and run as `python -m app serve` with that tree as cwd, on this
+worktree metadata left in the repository) and run as `python -m chatgate serve` with that tree as cwd, on this
 venv's Python: `python -m` puts the cwd first on sys.path, ahead of the editable install's finder, so that
-tree's `app` is imported (checked: `app.__file__` in a subprocess, the server's /proc cwd, and a route added
-since answering 404 there). "after" is the current tree (this checkout, uncommitted edits included), run the
-same way from the repository. Same flags: passthrough, a SQLite store each. Full runs add the refactor
-commit itself ("at-refactor"), for information: is a difference the refactor's or a later change's?
+tree's `chatgate` is imported (checked: `chatgate.__file__` in a subprocess, the server's /proc cwd, and a
+route added since answering 404 there). "after" is the current tree (this checkout, uncommitted edits
+included), run the same way from the repository. Same flags: passthrough, a SQLite store each. Full runs add
+the refactor commit itself ("at-refactor"), for information: is a difference the refactor's or a later
+change's?
 """
 
 from __future__ import annotations
@@ -33,9 +34,9 @@ from bench.report import Column, ScenarioResult
 from bench.stats import median
 from bench.targets import DIRECT, Cluster, Target, TargetSpec, UpstreamSpec
 
-# The refactor is 0a28b14 "The gateway serves API families through one interface (app/gateway/family.py)";
-# issue 13 asks that the chat route keep its speed across it, so "before" is its parent. A constant, not
-# "HEAD~n": the comparison must not move as commits land.
+# The refactor is 0a28b14 "The gateway serves API families through one interface
+# (chatgate/gateway/family.py)"; issue 13 asks that the chat route keep its speed across it, so "before" is
+# its parent. A constant, not "HEAD~n": the comparison must not move as commits land.
 REFACTOR_COMMIT = "0a28b14"
 BEFORE_COMMIT = REFACTOR_COMMIT + "~1"
 BEFORE, AFTER, AT_REFACTOR = "chatgate-before", "chatgate-after", "chatgate-at-refactor"
@@ -47,7 +48,7 @@ PROBE_BODY = b'{"model":"claude-sonnet-4-5","messages":[{"role":"user","content"
 
 
 def materialize(commit: str, dest: Path) -> tuple[str | None, str]:
-    """Extract `app/` of `commit` into dest with git archive: (problem or None, the full commit id)."""
+    """Extract `chatgate/` of `commit` into dest with git archive: (problem or None, the full commit id)."""
     try:
         rev = subprocess.run(
             ["git", "-C", str(REPO_DIR), "rev-parse", "--verify", "--quiet", commit + "^{commit}"],
@@ -63,7 +64,7 @@ def materialize(commit: str, dest: Path) -> tuple[str | None, str]:
         return f"commit {commit} is not in {REPO_DIR} (shallow clone or another history?)", ""
     dest.mkdir(parents=True, exist_ok=True)
     archive = subprocess.Popen(
-        ["git", "-C", str(REPO_DIR), "archive", "--format=tar", sha, "app"], stdout=subprocess.PIPE
+        ["git", "-C", str(REPO_DIR), "archive", "--format=tar", sha, "chatgate"], stdout=subprocess.PIPE
     )
     tar = subprocess.run(
         ["tar", "-x", "-C", str(dest)], stdin=archive.stdout, capture_output=True, check=False
@@ -76,9 +77,10 @@ def materialize(commit: str, dest: Path) -> tuple[str | None, str]:
 
 
 def imported_from(tree: Path) -> str:
-    """Where `import app` resolves with this Python and cwd = tree (what `python -m app` will run)."""
+    """Where `import chatgate` resolves with this Python and cwd = tree (what `python -m chatgate` will
+    run)."""
     out = subprocess.run(
-        [sys.executable, "-c", "import app; print(app.__file__)"],
+        [sys.executable, "-c", "import chatgate; print(chatgate.__file__)"],
         cwd=str(tree),
         capture_output=True,
         text=True,
@@ -117,7 +119,7 @@ def refactor(ctx: Context) -> ScenarioResult:
         if problem is None:
             where = imported_from(tree)
             if not where.startswith(str(tree)):
-                problem = f"`import app` with cwd {tree} resolves to {where}, not to the extracted tree"
+                problem = f"`import chatgate` with cwd {tree} resolves to {where}, not to the extracted tree"
         if problem is not None:
             if name == BEFORE:
                 for _, check in checks:
@@ -197,7 +199,7 @@ def refactor(ctx: Context) -> ScenarioResult:
     )
     res.notes.append(
         f"{_rounds(ctx)} round(s) per configuration, the order rotated every round; a ratio is the median of "
-        "the per-round ratios. Each target: `python -m app serve --auth passthrough --store sqlite:///…`"
+        "the per-round ratios. Each target: `python -m chatgate serve --auth passthrough --store sqlite:///…`"
     )
     return res
 

@@ -35,7 +35,7 @@ RESTORE_ON = TargetSpec(ON, "chatgate")
 RESTORE_OFF = TargetSpec(OFF, "chatgate", env=(("CHATGATE_REPAIR_RESTORE_REASONING", "false"),))
 PAIR_FACTOR = 3  # rounds per repetition: ratio targets need more pairs than other scenarios on a noisy box
 MB = 1024.0
-ENTRY_OVERHEAD = 100  # app/repair/turncache.py: a record's header, key, turn id and names
+ENTRY_OVERHEAD = 100  # chatgate/repair/turncache.py: a record's header, key, turn id and names
 LOOP_RATIO = 0.9
 # The 6 KB body needs no repair: restore on/off should be ~1.0 (issue 12: "cost nothing measurable"). It was
 # only reported while the twins alternated (rounds scattered by ±10%); side by side they agree within ±3%.
@@ -45,7 +45,7 @@ BASE_RSS_MB = 100.0
 
 def _cache_bound_bytes() -> int:
     try:
-        from app.settings import RepairSettings
+        from chatgate.settings import RepairSettings
 
         return int(RepairSettings().reasoning_cache_bytes)
     except Exception:  # the bench must run even when the app does not import

@@ -1,6 +1,6 @@
-"""Scenario 7: validation alone, in process: median time of `app.openai.rules.check_body` (parse with
+"""Scenario 7: validation alone, in process: median time of `chatgate.openai.rules.check_body` (parse with
 pydantic from bytes, then every rule) on a 1,000-message history with 200 tool-call pairs, under the
-default policy, with the garbage-collector settings `chatgate serve` runs with (`app.cli.tune_gc`).
+default policy, with the garbage-collector settings `chatgate serve` runs with (`chatgate.cli.tune_gc`).
 
 Run alone: `.venv/bin/python -m bench.validation [--runs N]`.
 """
@@ -14,11 +14,11 @@ from typing import Any
 
 import orjson
 
-from app.cli import tune_gc
-from app.openai.rules import Checked, check_body
-from app.rules.models import Policy
 from bench.bodies import history_body
 from bench.stats import median, percentile
+from chatgate.cli import tune_gc
+from chatgate.openai.rules import Checked, check_body
+from chatgate.rules.models import Policy
 
 BUDGET_MS = 2.0
 

@@ -7,7 +7,7 @@ pip resolves pyproject.toml's runtime dependencies for the image's Python (3.12,
 (`pip install --dry-run --report`, this machine's local wheel folders and extra indexes ignored); this
 script walks the resolved metadata from chatgate, leaves out what only the Hugging Face hub client needs
 (the `tokenizers` package depends on huggingface_hub for `Tokenizer.from_pretrained`; chatgate loads its
-tokenizer from a file: app/metering/tokens.py) and writes one `name==version` per line.
+tokenizer from a file: chatgate/metering/tokens.py) and writes one `name==version` per line.
 tests/docker/test_lock.py checks the result against pyproject.toml.
 """
 
@@ -38,7 +38,7 @@ def resolve(python: str) -> dict[str, object]:
         src.mkdir()
         for name in ("pyproject.toml", "README.md"):
             shutil.copy(ROOT / name, src / name)
-        shutil.copytree(ROOT / "app", src / "app", ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(ROOT / "chatgate", src / "chatgate", ignore=shutil.ignore_patterns("__pycache__"))
         env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
         env.update(
             PIP_CONFIG_FILE=os.devnull,

@@ -1,5 +1,5 @@
 """Run chatgate for real in tests: in-process on a loopback port (uvicorn in a thread), or as its own
-process (`python -m app serve`), for kill -9, SIGTERM and multi-replica tests."""
+process (`python -m chatgate serve`), for kill -9, SIGTERM and multi-replica tests."""
 
 from __future__ import annotations
 
@@ -21,9 +21,9 @@ from typing import Any
 import httpx2
 import uvicorn
 
-from app.server import protocol_options
-from app.settings import Settings
-from app.web.app import create_app
+from chatgate.server import protocol_options
+from chatgate.settings import Settings
+from chatgate.web.app import create_app
 from tests import lifeline
 from tests.fakes.server import bind_socket
 
@@ -210,9 +210,9 @@ def unreachable_url() -> str:
 
 @contextmanager
 def spawn_chatgate(tmp_path: Path, *args: str, env: dict[str, str] | None = None, port: int | None = None,
-                   cwd: Path | None = None, name: str = "chatgate", module: str = "app"
+                   cwd: Path | None = None, name: str = "chatgate", module: str = "chatgate"
                    ) -> Iterator[SpawnedChatgate]:
-    """`python -m app serve --port P ARGS…` as its own process; waits for /healthz. `module` runs a test
+    """`python -m chatgate serve --port P ARGS…` as its own process; waits for /healthz. `module` runs a test
     build instead (e.g. `tests.pausebuild`), importable from the repository root."""
     port = port or free_port()
     log_path = tmp_path / f"{name}-{port}.log"
@@ -220,7 +220,7 @@ def spawn_chatgate(tmp_path: Path, *args: str, env: dict[str, str] | None = None
     full_env.setdefault("CHATGATE_STORE_SPOOL_DIR", str(tmp_path / "spool"))
     full_env["CHATGATE_VALIDATION_CONFIRM_EVERY_S"] = "0"  # as make_settings: unless the test's env asks
     full_env["XDG_DATA_HOME"] = str(tmp_path / "xdg")  # the default store: the test's own, not the user's
-    if module != "app":
+    if module != "chatgate":
         full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), full_env.get("PYTHONPATH")]))
     full_env.update(env or {})
     with open(log_path, "wb") as log:

@@ -12,8 +12,8 @@ import os
 import sys
 from typing import Any
 
-from app.cli import main
-from app.gateway.responses import RawResponse
+from chatgate.cli import main
+from chatgate.gateway.responses import RawResponse
 
 PAUSE = float(os.environ.get("PAUSEBUILD_SEND_PAUSE", "5"))
 SIGNAL_FILE = os.environ.get("PAUSEBUILD_PAUSED_FILE")  # touched when a pause begins

@@ -1,10 +1,11 @@
-"""app.bounded.BoundedDict: never more than its size, the oldest (or least recently touched) out first."""
+"""chatgate.bounded.BoundedDict: never more than its size, the oldest (or least recently touched) out
+first."""
 
 from __future__ import annotations
 
 import pytest
 
-from app.bounded import BoundedDict
+from chatgate.bounded import BoundedDict
 
 
 def test_holds_at_most_its_size_dropping_the_oldest() -> None:

@@ -85,12 +85,12 @@ def where_is_what() -> list[str]:
     text = (ROOT / "docs" / "architecture.md").read_text()
     section = text.split("## Where the parts live", 1)[1].split("\n## ", 1)[0]
     rows = [line for line in section.splitlines() if line.startswith("|")]
-    return [p for row in rows for p in re.findall(r"`((?:app|tests|bench)/[^`]*)`", row)]
+    return [p for row in rows for p in re.findall(r"`((?:chatgate|tests|bench)/[^`]*)`", row)]
 
 
 def test_where_is_what_names_real_paths() -> None:
     paths = where_is_what()
-    assert len([p for p in paths if p.startswith("app/")]) >= 8
+    assert len([p for p in paths if p.startswith("chatgate/")]) >= 8
     missing = [p for p in paths if not (ROOT / p).exists()]
     assert not missing, f"docs/architecture.md's table names paths that do not exist: {missing}"
 
@@ -124,9 +124,9 @@ _CITED = re.compile(r"\bdocs/[\w-]+\.md(?:#[\w-]+)?")
 
 
 def sources() -> list[Path]:
-    """The Python and TOML files of app/, tests/, bench/ and config/ (not node_modules or caches)."""
+    """The Python and TOML files of chatgate/, tests/, bench/ and config/ (not node_modules or caches)."""
     found = []
-    for root in ("app", "tests", "bench", "config"):
+    for root in ("chatgate", "tests", "bench", "config"):
         for folder, dirs, files in os.walk(ROOT / root):
             dirs[:] = [d for d in dirs if d not in ("node_modules", "__pycache__") and not d.startswith(".")]
             found += [Path(folder, f) for f in files if f.endswith((".py", ".toml"))]

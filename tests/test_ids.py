@@ -1,10 +1,10 @@
-"""chatgate's ids (app/ids.py): 128 random bits each, unique across threads, from pages of os.urandom."""
+"""chatgate's ids (chatgate/ids.py): 128 random bits each, unique across threads, from pages of os.urandom."""
 
 from __future__ import annotations
 
 import threading
 
-from app.ids import new_id
+from chatgate.ids import new_id
 
 
 def test_ids_are_32_hex_characters_and_never_repeat_across_threads() -> None:

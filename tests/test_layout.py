@@ -7,43 +7,45 @@ import ast
 import functools
 from pathlib import Path
 
-APP = Path(__file__).resolve().parents[1] / "app"
+APP = Path(__file__).resolve().parents[1] / "chatgate"
 
 # Top to bottom; a module may import from its own layer's package and from any lower layer.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("app.__main__",),
-    ("app.cli",),  # the entry points: the CLI, which runs the uvicorn runner and the offline lint
-    ("app.server", "app.lint", "app.banner"),  # the uvicorn runner, the offline lint, the start-up banner
-    ("app.uvicorn_protocol",),  # the runner's HTTP protocol: uvicorn's, with a bounded request head
+    ("chatgate.__main__",),
+    ("chatgate.cli",),  # the entry points: the CLI, which runs the uvicorn runner and the offline lint
+    # the uvicorn runner, the offline lint, the start-up banner
+    ("chatgate.server", "chatgate.lint", "chatgate.banner"),
+    ("chatgate.uvicorn_protocol",),  # the runner's HTTP protocol: uvicorn's, with a bounded request head
     # `chatgate demo`'s offline stand-in for DeepSeek (the tests' upstream too): imports nothing of chatgate
-    ("app.demo",),
-    ("app.web",),
-    ("app.files",),  # the Files API: its routes and relay, above the gateway they use
-    ("app.gateway",),
+    ("chatgate.demo",),
+    ("chatgate.web",),
+    ("chatgate.files",),  # the Files API: its routes and relay, above the gateway they use
+    ("chatgate.gateway",),
     # the gateway's file-ownership step, which asks the owners and the file ids below
-    ("app.files.ownership",),
+    ("chatgate.files.ownership",),
     # who owns each uploaded file, and which files a request names: asked by the Files routes and the gateway
-    ("app.files.owners", "app.files.file_ids"),
-    ("app.runs",),  # agent runs: which run each request is in, its bounds, its store rows
+    ("chatgate.files.owners", "chatgate.files.file_ids"),
+    ("chatgate.runs",),  # agent runs: which run each request is in, its bounds, its store rows
     # OpenTelemetry spans; the refusal inspector (its store, its views); the rules' evidence from DeepSeek
-    ("app.tracing", "app.refusals", "app.confirmation"),
-    ("app.quotas",),
-    ("app.settings",),
-    ("app.fim",),  # the FIM completion family, built on the OpenAI family's wire pieces
+    ("chatgate.tracing", "chatgate.refusals", "chatgate.confirmation"),
+    ("chatgate.quotas",),
+    ("chatgate.settings",),
+    ("chatgate.fim",),  # the FIM completion family, built on the OpenAI family's wire pieces
     # the model families, and the tool APIs (search, fetch, OCR, TTS, ASR)
-    ("app.openai", "app.anthropic", "app.responses", "app.tools"),
+    ("chatgate.openai", "chatgate.anthropic", "chatgate.responses", "chatgate.tools"),
     # what the gateway needs from a family, and the base with its defaults that the families build on
-    ("app.gateway.family",),
-    ("app.repair",),  # the repairs' vocabulary and the memory of relayed turns, shared by the families
-    ("app.metering",),
-    ("app.store",),  # where keys, usage, limits, turns, file owners and alerts live: SQLite or PostgreSQL
+    ("chatgate.gateway.family",),
+    ("chatgate.repair",),  # the repairs' vocabulary and the memory of relayed turns, shared by the families
+    ("chatgate.metering",),
+    # where keys, usage, limits, turns, file owners and alerts live: SQLite or PostgreSQL
+    ("chatgate.store",),
     # the rules kernel below every family: a rule's type, running rules, served models, the catalogue
-    ("app.rules",),
-    ("app.verdict", "app.wire", "app.sse"),  # what a family's rules found; pydantic errors as problems;
-    # scanning relayed SSE bytes
-    ("app.profiles", "app.errors", "app.ids", "app"),
+    ("chatgate.rules",),
+    ("chatgate.verdict", "chatgate.wire", "chatgate.sse"),  # what a family's rules found; pydantic errors as
+    # problems; scanning relayed SSE bytes
+    ("chatgate.profiles", "chatgate.errors", "chatgate.ids", "chatgate"),
 )
-FAMILIES = ("app.openai", "app.anthropic", "app.responses")
+FAMILIES = ("chatgate.openai", "chatgate.anthropic", "chatgate.responses")
 
 
 def module_name(path: Path) -> str:
@@ -59,10 +61,10 @@ def imports_of(path: Path) -> set[str]:
             found.update(f"{node.module}.{alias.name}" for alias in node.names)
         elif isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
-    return {name for name in found if name == "app" or name.startswith("app.")}
+    return {name for name in found if name == "chatgate" or name.startswith("chatgate.")}
 
 
-@functools.cache  # read once for the four tests (parsing every module of app/ took ~0.6 s of CPU)
+@functools.cache  # read once for the four tests (parsing every module of chatgate/ took ~0.6 s of CPU)
 def graph() -> dict[str, frozenset[str]]:
     modules = {module_name(p): p for p in APP.rglob("*.py")}
     return {name: frozenset(m for m in imports_of(path) if m in modules and m != name)

@@ -93,7 +93,7 @@ def test_killed_run_leaves_nothing(tmp_path: Path, sig: signal.Signals, xdist: b
         pids = [int(pid) for pid in ready.read_text().split()]
         running = marked(token, pids)
         commands = list(running.values())
-        assert sum("app serve" in c for c in commands) == 1, commands
+        assert sum("chatgate serve" in c for c in commands) == 1, commands
         assert sum("multiprocessing" in c for c in commands) >= 2, commands  # chatgate's two workers
         assert any("tests.fakes.server" in c for c in commands), commands
         assert any("redis-server" in c for c in commands), commands

@@ -1,4 +1,4 @@
-"""app/sse.py: the byte-level scanning every family's stream meter uses."""
+"""chatgate/sse.py: the byte-level scanning every family's stream meter uses."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import re
 
 import orjson
 
-from app.sse import JSON_STRING, collect, data_lines_with, decode, has_line, take_lines
+from chatgate.sse import JSON_STRING, collect, data_lines_with, decode, has_line, take_lines
 
 CONTENT = re.compile(rb'"content"' + JSON_STRING)
 

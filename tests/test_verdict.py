@@ -1,8 +1,8 @@
 import dataclasses
 
-from app.errors import Problem
-from app.profiles import generic_profile
-from app.verdict import Verdict
+from chatgate.errors import Problem
+from chatgate.profiles import generic_profile
+from chatgate.verdict import Verdict
 
 
 def test_without_problems_keeps_every_other_field() -> None:

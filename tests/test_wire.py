@@ -1,4 +1,4 @@
-"""app/wire.py: pydantic's type errors as problems, bounded: a body with a great many bad items gets its
+"""chatgate/wire.py: pydantic's type errors as problems, bounded: a body with a great many bad items gets its
 first problems, in time and memory that do not grow with the square of the body (found in review: 16,000
 bad `stop` items took 42 s on the event loop, a million bad messages 2.7 GB)."""
 
@@ -7,10 +7,10 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from app.errors import MAX_PROBLEMS, APIError, Problem
-from app.openai.rules import check_body
-from app.rules.models import Policy
-from app.wire import CUT_ITEMS, ERRORS_MAX, ancestors
+from chatgate.errors import MAX_PROBLEMS, APIError, Problem
+from chatgate.openai.rules import check_body
+from chatgate.rules.models import Policy
+from chatgate.wire import CUT_ITEMS, ERRORS_MAX, ancestors
 from tests.anthropic.messages import check as check_messages
 
 
@@ -65,11 +65,11 @@ def _history(n: int, bad_at: tuple[int, ...] = (), size: int = 120) -> dict[str,
 
 @pytest.mark.parametrize("model_name", ["chat", "fim", "messages", "responses"])
 def test_a_large_valid_body_gives_the_model_plain_validation_gives(model_name: str) -> None:
-    from app.anthropic.protocol import MessagesRequest
-    from app.fim.protocol import FimRequest
-    from app.openai.protocol import ChatCompletionRequest
-    from app.responses.protocol import ResponsesRequest
-    from app.wire import FULL_CHECK_BYTES, validate_body
+    from chatgate.anthropic.protocol import MessagesRequest
+    from chatgate.fim.protocol import FimRequest
+    from chatgate.openai.protocol import ChatCompletionRequest
+    from chatgate.responses.protocol import ResponsesRequest
+    from chatgate.wire import FULL_CHECK_BYTES, validate_body
 
     text = "y" * (FULL_CHECK_BYTES + 10)
     bodies = {
@@ -92,8 +92,8 @@ def test_a_large_valid_body_gives_the_model_plain_validation_gives(model_name: s
 def test_a_large_body_of_bad_items_holds_one_error_not_one_per_item() -> None:
     import pydantic
 
-    from app.openai.protocol import ChatCompletionRequest
-    from app.wire import CUT_BODY_MAX, validate_body
+    from chatgate.openai.protocol import ChatCompletionRequest
+    from chatgate.wire import CUT_BODY_MAX, validate_body
 
     bad = {"model": "deepseek-flash", "messages": [{"role": "user", "content": 5}] * 400_000}
     body = orjson.dumps(bad)
@@ -108,7 +108,7 @@ def test_a_large_body_of_bad_items_holds_one_error_not_one_per_item() -> None:
 
 
 def test_a_large_invalid_body_lists_the_problems_among_its_first_items_when_the_cut_is_small() -> None:
-    from app.wire import FULL_CHECK_BYTES
+    from chatgate.wire import FULL_CHECK_BYTES
 
     body = orjson.dumps(_history(1800, bad_at=(5, 9, 1500)))  # cut to 1,000 messages: under the bound
     assert len(body) > FULL_CHECK_BYTES
@@ -118,7 +118,7 @@ def test_a_large_invalid_body_lists_the_problems_among_its_first_items_when_the_
 
 
 def test_a_large_invalid_body_whose_cut_is_still_large_reports_its_first_problem() -> None:
-    from app.wire import CUT_ITEMS, FULL_CHECK_BYTES
+    from chatgate.wire import CUT_ITEMS, FULL_CHECK_BYTES
 
     body = orjson.dumps(_history(900, bad_at=(700, 800), size=400))  # fewer messages than the cut
     assert len(body) > FULL_CHECK_BYTES and CUT_ITEMS > 900

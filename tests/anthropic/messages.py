@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from app.anthropic.rules import check_body
-from app.rules.kernel import CheckOptions, UnknownModels
-from app.rules.models import Policy
-from app.verdict import Verdict
+from chatgate.anthropic.rules import check_body
+from chatgate.rules.kernel import CheckOptions, UnknownModels
+from chatgate.rules.models import Policy
+from chatgate.verdict import Verdict
 
 Block = dict[str, Any]
 Message = dict[str, Any]

@@ -10,9 +10,9 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.anthropic.repairs import EMPTY_THINKING, HANDLES, repair_messages
-from app.repair.base import NAMES, RepairOptions
-from app.verdict import Verdict
+from chatgate.anthropic.repairs import EMPTY_THINKING, HANDLES, repair_messages
+from chatgate.repair.base import NAMES, RepairOptions
+from chatgate.verdict import Verdict
 from tests.anthropic.messages import (
     TOOLS,
     assistant,

@@ -9,8 +9,13 @@ from typing import Any
 import orjson
 import pytest
 
-from app.anthropic.stream import MessagesMeter, StreamedThinkingTurn, tokens_from_usage, turn_from_message
-from app.metering.usage import TokenCounts
+from chatgate.anthropic.stream import (
+    MessagesMeter,
+    StreamedThinkingTurn,
+    tokens_from_usage,
+    turn_from_message,
+)
+from chatgate.metering.usage import TokenCounts
 
 
 def event(name: str, payload: dict[str, Any]) -> bytes:

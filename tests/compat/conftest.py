@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from app.demo.deepseek import FakeState
+from chatgate.demo.deepseek import FakeState
 from tests.compat.zoo.model import CLIENT_KEY, MODEL
 from tests.compat.zoo.model import TOOL_SCHEMA as SEARCH_TOOL
 from tests.compat.zoo.model import forecast as search_forecast

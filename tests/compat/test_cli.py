@@ -29,9 +29,9 @@ from typing import Any
 
 import pytest
 
-from app.demo.deepseek import FakeState, RecordedRequest
-from app.gateway.auth import fingerprint
-from app.settings import Settings
+from chatgate.demo.deepseek import FakeState, RecordedRequest
+from chatgate.gateway.auth import fingerprint
+from chatgate.settings import Settings
 from tests.ci import missing
 from tests.compat.zoo.recorder import Recorder
 from tests.fakes.server import run_fake_deepseek

@@ -21,7 +21,7 @@ from typing import Any
 import httpx2
 import pytest
 
-from app.demo.deepseek import RecordedRequest
+from chatgate.demo.deepseek import RecordedRequest
 from tests.ci import missing
 from tests.compat.zoo.model import (
     CLIENTS,

@@ -1,5 +1,5 @@
 """`chatgate config check`, bad configs on `serve` and `config check` (one line naming the setting, exit 2),
-the example config file, and `--help` on every command; real processes (`python -m app ...`)
+the example config file, and `--help` on every command; real processes (`python -m chatgate ...`)
 where it matters."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from app.cli import build_parser, main
-from app.settings import SECRETS, ModelSettings, Settings, load_settings
+from chatgate.cli import build_parser, main
+from chatgate.settings import SECRETS, ModelSettings, Settings, load_settings
 from tests.harness import REPO_ROOT, free_port
 
 EXAMPLE = REPO_ROOT / "config" / "chatgate.toml"
@@ -27,8 +27,8 @@ def chatgate(*args: str, env: dict[str, str] | None = None, cwd: Path | None = N
     clean = {k: v for k, v in os.environ.items()
              if not k.startswith("CHATGATE_") and k not in ("DEEPSEEK_API_KEY",)}
     data = {"XDG_DATA_HOME": tempfile.mkdtemp(prefix="chatgate-cli-data-")}  # never the user's default store
-    return subprocess.run([sys.executable, "-m", "app", *args], capture_output=True, text=True, timeout=30,
-                          env={**clean, "PYTHONPATH": str(REPO_ROOT), **data, **(env or {})},
+    return subprocess.run([sys.executable, "-m", "chatgate", *args], capture_output=True, text=True,
+                          timeout=30, env={**clean, "PYTHONPATH": str(REPO_ROOT), **data, **(env or {})},
                           cwd=cwd or REPO_ROOT)
 
 
@@ -147,13 +147,13 @@ class ServerStarted(AssertionError):
 @pytest.fixture
 def no_server(monkeypatch: pytest.MonkeyPatch) -> None:
     """In-process `serve` must fail before the server starts; a wrongly accepted case fails here instead of
-    binding a port and serving forever. `cmd_serve` starts it through `app.server.run`."""
-    from app import server
+    binding a port and serving forever. `cmd_serve` starts it through `chatgate.server.run`."""
+    from chatgate import server
 
     def refuse(*args: object, **kwargs: object) -> bool:
-        raise ServerStarted("the bad config was accepted: app.server.run was called")
+        raise ServerStarted("the bad config was accepted: chatgate.server.run was called")
     monkeypatch.setattr(server, "run", refuse)
-    monkeypatch.setattr("app.cli._absorb_replayed_stop_signals", lambda: None)  # keep pytest's handlers
+    monkeypatch.setattr("chatgate.cli._absorb_replayed_stop_signals", lambda: None)  # keep pytest's handlers
     monkeypatch.setenv("_CHATGATE_SERVE_FLAGS", "")  # serve sets it for its workers; restored after the test
 
 
@@ -171,7 +171,8 @@ def test_the_no_server_guard_stops_a_serve_that_would_start(no_server: None, mon
 def test_every_bad_config_file_case(tmp_path: Path, command: list[str], case: str, no_server: None,
                                     monkeypatch: pytest.MonkeyPatch,
                                     capsys: pytest.CaptureFixture[str]) -> None:
-    """All the bad-file cases, through app.cli.main in this process (the processes above prove the wiring)."""
+    """All the bad-file cases, through chatgate.cli.main in this process (the processes above prove the
+    wiring)."""
     for name in [n for n in os.environ if n.startswith("CHATGATE_")]:
         monkeypatch.delenv(name)
     text, setting = BAD_FILES[case]

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from app.quotas.periods import period_start
-from app.store import open_store
-from app.store.base import LimitRow, UsageRecord
+from chatgate.quotas.periods import period_start
+from chatgate.store import open_store
+from chatgate.store.base import LimitRow, UsageRecord
 from tests.fakes.server import run_fake_deepseek
 from tests.harness import spawn_chatgate
 from tests.metering.helpers import chat_body, cli, send_chat

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 import tomllib
 
-from app.settings import SECTIONS, Settings, load_settings
+from chatgate.settings import SECTIONS, Settings, load_settings
 from tests.harness import REPO_ROOT
 
 EXAMPLE = REPO_ROOT / "config" / "chatgate.toml"

@@ -1,5 +1,5 @@
 """Settings precedence: command-line flags > environment (CHATGATE_*) > config file > built-in defaults, with
-the source of every value recorded (unit tests of app.settings.load_settings)."""
+the source of every value recorded (unit tests of chatgate.settings.load_settings)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from app.settings import ConfigError, Settings, effective, load_settings
+from chatgate.settings import ConfigError, Settings, effective, load_settings
 
 FILE = """
 [server]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from app.store.sqlite import SQLiteStore
+from chatgate.store.sqlite import SQLiteStore
 from tests.config.test_cli_config import chatgate
 from tests.harness import spawn_chatgate
 

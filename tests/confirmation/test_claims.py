@@ -1,8 +1,9 @@
-"""Which problems are claims about DeepSeek, and what DeepSeek's words credit (app/confirmation/claims.py)."""
+"""Which problems are claims about DeepSeek, and what DeepSeek's words credit
+(chatgate/confirmation/claims.py)."""
 
 from __future__ import annotations
 
-from app.confirmation.claims import (
+from chatgate.confirmation.claims import (
     Claim,
     claims_of,
     credited,
@@ -11,7 +12,7 @@ from app.confirmation.claims import (
     named_only,
     warned_claims,
 )
-from app.errors import Problem
+from chatgate.errors import Problem
 
 FLASH = "deepseek-flash"
 

@@ -255,7 +255,8 @@ def test_two_replicas_on_one_postgres_send_at_most_one_confirmation(tmp_path: Pa
 
 def chatgate_cli(tmp_path: Path, *args: str) -> str:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CHATGATE_")}
-    done = subprocess.run([sys.executable, "-m", "app", *args, "--store", f"sqlite:///{tmp_path}/usage.db"],
+    done = subprocess.run([sys.executable, "-m", "chatgate", *args, "--store",
+                           f"sqlite:///{tmp_path}/usage.db"],
                           capture_output=True, text=True, env=env, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     return done.stdout

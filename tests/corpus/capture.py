@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from app.demo.deepseek import FakeState, RecordedRequest
+from chatgate.demo.deepseek import FakeState, RecordedRequest
 from tests.compat.zoo.model import CLIENT_KEY, CLIENTS, REFUSALS, Scenario, renumber_call_ids, scenarios
 from tests.compat.zoo.runner import Job, chat_requests, run_jobs
 from tests.fakes.server import run_fake_deepseek

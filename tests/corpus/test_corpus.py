@@ -20,9 +20,9 @@ from typing import Any
 import httpx2
 import pytest
 
-from app.cli import main as chatgate_cli
-from app.openai.rules import Checked, check_body
-from app.rules.models import Policy
+from chatgate.cli import main as chatgate_cli
+from chatgate.openai.rules import Checked, check_body
+from chatgate.rules.models import Policy
 from tests.compat.zoo.model import CLIENTS
 from tests.corpus.capture import CORPUS, INVALID, split_line
 from tests.harness import make_settings, run_chatgate

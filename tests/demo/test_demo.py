@@ -41,7 +41,7 @@ def demo() -> Iterator[Demo]:
     env = {**os.environ, "DEEPSEEK_API_KEY": "sk-real-key-never-sent", "CHATGATE_AUTH_MODE": "managed",
            "CHATGATE_CONFIG": "/nonexistent/chatgate.toml", "HTTPS_PROXY": "http://127.0.0.1:9",
            "HTTP_PROXY": "http://127.0.0.1:9", "ALL_PROXY": "http://127.0.0.1:9"}
-    process = lifeline.Popen([sys.executable, "-m", "app", "demo", "--port", str(port)], env=env,
+    process = lifeline.Popen([sys.executable, "-m", "chatgate", "demo", "--port", str(port)], env=env,
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     running = Demo(f"http://127.0.0.1:{port}", process)
 
@@ -154,7 +154,7 @@ def test_the_dashboard_says_it_is_the_demo(demo: Demo, tmp_path: Path) -> None:
 
 
 def test_a_long_running_demo_keeps_only_the_newest_requests() -> None:
-    from app.demo.deepseek import FakeState
+    from chatgate.demo.deepseek import FakeState
     from tests.fakes.server import run_fake_deepseek
 
     with run_fake_deepseek(FakeState(keep_requests=2)) as fake:

@@ -260,7 +260,7 @@ def check_image(docker: Docker, image: str) -> None:
     )
 
 
-CPUS_PROBE = "from app.gateway.checking import CHECKERS, usable_cpus; print(usable_cpus(), CHECKERS)"
+CPUS_PROBE = "from chatgate.gateway.checking import CHECKERS, usable_cpus; print(usable_cpus(), CHECKERS)"
 
 
 def check_serving(docker: Docker, box: Chatgate) -> None:

@@ -19,7 +19,7 @@ import httpx2
 import pytest
 import yaml
 
-from app.settings import ServerSettings, load_settings
+from chatgate.settings import ServerSettings, load_settings
 from tests import lifeline
 from tests.ci import missing
 from tests.fakes.server import run_fake_deepseek
@@ -149,14 +149,15 @@ def test_build_context_sends_what_the_copies_need_and_nothing_else() -> None:
         if word == "COPY" and "--from=" not in args:
             parts = [p for p in args.split() if not p.startswith("--")]
             sources += parts[:-1]
-    assert {"pyproject.toml", "README.md", "app", "docker/chatgate.toml"} <= set(sources)
+    assert {"pyproject.toml", "README.md", "chatgate", "docker/chatgate.toml"} <= set(sources)
     for src in sources:
         assert (REPO_ROOT / src).exists(), src
         assert not ignored(src, patterns), f"{src} is excluded by .dockerignore"
-    for needed in ("app/web/static/dashboard.html", "app/web/static/dashboard.js", "app/web/dashboard.py"):
+    for needed in ("chatgate/web/static/dashboard.html", "chatgate/web/static/dashboard.js",
+                   "chatgate/web/dashboard.py"):
         assert not ignored(needed, patterns), needed
     for private in (".venv/bin/python", "data/chatgate.db", "tests/harness.py", ".git/config",
-                    "app/__pycache__/app.cpython-311.pyc"):
+                    "chatgate/__pycache__/app.cpython-311.pyc"):
         assert ignored(private, patterns), private
 
 

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
-from app.gateway.checking import checker_count
-from app.settings import ServerSettings, load_settings
+from chatgate.gateway.checking import checker_count
+from chatgate.settings import ServerSettings, load_settings
 from tests.ci import missing
 from tests.harness import REPO_ROOT
 

@@ -85,7 +85,7 @@ def test_nothing_left_out_is_a_runtime_dependency_of_chatgate() -> None:
     )
     offenders = [
         str(p.relative_to(REPO_ROOT))
-        for p in (REPO_ROOT / "app").rglob("*.py")
+        for p in (REPO_ROOT / "chatgate").rglob("*.py")
         if imports.search(p.read_text())
     ]
     assert not offenders, offenders

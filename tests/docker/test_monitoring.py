@@ -16,9 +16,9 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.gateway.auth import new_key
-from app.store.base import LimitRow
-from app.store.sqlite import SQLiteStore
+from chatgate.gateway.auth import new_key
+from chatgate.store.base import LimitRow
+from chatgate.store.sqlite import SQLiteStore
 from tests.ci import missing
 from tests.fakes.server import run_fake_deepseek
 from tests.harness import REPO_ROOT, make_settings, run_chatgate

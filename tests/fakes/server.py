@@ -25,8 +25,8 @@ from typing import Any
 import httpx2
 import uvicorn
 
-from app.demo.app import create_fake_app
-from app.demo.deepseek import USAGE_MODES, FakeState
+from chatgate.demo.app import create_fake_app
+from chatgate.demo.deepseek import USAGE_MODES, FakeState
 from tests import lifeline
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -17,8 +17,8 @@ from anthropic.types import MessageParam, ToolParam
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.demo.anthropic_rules import anthropic_error
-from app.demo.rules import DESERIALIZE
+from chatgate.demo.anthropic_rules import anthropic_error
+from chatgate.demo.rules import DESERIALIZE
 from tests.fakes.server import RunningFake, run_fake_deepseek
 
 KEY = "sk-test-0001"
@@ -762,7 +762,7 @@ KEYS = [
 def test_rules_never_raise(base: dict[str, Any], key: str, value: Any, index: int) -> None:
     """Any JSON in any field, also inside a message, its content or a tool: a message or None, never an
     exception; and the answer can always be planned."""
-    from app.demo.anthropic import make_plan
+    from chatgate.demo.anthropic import make_plan
 
     sent = orjson.loads(orjson.dumps(base))
     target: Any = sent

@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from openai.types.chat import ChatCompletionChunk, ChatCompletionMessageParam, ChatCompletionToolParam
 
-from app.demo.deepseek import FakeState
-from app.demo.rules import deepseek_error
+from chatgate.demo.deepseek import FakeState
+from chatgate.demo.rules import deepseek_error
 from tests.fakes.server import RunningFake, run_fake_deepseek, spawn_fake_deepseek
 
 KEY = "sk-test-0001"

@@ -8,7 +8,7 @@ import httpx2
 import openai
 import pytest
 
-from app.demo.files import parse_multipart
+from chatgate.demo.files import parse_multipart
 from tests.fakes.server import RunningFake, run_fake_deepseek
 
 KEY = "sk-files-0001"

@@ -13,8 +13,8 @@ import openai
 import orjson
 import pytest
 
-from app.demo.responses import REASONING_MISSING, responses_error
-from app.demo.rules import DESERIALIZE
+from chatgate.demo.responses import REASONING_MISSING, responses_error
+from chatgate.demo.rules import DESERIALIZE
 from tests.fakes.server import RunningFake, run_fake_deepseek
 
 KEY = "sk-test-0001"

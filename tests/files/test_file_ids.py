@@ -11,8 +11,8 @@ from typing import Any
 import httpx2
 import pytest
 
-from app.files.file_ids import may_name_files, named_files
-from app.store.sqlite import SQLiteStore
+from chatgate.files.file_ids import may_name_files, named_files
+from chatgate.store.sqlite import SQLiteStore
 from tests.fakes.server import RunningFake
 from tests.files.test_files import Teams, start_teams
 
@@ -71,7 +71,7 @@ def test_the_teams_own_file_there_is_forwarded(teams: Teams, fake: RunningFake, 
 
 
 def test_tool_arguments_and_schemas_are_not_files() -> None:
-    from app.files.file_ids import file_refs
+    from chatgate.files.file_ids import file_refs
     body = {
         "tools": [{"name": "open", "input_schema": {"properties": {"file_id": {"type": "string"}},
                                                     "examples": [{"file_id": "file-example"}]}}],

@@ -21,9 +21,9 @@ import openai
 import orjson
 import pytest
 
-from app.gateway.auth import fingerprint, new_key
-from app.store.base import FileOwner, StoreError
-from app.store.sqlite import SQLiteStore
+from chatgate.gateway.auth import fingerprint, new_key
+from chatgate.store.base import FileOwner, StoreError
+from chatgate.store.sqlite import SQLiteStore
 from tests.fakes.server import RunningFake
 from tests.gateway.conftest import _read_usage, usage_rows
 from tests.harness import ADMIN_KEY, RunningChatgate, make_settings, run_chatgate, unreachable_url
@@ -462,7 +462,7 @@ def teams(tmp_path: Path, fake: RunningFake, capfd: pytest.CaptureFixture[str]) 
 
 
 def unknown_id_answer(file_id: str) -> dict[str, Any]:
-    """The fake DeepSeek's answer to an id it does not know (app/demo/files.py)."""
+    """The fake DeepSeek's answer to an id it does not know (chatgate/demo/files.py)."""
     error = {"message": f"No such file: {file_id}", "type": "not_found_error", "param": None,
              "code": "invalid_request_error"}
     return {"error": error}
@@ -680,7 +680,7 @@ def test_passthrough_records_no_owner(gate: RunningChatgate, fake: RunningFake) 
 
 def test_a_list_asks_deepseek_for_a_bounded_number_of_pages(teams: Teams, fake: RunningFake,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("app.files.routes.MAX_LIST_PAGES", 1)
+    monkeypatch.setattr("chatgate.files.routes.MAX_LIST_PAGES", 1)
     for _ in range(3):
         teams.upload("b1", b"theirs")
     ours = teams.upload("a1", b"ours")

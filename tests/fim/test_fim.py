@@ -1,6 +1,6 @@
 """The FIM family as pure code: the F-rules over request bytes (exact code, param and rule; valid neighbours
 pass), the same verdicts from the fake DeepSeek's own FIM validation (written from the spec, not from
-app/), the `text_completion` stream meter, and the family's small parts."""
+chatgate/), the `text_completion` stream meter, and the family's small parts."""
 
 from __future__ import annotations
 
@@ -9,15 +9,15 @@ from typing import Any
 import orjson
 import pytest
 
-from app.demo.fim import fim_error, parse_fim_body
-from app.errors import Problem
-from app.fim.family import FimFamily, not_on_beta, prompt_text
-from app.fim.rules import check_fim
-from app.fim.stream import FimStreamMeter
-from app.metering.usage import TokenCounts
-from app.repair.base import RepairOptions
-from app.rules.kernel import CheckOptions
-from app.rules.models import Policy
+from chatgate.demo.fim import fim_error, parse_fim_body
+from chatgate.errors import Problem
+from chatgate.fim.family import FimFamily, not_on_beta, prompt_text
+from chatgate.fim.rules import check_fim
+from chatgate.fim.stream import FimStreamMeter
+from chatgate.metering.usage import TokenCounts
+from chatgate.repair.base import RepairOptions
+from chatgate.rules.kernel import CheckOptions
+from chatgate.rules.models import Policy
 from tests.metering.test_pricing_usage import DEEPSEEK_USAGE
 
 DROP = object()

@@ -16,8 +16,8 @@ import openai
 import orjson
 import pytest
 
-from app.demo.fim import middle
-from app.gateway.auth import fingerprint
+from chatgate.demo.fim import middle
+from chatgate.gateway.auth import fingerprint
 from tests.fakes.server import RunningFake, run_fake_deepseek
 from tests.fim.test_fim import INVALID, fim_body, raw
 from tests.gateway.conftest import _read_usage, usage_rows

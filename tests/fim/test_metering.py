@@ -17,7 +17,7 @@ import openai
 import orjson
 import pytest
 
-from app.gateway.auth import fingerprint
+from chatgate.gateway.auth import fingerprint
 from tests.fakes.server import RunningFake, run_fake_deepseek
 from tests.harness import make_settings, run_chatgate
 from tests.metering.helpers import chat_body, send_chat, usage_json, wait_for

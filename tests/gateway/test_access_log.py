@@ -12,7 +12,7 @@ from typing import Any
 import httpx2
 import pytest
 
-from app.gateway.accesslog import log_formatter, text_line
+from chatgate.gateway.accesslog import log_formatter, text_line
 from tests.gateway.conftest import JSON_HEADERS, chat_body
 from tests.harness import RunningChatgate
 
@@ -71,7 +71,7 @@ def test_a_full_stdout_pipe_never_blocks_the_event_loop_and_loses_no_line() -> N
     import fcntl
     import os
 
-    from app.gateway.accesslog import AccessLog
+    from chatgate.gateway.accesslog import AccessLog
 
     read_fd, write_fd = os.pipe()
     for fd in (read_fd, write_fd):

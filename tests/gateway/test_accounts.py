@@ -16,8 +16,8 @@ import httpx2
 import openai
 import pytest
 
-from app.gateway.auth import new_key
-from app.store.sqlite import SQLiteStore
+from chatgate.gateway.auth import new_key
+from chatgate.store.sqlite import SQLiteStore
 from tests.fakes.server import RunningFake
 from tests.gateway.conftest import usage_rows
 from tests.harness import ADMIN_KEY, RunningChatgate, make_settings, run_chatgate

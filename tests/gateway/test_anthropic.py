@@ -15,7 +15,7 @@ import httpx2
 import orjson
 import pytest
 
-from app.gateway.auth import new_key
+from chatgate.gateway.auth import new_key
 from tests.fakes.server import RunningFake
 from tests.gateway.conftest import usage_rows
 from tests.harness import RunningChatgate
@@ -296,7 +296,7 @@ def test_usage_is_metered_per_key_as_deepseek_issued_it(gate: RunningChatgate, f
 
 
 def rows_key(secret: str) -> str:
-    from app.gateway.auth import fingerprint
+    from chatgate.gateway.auth import fingerprint
     return fingerprint(secret)
 
 

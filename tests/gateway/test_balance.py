@@ -14,9 +14,9 @@ import httpx2
 import orjson
 import pytest
 
-from app.demo.fim import BALANCE
-from app.gateway.auth import fingerprint, new_key
-from app.store.sqlite import SQLiteStore
+from chatgate.demo.fim import BALANCE
+from chatgate.gateway.auth import fingerprint, new_key
+from chatgate.store.sqlite import SQLiteStore
 from tests.fakes.server import RunningFake
 from tests.gateway.conftest import _read_usage
 from tests.harness import ADMIN_KEY, RunningChatgate, make_settings, run_chatgate, unreachable_url

@@ -1,5 +1,5 @@
 """Checking a large body does not stall everyone else (issue 34 §2): in managed mode the dry runs need a
-client key (401 otherwise); a body over app/gateway/checking.py's OFF_LOOP_BYTES is checked in a checker
+client key (401 otherwise); a body over chatgate/gateway/checking.py's OFF_LOOP_BYTES is checked in a checker
 process, on the forwarded routes and the dry runs alike, while /healthz and a live stream go on
 (tests/stalls.py: the bound)."""
 
@@ -83,7 +83,7 @@ def test_an_ordinary_body_is_checked_as_before(gate: RunningChatgate, fake: Runn
 
 def test_a_growing_body_starts_the_checkers_before_one_needs_them(gate: RunningChatgate,
                                                                   fake: RunningFake) -> None:
-    from app.gateway.checking import OFF_LOOP_BYTES, WARM_BYTES
+    from chatgate.gateway.checking import OFF_LOOP_BYTES, WARM_BYTES
 
     checkers = gate.app.state.chatgate.gw.checkers
     small = {"model": "deepseek-flash", "messages": [{"role": "user", "content": "hi"}]}

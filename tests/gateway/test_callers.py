@@ -14,7 +14,7 @@ from typing import Any
 import httpx2
 import pytest
 
-from app.gateway.auth import (
+from chatgate.gateway.auth import (
     PASSTHROUGH_CACHED,
     Authenticator,
     cache_digest,
@@ -23,9 +23,9 @@ from app.gateway.auth import (
     hash_key,
     new_key,
 )
-from app.metering.metrics import AUTH_SOURCES, Metrics
-from app.settings import AuthSettings
-from app.store.sqlite import SQLiteStore
+from chatgate.metering.metrics import AUTH_SOURCES, Metrics
+from chatgate.settings import AuthSettings
+from chatgate.store.sqlite import SQLiteStore
 from tests.fakes.server import RunningFake
 from tests.gateway.conftest import usage_rows
 from tests.harness import RunningChatgate

@@ -14,13 +14,13 @@ import httpx2
 import orjson
 import pytest
 
-from app.errors import Problem
-from app.gateway.notices import Notices
-from app.metering.metrics import Metrics
-from app.metering.reports import build_report, render_table
-from app.metering.usage import TokenCounts
-from app.store.base import ReportQuery
-from app.store.sqlite import SQLiteStore
+from chatgate.errors import Problem
+from chatgate.gateway.notices import Notices
+from chatgate.metering.metrics import Metrics
+from chatgate.metering.reports import build_report, render_table
+from chatgate.metering.usage import TokenCounts
+from chatgate.store.base import ReportQuery
+from chatgate.store.sqlite import SQLiteStore
 from tests.fakes.server import RunningFake
 from tests.gateway.conftest import usage_rows
 from tests.harness import RunningChatgate

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from app.gateway.checking import cgroup_cpu_limit, checker_count, usable_cpus
+from chatgate.gateway.checking import cgroup_cpu_limit, checker_count, usable_cpus
 
 
 def v2(tmp_path: Path, cpu_max: str | None, path: str = "/", nested: bool = False) -> tuple[str, str]:

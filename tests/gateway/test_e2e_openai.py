@@ -16,7 +16,7 @@ import httpx2
 import openai
 import pytest
 
-from app.gateway.auth import new_key
+from chatgate.gateway.auth import new_key
 from tests.fakes.server import RunningFake
 from tests.gateway.conftest import usage_rows
 from tests.harness import RunningChatgate

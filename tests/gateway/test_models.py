@@ -13,9 +13,9 @@ import httpx2
 import orjson
 import pytest
 
-from app.demo.deepseek import MODEL_IDS
-from app.gateway.auth import new_key
-from app.store.sqlite import SQLiteStore
+from chatgate.demo.deepseek import MODEL_IDS
+from chatgate.gateway.auth import new_key
+from chatgate.store.sqlite import SQLiteStore
 from tests.fakes.server import RunningFake
 from tests.harness import RunningChatgate, make_settings, run_chatgate, unreachable_url
 

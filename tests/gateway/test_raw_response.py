@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from app.gateway.responses import RawResponse
+from chatgate.gateway.responses import RawResponse
 
 HEADERS = [(b"content-type", b"application/json")]
 

@@ -14,9 +14,9 @@ import openai
 import orjson
 import pytest
 
-from app.gateway.auth import fingerprint, hash_key
-from app.repair.turncache import TurnCache, _read, _records
-from app.store.base import TurnRow
+from chatgate.gateway.auth import fingerprint, hash_key
+from chatgate.repair.turncache import TurnCache, _read, _records
+from chatgate.store.base import TurnRow
 from tests.fakes.server import RunningFake
 from tests.gateway.conftest import JSON_HEADERS, chat_body, usage_rows
 from tests.harness import RunningChatgate

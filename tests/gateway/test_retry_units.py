@@ -5,7 +5,7 @@ from __future__ import annotations
 import email.utils
 import time
 
-from app.gateway.retry import RetryPolicy, Tries, backoff, only_keepalives, retry_after
+from chatgate.gateway.retry import RetryPolicy, Tries, backoff, only_keepalives, retry_after
 
 
 def test_retry_after_in_seconds_or_as_an_http_date() -> None:
@@ -44,8 +44,8 @@ def test_keepalives_are_comments_and_blank_lines_only() -> None:
 
 
 def test_requests_naming_files_go_to_the_account_that_holds_them() -> None:
-    from app.gateway.accounts import Pool
-    from app.settings import Settings
+    from chatgate.gateway.accounts import Pool
+    from chatgate.settings import Settings
 
     accounts = [{"name": "one", "key_env": "K1"}, {"name": "two", "key_env": "K2"}]
     settings = Settings.model_validate({"auth": {"mode": "managed", "upstream_api_key": "sk-2"},
@@ -64,8 +64,8 @@ def test_requests_naming_files_go_to_the_account_that_holds_them() -> None:
 
 
 def test_a_429s_retry_after_sets_an_account_aside_for_at_most_the_cooldown() -> None:
-    from app.gateway.accounts import RATE_LIMIT_ASIDE_MAX_S, Account, Pool
-    from app.gateway.upstream import ReadAnswer
+    from chatgate.gateway.accounts import RATE_LIMIT_ASIDE_MAX_S, Account, Pool
+    from chatgate.gateway.upstream import ReadAnswer
 
     now = [1000.0]
     pool = Pool([Account("one", "K1", b"Bearer sk-1"), Account("two", "K2", b"Bearer sk-2")], cooldown_s=300,

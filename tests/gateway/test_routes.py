@@ -15,7 +15,7 @@ import httpx2
 import orjson
 import pytest
 
-from app.gateway.auth import new_key
+from chatgate.gateway.auth import new_key
 from tests.gateway.conftest import JSON_HEADERS, chat_body
 from tests.harness import RunningChatgate, make_settings, run_chatgate
 

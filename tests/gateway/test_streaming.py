@@ -16,9 +16,9 @@ import openai
 import orjson
 import pytest
 
-from app.demo.deepseek import make_plan
-from app.gateway.upstream import AiohttpAnswer, TransportAnswer, Upstream, read_whole
-from app.settings import UpstreamSettings
+from chatgate.demo.deepseek import make_plan
+from chatgate.gateway.upstream import AiohttpAnswer, TransportAnswer, Upstream, read_whole
+from chatgate.settings import UpstreamSettings
 from tests.fakes.server import RunningFake
 from tests.gateway.conftest import JSON_HEADERS, chat_body, usage_rows
 from tests.harness import RunningChatgate

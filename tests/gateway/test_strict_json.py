@@ -1,7 +1,7 @@
 """R1 as DeepSeek's serde front-end reads JSON (issue 34 §4, §9, §11): a body it refuses is refused locally,
 in the route's shape, before anything reaches DeepSeek: duplicate keys, NaN / Infinity / numbers beyond a
 double, nesting deeper than 128, a NUL in `model`. A non-finite number no longer hides a file id from the
-owner check. A plain body costs one extra Rust parse (app/gateway/strict.py)."""
+owner check. A plain body costs one extra Rust parse (chatgate/gateway/strict.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import httpx2
 import orjson
 import pytest
 
-from app.store.sqlite import SQLiteStore
+from chatgate.store.sqlite import SQLiteStore
 from tests.fakes.server import RunningFake
 from tests.files.test_files import Teams, start_teams
 from tests.gateway.conftest import JSON_HEADERS, usage_rows
@@ -96,7 +96,7 @@ def test_what_deepseek_reads_is_forwarded_as_sent(gate: RunningChatgate, fake: R
 
 
 def test_the_depth_count_is_the_containers_count() -> None:
-    from app.gateway.strict import body_problem, too_deep
+    from chatgate.gateway.strict import body_problem, too_deep
     assert not too_deep(orjson.loads(b"[" * 128 + b"]" * 128))
     assert too_deep(orjson.loads(b"[" * 129 + b"]" * 129))
     assert not too_deep({"a": [{"b": [1, 2, {"c": "x"}]}] * 500})
@@ -148,16 +148,16 @@ def test_with_validation_off_an_unreadable_body_naming_a_file_is_refused(
 
 def test_the_check_returns_r1s_parse_with_its_verdict_and_keeps_nothing() -> None:
     """R1's parse is handed to the family's check and back to the caller as a value: a refused body's check
-    returns none, a valid one's returns the body's parse (its keys in the body's order); `app.wire` holds
+    returns none, a valid one's returns the body's parse (its keys in the body's order); `chatgate.wire` holds
     no state between calls (a checker process kept a 19 MB body's 150 MB until the next, once)."""
     import threading
 
-    from app import wire
-    from app.anthropic.family import count_text
-    from app.gateway.checking import check_now
-    from app.gateway.endpoints import families
-    from app.settings import Settings
-    from app.web.count_tokens import _prompt_of
+    from chatgate import wire
+    from chatgate.anthropic.family import count_text
+    from chatgate.gateway.checking import check_now
+    from chatgate.gateway.endpoints import families
+    from chatgate.settings import Settings
+    from chatgate.web.count_tokens import _prompt_of
     chat = next(f for f in families(Settings()) if f.name == "openai-chat")
     duplicate = check_now(chat, CHAT + b',"max_tokens":1,"max_tokens":2}', False, None)
     assert duplicate.parse is None and duplicate.verdict.problems[0].code == "duplicate_key"

@@ -11,7 +11,7 @@ from collections.abc import Callable
 import httpx2
 import pytest
 
-from app.gateway.auth import new_key
+from chatgate.gateway.auth import new_key
 from tests.fakes.server import RunningFake
 from tests.harness import RunningChatgate
 

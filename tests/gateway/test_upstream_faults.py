@@ -12,7 +12,7 @@ import openai
 import orjson
 import pytest
 
-from app.demo.deepseek import ERROR_FAULTS, PLAIN_422, error_bytes
+from chatgate.demo.deepseek import ERROR_FAULTS, PLAIN_422, error_bytes
 from tests.fakes.server import RunningFake
 from tests.gateway.conftest import JSON_HEADERS, chat_body, usage_rows
 from tests.harness import RunningChatgate, unreachable_url

@@ -15,7 +15,7 @@ import openai
 import orjson
 import pytest
 
-from app.demo.server_tools import usage_counts
+from chatgate.demo.server_tools import usage_counts
 from tests.fakes.server import RunningFake
 from tests.gateway.conftest import usage_rows
 from tests.harness import RunningChatgate

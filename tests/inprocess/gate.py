@@ -1,6 +1,6 @@
 """chatgate in-process: `create_app(settings, transport=…)` driven through httpx2's ASGITransport, with the
 fake DeepSeek as its upstream through a second ASGITransport. No socket, no thread: the whole request path
-(app/gateway/proxy.py, ledger.py, exchange.py, state.py) runs on the test's event loop."""
+(chatgate/gateway/proxy.py, ledger.py, exchange.py, state.py) runs on the test's event loop."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from typing import Any
 import httpx2
 import orjson
 
-from app.demo.app import create_fake_app
-from app.demo.deepseek import FakeState
-from app.gateway.state import State
-from app.web.app import create_app
+from chatgate.demo.app import create_fake_app
+from chatgate.demo.deepseek import FakeState
+from chatgate.gateway.state import State
+from chatgate.web.app import create_app
 from tests.gateway.conftest import _read_usage
 from tests.harness import make_settings
 

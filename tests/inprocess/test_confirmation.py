@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from app.demo.deepseek import FakeState
-from app.store import open_store
+from chatgate.demo.deepseek import FakeState
+from chatgate.store import open_store
 from tests.inprocess.gate import Gate, chat, run
 
 R29 = chat(stream_options={"include_usage": True})

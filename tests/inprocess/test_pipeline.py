@@ -8,12 +8,12 @@ from pathlib import Path
 import orjson
 import pytest
 
-from app.demo.deepseek import FakeState
-from app.gateway.auth import fingerprint, new_key
-from app.gateway.ledger import Ledger
-from app.gateway.proxy import Gateway
-from app.store import open_store
-from app.store.base import LimitRow
+from chatgate.demo.deepseek import FakeState
+from chatgate.gateway.auth import fingerprint, new_key
+from chatgate.gateway.ledger import Ledger
+from chatgate.gateway.proxy import Gateway
+from chatgate.store import open_store
+from chatgate.store.base import LimitRow
 from tests.inprocess.gate import KEY, Gate, chat, events, run
 from tests.repair.clients import SEARCH, tool_calls_of
 

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from app.cli import main
-from app.lint import run_lint
-from app.rules.models import Policy
+from chatgate.cli import main
+from chatgate.lint import run_lint
+from chatgate.rules.models import Policy
 from tests.harness import REPO_ROOT
 
 GOOD = {
@@ -265,7 +265,7 @@ def test_exit_codes_as_a_process(tmp_path: Path) -> None:
     good = jsonl(tmp_path / "good.jsonl", GOOD)
     bad = jsonl(tmp_path / "bad.jsonl", HOT)
     env = {k: v for k, v in os.environ.items() if not k.startswith("CHATGATE_")}
-    run = [sys.executable, "-m", "app", "lint"]
+    run = [sys.executable, "-m", "chatgate", "lint"]
     ok = subprocess.run([*run, str(good)], capture_output=True, text=True, cwd=REPO_ROOT, env=env, timeout=30)
     ko = subprocess.run([*run, str(bad)], capture_output=True, text=True, cwd=REPO_ROOT, env=env, timeout=30)
     assert (ok.returncode, ko.returncode) == (0, 1), (ok.stderr, ko.stderr)

@@ -86,14 +86,14 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 20, what: str = "con
 
 def cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
         check: bool = True) -> subprocess.CompletedProcess[str]:
-    """`python -m app ARGS…` as its own process (the real CLI), CHATGATE_* from the outer env dropped."""
+    """`python -m chatgate ARGS…` as its own process (the real CLI), CHATGATE_* from the outer env dropped."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("CHATGATE_")}
     full_env["PYTHONPATH"] = str(REPO_ROOT)
     # `usage` replays orphaned spool files: never let it pick up another process's default data/spool.
     full_env["CHATGATE_STORE_SPOOL_DIR"] = tempfile.mkdtemp(prefix="chatgate-cli-spool-")
     full_env["XDG_DATA_HOME"] = tempfile.mkdtemp(prefix="chatgate-cli-data-")  # not the user's default store
     full_env.update(env or {})
-    proc = subprocess.run([sys.executable, "-m", "app", *args], cwd=cwd or REPO_ROOT, env=full_env,
+    proc = subprocess.run([sys.executable, "-m", "chatgate", *args], cwd=cwd or REPO_ROOT, env=full_env,
                           capture_output=True, text=True, timeout=60)
     if check:
         assert proc.returncode == 0, (

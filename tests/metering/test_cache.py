@@ -1,5 +1,5 @@
 """The cache advisor end to end: multi-round conversations through a real chatgate (openai and anthropic
-SDKs) to a fake DeepSeek with a context cache like DeepSeek's (app.demo.prefix_cache), on SQLite and
+SDKs) to a fake DeepSeek with a context cache like DeepSeek's (chatgate.demo.prefix_cache), on SQLite and
 PostgreSQL. A stable agent loop has a high hit rate and no break; a clock at the top of the system prompt,
 tools reordered each round, and a user_id per round each break the prefix where they are, with money lost;
 every report's hit rate equals the fake's usage; no prompt text reaches a report, a metric or a log line."""
@@ -21,9 +21,9 @@ import httpx2
 import openai
 import pytest
 
-from app.demo.deepseek import FakeState
-from app.gateway.accesslog import AccessLog
-from app.gateway.auth import fingerprint
+from chatgate.demo.deepseek import FakeState
+from chatgate.gateway.accesslog import AccessLog
+from chatgate.gateway.auth import fingerprint
 from tests.fakes.server import RunningFake, run_fake_deepseek
 from tests.harness import ADMIN_KEY, RunningChatgate, make_settings, run_chatgate
 from tests.metering.helpers import cli
@@ -387,9 +387,9 @@ def test_the_dashboards_cache_card_draws_hit_rates_and_the_costliest_breaks(run:
 def test_the_cache_report_is_in_the_pricing_currency(tmp_path: Path) -> None:
     """A CNY deployment's report sums the yuan records' savings and losses (saved_cny, lost_picocny), never
     the USD ones (a store written before in USD)."""
-    from app.metering.cache_report import build_cache_report, render_cache_table
-    from app.store.base import UsageRecord
-    from app.store.sqlite import SQLiteStore
+    from chatgate.metering.cache_report import build_cache_report, render_cache_table
+    from chatgate.store.base import UsageRecord
+    from chatgate.store.sqlite import SQLiteStore
 
     store = SQLiteStore(tmp_path / "usage.db")
     try:

@@ -8,22 +8,22 @@ from typing import Any
 
 import orjson
 
-from app.anthropic.prompt import MESSAGES_PROMPT, parts_anthropic
-from app.gateway.checking import check_now
-from app.gateway.strict import parse_strictly
-from app.metering.cache import (
+from chatgate.anthropic.prompt import MESSAGES_PROMPT, parts_anthropic
+from chatgate.gateway.checking import check_now
+from chatgate.gateway.strict import parse_strictly
+from chatgate.metering.cache import (
     MAX_CUTS,
     PRINT_OVERHEAD,
     Advisor,
     PrefixMemory,
     PromptShape,
 )
-from app.openai.chat import ChatFamily
-from app.openai.prompt import CHAT_PROMPT, parts_chat
-from app.openai.protocol import ChatCompletionRequest
-from app.responses.prompt import RESPONSES_PROMPT, parts_responses
-from app.settings import Settings
-from app.wire import validate_body
+from chatgate.openai.chat import ChatFamily
+from chatgate.openai.prompt import CHAT_PROMPT, parts_chat
+from chatgate.openai.protocol import ChatCompletionRequest
+from chatgate.responses.prompt import RESPONSES_PROMPT, parts_responses
+from chatgate.settings import Settings
+from chatgate.wire import validate_body
 
 TOOLS = [{"type": "function", "function": {"name": f"t{i}", "parameters": {"type": "object"}}}
          for i in range(4)]

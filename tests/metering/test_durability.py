@@ -167,7 +167,7 @@ def test_usage_cli_replays_a_dead_process_spool_only_into_its_own_store(tmp_path
         finally:
             blocker.execute("ROLLBACK")
             blocker.close()
-    from app.store.sqlite import SQLiteStore
+    from chatgate.store.sqlite import SQLiteStore
 
     store_b = SQLiteStore(db_b)  # a report reads a store that exists (it never creates one)
     store_b.migrate()

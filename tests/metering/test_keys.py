@@ -12,9 +12,9 @@ from pathlib import Path
 import openai
 import pytest
 
-from app.gateway.auth import new_key
-from app.store.base import ApiKey
-from app.store.sqlite import SQLiteStore
+from chatgate.gateway.auth import new_key
+from chatgate.store.base import ApiKey
+from chatgate.store.sqlite import SQLiteStore
 from tests.fakes.server import RunningFake, run_fake_deepseek
 from tests.harness import RunningChatgate, SpawnedChatgate, make_settings, run_chatgate, spawn_chatgate
 from tests.metering.helpers import chat_body, cli, create_key, send_chat

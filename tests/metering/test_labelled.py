@@ -1,9 +1,9 @@
-"""Each labelled counter keeps its own children (app.metering.metrics.Labelled): one child per label values,
-made once, never shared between two counters with the same label values."""
+"""Each labelled counter keeps its own children (chatgate.metering.metrics.Labelled): one child per label
+values, made once, never shared between two counters with the same label values."""
 
 from __future__ import annotations
 
-from app.metering.metrics import Metrics
+from chatgate.metering.metrics import Metrics
 
 
 def test_a_counter_keeps_one_child_per_label_values_and_no_other_counters() -> None:

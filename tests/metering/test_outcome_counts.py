@@ -15,7 +15,7 @@ from typing import Any
 import httpx2
 import pytest
 
-from app.metering.reports import render_table
+from chatgate.metering.reports import render_table
 from tests.fakes.server import RunningFake, run_fake_deepseek
 from tests.gateway.conftest import usage_rows
 from tests.harness import ADMIN_KEY, RunningChatgate, make_settings, run_chatgate

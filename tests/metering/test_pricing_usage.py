@@ -12,12 +12,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.metering.calendar import PeakCalendar
-from app.metering.catalogue import Triple, catalogue
-from app.metering.pricing import Override, Pricing, Rates, build_calendar, build_pricing, call_cost
-from app.metering.usage import TokenCounts, tokens_from_usage
-from app.openai.chat import ChatFamily
-from app.settings import Settings
+from chatgate.metering.calendar import PeakCalendar
+from chatgate.metering.catalogue import Triple, catalogue
+from chatgate.metering.pricing import Override, Pricing, Rates, build_calendar, build_pricing, call_cost
+from chatgate.metering.usage import TokenCounts, tokens_from_usage
+from chatgate.openai.chat import ChatFamily
+from chatgate.settings import Settings
 from tests.metering.helpers import cli
 
 USD = Settings().pricing_book("USD")

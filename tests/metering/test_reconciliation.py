@@ -20,8 +20,8 @@ import httpx2
 import openai
 import pytest
 
-from app.gateway.auth import fingerprint
-from app.metering.reports import DERIVED, OUTPUT_COUNTERS, PICO_COUNTERS
+from chatgate.gateway.auth import fingerprint
+from chatgate.metering.reports import DERIVED, OUTPUT_COUNTERS, PICO_COUNTERS
 from tests.fakes.server import RunningFake, run_fake_deepseek
 from tests.harness import make_settings, run_chatgate
 from tests.metering.helpers import CHAT, WEATHER_TOOL, chat_body, cli, send_chat, usage_json, wait_for

@@ -20,10 +20,10 @@ import httpx2
 import orjson
 import pytest
 
-from app.metering.recorder import Recorder, decode, encode, replay_spools
-from app.store import open_store
-from app.store.base import Store, StoreError, StoreRefused, TurnRow, UsageRecord
-from app.store.sqlite import SQLiteStore
+from chatgate.metering.recorder import Recorder, decode, encode, replay_spools
+from chatgate.store import open_store
+from chatgate.store.base import Store, StoreError, StoreRefused, TurnRow, UsageRecord
+from chatgate.store.sqlite import SQLiteStore
 from tests.fakes.server import run_fake_deepseek
 from tests.harness import make_settings, run_chatgate
 from tests.metering.helpers import chat_body, wait_for
@@ -189,7 +189,7 @@ def test_a_spool_held_by_a_live_process_is_not_replayed(tmp_path: Path) -> None:
 def test_an_unnamed_empty_spool_a_kill_left_is_removed_and_a_new_one_is_not(tmp_path: Path) -> None:
     """`kill -9` between creating a spool file and naming it leaves an empty `.tmp-spool-…`: the next start
     removes it, unless it is young enough to be another starting process's."""
-    from app.metering.recorder import store_tag
+    from chatgate.metering.recorder import store_tag
 
     store = open_store(f"sqlite:///{tmp_path / 'usage.db'}")
     store.migrate()

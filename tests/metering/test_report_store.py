@@ -14,8 +14,8 @@ from pathlib import Path
 import httpx2
 import pytest
 
-from app.cli import main
-from app.store.sqlite import SQLiteStore
+from chatgate.cli import main
+from chatgate.store.sqlite import SQLiteStore
 from tests.fakes.server import run_fake_deepseek
 from tests.gateway.conftest import usage_rows
 from tests.harness import make_settings, run_chatgate, spawn_chatgate

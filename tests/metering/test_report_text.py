@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from app.metering import text
-from app.metering.reports import build_report, render_table
-from app.store.base import ReportQuery, UsageRecord
-from app.store.sqlite import SQLiteStore
+from chatgate.metering import text
+from chatgate.metering.reports import build_report, render_table
+from chatgate.store.base import ReportQuery, UsageRecord
+from chatgate.store.sqlite import SQLiteStore
 from tests.metering.helpers import cli
 
 BUSY = {"requests": 1_234_567, "rejected": 12_345, "limited": 123_456, "upstream_refused": 1_234,

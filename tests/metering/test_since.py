@@ -11,8 +11,8 @@ from pathlib import Path
 import httpx2
 import pytest
 
-from app.cli import main
-from app.metering.reports import ReportError, parse_time
+from chatgate.cli import main
+from chatgate.metering.reports import ReportError, parse_time
 from tests.fakes.server import run_fake_deepseek
 from tests.gateway.conftest import usage_rows
 from tests.harness import make_settings, run_chatgate

@@ -1,4 +1,4 @@
-"""Builders for realistic chat-completions requests, and a `check` helper over `app.openai.rules`.
+"""Builders for realistic chat-completions requests, and a `check` helper over `chatgate.openai.rules`.
 
 Messages are plain dicts, exactly what an SDK puts on the wire, so tests read like the JSON a client
 sends. `check(...)` serialises the request and runs the real `check_body` on the bytes.
@@ -9,10 +9,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from app.errors import Problem
-from app.openai.rules import Checked, check_body
-from app.rules.kernel import CheckOptions
-from app.rules.models import Policy
+from chatgate.errors import Problem
+from chatgate.openai.rules import Checked, check_body
+from chatgate.rules.kernel import CheckOptions
+from chatgate.rules.models import Policy
 
 Message = dict[str, Any]
 

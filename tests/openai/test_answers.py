@@ -7,10 +7,10 @@ from typing import Any
 import orjson
 import pytest
 
-from app.openai.answers import ChatStreamedTurn, turn_from_completion
-from app.openai.stream import ChatStreamMeter
-from app.repair.base import Turn
-from app.sse import SCAN_AT
+from chatgate.openai.answers import ChatStreamedTurn, turn_from_completion
+from chatgate.openai.stream import ChatStreamMeter
+from chatgate.repair.base import Turn
+from chatgate.sse import SCAN_AT
 
 
 def completion(message: Any) -> dict[str, Any]:

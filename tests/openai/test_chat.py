@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from app.openai.repairs import calls_of
+from chatgate.openai.repairs import calls_of
 
 
 @pytest.mark.parametrize(("message", "expected"), [

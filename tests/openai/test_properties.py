@@ -32,7 +32,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.openai.rules import (
+from chatgate.openai.rules import (
     STRICT_UNSUPPORTED,
     ChatContext,
     Checked,

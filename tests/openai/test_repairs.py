@@ -11,13 +11,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.openai.chat import ChatFamily
-from app.openai.repairs import HANDLES, repair_chat
-from app.openai.rules import Checked
-from app.profiles import DEFAULT_PROFILES
-from app.repair.base import CATALOG, NAMES, RepairOptions
-from app.repair.loop import REPAIR_PASSES
-from app.rules.models import Policy
+from chatgate.openai.chat import ChatFamily
+from chatgate.openai.repairs import HANDLES, repair_chat
+from chatgate.openai.rules import Checked
+from chatgate.profiles import DEFAULT_PROFILES
+from chatgate.repair.base import CATALOG, NAMES, RepairOptions
+from chatgate.repair.loop import REPAIR_PASSES
+from chatgate.rules.models import Policy
 from tests.openai.conversations import TOOLS, assistant, call, calls, check, request, tool, user
 from tests.openai.test_properties import examples
 

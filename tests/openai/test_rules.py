@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from app.errors import APIError
+from chatgate.errors import APIError
 from tests.openai.conversations import (
     EXTRA_MODEL,
     SEARCH_TOOL,

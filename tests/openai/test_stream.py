@@ -8,8 +8,8 @@ import json
 import orjson
 import pytest
 
-from app.metering.usage import TokenCounts
-from app.openai.stream import ChatStreamMeter, UsageStripper
+from chatgate.metering.usage import TokenCounts
+from chatgate.openai.stream import ChatStreamMeter, UsageStripper
 from tests.metering.test_pricing_usage import DEEPSEEK_USAGE
 
 # --- StreamMeter ----------------------------------------------------------------------------------

@@ -19,9 +19,9 @@ from typing import Any
 
 import openai
 
-from app.gateway.auth import fingerprint
-from app.store import open_store
-from app.store.base import LimitRow
+from chatgate.gateway.auth import fingerprint
+from chatgate.store import open_store
+from chatgate.store.base import LimitRow
 from tests import lifeline
 from tests.ci import missing
 from tests.harness import free_port

@@ -1,5 +1,5 @@
-"""A request's admission bounds (app/quotas/admission.py), without a server: the tokens reserved are the
-body's bytes, 384 per image, its documents (app/gateway/media.py) and the completion asked for (capped by
+"""A request's admission bounds (chatgate/quotas/admission.py), without a server: the tokens reserved are the
+body's bytes, 384 per image, its documents (chatgate/gateway/media.py) and the completion asked for (capped by
 the model), priced at the request's start; a refusal leaves the exchange unadmitted and becomes its 429
 with the caller's headers."""
 
@@ -11,11 +11,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.gateway.media import DOCUMENT_OVERHEAD, IMAGE_TOKENS, MediaCounter
-from app.quotas.admission import Admitter, limit_error
-from app.quotas.model import Refusal
-from app.settings import Settings
-from app.verdict import Verdict
+from chatgate.gateway.media import DOCUMENT_OVERHEAD, IMAGE_TOKENS, MediaCounter
+from chatgate.quotas.admission import Admitter, limit_error
+from chatgate.quotas.model import Refusal
+from chatgate.settings import Settings
+from chatgate.verdict import Verdict
 
 
 @dataclass

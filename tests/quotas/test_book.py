@@ -1,4 +1,4 @@
-"""The limits cache (app/quotas/book.py): one store look-up per subject and expiry however many requests
+"""The limits cache (chatgate/quotas/book.py): one store look-up per subject and expiry however many requests
 ask at once, and a change made by this process never overwritten by a look-up that was under way."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from app.quotas.book import LimitBook
-from app.store.base import LimitRow
-from app.store.sqlite import SQLiteStore
+from chatgate.quotas.book import LimitBook
+from chatgate.store.base import LimitRow
+from chatgate.store.sqlite import SQLiteStore
 
 
 class SlowStore(SQLiteStore):

@@ -16,10 +16,10 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.gateway.auth import new_key
-from app.quotas.budgets import StoreBudgets
-from app.store.base import LimitRow
-from app.store.sqlite import SQLiteStore
+from chatgate.gateway.auth import new_key
+from chatgate.quotas.budgets import StoreBudgets
+from chatgate.store.base import LimitRow
+from chatgate.store.sqlite import SQLiteStore
 from tests.fakes.server import RunningFake, run_fake_deepseek
 from tests.harness import make_settings, run_chatgate
 from tests.quotas.support import ask, usd

@@ -1,4 +1,4 @@
-"""Budgets in the shared store taken a lease at a time (app/quotas/budgets.py StoreBudgets): admissions
+"""Budgets in the shared store taken a lease at a time (chatgate/quotas/budgets.py StoreBudgets): admissions
 inside a lease ask nothing of the store, spend reaches the ledger within FLUSH_DELAY, idle leases go back,
 and two replicas together never hold more than the budget."""
 
@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from app.quotas import budgets as budgets_module
-from app.quotas.budgets import LEASE_ASKS, StoreBudgets
-from app.store.base import Hold, LeaseAsk, LeaseGrant, StoreError
-from app.store.postgres import PostgresStore
-from app.store.sqlite import SQLiteStore
+from chatgate.quotas import budgets as budgets_module
+from chatgate.quotas.budgets import LEASE_ASKS, StoreBudgets
+from chatgate.store.base import Hold, LeaseAsk, LeaseGrant, StoreError
+from chatgate.store.postgres import PostgresStore
+from chatgate.store.sqlite import SQLiteStore
 from tests.pgutil import fresh_database
 
 BUDGET = 1000

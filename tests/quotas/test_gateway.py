@@ -19,7 +19,7 @@ import httpx2
 import openai
 import pytest
 
-from app.quotas.gate import money_text as usd_text
+from chatgate.quotas.gate import money_text as usd_text
 from tests.fakes.server import RunningFake
 from tests.harness import ADMIN_KEY, RunningChatgate, make_settings, run_chatgate
 from tests.quotas.support import ask, client, key_subject, set_limits, usd, webhook_receiver

@@ -11,15 +11,15 @@ from typing import Any
 
 import pytest
 
-from app.quotas.budgets import LocalBudgets
-from app.quotas.gate import Quotas, refusal_error
-from app.quotas.model import WINDOW, Admission, Ask, Refusal, Subject, duration
-from app.quotas.periods import period_end, period_start
-from app.quotas.rates import LocalRates, Window
-from app.quotas.redis_rates import RedisRates
-from app.settings import Settings
-from app.store.base import Hold, LimitRow
-from app.store.sqlite import SQLiteStore
+from chatgate.quotas.budgets import LocalBudgets
+from chatgate.quotas.gate import Quotas, refusal_error
+from chatgate.quotas.model import WINDOW, Admission, Ask, Refusal, Subject, duration
+from chatgate.quotas.periods import period_end, period_start
+from chatgate.quotas.rates import LocalRates, Window
+from chatgate.quotas.redis_rates import RedisRates
+from chatgate.settings import Settings
+from chatgate.store.base import Hold, LimitRow
+from chatgate.store.sqlite import SQLiteStore
 from tests.quotas.support import RedisServer
 
 USD = 10**12

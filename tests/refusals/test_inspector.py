@@ -11,10 +11,10 @@ from typing import Any
 import httpx2
 import pytest
 
-from app.cli import main
-from app.refusals.log import Pending, RefusalLog
-from app.refusals.record import body_text, redact
-from app.refusals.store import RefusalQuery, SQLiteRefusals, open_refusal_store
+from chatgate.cli import main
+from chatgate.refusals.log import Pending, RefusalLog
+from chatgate.refusals.record import body_text, redact
+from chatgate.refusals.store import RefusalQuery, SQLiteRefusals, open_refusal_store
 from tests.fakes.server import RunningFake, run_fake_deepseek
 from tests.harness import ADMIN_KEY, RunningChatgate, make_settings, run_chatgate
 from tests.pgutil import fresh_database

@@ -1,5 +1,5 @@
-"""The repair loop's recall of relayed turns (app/repair/loop.py), without a server: a turn is put back only
-when every call of it is one relayed answer's, with the same tool names, for the same caller; else the
+"""The repair loop's recall of relayed turns (chatgate/repair/loop.py), without a server: a turn is put back
+only when every call of it is one relayed answer's, with the same tool names, for the same caller; else the
 reason, which the 400 then names."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.metering.metrics import Metrics
-from app.repair.base import RepairOptions
-from app.repair.loop import Repairer, _duration
-from app.store.base import TurnRow
+from chatgate.metering.metrics import Metrics
+from chatgate.repair.base import RepairOptions
+from chatgate.repair.loop import Repairer, _duration
+from chatgate.store.base import TurnRow
 
 
 @dataclass

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from app.repair.base import Turn
-from app.repair.memory import TurnMemory
-from app.store.base import StoreError, TurnRow
-from app.store.sqlite import SQLiteStore
+from chatgate.repair.base import Turn
+from chatgate.repair.memory import TurnMemory
+from chatgate.store.base import StoreError, TurnRow
+from chatgate.store.sqlite import SQLiteStore
 
 
 class Clock:

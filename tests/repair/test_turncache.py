@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from app.repair import turncache
-from app.repair.turncache import MIN_SLOTS, READY_CHUNK, RingInUse, TurnCache, _read
+from chatgate.repair import turncache
+from chatgate.repair.turncache import MIN_SLOTS, READY_CHUNK, RingInUse, TurnCache, _read
 
 
 def test_a_record_comes_back_as_it_was_put() -> None:
@@ -168,7 +168,7 @@ def test_a_turn_put_survives_kill_9(tmp_path: Path) -> None:
     """No close, no flush: the process dies right after `put` returns, and the next one finds the turn."""
     path = tmp_path / "turns.ring"
     code = ("import os, signal, sys\n"
-            "from app.repair.turncache import TurnCache\n"
+            "from chatgate.repair.turncache import TurnCache\n"
             "cache = TurnCache(1 << 20, sys.argv[1])\n"
             "for n in range(200):\n"
             "    cache.put(f'k{n}', 't', 'n', f'reasoning {n} ' * 20, 1e12)\n"

@@ -6,11 +6,11 @@ from typing import Any
 
 import orjson
 
-from app.errors import Problem
-from app.responses.rules import check_body
-from app.rules.kernel import CheckOptions, UnknownModels
-from app.rules.models import Policy
-from app.verdict import Verdict
+from chatgate.errors import Problem
+from chatgate.responses.rules import check_body
+from chatgate.rules.kernel import CheckOptions, UnknownModels
+from chatgate.rules.models import Policy
+from chatgate.verdict import Verdict
 
 SHELL: dict[str, Any] = {"type": "function", "name": "shell", "description": "Run a command.",
                          "parameters": {"type": "object", "properties": {"command": {"type": "string"}},

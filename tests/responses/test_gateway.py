@@ -17,7 +17,7 @@ import openai
 import orjson
 import pytest
 
-from app.gateway.auth import fingerprint, new_key
+from chatgate.gateway.auth import fingerprint, new_key
 from tests.fakes.server import RunningFake
 from tests.gateway.conftest import usage_rows
 from tests.harness import RunningChatgate

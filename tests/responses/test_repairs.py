@@ -13,10 +13,10 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from app.demo.responses import responses_error
-from app.repair.base import CATALOG, NAMES, RepairOptions
-from app.responses.repairs import HANDLES, reasoning_wanted, repair_responses, turn_of
-from app.verdict import Verdict
+from chatgate.demo.responses import responses_error
+from chatgate.repair.base import CATALOG, NAMES, RepairOptions
+from chatgate.responses.repairs import HANDLES, reasoning_wanted, repair_responses, turn_of
+from chatgate.verdict import Verdict
 from tests.responses.items import (
     THOUGHT,
     assistant,

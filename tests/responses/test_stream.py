@@ -10,9 +10,14 @@ from typing import Any
 import orjson
 import pytest
 
-from app.demo import responses as fake
-from app.metering.usage import TokenCounts
-from app.responses.stream import ResponsesMeter, ResponsesStreamedTurn, tokens_from_usage, turn_from_response
+from chatgate.demo import responses as fake
+from chatgate.metering.usage import TokenCounts
+from chatgate.responses.stream import (
+    ResponsesMeter,
+    ResponsesStreamedTurn,
+    tokens_from_usage,
+    turn_from_response,
+)
 from tests.responses.items import SHELL, user
 
 BODY = {"model": "deepseek-flash", "input": [user("Weather in Oslo?")], "tools": [SHELL]}

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx2
 import pytest
 
-from app.settings import load_settings
+from chatgate.settings import load_settings
 from tests.harness import ADMIN_KEY, RunningChatgate, make_settings, run_chatgate
 
 

@@ -22,8 +22,8 @@ import openai
 import orjson
 import pytest
 
-from app.gateway.auth import new_key
-from app.store.sqlite import SQLiteStore
+from chatgate.gateway.auth import new_key
+from chatgate.store.sqlite import SQLiteStore
 from tests.fakes.server import RunningFake, run_fake_deepseek
 from tests.harness import ADMIN_KEY, RunningChatgate, make_settings, run_chatgate
 from tests.quotas.support import set_limits, usd

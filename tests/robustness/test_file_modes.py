@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx2
 
-from app.refusals.store import SQLiteRefusals
+from chatgate.refusals.store import SQLiteRefusals
 from tests.fakes.server import run_fake_deepseek
 from tests.harness import make_settings, run_chatgate
 

@@ -18,8 +18,8 @@ import httpx2
 import orjson
 import pytest
 
-from app.cli import main
-from app.ids import new_id
+from chatgate.cli import main
+from chatgate.ids import new_id
 from tests.fakes.server import run_fake_deepseek
 from tests.harness import ADMIN_KEY, RunningChatgate, make_settings, run_chatgate
 
@@ -91,7 +91,7 @@ def test_the_list_comes_a_page_at_a_time(gate: RunningChatgate, tmp_path: Path,
 
 
 def fp(secret: str) -> str:
-    from app.gateway.auth import fingerprint
+    from chatgate.gateway.auth import fingerprint
     return fingerprint(secret)
 
 

@@ -1,5 +1,5 @@
-"""Size limits: limits.max_header_bytes (431, enforced by the pure-ASGI app/gateway/http_limits.py before any
-route runs) and limits.max_body_bytes (413, with a Content-Length and with chunked transfer encoding),
+"""Size limits: limits.max_header_bytes (431, enforced by the pure-ASGI chatgate/gateway/http_limits.py before
+any route runs) and limits.max_body_bytes (413, with a Content-Length and with chunked transfer encoding),
 on a real chatgate."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import httpx2
 import orjson
 import pytest
 
-from app.gateway.http_limits import LimitsMiddleware, header_bytes
+from chatgate.gateway.http_limits import LimitsMiddleware, header_bytes
 from tests.fakes.server import RunningFake, run_fake_deepseek
 from tests.harness import RunningChatgate, make_settings, run_chatgate
 

@@ -17,8 +17,8 @@ import httpx2
 import orjson
 import pytest
 
-from app.gateway.auth import fingerprint, hash_key
-from app.settings import Settings
+from chatgate.gateway.auth import fingerprint, hash_key
+from chatgate.settings import Settings
 from tests.fakes.server import RunningFake, run_fake_deepseek
 from tests.harness import ADMIN_KEY, REPO_ROOT, make_settings, run_chatgate, spawn_chatgate, unreachable_url
 
@@ -37,7 +37,8 @@ INVALID = {"model": "deepseek-chat", "messages": [{"role": "user", "content": "h
 
 def create_key(store_url: str, team: str, name: str, cwd: Path) -> str:
     out = subprocess.run(
-        [sys.executable, "-m", "app", "keys", "create", "--team", team, "--name", name, "--store", store_url],
+        [sys.executable, "-m", "chatgate", "keys", "create", "--team", team, "--name", name, "--store",
+         store_url],
         capture_output=True,
         text=True,
         cwd=cwd,
@@ -238,7 +239,7 @@ def test_passthrough_mode_leaks_no_key_anywhere(tmp_path: Path, fake: RunningFak
 def test_default_bind_is_loopback(tmp_path: Path) -> None:
     assert Settings().server.host == "127.0.0.1"
     help_text = subprocess.run(
-        [sys.executable, "-m", "app", "serve", "--help"],
+        [sys.executable, "-m", "chatgate", "serve", "--help"],
         capture_output=True,
         text=True,
         cwd=REPO_ROOT,

@@ -19,8 +19,8 @@ import httpx2
 import orjson
 import pytest
 
-from app.openai.stream import ChatStreamMeter
-from app.sse import TEXT_KEPT
+from chatgate.openai.stream import ChatStreamMeter
+from chatgate.sse import TEXT_KEPT
 from tests.fakes.server import RunningFake, run_fake_deepseek
 from tests.gateway.conftest import usage_rows
 from tests.harness import RunningChatgate, make_settings, run_chatgate

@@ -1,5 +1,6 @@
-"""The rule catalogue in code (app/rules/catalogue.py) and the docs' tables (docs/rules-*.md) agree: the same
-rules, each with the same certainty and as-of date and, where a table has a level column, the same level."""
+"""The rule catalogue in code (chatgate/rules/catalogue.py) and the docs' tables (docs/rules-*.md) agree: the
+same rules, each with the same certainty and as-of date and, where a table has a level column, the same
+level."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from app.rules.catalogue import (
+from chatgate.rules.catalogue import (
     CATALOGUE,
     DOCS,
     FAMILIES,
@@ -105,7 +106,7 @@ def test_a_problems_rule_is_its_entry() -> None:
 def test_every_rule_the_code_names_is_in_the_catalogue() -> None:
     """A rule number in a family's code (a Problem's `rule`, a type error's) is an entry of the catalogue."""
     named = set()
-    for path in (ROOT / "app").rglob("*.py"):
+    for path in (ROOT / "chatgate").rglob("*.py"):
         if path.parts[-2] in ("openai", "anthropic", "responses", "fim", "tools", "gateway"):
             named.update(re.findall(r"\"([RAPFT]\d{1,2})\"", path.read_text()))
     assert named and {rule_id for rule_id in named if lookup(rule_id) is None} == set()

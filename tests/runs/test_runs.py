@@ -13,8 +13,8 @@ from typing import Any
 import httpx2
 import pytest
 
-from app.cli import main
-from app.gateway.auth import fingerprint
+from chatgate.cli import main
+from chatgate.gateway.auth import fingerprint
 from tests.fakes.server import RunningFake, run_fake_deepseek
 from tests.harness import ADMIN_KEY, make_settings, run_chatgate
 from tests.pgutil import fresh_database

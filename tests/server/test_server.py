@@ -1,4 +1,4 @@
-"""app/server.py: the accept listeners share one accept queue, and `chatgate serve` really opens them."""
+"""chatgate/server.py: the accept listeners share one accept queue, and `chatgate serve` really opens them."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx2
 import pytest
 
-from app.server import listeners
+from chatgate.server import listeners
 from tests.harness import free_port, spawn_chatgate
 
 pytestmark = pytest.mark.slow  # `chatgate serve` as a process
@@ -72,8 +72,8 @@ def test_serve_watches_its_socket_with_the_configured_listeners(tmp_path: Path) 
 def test_serve_exits_3_when_the_port_is_taken(tmp_path: Path) -> None:
     port = free_port()
     with socket.create_server(("127.0.0.1", port)):
-        out = subprocess.run([sys.executable, "-m", "app", "serve", "--port", str(port)], capture_output=True,
-                             text=True, timeout=60, cwd=tmp_path,
+        out = subprocess.run([sys.executable, "-m", "chatgate", "serve", "--port", str(port)],
+                             capture_output=True, text=True, timeout=60, cwd=tmp_path,
                              env={**os.environ, "CHATGATE_STORE_URL": "none"})
     assert out.returncode == 3, out.stdout + out.stderr
     assert f"port {port} on 127.0.0.1 is already in use" in out.stderr and "--port" in out.stderr

@@ -1,5 +1,5 @@
-"""chatgate's HTTP protocol subclasses uvicorn's (app/uvicorn_protocol.py), written for one uvicorn release:
-pyproject.toml pins it exactly, and `chatgate serve` refuses to start, saying why, on any other."""
+"""chatgate's HTTP protocol subclasses uvicorn's (chatgate/uvicorn_protocol.py), written for one uvicorn
+release: pyproject.toml pins it exactly, and `chatgate serve` refuses to start, saying why, on any other."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import uvicorn
 
-from app import server
-from app.cli import main
-from app.settings import ServerSettings
-from app.uvicorn_protocol import UVICORN, UvicornMismatch, check_uvicorn
+from chatgate import server
+from chatgate.cli import main
+from chatgate.settings import ServerSettings
+from chatgate.uvicorn_protocol import UVICORN, UvicornMismatch, check_uvicorn
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -41,7 +41,7 @@ def test_serve_on_another_uvicorn_exits_3_with_the_reason(monkeypatch: pytest.Mo
     def started(*args: object, **kwargs: object) -> bool:
         raise AssertionError("the server started on a uvicorn chatgate is not written for")
     monkeypatch.setattr(server, "run", started)
-    monkeypatch.setattr("app.cli._absorb_replayed_stop_signals", lambda: None)
+    monkeypatch.setattr("chatgate.cli._absorb_replayed_stop_signals", lambda: None)
     monkeypatch.setenv("_CHATGATE_SERVE_FLAGS", "")
     assert main(["serve", "--port", "0", "--store", "none"]) == 3
     err = capsys.readouterr().err

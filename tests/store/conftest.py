@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from app.store import Store, open_store
+from chatgate.store import Store, open_store
 from tests.pgutil import fresh_database
 
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]

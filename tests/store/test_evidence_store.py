@@ -8,8 +8,8 @@ from collections.abc import Callable
 
 import pytest
 
-from app.store import Store
-from app.store.base import EvidenceEvent
+from chatgate.store import Store
+from chatgate.store.base import EvidenceEvent
 
 KEY = ("R37", "chat", "deepseek-flash")
 
@@ -64,7 +64,7 @@ def test_the_lease_has_one_holder_until_it_expires_or_is_released(make_store: Ca
 
 @pytest.mark.postgres
 def test_replicas_racing_for_one_lease_on_postgres(pg_url: str) -> None:
-    from app.store import open_store
+    from chatgate.store import open_store
 
     stores = [open_store(pg_url) for _ in range(6)]
     try:

@@ -17,7 +17,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from app.store import (
+from chatgate.store import (
     COUNTERS,
     GROUP_BYS,
     OUTCOMES,
@@ -30,10 +30,10 @@ from app.store import (
     UsageRecord,
     open_store,
 )
-from app.store._sql import CREATE_SCHEMA_VERSION, MIGRATIONS, SCHEMA_VERSION, USAGE_COLUMNS
-from app.store.base import FileOwner, Hold, LeaseAsk, LeaseGrant, LimitRow, TurnRow
-from app.store.postgres import PostgresStore
-from app.store.sqlite import SQLiteStore, _chunk_sizes
+from chatgate.store._sql import CREATE_SCHEMA_VERSION, MIGRATIONS, SCHEMA_VERSION, USAGE_COLUMNS
+from chatgate.store.base import FileOwner, Hold, LeaseAsk, LeaseGrant, LimitRow, TurnRow
+from chatgate.store.postgres import PostgresStore
+from chatgate.store.sqlite import SQLiteStore, _chunk_sizes
 from tests import lifeline
 from tests.store.conftest import TcpProxy
 
@@ -239,7 +239,7 @@ def test_concurrent_migrate_from_threads(make_store: Callable[[], Store]) -> Non
 
 @pytest.mark.slow
 def test_concurrent_migrate_from_processes(store_url: str, make_store: Callable[[], Store]) -> None:
-    code = ("import sys; from app.store import open_store; s = open_store(sys.argv[1]); "
+    code = ("import sys; from chatgate.store import open_store; s = open_store(sys.argv[1]); "
             "s.migrate(); s.close()")
     run_processes(code, store_url, count=4)
     assert schema_version(make_store()) == SCHEMA_VERSION
@@ -495,7 +495,7 @@ def test_sqlite_two_stores_on_one_file_both_writing(tmp_path: Path) -> None:
         )
         code = (
             "import sys; from tests.store.test_store_contract import random_records; "
-            "from app.store import open_store; s = open_store(sys.argv[1]); "
+            "from chatgate.store import open_store; s = open_store(sys.argv[1]); "
             "[s.insert_usage(random_records(50, seed=1000 + 10 * int(sys.argv[2]) + k)) for k in range(10)]"
         )
         run_processes(code, url, count=3)

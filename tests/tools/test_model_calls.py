@@ -19,13 +19,13 @@ import httpx2
 import orjson
 import pytest
 
-from app.anthropic.stream import MessagesMeter, calls_from_message
-from app.metering.calls import ModelCalls, server_tool_use
-from app.metering.pricing import call_cost
-from app.openai.chat import ChatFamily
-from app.openai.stream import ChatStreamMeter
-from app.responses.stream import ResponsesMeter, calls_from_response
-from app.settings import Settings
+from chatgate.anthropic.stream import MessagesMeter, calls_from_message
+from chatgate.metering.calls import ModelCalls, server_tool_use
+from chatgate.metering.pricing import call_cost
+from chatgate.openai.chat import ChatFamily
+from chatgate.openai.stream import ChatStreamMeter
+from chatgate.responses.stream import ResponsesMeter, calls_from_response
+from chatgate.settings import Settings
 from tests.fakes.server import RunningFake
 from tests.gateway.conftest import usage_rows
 from tests.harness import RunningChatgate
@@ -37,8 +37,8 @@ USED = {"web_search_requests": 2, "web_fetch_requests": 1}
 
 
 def test_the_per_call_prices_and_the_day_model_calls_became_billed() -> None:
-    """The catalogue's per-call prices (app/metering/catalogue.toml): USD where DeepSeek publishes one, yuan
-    for every tool but ASR; a model's own calls free before 2026-11-01 00:00 Beijing."""
+    """The catalogue's per-call prices (chatgate/metering/catalogue.toml): USD where DeepSeek publishes one,
+    yuan for every tool but ASR; a model's own calls free before 2026-11-01 00:00 Beijing."""
     assert call_cost("search", 1, BILLED, "USD") == call_cost("fetch", 1, BILLED, "USD") == CALL
     assert call_cost("search", 1000, BILLED, "USD") == 750 * 10**9  # $0.75 per 1,000
     assert call_cost("search", 1000, BILLED, "CNY") == 5 * 10**12  # 5 元 per 1,000
@@ -140,7 +140,7 @@ def test_the_messages_route_adds_the_models_calls_to_its_record(gate: RunningCha
     assert plain.status_code == 200
     with_calls, without = usage_rows(tmp_path, 2)
     assert calls_of(with_calls) == ("/anthropic/v1/messages", 3, "call", 3 * CALL, False)
-    # without the header the fake answers the declared tool with its stand-in (app/demo/server_tools.py)
+    # without the header the fake answers the declared tool with its stand-in (chatgate/demo/server_tools.py)
     tokens_cost = without["cost_picousd"] - without["billed_picousd"]
     assert tokens_cost > 0 and with_calls["cost_picousd"] == with_calls["billed_picousd"] + tokens_cost, \
         "cost = tokens + calls (the same tokens for the same body)"

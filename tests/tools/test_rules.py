@@ -1,5 +1,5 @@
 """The tool APIs' rules T1-T8 as pure functions (docs/rules-tools.md), the multipart reading behind the
-uploads' checks, and what an answer is billed for (app/tools/answers.py)."""
+uploads' checks, and what an answer is billed for (chatgate/tools/answers.py)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import httpx2
 import orjson
 import pytest
 
-from app.metering.calls import ToolUnits
-from app.tools.answers import billed_units
-from app.tools.family import ToolFamily
-from app.tools.multipart import parts
-from app.tools.rules import ASR_FILE_MAX, OCR_FILE_MAX, check_asr, check_fetch, check_ocr, check_search
+from chatgate.metering.calls import ToolUnits
+from chatgate.tools.answers import billed_units
+from chatgate.tools.family import ToolFamily
+from chatgate.tools.multipart import parts
+from chatgate.tools.rules import ASR_FILE_MAX, OCR_FILE_MAX, check_asr, check_fetch, check_ocr, check_search
 
 MiB = 1024 * 1024
 

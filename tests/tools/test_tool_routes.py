@@ -22,10 +22,10 @@ import openai
 import orjson
 import pytest
 
-from app.gateway.auth import fingerprint, new_key
-from app.metering.reports import build_report, render_table
-from app.store.base import ReportQuery
-from app.store.sqlite import SQLiteStore
+from chatgate.gateway.auth import fingerprint, new_key
+from chatgate.metering.reports import build_report, render_table
+from chatgate.store.base import ReportQuery
+from chatgate.store.sqlite import SQLiteStore
 from tests.fakes.server import RunningFake
 from tests.gateway.conftest import usage_rows
 from tests.harness import ADMIN_KEY, RunningChatgate, make_settings, run_chatgate
@@ -297,7 +297,7 @@ def test_reports_and_metrics_show_the_calls_and_their_cost(gate: RunningChatgate
 
 
 def test_migration_10_keeps_old_records_with_no_billed_units(tmp_path: Path) -> None:
-    from app.store._sql import CREATE_SCHEMA_VERSION, MIGRATIONS
+    from chatgate.store._sql import CREATE_SCHEMA_VERSION, MIGRATIONS
 
     db = tmp_path / "v9.db"
     conn = sqlite3.connect(db)

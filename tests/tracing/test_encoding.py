@@ -1,5 +1,5 @@
-"""chatgate's own OTLP encoding (app/tracing/lean.py) against what the spans are (`spans_of`, also what the
-gRPC exporter gets): every request shape, decoded with opentelemetry-proto, span by span."""
+"""chatgate's own OTLP encoding (chatgate/tracing/lean.py) against what the spans are (`spans_of`, also what
+the gRPC exporter gets): every request shape, decoded with opentelemetry-proto, span by span."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from app.settings import TracingSettings
-from app.store.base import UsageRecord
-from app.tracing.lean import Encoder, readable, span_count, spans_of
-from app.tracing.queue import ExportQueue
-from app.tracing.setup import SCHEMA_URL, build_tracing, http_client
-from app.tracing.spans import ExchangeTrace, Tracing
+from chatgate.settings import TracingSettings
+from chatgate.store.base import UsageRecord
+from chatgate.tracing.lean import Encoder, readable, span_count, spans_of
+from chatgate.tracing.queue import ExportQueue
+from chatgate.tracing.setup import SCHEMA_URL, build_tracing, http_client
+from chatgate.tracing.spans import ExchangeTrace, Tracing
 from tests.tracing.receiver import Receiver
 
 ROUTE = "/v1/chat/completions"

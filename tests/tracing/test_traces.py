@@ -12,9 +12,9 @@ import httpx2
 import orjson
 import pytest
 
-from app.settings import TracingSettings
-from app.store.base import UsageRecord
-from app.tracing.setup import build_tracing, protocol_of, tracing_on
+from chatgate.settings import TracingSettings
+from chatgate.store.base import UsageRecord
+from chatgate.tracing.setup import build_tracing, protocol_of, tracing_on
 from tests.fakes.server import RunningFake, run_fake_deepseek
 from tests.harness import (
     RunningChatgate,

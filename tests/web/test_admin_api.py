@@ -14,7 +14,7 @@ from typing import Any
 import httpx2
 import pytest
 
-from app.gateway.auth import fingerprint
+from chatgate.gateway.auth import fingerprint
 from tests.fakes.server import RunningFake, run_fake_deepseek
 from tests.harness import ADMIN_KEY, RunningChatgate, make_settings, run_chatgate
 from tests.metering.helpers import chat_body, send_chat, wait_for

@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx2
 
-from app.gateway.auth import new_key
+from chatgate.gateway.auth import new_key
 from tests.fakes.server import run_fake_deepseek
 from tests.harness import ADMIN_KEY, RunningChatgate, make_settings, run_chatgate
 

@@ -154,10 +154,10 @@ def chatgate_repairs() -> frozenset[str]:
     """The rules (docs/rules-chat.md) chatgate's default settings repair instead of refusing; none before
     issue 12."""
     try:
-        from app.repair.base import RULES
+        from chatgate.repair.base import RULES
     except ImportError:
         return frozenset()
-    from app.settings import Settings
+    from chatgate.settings import Settings
 
     return frozenset(rule for name in Settings().repair.options().enabled for rule in RULES[name])
 

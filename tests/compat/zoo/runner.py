@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from app.demo.deepseek import FakeState, RecordedRequest
+from chatgate.demo.deepseek import FakeState, RecordedRequest
 from tests.compat.zoo.model import (
     CLIENT_KEY,
     CLIENTS,

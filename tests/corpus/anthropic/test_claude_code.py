@@ -13,7 +13,7 @@ from typing import Any
 import httpx2
 import pytest
 
-from app.cli import main
+from chatgate.cli import main
 from tests.fakes.server import RunningFake, run_fake_deepseek
 from tests.harness import RunningChatgate, make_settings, run_chatgate
 

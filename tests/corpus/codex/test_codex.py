@@ -13,7 +13,7 @@ from typing import Any
 import httpx2
 import pytest
 
-from app.demo.responses import responses_error
+from chatgate.demo.responses import responses_error
 from tests.fakes.server import RunningFake, run_fake_deepseek
 from tests.harness import RunningChatgate, make_settings, run_chatgate
 

@@ -1,6 +1,6 @@
 """Counts what a tree's rules make of the November corpus (november.jsonl): how many of its valid requests
 they would refuse (false alarms) and how many of its invalid ones they catch, on default settings. Offline:
-the families' `check_body` only, nothing forwarded. Imports `app` from wherever Python finds it first, so
+the families' `check_body` only, nothing forwarded. Imports `chatgate` from wherever Python finds it first, so
 `PYTHONPATH=/path/to/other/tree python tests/corpus/november/measure.py` measures another tree."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from app.anthropic.rules import check_body as check_messages
-from app.openai.rules import check_body as check_chat
-from app.responses.rules import check_body as check_responses
-from app.rules.models import Policy
+from chatgate.anthropic.rules import check_body as check_messages
+from chatgate.openai.rules import check_body as check_chat
+from chatgate.responses.rules import check_body as check_responses
+from chatgate.rules.models import Policy
 
 CORPUS = Path(__file__).with_name("november.jsonl")
 

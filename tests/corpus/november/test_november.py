@@ -13,9 +13,9 @@ from typing import Any
 import httpx2
 import pytest
 
-from app.demo.anthropic_rules import anthropic_error
-from app.demo.responses import responses_error
-from app.demo.rules import deepseek_error
+from chatgate.demo.anthropic_rules import anthropic_error
+from chatgate.demo.responses import responses_error
+from chatgate.demo.rules import deepseek_error
 from tests.fakes.server import RunningFake, run_fake_deepseek
 from tests.harness import RunningChatgate, make_settings, run_chatgate
 

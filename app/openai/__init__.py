@@ -1,1 +1,0 @@
-"""The OpenAI chat-completions family: wire models, rules, type errors (FIM, its sibling, is app/fim/)."""

@@ -1,0 +1,3 @@
+from chatgate.cli import main
+
+raise SystemExit(main())
