@@ -18,7 +18,15 @@ BENCH_DIR = Path(__file__).resolve().parent
 REPO_DIR = BENCH_DIR.parent
 VENV_BIN = Path(sys.executable).parent
 AUTH_HEADER = "Bearer sk-bench"
+# The import package of a source tree: `chatgate`, or `app` in a tree from before the rename (issue 50),
+# which bench.pair, `bench.harness --base`, scenario 12 and the `--tree` options still run.
+PACKAGES = ("chatgate", "app")  # `app`: a tree from before the rename
 CHAT_PATH = "/v1/chat/completions"
+
+
+def package_of(tree: Path) -> str:
+    """The import package of a checkout or `git archive` copy: the first of PACKAGES it holds."""
+    return next((name for name in PACKAGES if (tree / name / "__init__.py").is_file()), PACKAGES[0])
 
 
 def raise_nofile_limit(wanted: int = 65536) -> int:

@@ -22,7 +22,7 @@ chatgate (`python -m bench.pair`, µs per request): the share is the throughput 
                                            # kept): plain = the 6 KB body again and again, loop = scenario
                                            # 11's two rounds (bench.toolloop), conv = an agent conversation
                                            # of 8 growing requests (the 6 KB body's history); about 1 min
-                                           # each; --tree DIR: the app of a checkout or git archive
+                                           # each; --tree DIR: a checkout or git archive instead
 """
 
 from __future__ import annotations
@@ -36,12 +36,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import orjson
 
 from bench.bodies import agent_body, big_body_bytes, history_body
-from bench.common import REPO_DIR
+from bench.common import PACKAGES, REPO_DIR, package_of
 from chatgate.metering.cache import Advisor
 from chatgate.openai.prompt import CHAT_PROMPT
 
@@ -136,25 +137,28 @@ def _bodies(scenario: str) -> list[bytes]:
     return [orjson.dumps(b) for b in _rounds(agent_body(False), 8)]
 
 
-def _counted(scenario: str, assess: bool) -> None:
+def _counted(scenario: str, assess: bool, package: str) -> None:
     """COUNTED requests checked by the chat family as the gateway checks them, and assessed if `assess`,
-    inside functools.reduce (what callgrind's --toggle-collect counts)."""
+    inside functools.reduce (what callgrind's --toggle-collect counts). `package`: the tree's (--tree),
+    `chatgate` or, in a tree from before the rename, `app`."""
+    import importlib
     import inspect
 
-    from chatgate import wire
-    from chatgate.gateway.checking import check_now
-    from chatgate.metering.cache import Advisor  # the tree's (--tree)
-    from chatgate.openai.chat import ChatFamily
-    from chatgate.settings import Settings
+    def of(module: str) -> Any:
+        return importlib.import_module(f"{package}.{module}")
+
+    wire, check_now = of("wire"), of("gateway.checking").check_now
+    Advisor = of("metering.cache").Advisor  # the tree's class, not this module's
+    ChatFamily, Settings = of("openai.chat").ChatFamily, of("settings").Settings
 
     family, bodies = ChatFamily(Settings().policy()), _bodies(scenario)
     advisor = Advisor(True, 8, 64 * 1024 * 1024)
     kept = getattr(wire, "kept", lambda body: None)
     with_bytes = "body" in inspect.signature(advisor.assess).parameters  # not before the bytes path
     try:  # the route's family's prompt shape, or (before it) the route's path
-        from chatgate.openai.prompt import CHAT_PROMPT as route
-    except ImportError:
-        route = "/chat/completions"  # type: ignore[assignment]
+        route = of("openai.prompt").CHAT_PROMPT
+    except (ImportError, AttributeError):
+        route = "/chat/completions"
     callers = [f"caller-{k}" for k in range(16)]
 
     def step(_: None, i: int) -> None:
@@ -173,9 +177,11 @@ def _counted(scenario: str, assess: bool) -> None:
 
 
 def instructions(scenario: str, tree: str | None) -> str:
-    """assess()'s instructions per request: two runs under callgrind, with and without it. `tree`: the app
-    of another checkout or `git archive` (this file runs as a script, its app first on the path)."""
+    """assess()'s instructions per request: two runs under callgrind, with and without it. `tree`: another
+    checkout or `git archive` (this file runs as a script, that tree first on the path, its package
+    imported: `chatgate`, or `app` before the rename)."""
     paths = [os.path.abspath(tree)] if tree is not None else []
+    package = package_of(Path(tree).resolve()) if tree is not None else PACKAGES[0]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([*paths, str(REPO_DIR)])}
     totals = []
     for assess in (True, False):
@@ -183,7 +189,7 @@ def instructions(scenario: str, tree: str | None) -> str:
             subprocess.run(["valgrind", "--tool=callgrind", "--collect-atstart=no",
                             "--toggle-collect=functools_reduce", f"--callgrind-out-file={out.name}",
                             sys.executable, os.path.abspath(__file__), "--counted", scenario,
-                            *(["--assess"] if assess else [])],
+                            "--package", package, *(["--assess"] if assess else [])],
                            check=True, capture_output=True, env=env, cwd=tree or REPO_DIR)
             found = re.findall(rb"^(?:summary|totals): (\d+)", out.read(), re.M)
             totals.append(max(int(n) for n in found))
@@ -197,14 +203,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--parse", action="store_true", help="count the body's JSON parse too")
     parser.add_argument("--instructions", nargs="*", choices=["plain", "loop", "conv"], metavar="SCENARIO",
                         help="instructions per request under callgrind (default: all three)")
-    parser.add_argument("--tree", help="--instructions: the app of this checkout or git archive instead")
+    parser.add_argument("--tree", help="--instructions: this checkout or git archive's package instead")
     parser.add_argument("--touch", nargs="+", type=float, metavar="MB",
                         help="the tool loop with MB of other memory touched between requests (0: none)")
     parser.add_argument("--counted", choices=["plain", "loop", "conv"], help=argparse.SUPPRESS)
+    parser.add_argument("--package", default=PACKAGES[0], help=argparse.SUPPRESS)
     parser.add_argument("--assess", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.counted:
-        _counted(args.counted, args.assess)
+        _counted(args.counted, args.assess, args.package)
         return
     if args.touch:
         for megabytes in args.touch:

@@ -58,6 +58,7 @@ from bench.common import (
     free_port,
     group_cpu_seconds,
     load_average,
+    package_of,
     post_once,
     raise_nofile_limit,
     wait_ready,
@@ -205,8 +206,8 @@ def _env_pairs(pairs: list[str]) -> dict[str, str]:
 
 
 def _create_key(tree: Path, store_url: str, workdir: Path) -> str:
-    argv = [sys.executable, "-m", "chatgate", "keys", "create", "--team", "bench", "--name", "bench", *LIMITS,
-            "--store", store_url]
+    argv = [sys.executable, "-m", package_of(tree), "keys", "create", "--team", "bench", "--name", "bench",
+            *LIMITS, "--store", store_url]
     env = {k: v for k, v in os.environ.items() if not k.startswith("CHATGATE_")}
     env["PYTHONPATH"] = str(tree)
     out = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env, cwd=workdir, check=False)
@@ -219,12 +220,12 @@ def _create_key(tree: Path, store_url: str, workdir: Path) -> str:
 
 def _chatgate(name: str, tree: Path, upstream: str, workdir: Path, managed: bool,
               extra_env: dict[str, str]) -> Server:
-    """`python -m chatgate serve` from `tree` (PYTHONPATH), its data directory and cwd in a temp dir of its
-    own."""
+    """`python -m chatgate serve` from `tree` (PYTHONPATH; `-m app` in a tree from before the rename), its
+    data directory and cwd in a temp dir of its own."""
     home = workdir / name
     (home / "data").mkdir(parents=True, exist_ok=True)
     port = free_port()
-    argv = [sys.executable, "-m", "chatgate", "serve", "--host", "127.0.0.1", "--port", str(port),
+    argv = [sys.executable, "-m", package_of(tree), "serve", "--host", "127.0.0.1", "--port", str(port),
             "--upstream", upstream]
     env = {"PYTHONPATH": str(tree), "XDG_DATA_HOME": str(home / "data"), **extra_env}
     auth = AUTH

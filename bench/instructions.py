@@ -48,7 +48,7 @@ from typing import Any
 import orjson
 
 from bench.bodies import agent_body
-from bench.common import CHAT_PATH, VENV_BIN, free_port
+from bench.common import CHAT_PATH, PACKAGES, VENV_BIN, free_port, package_of
 from bench.scenarios_limits import set_key_limits
 from bench.scenarios_product import create_key
 from bench.toolloop import parse_answer, round1, round2
@@ -129,7 +129,8 @@ def measure(name: str, env: dict[str, str], store: str, upstream: str, send: Sen
     if tree == "ref":
         argv += ["bench.reference", "--port", str(port), "--upstream", upstream]
     else:
-        argv += ["chatgate", "serve", "--host", "127.0.0.1", "--port", str(port), "--upstream", upstream,
+        package = package_of(Path(tree).resolve()) if tree is not None else PACKAGES[0]
+        argv += [package, "serve", "--host", "127.0.0.1", "--port", str(port), "--upstream", upstream,
                  "--auth", auth, "--workers", "1", "--store", store]
     if tree not in (None, "ref"):
         env = {**env, "PYTHONPATH": str(Path(tree).resolve())}

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.bodies import write_bodies
-from bench.common import REPO_DIR
+from bench.common import REPO_DIR, package_of
 from bench.measure import Context, Settings, run_tool, side_by_side, with_cpu, wrk_sample
 from bench.report import ScenarioResult
 from bench.scenarios_product import create_key
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         tree = workdir / "tree-a"
         problem, sha = materialize(args.commit, tree)
         if problem is None and not imported_from(tree).startswith(str(tree)):
-            problem = f"`import chatgate` with cwd {tree} does not import the extracted tree"
+            problem = f"`import {package_of(tree)}` with cwd {tree} does not import the extracted tree"
         if problem is not None:
             print(f"A: {problem}", file=sys.stderr)
             return 1

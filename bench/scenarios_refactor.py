@@ -1,13 +1,13 @@
 """Scenario 12 (issue 13): the chat route keeps its speed across the API-family refactor.
 
 "before" is the source tree at BEFORE_COMMIT, extracted with `git archive` into the bench workdir (no
-worktree metadata left in the repository) and run as `python -m chatgate serve` with that tree as cwd, on this
-venv's Python: `python -m` puts the cwd first on sys.path, ahead of the editable install's finder, so that
-tree's `chatgate` is imported (checked: `chatgate.__file__` in a subprocess, the server's /proc cwd, and a
-route added since answering 404 there). "after" is the current tree (this checkout, uncommitted edits
-included), run the same way from the repository. Same flags: passthrough, a SQLite store each. Full runs add
-the refactor commit itself ("at-refactor"), for information: is a difference the refactor's or a later
-change's?
+worktree metadata left in the repository) and run with that tree as cwd, on this venv's Python, as
+`python -m app serve` (a tree from before the rename to `chatgate`): `python -m` puts the cwd first on
+sys.path, ahead of the editable install's finder, so that tree's package is imported (checked: its
+`__file__` in a subprocess, the server's /proc cwd, and a route added since answering 404 there). "after"
+is the current tree (this checkout, uncommitted edits included), run the same way from the repository. Same
+flags: passthrough, a SQLite store each. Full runs add the refactor commit itself ("at-refactor"), for
+information: is a difference the refactor's or a later change's?
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.common import REPO_DIR, request_once, warm_up
+from bench.common import PACKAGES, REPO_DIR, package_of, request_once, warm_up
 from bench.measure import (
     Context,
     added,
@@ -48,7 +48,8 @@ PROBE_BODY = b'{"model":"claude-sonnet-4-5","messages":[{"role":"user","content"
 
 
 def materialize(commit: str, dest: Path) -> tuple[str | None, str]:
-    """Extract `chatgate/` of `commit` into dest with git archive: (problem or None, the full commit id)."""
+    """Extract the package of `commit` (`chatgate/`, or `app/` before the rename) into dest with git archive:
+    (problem or None, the full commit id)."""
     try:
         rev = subprocess.run(
             ["git", "-C", str(REPO_DIR), "rev-parse", "--verify", "--quiet", commit + "^{commit}"],
@@ -62,9 +63,19 @@ def materialize(commit: str, dest: Path) -> tuple[str | None, str]:
     sha = rev.stdout.strip()
     if rev.returncode != 0 or not sha:
         return f"commit {commit} is not in {REPO_DIR} (shallow clone or another history?)", ""
+    listed = subprocess.run(
+        ["git", "-C", str(REPO_DIR), "ls-tree", "--name-only", sha, "--", *PACKAGES],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    ).stdout.split()
+    package = next((name for name in PACKAGES if name in listed), None)
+    if package is None:
+        return f"commit {sha[:12]} has none of {', '.join(p + '/' for p in PACKAGES)}", sha
     dest.mkdir(parents=True, exist_ok=True)
     archive = subprocess.Popen(
-        ["git", "-C", str(REPO_DIR), "archive", "--format=tar", sha, "chatgate"], stdout=subprocess.PIPE
+        ["git", "-C", str(REPO_DIR), "archive", "--format=tar", sha, package], stdout=subprocess.PIPE
     )
     tar = subprocess.run(
         ["tar", "-x", "-C", str(dest)], stdin=archive.stdout, capture_output=True, check=False
@@ -77,10 +88,11 @@ def materialize(commit: str, dest: Path) -> tuple[str | None, str]:
 
 
 def imported_from(tree: Path) -> str:
-    """Where `import chatgate` resolves with this Python and cwd = tree (what `python -m chatgate` will
-    run)."""
+    """Where the tree's package (package_of) resolves with this Python and cwd = tree (what `python -m`
+    will run)."""
+    package = package_of(tree)
     out = subprocess.run(
-        [sys.executable, "-c", "import chatgate; print(chatgate.__file__)"],
+        [sys.executable, "-c", f"import {package}; print({package}.__file__)"],
         cwd=str(tree),
         capture_output=True,
         text=True,
@@ -119,7 +131,8 @@ def refactor(ctx: Context) -> ScenarioResult:
         if problem is None:
             where = imported_from(tree)
             if not where.startswith(str(tree)):
-                problem = f"`import chatgate` with cwd {tree} resolves to {where}, not to the extracted tree"
+                problem = (f"`import {package_of(tree)}` with cwd {tree} resolves to {where}, not to the "
+                           "extracted tree")
         if problem is not None:
             if name == BEFORE:
                 for _, check in checks:
@@ -200,6 +213,7 @@ def refactor(ctx: Context) -> ScenarioResult:
     res.notes.append(
         f"{_rounds(ctx)} round(s) per configuration, the order rotated every round; a ratio is the median of "
         "the per-round ratios. Each target: `python -m chatgate serve --auth passthrough --store sqlite:///…`"
+        " (`python -m app` for a tree from before the rename)"
     )
     return res
 

@@ -14,7 +14,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-from bench.common import AUTH_HEADER, VENV_BIN, Memory, Proc, free_port, read_status_kb, wait_ready
+from bench.common import (
+    AUTH_HEADER,
+    VENV_BIN,
+    Memory,
+    Proc,
+    free_port,
+    package_of,
+    read_status_kb,
+    wait_ready,
+)
 
 
 @dataclass(frozen=True)
@@ -27,7 +36,8 @@ class TargetSpec:
     # chatgate only, for scenarios 11-13:
     env: tuple[tuple[str, str], ...] = ()  # extra env, e.g. (("CHATGATE_REPAIR_RESTORE_REASONING", "false"),)
     store_url: str | None = None  # instead of a fresh sqlite:///<workdir>/<name>.db (kept as it is)
-    # run `python -m chatgate serve` with this tree as cwd, not the installed binary
+    # run `python -m chatgate serve` with this tree as cwd (`-m app` in a tree from before the rename), not
+    # the installed binary
     source_dir: str | None = None
     auth: str = "passthrough"  # chatgate only: `--auth managed` needs a key in its store (`authorization`)
     authorization: str = AUTH_HEADER  # what its ready probe sends
@@ -117,10 +127,9 @@ def _argv(spec: TargetSpec, port: int, upstream_url: str, workdir: Path) -> tupl
         argv = [py, "-m", "bench.aiohttp_passthrough", "--port", str(port), "--upstream", upstream_url]
         return [*argv, "--workers", str(spec.workers)], {}
     if spec.kind == "chatgate":
-        # `python -m chatgate` puts the cwd (source_dir) first on sys.path: that tree's `chatgate` is
-        # imported, ahead of the editable install's finder (which sits after the path finder in
-        # sys.meta_path).
-        head = [py, "-m", "chatgate"] if spec.source_dir else [str(CHATGATE_BIN)]
+        # `python -m chatgate` puts the cwd (source_dir) first on sys.path: that tree's package is imported,
+        # ahead of the editable install's finder (which sits after the path finder in sys.meta_path).
+        head = [py, "-m", package_of(Path(spec.source_dir))] if spec.source_dir else [str(CHATGATE_BIN)]
         argv = [*head, "serve", "--host", "127.0.0.1", "--port", str(port)]
         argv += ["--upstream", upstream_url, "--auth", spec.auth, "--workers", str(spec.workers)]
         env: dict[str, str] = {}
