@@ -158,7 +158,7 @@ class Gateway:
         if ex.model_length:  # before anything keeps it: the record, the log, the refusal inspector
             return await self._reject(ex, family, model_too_long(ex.model_length))
         verdict = checked.verdict if checked is not None else None
-        ex.parsed = checked.parse if checked is not None else None
+        ex.parsed = sent = checked.parse if checked is not None else None
         checked = None
         if trace is not None and verdict is not None:
             trace.max_tokens = verdict.max_tokens
@@ -193,7 +193,8 @@ class Gateway:
             ex.warnings.append(overflow.message)
         if ex.route.tool is None and self.pricing.rates(ex.priced_as or ex.model, ex.ts) is None:
             ex.warnings.append(self._unpriced(ex.model))
-        stopped = await self.runs.enter(ex, request.headers.raw)
+        stopped = await self.runs.enter(ex, request.headers.raw, sent)
+        sent = None  # let go before the upstream call, as `verdict` below
         if stopped is not None:
             self.ledger.finish(ex, "limited", stopped.status, rule_code=stopped.code)
             return error_response(stopped, request_id, family)

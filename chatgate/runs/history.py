@@ -87,6 +87,29 @@ def _chat_answer(item: Any, last: bool) -> tuple[bytes, Calls]:
     return _text(item.get("content")), NO_CALLS
 
 
+def _chat_sig(item: Any) -> tuple[bytes, bool]:
+    """`_chat_answer`'s signature of an answer that is not the last, and whether it called tools (its
+    calls' names and arguments are not read)."""
+    if type(item) is not dict:
+        return b"", False
+    calls = item.get("tool_calls")
+    if type(calls) is list and len(calls) == 1 and type(call := calls[0]) is dict and "id" in call:
+        return str(call["id"]).encode(), True
+    if type(calls) is list and calls:
+        try:
+            return "\x00".join([str(call["id"]) for call in calls]).encode(), True
+        except (KeyError, TypeError):
+            return _dumps(calls), False
+    return _text(item.get("content")), False
+
+
+def _anthropic_sig(item: Any) -> tuple[bytes, bool]:
+    content = item.get("content") if type(item) is dict else None
+    called = type(content) is list and any(
+        type(b) is dict and b.get("type") in ("tool_use", "server_tool_use") for b in content)
+    return _anthropic_answer(item, False)[0], called
+
+
 def _anthropic_answer(item: Any, last: bool) -> tuple[bytes, Calls]:
     if type(item) is not dict:
         return b"", NO_CALLS
@@ -138,11 +161,11 @@ ANCHOR_SCAN = 64  # items looked back through for the last answer that called to
 def _anchor(kind: str, items: list[Any], roles: list[Any], upto: int) -> bytes:
     """The tool call ids of the last answer at or before `upto` that called tools (b"": none near): what
     tells apart two runs whose text answers are the same words."""
-    answer = _chat_answer if kind == "chat" else _anthropic_answer
+    signature = _chat_sig if kind == "chat" else _anthropic_sig
     for j in range(upto, max(upto - ANCHOR_SCAN, -1), -1):
         if roles[j] == "assistant":
-            sig, calls = answer(items[j], True)
-            if calls.names:
+            sig, called = signature(items[j])
+            if called:
                 return sig
     return b""
 
@@ -198,8 +221,8 @@ def shape(kind: str, items: list[Any], caller: str, opens: bool) -> Shape | None
         own_anchor = sig if calls.names else _anchor(kind, items, roles, last - 1)
         before, before_anchor = None, b""
         if prev >= 0:
-            before, prev_calls = answer(items[prev], True)
-            before_anchor = before if prev_calls.names else _anchor(kind, items, roles, prev - 1)
+            before, called = (_chat_sig if kind == "chat" else _anthropic_sig)(items[prev])
+            before_anchor = before if called else _anchor(kind, items, roles, prev - 1)
     after = (last, _xx(base) if before is None else _print(base, before, before_anchor))
     return Shape(after, (n, _print(base, sig, own_anchor)), calls, "tool_calls" if calls.names else "stop")
 

@@ -177,9 +177,12 @@ class Runs:
 
     # --- the request path ------------------------------------------------------------------------------
 
-    async def enter(self, ex: Exchange, header: Headers) -> APIError | None:
+    async def enter(self, ex: Exchange, header: Headers, sent: object = None) -> APIError | None:
         """The request's run, found or begun; its refusal when it would go beyond one of the run's bounds.
-        A fault of the runs' own never fails the request: it is logged, and the request is in no run."""
+        `sent`: R1's parse of the body as the client sent it (a repair puts back what the client dropped,
+        never a part of the history runs read; and the client's next request holds its own version), so
+        that a repaired body is not parsed again. A fault of the runs' own never fails the request: it is
+        logged, and the request is in no run."""
         try:
             path = ex.route.upstream_path
             kind = self._kinds.get(path, "")
@@ -187,7 +190,7 @@ class Runs:
                 kind = self._kinds[path] = kind_of(path)
             if kind is None:
                 return None
-            data = ex.own_parse()
+            data = sent if type(sent) is dict else ex.own_parse()
             if type(data) is not dict:
                 data = ex.json()
             found = self._identify(ex, kind, data, header)
