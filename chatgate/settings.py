@@ -365,6 +365,13 @@ class CacheSettings(Section):
     memory_bytes: int = Field(default=16 * 1024 * 1024, ge=0)
 
 
+class RunsSettings(Section):
+    """Agent runs (docs/runs.md): which agent task each request belongs to, metered per run, with the run
+    bounds of keys and teams. Off: no request is in a run and the run bounds are not enforced."""
+
+    enabled: bool = True
+
+
 class Settings(Section):
     server: ServerSettings = ServerSettings()
     upstream: UpstreamSettings = UpstreamSettings()
@@ -377,6 +384,7 @@ class Settings(Section):
     alerts: AlertSettings = AlertSettings()
     tracing: TracingSettings = TracingSettings()
     cache: CacheSettings = CacheSettings()
+    runs: RunsSettings = RunsSettings()
     models: dict[str, ModelSettings] = {}
 
     def profiles(self) -> dict[str, ModelProfile]:
@@ -415,8 +423,7 @@ class ConfigError(Exception):
 
 Source = Literal["default", "file", "env", "flag"]
 SECTIONS = ("server", "upstream", "auth", "store", "validation", "repair", "pricing", "limits", "alerts",
-            "tracing",
-            "cache")
+            "tracing", "cache", "runs")
 SPECIAL_ENV = {"DEEPSEEK_API_KEY": "auth.upstream_api_key", "CHATGATE_ADMIN_KEY": "auth.admin_key"}
 IGNORED_ENV = {"CHATGATE_CONFIG"}
 # Settings that no longer do anything: still accepted, with a warning, so that older configuration files and

@@ -106,7 +106,7 @@ class Gateway:
 
     def __init__(self, settings: Settings, *, upstream: Upstream, auth: Authenticator, metrics: Metrics,
                  ledger: Ledger, checkers: Checkers, memory: TurnMemory, retrier: Retrier,
-                 background: Background, pricing: Pricing, runs: Runs, quotas: Quotas | None = None,
+                 background: Background, pricing: Pricing, runs: Runs | None, quotas: Quotas | None = None,
                  files: FileOwnerStore | None = None, tracing: Tracing | None = None,
                  refusals: RefusalLog | None = None, confirmations: Confirmations | None = None,
                  clock: Callable[[], float] = time.time) -> None:
@@ -118,7 +118,7 @@ class Gateway:
         self.auth = auth
         self.metrics = metrics
         self.ledger = ledger
-        self.runs = runs  # agent runs: each request's run, and its bounds (chatgate/runs/)
+        self.runs = runs  # agent runs: each request's run, and its bounds (chatgate/runs/); None: off
         self.notices = Notices(metrics)
         self.repairs = settings.repair.options()
         self.memory = memory
@@ -193,11 +193,12 @@ class Gateway:
             ex.warnings.append(overflow.message)
         if ex.route.tool is None and self.pricing.rates(ex.priced_as or ex.model, ex.ts) is None:
             ex.warnings.append(self._unpriced(ex.model))
-        stopped = await self.runs.enter(ex, request.headers.raw, sent)
+        if self.runs is not None:
+            stopped = await self.runs.enter(ex, request.headers.raw, sent)
+            if stopped is not None:
+                self.ledger.finish(ex, "limited", stopped.status, rule_code=stopped.code)
+                return error_response(stopped, request_id, family)
         sent = None  # let go before the upstream call, as `verdict` below
-        if stopped is not None:
-            self.ledger.finish(ex, "limited", stopped.status, rule_code=stopped.code)
-            return error_response(stopped, request_id, family)
         if self.admitter is not None:
             media = functools.partial(self.media.tokens, ex, verdict) if self.media.may_hold(ex, verdict) \
                 else None  # a plain body: no look-up of the caller's limits for it
@@ -682,7 +683,8 @@ class Gateway:
 
     async def drain(self) -> None:
         await self.background.drain()
-        await self.runs.close()
+        if self.runs is not None:
+            await self.runs.close()
         if self.confirmations is not None:  # the warned rules' scores not written yet
             await self.confirmations.flush()
         if self.ledger.access_log is not None:

@@ -104,8 +104,9 @@ class State:
         background = Background()
         auth = Authenticator(s.auth, self.store, on_refused=self.metrics.auth_failure)
         store = self.recorder.store if self.recorder is not None else None
+        shared = s.server.workers > 1 or (store is not None and store.server)
         runs = Runs(store, self.quotas.book, s.profiles(), s.limits.cache_seconds, clock=self.clock,
-                    shared=s.server.workers > 1 or (store is not None and store.server))
+                    shared=shared) if s.runs.enabled else None
         self.gateway = Gateway(
             s, upstream=upstream, auth=auth, retrier=retrying(s, self.metrics, self.quotas.alerts),
             metrics=self.metrics, checkers=Checkers(s, families), memory=self.memory,

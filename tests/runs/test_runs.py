@@ -153,6 +153,20 @@ def test_run_max_turns_refuses_the_fourth_request_before_deepseek(tmp_path: Path
     assert runs[0]["ended"] == "stopped" and runs[0]["stopped_by"] == "run_max_turns"
 
 
+def test_with_runs_off_no_request_is_in_a_run_and_no_bound_refuses(tmp_path: Path, fake: RunningFake) -> None:
+    key = "sk-runs-off"
+    with run_chatgate(settings_for(tmp_path, fake)) as gate:  # one run made while runs are on
+        assert [r.status_code for r in chat_loop(gate.url, key, "Before", 2)] == [200, 200]
+    with run_chatgate(settings_for(tmp_path, fake, runs={"enabled": False})) as gate:
+        resp = httpx2.patch(f"{gate.url}/admin/keys/{fingerprint(key)}", json={"run_max_turns": 1},
+                            headers=ADMIN)
+        assert resp.status_code == 200, resp.text
+        answers = chat_loop(gate.url, key, "Loop on, runs off", 3)
+        runs = runs_of(gate.url)  # the store's runs are still served
+    assert [r.status_code for r in answers] == [200, 200, 200]
+    assert len(runs) == 1 and runs[0]["requests"] == 2
+
+
 def test_run_max_repeats_stops_the_same_tool_call_in_a_row(tmp_path: Path, fake: RunningFake) -> None:
     key = "sk-repeats"
     with run_chatgate(settings_for(tmp_path, fake)) as gate:
