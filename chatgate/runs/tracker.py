@@ -68,7 +68,7 @@ class Repairs(Protocol):
     def applied(self) -> Sized: ...
 
 
-class Exchange(Protocol):
+class RunRequest(Protocol):
     """What runs read of the gateway's exchange (chatgate/gateway/exchange.py)."""
 
     @property
@@ -177,7 +177,7 @@ class Runs:
 
     # --- the request path ------------------------------------------------------------------------------
 
-    async def enter(self, ex: Exchange, header: Headers, sent: object = None) -> APIError | None:
+    async def enter(self, ex: RunRequest, header: Headers, sent: object = None) -> APIError | None:
         """The request's run, found or begun; its refusal when it would go beyond one of the run's bounds.
         `sent`: R1's parse of the body as the client sent it (a repair puts back what the client dropped,
         never a part of the history runs read; and the client's next request holds its own version), so
@@ -230,14 +230,14 @@ class Runs:
             log.exception("runs: request %s left out of the runs", ex.request_id)
             return None
 
-    def add(self, ex: Exchange, record: UsageRecord) -> None:
+    def add(self, ex: RunRequest, record: UsageRecord) -> None:
         """The request's usage, added to its run (written with the run's next update); never raises."""
         try:
             self._add(ex, record)
         except Exception:
             log.exception("runs: request %s not added to its run", ex.request_id)
 
-    def _add(self, ex: Exchange, record: UsageRecord) -> None:
+    def _add(self, ex: RunRequest, record: UsageRecord) -> None:
         entry = self._pending.pop(ex.request_id, None)
         if entry is None:
             if record.outcome != "rejected":
@@ -273,7 +273,7 @@ class Runs:
 
     # --- finding the run ---------------------------------------------------------------------------------
 
-    def _identify(self, ex: Exchange, kind: str, data: dict[str, Any], header: Headers
+    def _identify(self, ex: RunRequest, kind: str, data: dict[str, Any], header: Headers
                   ) -> tuple[Entry | None, tuple[str, str, Shape | None]] | None:
         """The request's entry when this process knows its run (else None and what to look up), or None
         when the request is in no run."""
@@ -324,7 +324,7 @@ class Runs:
         if len(prints) > MAX_PRINTS:
             prints.popitem(last=False)  # (a dict's first key after many deletions is found in O(n))
 
-    def _begin(self, ex: Exchange, run_id: str, source: str, read: Shape | None) -> Live:
+    def _begin(self, ex: RunRequest, run_id: str, source: str, read: Shape | None) -> Live:
         i = ex.identity
         live = Live(RunHead(run_id, i.key_id, i.key_name, i.team, source, ex.ts))
         self._remember(live)
@@ -337,7 +337,7 @@ class Runs:
         if len(self._live) > MAX_RUNS:
             self._live.popitem(last=False)
 
-    async def _look_up(self, ex: Exchange, named: tuple[str, str, Shape | None]) -> Entry:
+    async def _look_up(self, ex: RunRequest, named: tuple[str, str, Shape | None]) -> Entry:
         """A run this process does not know: one named (seen by another replica, or before a restart, or
         new), or one whose history continues a print the store may hold."""
         run_id, source, read = named
@@ -365,7 +365,7 @@ class Runs:
             live.own = read.own
         return self._entry(live, read, False)
 
-    def _rejected(self, ex: Exchange) -> Entry | None:
+    def _rejected(self, ex: RunRequest) -> Entry | None:
         kind = kind_of(ex.route.upstream_path)
         if kind is None:
             return None
