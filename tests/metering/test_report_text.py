@@ -119,7 +119,8 @@ def test_keys_teams_and_prices_in_chinese_from_the_cli(tmp_path: Path) -> None:
     en_env = {"LANG": "", "LC_ALL": "", "LC_MESSAGES": ""}
     cases = [(("keys", "list", "--store", url), ["密钥ID", "名称", "团队"], "budget_usd"),
              (("teams", "list", "--store", url), ["团队", "密钥数", "预算USD"], "remaining_"),
-             (("prices", "--currency", "both"), ["模型", "币种", "高峰价"], "off-peak")]
+             (("prices", "--currency", "both", "--at", "2026-12-01T10:00:00Z"),  # a fixed time: equal outputs
+              ["模型", "币种", "高峰价"], "off-peak")]
     for args, heads, english_word in cases:
         by_flag = cli(*args, "--lang", "zh", env=en_env).stdout
         by_locale = cli(*args, env=zh_env).stdout
