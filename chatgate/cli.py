@@ -775,6 +775,7 @@ def cmd_config_check(args: argparse.Namespace) -> int:
 
 def cmd_rules(args: argparse.Namespace) -> int:
     from chatgate.confirmation.service import rules_report
+    from chatgate.metering import text
     from chatgate.metering.reports import ReportError, parse_time
 
     try:
@@ -802,7 +803,7 @@ def cmd_rules(args: argparse.Namespace) -> int:
                   for r in report["rules"]]
         _print_table(table, args)
     if report["unpredicted"]:
-        print("\nDeepSeek's refusals no rule predicted:")
+        print("\n" + text.note("unpredicted", text.language(args.lang, os.environ)))
         groups: list[tuple[str, ...]] = [("count", "family", "model", "last seen", "message")]
         groups += [(str(g["count"]), g["family"], _cut(g["model"], 16), _day_time(g["last_seen"]),
                     _cut(g["message"], 70)) for g in report["unpredicted"]]

@@ -45,6 +45,7 @@ ZH_NOTES: dict[str, str] = {
     "key_ids": "密钥 ID（key_…）与团队见 --format json 或 csv。",
     "cache_lost": "（~ 损失：按上一个请求实测的输入 token 估算；"
                   "见 docs/cache.md）",
+    "unpredicted": "DeepSeek 拒绝而无规则预见的请求：",
 }
 EN_NOTES: dict[str, str] = {
     "legend": "ds_refused: DeepSeek's 4xx; ds_failed: its 5xx or no answer; amounts in {0}.",
@@ -53,6 +54,7 @@ EN_NOTES: dict[str, str] = {
     "other_currency": "Costs in {0} only; {1} more was priced in {2} (cost_{3} in the JSON report)",
     "key_ids": "Key ids (key_…) and teams are in --format json or csv.",
     "cache_lost": "(~ lost: estimated from the earlier request's measured prompt tokens; see docs/cache.md)",
+    "unpredicted": "DeepSeek's refusals no rule predicted:",
 }
 
 

@@ -283,6 +283,7 @@ def test_chatgate_rules_reports_and_resets(start: Callable[..., RunningChatgate]
     chinese = chatgate_cli(tmp_path, "rules", "--lang", "zh")  # issue 50: the heads in Chinese
     assert chinese.split()[:3] == ["规则", "接口", "模型"] and "last confirmed" not in chinese
     assert "R27" in chinese and "Unknown thing N" in chinese and "次数" in chinese
+    assert "无规则预见" in chinese and "no rule predicted" not in chinese and "no rule predicted" in table
     assert max(text.width(line) for line in chinese.splitlines()) <= 120
     for name in ("LC_ALL", "LC_MESSAGES"):
         monkeypatch.delenv(name, raising=False)
