@@ -80,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
                                   "caller (its fingerprint fp-…, as in usage reports); prints the result.")
     key_set.add_argument("key_id", metavar="KEY_ID")
     _limit_args(key_set)
+    _lang_arg(listing)
     for p, func in ((create, cmd_keys_create), (listing, cmd_keys_list), (revoke, cmd_keys_revoke),
                     (key_set, cmd_keys_set)):
         _config_arg(p)
@@ -99,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      "limits, the current period's spend and what is left.")
     team_list.add_argument("--format", choices=["table", "json"], default="table",
                            help="json: the document GET /admin/teams answers")
+    _lang_arg(team_list)
     for p, func in ((team_set, cmd_teams_set), (team_list, cmd_teams_list)):
         _config_arg(p)
         _store_arg(p)
@@ -114,8 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     usage.add_argument("--since", help=SINCE_HELP)
     usage.add_argument("--until", help=UNTIL_HELP)
     usage.add_argument("--format", choices=["table", "csv", "json"], default="table")
-    usage.add_argument("--lang", choices=["en", "zh"],
-                       help="the table's language (default: Chinese when LANG/LC_ALL is zh_…, else English)")
+    _lang_arg(usage)
     _config_arg(usage)
     _store_arg(usage)
     usage.set_defaults(func=cmd_usage)
@@ -129,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     prices.add_argument("--currency", choices=["USD", "CNY", "both"],
                         help="default: pricing.currency (auto: both)")
     prices.add_argument("--format", choices=["table", "json"], default="table")
+    _lang_arg(prices)
     _config_arg(prices)
     prices.set_defaults(func=cmd_prices)
 
@@ -140,8 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     cache.add_argument("--until", help=UNTIL_HELP)
     cache.add_argument("--format", choices=["table", "json"], default="table",
                        help="json: the document GET /admin/cache answers")
-    cache.add_argument("--lang", choices=["en", "zh"],
-                       help="the table's language (default: Chinese when LANG/LC_ALL is zh_…, else English)")
+    _lang_arg(cache)
     _config_arg(cache)
     _store_arg(cache)
     cache.set_defaults(func=cmd_cache)
@@ -166,6 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     r_list.add_argument("--limit", type=int, default=100, help="at most this many (1 to 1000)")
     r_list.add_argument("--cursor", help="the page after this one's last (printed when there are more)")
     r_list.add_argument("--format", choices=["table", "json"], default="table")
+    _lang_arg(r_list)
     r_show = refusals_sub.add_parser("show", help="one refusal, its problems marked on its body",
                                      description="One refusal: its problems marked on its redacted body.")
     r_show.add_argument("request_id", help="its refusal id, or its request id")
@@ -188,6 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     runs.add_argument("--since", help=SINCE_HELP + " (default 7d)")
     runs.add_argument("--limit", type=int, default=50, help="at most this many runs (1 to 1000)")
     runs.add_argument("--format", choices=["table", "json"], default="table")
+    _lang_arg(runs)
     runs_sub = runs.add_subparsers(metavar="ACTION")
     run_show = runs_sub.add_parser("show", help="one run, request by request, with its context growth",
                                    description="One run request by request: tokens, cost, the tools its "
@@ -206,6 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
     rules.add_argument("--family", choices=["chat", "anthropic", "responses", "fim"])
     rules.add_argument("--since", help=SINCE_HELP)
     rules.add_argument("--format", choices=["table", "json"], default="table")
+    _lang_arg(rules)
     rules_sub = rules.add_subparsers(metavar="ACTION")
     reset = rules_sub.add_parser("reset", help="forget a rule's evidence",
                                  description="Forget a rule's evidence (of one family, or all): it refuses "
@@ -235,6 +239,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _config_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="config file (TOML); default $CHATGATE_CONFIG")
+
+
+def _lang_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--lang", choices=["en", "zh"],
+                   help="the table's language (default: Chinese when LANG/LC_ALL is zh_…, else English)")
 
 
 def _store_arg(p: argparse.ArgumentParser) -> None:
@@ -569,7 +578,7 @@ def cmd_keys_list(args: argparse.Namespace) -> int:
             rows.append((e["id"], e["name"], e["team"], e["prefix"] + "…" if e["prefix"] else "-", *limits,
                          _when(e["created_at"])[:10] if e["created_at"] else "-",
                          *((_when(e["revoked_at"])[:10] if e["revoked_at"] else "",) if revoked else ())))
-        _print_table(rows)
+        _print_table(rows, args)
         return 0
     return _admin(args, work)
 
@@ -589,10 +598,12 @@ def _when(ts: float | None) -> str:
     return dt.datetime.fromtimestamp(ts or 0, dt.UTC).strftime("%Y-%m-%d %H:%M:%SZ")
 
 
-def _print_table(rows: Sequence[tuple[str, ...]]) -> None:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+def _print_table(rows: Sequence[tuple[str, ...]], args: argparse.Namespace) -> None:
+    """Rows under their heads (the first row), the heads in --lang or the locale's language."""
+    from chatgate.metering import text
+
+    for line in text.lines(rows, text.language(args.lang, os.environ)):
+        print(line)
 
 
 def _print_json(document: Any) -> None:
@@ -635,7 +646,7 @@ def cmd_teams_list(args: argparse.Namespace) -> int:
             rows.append((e["team"], str(e["key_count"]), *limits_cells(e["limits"]),
                          _plain(spend.get(f"spent_{cur}")), _plain(spend.get(f"remaining_{cur}")), used,
                          _when(spend["period_start"])[:10] if spend["period_start"] else "ever"))
-        _print_table(rows)
+        _print_table(rows, args)
         return 0
     return _admin(args, work)
 
@@ -683,6 +694,7 @@ def cmd_usage(args: argparse.Namespace) -> int:
 def cmd_prices(args: argparse.Namespace) -> int:
     import time
 
+    from chatgate.metering import text
     from chatgate.metering.price_table import price_table, render_price_table
     from chatgate.metering.reports import ReportError, parse_time
 
@@ -700,7 +712,7 @@ def cmd_prices(args: argparse.Namespace) -> int:
     if args.format == "json":
         _print_json(table)
     else:
-        sys.stdout.write(render_price_table(table))
+        sys.stdout.write(render_price_table(table, text.language(args.lang, os.environ)))
     return 0
 
 
@@ -763,6 +775,7 @@ def cmd_config_check(args: argparse.Namespace) -> int:
 
 def cmd_rules(args: argparse.Namespace) -> int:
     from chatgate.confirmation.service import rules_report
+    from chatgate.metering import text
     from chatgate.metering.reports import ReportError, parse_time
 
     try:
@@ -788,13 +801,13 @@ def cmd_rules(args: argparse.Namespace) -> int:
                    str(r["confirmed"]), str(r["disputed"]), f"{r['warned']}/{r['refused']}/{r['accepted']}",
                    _day_time(r["last_confirmed"]), _day_time(r["last_disputed"]))
                   for r in report["rules"]]
-        _print_table(table)
+        _print_table(table, args)
     if report["unpredicted"]:
-        print("\nDeepSeek's refusals no rule predicted:")
+        print("\n" + text.note("unpredicted", text.language(args.lang, os.environ)))
         groups: list[tuple[str, ...]] = [("count", "family", "model", "last seen", "message")]
         groups += [(str(g["count"]), g["family"], _cut(g["model"], 16), _day_time(g["last_seen"]),
                     _cut(g["message"], 70)) for g in report["unpredicted"]]
-        _print_table(groups)
+        _print_table(groups, args)
     return 0
 
 
@@ -824,6 +837,7 @@ def cmd_rules_reset(args: argparse.Namespace) -> int:
 def cmd_runs(args: argparse.Namespace) -> int:
     import time
 
+    from chatgate.metering import text
     from chatgate.metering.reports import ReportError, parse_time
     from chatgate.runs.summary import runs_document, table
 
@@ -846,7 +860,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
     elif not document["runs"]:
         print("No agent runs in this period (docs/runs.md says how requests make runs).")
     else:
-        sys.stdout.write(table(document))
+        sys.stdout.write(table(document, text.language(args.lang, os.environ)))
     return 0
 
 
@@ -901,7 +915,7 @@ def cmd_refusals_list(args: argparse.Namespace) -> int:
     table = [("time", "request id", "status", "by", "team", "key", "route", "rules")]
     table += [(_when(r["ts"]), r["request_id"], str(r["status"]), r["source"], r["team"], r["key_id"],
                r["route"], ",".join(r["rules"])) for r in rows]
-    _print_table(table)
+    _print_table(table, args)
     if cursor is not None:
         print(f"(more: --cursor {cursor})")
     return 0

@@ -68,7 +68,7 @@ def _day(number: int) -> str:
     return (dt.date(1970, 1, 1) + dt.timedelta(days=number)).isoformat()
 
 
-def render_price_table(table: dict[str, Any]) -> str:
+def render_price_table(table: dict[str, Any], lang: str = "en") -> str:
     """The prices for people, within 120 columns: each row's sources as a note number, listed below."""
     lines = [f"Prices in force at {table['at']} ({table['unit']}: cache hit / cache miss / output)", ""]
     heads = ("model", "currency", "peak", "off-peak", "since (UTC)", "row", "source")
@@ -83,7 +83,7 @@ def render_price_table(table: dict[str, Any]) -> str:
         note = f"[{sources.index(m['source']) + 1}]"
         off_peak = "(flat)" if m["flat"] else cells[1]
         rows.append((m["model"], m["currency"], cells[0], off_peak, since, m["row"], note))
-    lines += text.table(heads, rows, None, len(heads))
+    lines += text.table([text.word(h, lang) for h in heads], rows, None, len(heads))
     lines += [f"  [{i}] {source}" for i, source in enumerate(sources, 1)]
     for currency, names in table["unpriced"].items():
         lines.append(f"No {currency} price then: {', '.join(names)} (billed at the catalogue's highest "

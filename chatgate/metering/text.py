@@ -22,6 +22,17 @@ ZH: dict[str, str] = {
     "calls_cost": "调用费用", "TOTAL": "合计", "cache_hit": "缓存命中", "lost~": "损失~",
     "breaks": "断点", "(not refused)": "（未被拒绝）", "(no repair)": "（未修复）",
     "(no account)": "（无账户）", "(none)": "（无）",
+    # the headings of keys list, teams list, refusals list, prices, runs and rules
+    "key_id": "密钥ID", "name": "名称", "prefix": "前缀", "budget_usd": "预算USD", "period": "周期",
+    "concurrent": "并发", "created": "创建", "revoked": "吊销", "keys": "密钥数", "spent_usd": "已用USD",
+    "spent_cny": "已用CNY", "remaining_usd": "剩余USD", "remaining_cny": "剩余CNY", "used": "已用",
+    "since": "起始", "time": "时间", "request id": "请求ID", "status": "状态", "by": "拒绝方",
+    "route": "路由", "rules": "规则", "currency": "币种", "peak": "高峰价", "off-peak": "低谷价",
+    "since (UTC)": "起始(UTC)", "row": "价目行", "source": "来源", "run": "运行", "reqs": "请求",
+    "rounds": "轮次", "compl": "输出", "context": "上下文", "ended": "结束", "rule": "规则",
+    "family": "接口", "certainty": "确定度", "confirmed": "确认", "disputed": "争议",
+    "score w/r/a": "警/拒/收", "last confirmed": "最近确认", "last disputed": "最近争议", "count": "次数",
+    "last seen": "最近出现", "message": "消息",
 }
 # the words a report's notes are made of, in Chinese: {0}... are filled in
 ZH_NOTES: dict[str, str] = {
@@ -34,6 +45,7 @@ ZH_NOTES: dict[str, str] = {
     "key_ids": "密钥 ID（key_…）与团队见 --format json 或 csv。",
     "cache_lost": "（~ 损失：按上一个请求实测的输入 token 估算；"
                   "见 docs/cache.md）",
+    "unpredicted": "DeepSeek 拒绝而无规则预见的请求：",
 }
 EN_NOTES: dict[str, str] = {
     "legend": "ds_refused: DeepSeek's 4xx; ds_failed: its 5xx or no answer; amounts in {0}.",
@@ -42,6 +54,7 @@ EN_NOTES: dict[str, str] = {
     "other_currency": "Costs in {0} only; {1} more was priced in {2} (cost_{3} in the JSON report)",
     "key_ids": "Key ids (key_…) and teams are in --format json or csv.",
     "cache_lost": "(~ lost: estimated from the earlier request's measured prompt tokens; see docs/cache.md)",
+    "unpredicted": "DeepSeek's refusals no rule predicted:",
 }
 
 
@@ -58,6 +71,15 @@ def language(flag: str | None, env: Mapping[str, str]) -> str:
 
 def word(text: str, lang: str) -> str:
     return ZH.get(text, text) if lang == "zh" else text
+
+
+def lines(rows: Sequence[Sequence[str]], lang: str) -> list[str]:
+    """A plain table, every column aligned left and padded by its width on a terminal; the first row is the
+    heads, in `lang`."""
+    heads = [word(h, lang) for h in rows[0]]
+    every = [heads, *rows[1:]]
+    widths = [max(width(r[i]) for r in every) for i in range(len(heads))]
+    return ["  ".join(pad(c, w, False) for c, w in zip(r, widths, strict=True)).rstrip() for r in every]
 
 
 def note(name: str, lang: str, *args: object) -> str:

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from decimal import Decimal
 from typing import Any
 
+from chatgate.metering import text
 from chatgate.store.runs import RunHead, RunRequest, requests_of
 
 IDLE_SECONDS = 600.0  # a run with no request for this long has ended
@@ -114,8 +115,8 @@ def _tokens(n: int) -> str:
     return f"{n / 1000:.1f}k" if n >= 10_000 else str(n)
 
 
-def table(document: dict[str, Any]) -> str:
-    """The runs, one line each, at most 120 columns."""
+def table(document: dict[str, Any], lang: str = "en") -> str:
+    """The runs, one line each, at most 120 columns; the heads in `lang`."""
     head = ("run", "team", "key", "reqs", "rounds", "prompt", "compl", "cost", "context", "ended")
     rows = [head]
     for r in document["runs"]:
@@ -124,9 +125,7 @@ def table(document: dict[str, Any]) -> str:
         rows.append((r["run_id"][:36], r["team"][:12], r["key_id"][:16], str(r["requests"]), str(r["rounds"]),
                      _tokens(r["prompt_tokens"]), _tokens(r["completion_tokens"]), _cost_of(r), context,
                      r["ended"] if r["stopped_by"] is None else f"stopped: {r['stopped_by']}"))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
-    return "".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() + "\n"
-                   for row in rows)
+    return "".join(line + "\n" for line in text.lines(rows, lang))
 
 
 def show_text(line: dict[str, Any], steps: list[dict[str, Any]]) -> str:

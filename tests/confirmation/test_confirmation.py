@@ -15,6 +15,7 @@ import httpx2
 import orjson
 import pytest
 
+from chatgate.metering import text
 from tests.fakes.server import RunningFake, run_fake_deepseek
 from tests.gateway.conftest import usage_rows
 from tests.harness import ADMIN_KEY, RunningChatgate, make_settings, run_chatgate
@@ -263,7 +264,7 @@ def chatgate_cli(tmp_path: Path, *args: str) -> str:
 
 
 def test_chatgate_rules_reports_and_resets(start: Callable[..., RunningChatgate], fake: RunningFake,
-                                           tmp_path: Path) -> None:
+                                           tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     gate = start()
     post(gate, R29)  # confirmed
     fake.state.configure(accept_refusals=["max_tokens"], refuse_bodies={"tell me": "Unknown thing 77"})
@@ -278,6 +279,17 @@ def test_chatgate_rules_reports_and_resets(start: Callable[..., RunningChatgate]
     table = chatgate_cli(tmp_path, "rules")
     assert "R27" in table and "disputed" in table and "Unknown thing N" in table
     assert max(len(line) for line in table.splitlines()) <= 120
+    assert table.split()[:2] == ["rule", "family"]
+    chinese = chatgate_cli(tmp_path, "rules", "--lang", "zh")  # issue 50: the heads in Chinese
+    assert chinese.split()[:3] == ["规则", "接口", "模型"] and "last confirmed" not in chinese
+    assert "R27" in chinese and "Unknown thing N" in chinese and "次数" in chinese
+    assert "无规则预见" in chinese and "no rule predicted" not in chinese and "no rule predicted" in table
+    assert max(text.width(line) for line in chinese.splitlines()) <= 120
+    for name in ("LC_ALL", "LC_MESSAGES"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("LANG", "zh_CN.UTF-8")
+    assert chatgate_cli(tmp_path, "rules") == chinese
+    monkeypatch.delenv("LANG")
     assert orjson.loads(chatgate_cli(tmp_path, "rules", "--family", "anthropic", "--format", "json")) == \
         {"rules": [], "unpredicted": []}
     assert orjson.loads(chatgate_cli(tmp_path, "rules", "--since", "2099-01-01", "--format", "json")) == \

@@ -107,3 +107,28 @@ def test_prices_and_keys_fit_120_columns(tmp_path: Path) -> None:
     keys = cli("keys", "list", "--store", url).stdout.splitlines()
     assert max(len(line) for line in keys) <= 120, "\n".join(keys)
     assert keys[0].split()[-2:] == ["concurrent", "created"]
+
+
+def test_keys_teams_and_prices_in_chinese_from_the_cli(tmp_path: Path) -> None:
+    """Issue 50: `--lang zh` or LANG=zh_CN… prints the heads in Chinese (ids, names and models as they
+    are), within 120 terminal columns; English stays the default."""
+    url = f"sqlite:///{tmp_path / 'keys.db'}"
+    cli("keys", "create", "--team", "platform-infra", "--name", "nightly-eval-runner", "--budget-usd", "50",
+        "--rpm", "600", "--max-concurrent", "8", "--store", url)
+    zh_env = {"LANG": "zh_CN.UTF-8", "LC_ALL": "", "LC_MESSAGES": ""}
+    en_env = {"LANG": "", "LC_ALL": "", "LC_MESSAGES": ""}
+    cases = [(("keys", "list", "--store", url), ["密钥ID", "名称", "团队"], "budget_usd"),
+             (("teams", "list", "--store", url), ["团队", "密钥数", "预算USD"], "remaining_"),
+             (("prices", "--currency", "both", "--at", "2026-12-01T10:00:00Z"),  # a fixed time: equal outputs
+              ["模型", "币种", "高峰价"], "off-peak")]
+    for args, heads, english_word in cases:
+        by_flag = cli(*args, "--lang", "zh", env=en_env).stdout
+        by_locale = cli(*args, env=zh_env).stdout
+        default = cli(*args, env=en_env).stdout
+        assert by_flag == by_locale, args
+        table = next(line for line in by_flag.splitlines() if line.startswith(heads[0]))
+        assert table.split()[:3] == heads and english_word not in table, by_flag
+        assert english_word in default and heads[1] not in default, default
+        assert cli(*args, "--lang", "en", env=zh_env).stdout == default
+        assert max(text.width(line) for line in by_flag.splitlines()) <= 120, by_flag
+    assert "nightly-eval-runner" in cli("keys", "list", "--store", url, "--lang", "zh").stdout

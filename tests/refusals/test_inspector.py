@@ -113,7 +113,8 @@ def test_filters_and_the_admin_key(gate: RunningChatgate) -> None:
 
 
 def test_the_cli_lists_shows_and_says_what_lint_fix_would_repair(gate: RunningChatgate, tmp_path: Path,
-                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+                                                                  capsys: pytest.CaptureFixture[str],
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     body = {"model": "deepseek-flash", "messages": [{"role": "developer", "content": "be brief"},
                                                     {"role": "user", "content": "hi"}]}
     post(gate, body, "req-cli-1")
@@ -123,7 +124,16 @@ def test_the_cli_lists_shows_and_says_what_lint_fix_would_repair(gate: RunningCh
     config.write_text("[repair]\ndeveloper_role = true\n")
     assert main(["refusals", "list", "--store", store, "--rule", "R5"]) == 0
     out = capsys.readouterr().out
-    assert "req-cli-1" in out and "R5" in out
+    assert "req-cli-1" in out and "R5" in out and out.startswith("time ")
+    assert main(["refusals", "list", "--store", store, "--lang", "zh"]) == 0
+    chinese = capsys.readouterr().out  # issue 50: the heads in Chinese, the ids and rule codes as they are
+    assert chinese.split()[:2] == ["时间", "请求ID"] and "request id" not in chinese and "R5" in chinese
+    for name in ("LC_ALL", "LC_MESSAGES"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("LANG", "zh_CN.UTF-8")
+    assert main(["refusals", "list", "--store", store]) == 0
+    assert capsys.readouterr().out == chinese
+    monkeypatch.delenv("LANG")
     assert main(["refusals", "show", "req-cli-1", "--store", store, "--fix", "--config", str(config)]) == 0
     out = capsys.readouterr().out
     assert "R5 at messages[0].role" in out and "<-- R5 invalid_role" in out

@@ -15,6 +15,7 @@ import pytest
 
 from chatgate.cli import main
 from chatgate.gateway.auth import fingerprint
+from chatgate.metering import text
 from tests.fakes.server import RunningFake, run_fake_deepseek
 from tests.harness import ADMIN_KEY, make_settings, run_chatgate
 from tests.pgutil import fresh_database
@@ -219,7 +220,8 @@ def test_runs_survive_a_restart_and_a_loop_goes_on_in_its_run(tmp_path: Path, fa
 
 
 def test_the_cli_lists_runs_and_shows_one_round_by_round(tmp_path: Path, fake: RunningFake,
-                                                          capsys: pytest.CaptureFixture[str]) -> None:
+                                                          capsys: pytest.CaptureFixture[str],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     settings = settings_for(tmp_path, fake)
     with run_chatgate(settings) as gate:
         chat_loop(gate.url, "sk-cli", "Summarise the logs", 4, {"x-chatgate-run": "cli-run-1"})
@@ -229,7 +231,18 @@ def test_the_cli_lists_runs_and_shows_one_round_by_round(tmp_path: Path, fake: R
     listed = json.loads(capsys.readouterr().out)["runs"]
     assert [(r["run_id"], r["requests"], r["rounds"]) for r in listed] == [("cli-run-1", 4, 4)]
     assert main(["runs", "--store", store]) == 0
-    assert "cli-run-1" in capsys.readouterr().out
+    english = capsys.readouterr().out
+    assert "cli-run-1" in english and english.split()[:3] == ["run", "team", "key"]
+    assert main(["runs", "--store", store, "--lang", "zh"]) == 0
+    chinese = capsys.readouterr().out  # issue 50: the heads in Chinese, the run id as it is
+    assert chinese.split()[:4] == ["运行", "团队", "密钥", "请求"] and "rounds" not in chinese
+    assert "cli-run-1" in chinese and max(text.width(line) for line in chinese.splitlines()) <= 120
+    for name in ("LC_ALL", "LC_MESSAGES"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("LANG", "zh_CN.UTF-8")
+    assert main(["runs", "--store", store]) == 0
+    assert capsys.readouterr().out == chinese
+    monkeypatch.delenv("LANG")
     assert main(["runs", "show", "cli-run", "--store", store]) == 0
     shown = capsys.readouterr().out
     assert "run cli-run-1" in shown and "read_file" in shown
