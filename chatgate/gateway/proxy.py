@@ -18,6 +18,7 @@ Every request that reaches the handler ends in exactly one call to `Ledger.finis
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import functools
 import logging
@@ -54,6 +55,7 @@ from chatgate.gateway.ledger import Ledger
 from chatgate.gateway.media import MediaCounter
 from chatgate.gateway.notices import Notices, pricier_model
 from chatgate.gateway.relay import (
+    SLOW_CLIENT_GRACE_S,
     TRANSPORT_FAILURES,
     UPSTREAM_FAILURES,
     WAIT,
@@ -442,7 +444,8 @@ class Gateway:
             framer = EventFramer(family.meter(turns), family.stream_error, usage_filter, ex.trace,
                                  self.settings.limits.max_upstream_bytes)
             events = self._events(ex, family, resp, tries, send, framer, turns)
-            return Relayed(events, Head(200, ex.response_headers(resp)), ex.rate_headers)
+            return Relayed(events, Head(200, ex.response_headers(resp)), ex.rate_headers,
+                           deadline=_client_deadline(tries))
         return await self._buffered(ex, family, resp, tries, send, request)
 
     def _tool_answer(self, ex: Exchange, family: Family, resp: Answer, tries: Tries, send: SendOnce
@@ -452,7 +455,8 @@ class Gateway:
         if resp.status_code == 401 and self.auth.managed:
             self.spawn(resp.aclose())
             return self._upstream_refused_key(ex, family)
-        return Relayed(self._tool_pieces(ex, family, resp, tries, send), None, ex.rate_headers, lazy=False)
+        return Relayed(self._tool_pieces(ex, family, resp, tries, send), None, ex.rate_headers, lazy=False,
+                       deadline=_client_deadline(tries))
 
     async def _tool_pieces(self, ex: Exchange, family: Family, answer: Answer, tries: Tries, send: SendOnce
                            ) -> AsyncGenerator[Head | Piece, None]:
@@ -700,6 +704,12 @@ def _disputed_text(problem: Problem, confirming: bool) -> str:
                 "docs/confirmation.md)")
     return (f"{problem.message} (chatgate's rule {problem.rule} refuses this, but DeepSeek accepted such a "
             "request: the rule is disputed and warns, docs/confirmation.md)")
+
+
+def _client_deadline(tries: Tries) -> float:
+    """When a relayed answer's client must have taken all of it (the event loop's clock): the request's
+    deadline, and a grace for the last events."""
+    return asyncio.get_running_loop().time() + tries.deadline - time.perf_counter() + SLOW_CLIENT_GRACE_S
 
 
 def _upload(route: Route) -> bool:

@@ -14,6 +14,7 @@ end), and the client's disconnect is watched only from the first wait on DeepSee
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -37,7 +38,10 @@ WAIT: Piece = (b"", False)  # the generator is about to wait on DeepSeek: the cl
 UPSTREAM_FAILURES = (TimeoutError, httpx2.TransportError, aiohttp.ClientError, OSError, KeptAliveOnly)
 TRANSPORT_FAILURES = (TimeoutError, httpx2.TransportError, aiohttp.ClientError, OSError)
 ErrorEvent = Callable[[APIError], bytes]  # the family's error event (Family.stream_error)
+log = logging.getLogger("chatgate")
 DRAIN_S = 1.0  # how long the relay waits for the end of the upstream body once the client has the answer
+# how long past the request's deadline a client that stopped reading may keep its relay (and its record) open
+SLOW_CLIENT_GRACE_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,10 +57,12 @@ class Relayed(Response):
     gateway's generator, closed here whatever happens (its `finally` makes the record if nothing did). The
     response's head is `head`, or the first `Head` the generator yields (a tool API's answer, whose status is
     known only when its first keep-alive or its end arrives). The client is watched from the generator's
-    first `WAIT` on when `lazy`, else from the start."""
+    first `WAIT` on when `lazy`, else from the start. `deadline` (the event loop's clock): a client that has
+    not taken everything by then is given up on, so that one that stops reading cannot hold the relay,
+    DeepSeek's connection and the request's record open (the generator's `finally` records it as gone)."""
 
     def __init__(self, pieces: AsyncGenerator[Head | Piece, None], head: Head | None, lines: HeadLines | None,
-                 lazy: bool = True) -> None:
+                 lazy: bool = True, deadline: float | None = None) -> None:
         # Starlette's Response fields, set as its __init__ would
         self.status_code = head.status if head is not None else 200
         self.background = None
@@ -66,11 +72,12 @@ class Relayed(Response):
         self.pieces = pieces
         self.lines = lines
         self.lazy = lazy
+        self.deadline = deadline
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         client = ClientWatch()
         try:
-            async with client.watching(receive, lazy=self.lazy):
+            async with client.watching(receive, lazy=self.lazy), asyncio.timeout_at(self.deadline):
                 if self.head is not None:
                     await _send(send, response_start(self.head.status, self.head.headers, self.lines))
                 closed = False
@@ -87,6 +94,8 @@ class Relayed(Response):
                             client.relaying = False  # the client has it all: its going away no longer matters
                 if not closed:
                     await _send(send, {"type": "http.response.body", "body": b"", "more_body": False})
+        except TimeoutError:  # the client stopped reading; the server closes the connection
+            log.info("relay: a client that stopped reading was given up on past the request's deadline")
         finally:
             await self.pieces.aclose()
 
