@@ -51,6 +51,7 @@ def count_text(data: Any) -> str:
 class MessagesFamily(FamilyBase):
     name = "anthropic-messages"
     turn_kind = "anthropic"
+    history: str | None = "anthropic"
     restore_codes = frozenset({"thinking_block_missing"})
     restore_repair: str | None = "restore_thinking"
     routes: Sequence[tuple[str, str, str, bool]] = (

@@ -25,7 +25,8 @@ def build_endpoints(settings: Settings) -> tuple[dict[str, Endpoint], dict[str, 
     dry_runs: dict[str, Endpoint] = {}
     for family in families(settings):
         for path, label, upstream_path, beta in family.routes:
-            forwarded[path] = Endpoint(Route(label, upstream_path, beta, family.tool, family.prompt), family)
+            forwarded[path] = Endpoint(Route(label, upstream_path, beta, family.tool, family.prompt,
+                                             family.history), family)
         for path, beta in family.validate_routes:
             dry_runs[path] = Endpoint(Route(path, "", beta, family.tool), family)
     return forwarded, dry_runs

@@ -28,6 +28,7 @@ class Route:
     beta: bool = False
     tool: ToolRoute | None = None  # a tool API's route (chatgate/tools/)
     prompt: PromptShape | None = None  # how the cache advisor cuts its requests into parts (the family's)
+    history: str | None = None  # how agent runs read its requests' history (the family's); None: no runs
 
 
 @dataclass(slots=True)

@@ -106,6 +106,9 @@ class Family(Repairable, Protocol):
     # How the context cache sees the family's requests (their parts in DeepSeek's order), for the cache
     # advisor (chatgate/metering/cache.py); None: no prompt cache to advise on
     prompt: PromptShape | None
+    # How agent runs (chatgate/runs/) read the history its requests carry: "chat", "anthropic" or
+    # "responses"; None: its requests are in no run
+    history: str | None
 
     def render_error(self, error: APIError, request_id: str | None) -> tuple[bytes, dict[str, str]]:
         """The error in this family's shape: body and extra headers."""
@@ -162,6 +165,7 @@ class FamilyBase:
     path_prefix = ""
     tool: ToolRoute | None = None
     prompt: PromptShape | None = None
+    history: str | None = None
 
     # --- repairs: none ---
 

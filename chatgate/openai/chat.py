@@ -32,6 +32,7 @@ from chatgate.verdict import Verdict
 class ChatFamily(FamilyBase):
     name = "openai-chat"
     turn_kind = "chat"
+    history: str | None = "chat"
     restore_codes = frozenset({"reasoning_content_missing"})
     restore_repair: str | None = "restore_reasoning"
     routes: Sequence[tuple[str, str, str, bool]] = (

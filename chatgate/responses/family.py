@@ -50,6 +50,7 @@ def compaction_not_served(path: str, origin: str | None = None) -> APIError:
 class ResponsesFamily(FamilyBase):
     name = "openai-responses"
     turn_kind = "responses"
+    history: str | None = "responses"
     restore_codes = frozenset({"reasoning_text_missing"})
     restore_repair: str | None = "responses_reasoning"
     routes: Sequence[tuple[str, str, str, bool]] = (

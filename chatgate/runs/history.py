@@ -225,14 +225,3 @@ def shape(kind: str, items: list[Any], caller: str, opens: bool) -> Shape | None
             before_anchor = before if called else _anchor(kind, items, roles, prev - 1)
     after = (last, _xx(base) if before is None else _print(base, before, before_anchor))
     return Shape(after, (n, _print(base, sig, own_anchor)), calls, "tool_calls" if calls.names else "stop")
-
-
-def kind_of(upstream_path: str) -> str | None:
-    """The family a route's history is read as (None: a route without one)."""
-    if upstream_path.endswith("/chat/completions"):
-        return "chat"
-    if upstream_path.endswith("/messages"):
-        return "anthropic"
-    if upstream_path.endswith("/responses"):
-        return "responses"
-    return None

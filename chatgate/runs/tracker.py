@@ -25,7 +25,7 @@ from chatgate.errors import APIError
 from chatgate.ids import new_id
 from chatgate.profiles import ModelProfile
 from chatgate.quotas.book import LimitBook
-from chatgate.runs.history import NO_CALLS, Calls, Shape, kind_of, shape
+from chatgate.runs.history import NO_CALLS, Calls, Shape, shape
 from chatgate.runs.identity import Headers, declared
 from chatgate.runs.summary import RUN_LIMIT, rounds, runs_document, summarize
 from chatgate.store.base import LimitRow, StoreError, UsageRecord
@@ -56,7 +56,7 @@ class Caller(Protocol):
 
 class Path(Protocol):
     @property
-    def upstream_path(self) -> str: ...
+    def history(self) -> str | None: ...
 
 
 class Traced(Protocol):
@@ -170,7 +170,6 @@ class Runs:
         self._prints: OrderedDict[tuple[int, int], list[Live]] = OrderedDict()
         self._pending: dict[str, Entry] = {}
         self._bounds: dict[tuple[str, str], tuple[float, int, Bounds | None]] = {}
-        self._kinds: dict[str, str | None] = {}
         self._dirty: dict[str, Live] = {}  # the runs with something not written yet
         self._unsaved: list[RunHead] = []  # updates a store error sent back, tried again first
         self._writer: asyncio.Task[None] | None = None
@@ -184,10 +183,7 @@ class Runs:
         that a repaired body is not parsed again. A fault of the runs' own never fails the request: it is
         logged, and the request is in no run."""
         try:
-            path = ex.route.upstream_path
-            kind = self._kinds.get(path, "")
-            if kind == "":
-                kind = self._kinds[path] = kind_of(path)
+            kind = ex.route.history
             if kind is None:
                 return None
             data = sent if type(sent) is dict else ex.own_parse()
@@ -366,7 +362,7 @@ class Runs:
         return self._entry(live, read, False)
 
     def _rejected(self, ex: RunRequest) -> Entry | None:
-        kind = kind_of(ex.route.upstream_path)
+        kind = ex.route.history
         if kind is None:
             return None
         found = self._identify(ex, kind, ex.json(), ())
