@@ -129,7 +129,6 @@ class MessagesFamily(FamilyBase):
         return prompt_text(data)
 
 
-
 def prompt_text(data: dict[str, Any]) -> str:
     """The text of a Messages request as the model sees it (roughly): system, messages, tools."""
     parts: list[str] = []

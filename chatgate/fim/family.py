@@ -66,7 +66,6 @@ class FimFamily(FamilyBase):
         return prompt_text(data)
 
 
-
 def prompt_text(body: dict[str, Any]) -> str:
     """What the model reads: the prompt, then the suffix."""
     parts = (body.get("prompt"), body.get("suffix"))

@@ -112,8 +112,6 @@ class ResponsesFamily(FamilyBase):
         return prompt_text(data)
 
 
-
-
 def prompt_text(data: dict[str, Any]) -> str:
     """The text of a Responses request as the model sees it (roughly): instructions, input, tools."""
     parts: list[str] = []
