@@ -36,7 +36,7 @@ from chatgate.demo.deepseek import (
     split_pieces,
     sse,
 )
-from chatgate.demo.rules import DESERIALIZE, STREAM_OPTIONS, Deserializer, Refused, kind
+from chatgate.demo.rules import DESERIALIZE, STREAM_OPTIONS, Deserializer, Refused, kind, model_served
 
 FIM_PATHS = frozenset({"/beta/completions"})
 BALANCE_PATHS = frozenset({"/user/balance", "/v1/user/balance"})
@@ -178,6 +178,7 @@ def fim_error(body: dict[str, Any], size: int = 0) -> str | None:
             if name not in body:
                 raise check.missing("", name)
         limits(body)
+        model_served(body)
     except Refused as refused:
         return str(refused)
     return None

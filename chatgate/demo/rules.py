@@ -22,6 +22,7 @@ ROLES = ("system", "user", "assistant", "tool", "latest_reminder")
 THINKING_TYPES = ("adaptive", "enabled", "disabled")
 TOOL_CHOICES = ("none", "auto", "required")
 RESPONSE_FORMATS = ("text", "json_object")
+MODEL_NOT_EXIST = "Model Not Exist"  # R3 (observed)
 MAX_TOKENS = 393_216  # 384K: V4 / V4.1 and the legacy names routed to them (docs/rules-chat.md#models)
 FUNCTION_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 BETA_PATHS = frozenset({"/beta/chat/completions"})
@@ -274,8 +275,18 @@ def is_thinking(body: dict[str, Any]) -> bool:
     return body.get("model") != "deepseek-chat" and not disabled and body.get("reasoning_effort") != "none"
 
 
+def model_served(body: dict[str, Any]) -> None:
+    """R3 / F3: a model DeepSeek does not serve. The stand-in serves every `deepseek-` name (a model DeepSeek
+    adds later, which chatgate forwards when told of it: validation.extra_models) and refuses the others
+    (`gpt-4o`) in DeepSeek's words."""
+    model = body.get("model")
+    if isinstance(model, str) and not model.startswith("deepseek-"):
+        raise Refused(MODEL_NOT_EXIST)
+
+
 def semantics(path: str, body: dict[str, Any]) -> None:
     """The rules after deserialization; the body is known to have the right types here."""
+    model_served(body)
     if body.get("stream_options") is not None and body.get("stream") is not True:
         raise Refused(STREAM_OPTIONS)  # R29
     max_tokens = body.get("max_tokens")

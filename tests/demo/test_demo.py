@@ -117,6 +117,10 @@ def test_refusals_anthropic_and_responses_routes(demo: Demo) -> None:
                                        messages=[{"role": "user", "content": "Hello"}])
     assert refused.value.response.headers["x-chatgate-demo"] == LABEL
     assert "n = 1" in str(refused.value)
+    for _ in range(2):  # the first is confirmed with the stand-in (issue 47), the second refused at once
+        with pytest.raises(openai.BadRequestError) as unknown:
+            client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "Hello"}])
+        assert "did you mean 'deepseek-flash'" in str(unknown.value)
 
     answer = client.responses.with_raw_response.create(model="deepseek-flash", input="Hello")
     assert answer.headers["x-chatgate-demo"] == LABEL
