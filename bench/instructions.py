@@ -18,6 +18,9 @@ depends on the client and upstream sharing the cores).
                                                # the cache advisor's fingerprints on / off
                                                # (CHATGATE_CACHE_BREAKS): the plain request, or with
                                                # --loop scenario 11's tool loop (bench.pair's load)
+    python -m bench.instructions runs [--stream]
+                                               # scenario 11's tool loop with agent runs on / off
+                                               # (CHATGATE_RUNS_ENABLED): a new run every loop
     python -m bench.instructions all [--stream]
                                                # scenario 14's everything-on chatgate (managed mode, a key
                                                # with limits on every kind, DEEPSEEK_API_KEY set) / the
@@ -165,7 +168,7 @@ def measure(name: str, env: dict[str, str], store: str, upstream: str, send: Sen
 def main() -> None:
     raw = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=raw)
-    parser.add_argument("twins", choices=["limits", "restore", "plain", "tracing", "advisor", "all"])
+    parser.add_argument("twins", choices=["limits", "restore", "plain", "tracing", "advisor", "runs", "all"])
     parser.add_argument("--tree", action="append", help="plain: a tree to measure (repeat to compare)")
     parser.add_argument("--stream", action="store_true")
     parser.add_argument("--loop", action="store_true", help="advisor: the tool loop, not the plain request")
@@ -178,7 +181,7 @@ def main() -> None:
     workdir = Path(tempfile.mkdtemp(prefix="chatgate-instr-"))
     up_port = free_port()
     up_argv = [sys.executable, "-m", "bench.upstream", "--port", str(up_port)]
-    up_argv += ["--tool-loop"] if args.twins == "restore" or args.loop else []
+    up_argv += ["--tool-loop"] if args.twins in ("restore", "runs") or args.loop else []
     upstream = subprocess.Popen(up_argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     sink: subprocess.Popen[bytes] | None = None
     settle = 0.5
@@ -226,6 +229,10 @@ def main() -> None:
             on, off = f"sqlite:///{workdir / 'on.db'}", f"sqlite:///{workdir / 'off.db'}"
             twins = [("advisor-on", {"CHATGATE_CACHE_BREAKS": "true"}, on, load),
                      ("advisor-off", {"CHATGATE_CACHE_BREAKS": "false"}, off, load)]
+        elif args.twins == "runs":
+            load = loop(args.stream, False)
+            on, off = f"sqlite:///{workdir / 'on.db'}", f"sqlite:///{workdir / 'off.db'}"
+            twins = [("runs-on", {}, on, load), ("runs-off", {"CHATGATE_RUNS_ENABLED": "false"}, off, load)]
         else:
             off_env = {"CHATGATE_REPAIR_RESTORE_REASONING": "false"}
             twins = [("restore-on", {}, f"sqlite:///{workdir / 'on.db'}", loop(args.stream, False)),

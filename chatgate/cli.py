@@ -865,8 +865,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 
 def cmd_runs_show(args: argparse.Namespace) -> int:
-    from chatgate.runs.summary import show_text
-    from chatgate.runs.tracker import show
+    from chatgate.runs.summary import show, show_text
 
     opened = _report_store(args)
     if opened is None:

@@ -91,6 +91,13 @@ class Ledger:
             if units is not None or calls is not None or ex.route.tool is not None else None
         if billed is not None:
             cost += billed.picousd
+        run = ex.run
+        if run is None and outcome == "rejected" and self.runs is not None:
+            run = self.runs.rejected(ex)  # refused by the rules, before it entered its run
+        run_id = thread = detail = None
+        if run is not None and self.runs is not None:
+            run_id, thread, detail = self.runs.stamp(run, ex.model)
+            self.runs.add(run, cost)
         record = UsageRecord(
             record_id=new_id(), ts=ex.ts, request_id=ex.request_id, key_id=ex.identity.key_id,
             key_name=ex.identity.key_name, team=ex.identity.team, model=_storable(ex.model),
@@ -110,13 +117,12 @@ class Ledger:
             attempts=ex.attempts, account=ex.tries.account if ex.tries is not None else None,
             cache_saved_picousd=saved,
             cache_break=broke.param if broke is not None else None,
-            cache_lost_tokens=broke.lost_tokens if broke is not None else 0, cache_lost_picousd=lost)
+            cache_lost_tokens=broke.lost_tokens if broke is not None else 0, cache_lost_picousd=lost,
+            run_id=run_id, run_thread=thread, run_detail=detail)
         if billed is not None:
             record = dataclasses.replace(record, **billed.fields())
         if self.recorder is not None:
             self.recorder.record(record)
-        if self.runs is not None:
-            self.runs.add(ex, record)
         if ex.admission is not None:
             self._settle(ex.admission, record)
         if (trace := ex.trace) is not None:

@@ -196,7 +196,7 @@ class Gateway:
         if ex.route.tool is None and self.pricing.rates(ex.priced_as or ex.model, ex.ts) is None:
             ex.warnings.append(self._unpriced(ex.model))
         if self.runs is not None:
-            stopped = await self.runs.enter(ex, request.headers.raw, sent)
+            ex.run, stopped = await self.runs.enter(ex, request.headers.raw, sent)
             if stopped is not None:
                 self.ledger.finish(ex, "limited", stopped.status, rule_code=stopped.code)
                 return error_response(stopped, request_id, family)
@@ -687,8 +687,6 @@ class Gateway:
 
     async def drain(self) -> None:
         await self.background.drain()
-        if self.runs is not None:
-            await self.runs.close()
         if self.confirmations is not None:  # the warned rules' scores not written yet
             await self.confirmations.flush()
         if self.ledger.access_log is not None:

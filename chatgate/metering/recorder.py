@@ -15,6 +15,7 @@ starting process's file for a dead one's.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import fcntl
 import hashlib
@@ -80,6 +81,8 @@ class Recorder:
         self._queued: list[UsageRecord] = []  # spooled, not yet taken by the writer
         self._stopping = False
         self._pending = 0  # spooled, not yet in the store
+        self._spooled = 0  # items spooled since the start
+        self._settled = 0  # of those, the ones written or dropped
         self._spilled_at: int | None = None  # spool offset from which lines are not queued (queue was full)
         self._fd = -1
         self._thread: threading.Thread | None = None
@@ -131,6 +134,7 @@ class Recorder:
     def _spool(self, lines: bytes, items: Sequence[UsageRecord]) -> None:
         with self._lock:
             self._pending += len(items)
+            self._spooled += len(items)
             first = not self._queued
             if self._spilled_at is None and len(self._queued) >= self.queue_max:
                 self._spilled_at = os.fstat(self._fd).st_size
@@ -139,6 +143,17 @@ class Recorder:
                 self._queued.extend(items)
         if first:
             self._wake.set()
+
+    async def caught_up(self, timeout: float = 2.0) -> bool:
+        """Wait until every record spooled before the call is in the store (or dropped): what a report read
+        next shows them. False after `timeout` (the store is down, say: they stay spooled)."""
+        target = self._spooled
+        deadline = time.monotonic() + timeout
+        while self._settled < target:
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(0.005)
+        return True
 
     @property
     def pending(self) -> int:
@@ -237,6 +252,7 @@ class Recorder:
     def _settle(self, n: int) -> None:
         with self._lock:
             self._pending -= n
+            self._settled += n
             if self._pending == 0 and os.fstat(self._fd).st_size > self.truncate_at:
                 os.ftruncate(self._fd, 0)
 

@@ -12,7 +12,6 @@ same however long the history is: the roles (in C), the task's JSON and two answ
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -26,27 +25,16 @@ OUTPUT_TYPES = frozenset({"function_call", "custom_tool_call", "local_shell_call
                           "image_generation_call"})
 
 
-@dataclass(slots=True)
-class Calls:
-    """The tool calls of one answer: their names in order, and one hash of names and arguments together."""
+Calls = tuple[tuple[str, ...], int]
+"""The tool calls of one answer: their names in order, and one hash of names and arguments together (equal
+for the same calls with the same arguments)."""
+NO_CALLS: Calls = ((), 0)
 
-    names: tuple[str, ...]
-    same: int  # equal for the same calls with the same arguments
-
-
-NO_CALLS = Calls((), 0)
-
-
-@dataclass(slots=True)
-class Shape:
-    """A request's history as runs read it. `after`: the print of the request it continues (None: it
-    continues none; it opens a run); `own`: its own print; `calls`: the tool calls of the answer it carries
-    back (the last one); `finish`: why that answer ended, as it shows (tool_calls or stop)."""
-
-    after: tuple[int, int] | None
-    own: tuple[int, int]
-    calls: Calls
-    finish: str | None
+Shape = tuple[tuple[int, int] | None, tuple[int, int], tuple[str, ...] | None, int]
+"""A request's history as runs read it, `(after, own, names, same)`: the print of the request it continues
+(None: it continues none; it opens a run), its own print, the tool calls of the answer it carries back (the
+last one: None when it carries none, () when that answer called no tool) and one hash of their names and
+arguments. A plain tuple: one is made for every request read."""
 
 
 def _text(content: Any) -> bytes:
@@ -72,8 +60,8 @@ def _chat_answer(item: Any, last: bool) -> tuple[bytes, Calls]:
         if not last:
             return ids, NO_CALLS
         function = call.get("function")
-        return ids, Calls((_name(function.get("name") if type(function) is dict else None),),
-                          _xx(_dumps([function])))
+        name = _name(function.get("name") if type(function) is dict else None)
+        return ids, ((name,), _xx(_dumps([function])))
     if type(calls) is list and calls:
         try:
             ids = "\x00".join([str(call["id"]) for call in calls]).encode()
@@ -83,7 +71,7 @@ def _chat_answer(item: Any, last: bool) -> tuple[bytes, Calls]:
             return ids, NO_CALLS
         functions = [call.get("function") if type(call) is dict else None for call in calls]
         names = tuple(_name(f.get("name") if type(f) is dict else None) for f in functions)
-        return ids, Calls(names, _xx(_dumps(functions)))
+        return ids, (names, _xx(_dumps(functions)))
     return _text(item.get("content")), NO_CALLS
 
 
@@ -124,7 +112,7 @@ def _anthropic_answer(item: Any, last: bool) -> tuple[bytes, Calls]:
     if not last:
         return ids, NO_CALLS
     names = tuple(_name(b.get("name")) for b in uses)
-    return ids, Calls(names, _xx(_dumps([[b.get("name"), b.get("input")] for b in uses])))
+    return ids, (names, _xx(_dumps([[b.get("name"), b.get("input")] for b in uses])))
 
 
 def _responses_answer(group: list[Any], last: bool) -> tuple[bytes, Calls]:
@@ -137,7 +125,7 @@ def _responses_answer(group: list[Any], last: bool) -> tuple[bytes, Calls]:
         return ids, NO_CALLS
     names = tuple(_name(i.get("name") or i.get("type")) for i in calls)
     same = _xx(_dumps([[i.get("name"), i.get("arguments", i.get("input", i.get("action")))] for i in calls]))
-    return ids, Calls(names, same)
+    return ids, (names, same)
 
 
 def _roles(items: list[Any]) -> list[Any]:
@@ -149,10 +137,6 @@ def _roles(items: list[Any]) -> list[Any]:
 
 def _is_output(item: Any) -> bool:
     return type(item) is dict and (item.get("type") in OUTPUT_TYPES or item.get("role") == "assistant")
-
-
-def _print(base: bytes, sig: bytes, anchor: bytes) -> int:
-    return _xx(b"%s%s\x01%s" % (base, sig, anchor))
 
 
 ANCHOR_SCAN = 64  # items looked back through for the last answer that called tools
@@ -180,6 +164,55 @@ def shape(kind: str, items: list[Any], caller: str, opens: bool) -> Shape | None
     call: two runs never share an answer's signature, so the history before it need not be hashed."""
     if not items:
         return None
+    if kind == "chat":
+        return _chat_shape(items, caller, opens)
+    return _shape(kind, items, caller, opens)
+
+
+def _chat_shape(items: list[Any], caller: str, opens: bool) -> Shape | None:
+    """`_shape` of a chat history, in fewer steps when it opens a run or its last answer made one tool call
+    (an agent's round): the same prints."""
+    try:
+        roles = list(map(_role, items))
+    except (KeyError, TypeError):
+        return _shape("chat", items, caller, opens)
+    n = len(items)
+    if "assistant" not in roles:
+        if not opens:
+            return None
+        try:
+            task = _xx(_dumps(items[-1]))
+        except TypeError:
+            return None
+        return None, (n, _xx(b"%s\x00%d" % (caller.encode("utf-8", "replace"), task))), None, 0
+    last = n - 1 - roles[::-1].index("assistant")
+    calls = items[last].get("tool_calls")
+    if type(calls) is not list or len(calls) != 1 or type(call := calls[0]) is not dict:
+        return _shape("chat", items, caller, opens)
+    call_id, function = call.get("id"), call.get("function")
+    name = function.get("name") if type(function) is dict else None
+    if type(call_id) is not str or type(name) is not str:
+        return _shape("chat", items, caller, opens)  # (a parallel call, an odd one)
+    first = roles.index("assistant")
+    try:
+        task = _xx(_dumps(items[first - 1] if first else items[0]))
+        same = _xx(_dumps([function]))
+    except TypeError:
+        return None
+    base = b"%s\x00%d" % (caller.encode("utf-8", "replace"), task)
+    sig = call_id.encode()
+    if last > first:
+        prev = last - 1 - roles[last - 1::-1].index("assistant")
+        before, called = _chat_sig(items[prev])
+        anchor = before if called else _anchor("chat", items, roles, prev - 1)
+        after = _xx(b"%s%s\x01%s" % (base, before, anchor))
+    else:
+        after = _xx(base)
+    return (last, after), (n, _xx(b"%s%s\x01%s" % (base, sig, sig))), (name,), same
+
+
+def _shape(kind: str, items: list[Any], caller: str, opens: bool) -> Shape | None:
+    """`shape`, read the general way: any family, any history."""
     n = len(items)
     if kind == "responses":
         starts = [i for i in range(n) if _is_output(items[i]) and (i == 0 or not _is_output(items[i - 1]))]
@@ -201,27 +234,26 @@ def shape(kind: str, items: list[Any], caller: str, opens: bool) -> Shape | None
             prev = last - 1 - roles[last - 1::-1].index("assistant") if last > first else -1
     task = items[first - 1] if first > 0 else items[0]
     try:
-        base = caller.encode("utf-8", "replace") + b"\x00" + _xx(_dumps(task)).to_bytes(8, "little")
+        base = b"%s\x00%d" % (caller.encode("utf-8", "replace"), _xx(_dumps(task)))
     except TypeError:
         return None
     if last < 0:
-        return Shape(None, (n, _xx(base)), NO_CALLS, None)
+        return None, (n, _xx(base)), None, 0
     if kind == "responses":
         def group(start: int) -> list[Any]:
             end = start
             while end < n and _is_output(items[end]):
                 end += 1
             return items[start:end]
-        sig, calls = _responses_answer(group(last), True)
+        sig, (names, same) = _responses_answer(group(last), True)
         before = _responses_answer(group(prev), False)[0] if prev >= 0 else None
         own_anchor = before_anchor = b""
     else:
-        answer = _chat_answer if kind == "chat" else _anthropic_answer
-        sig, calls = answer(items[last], True)
-        own_anchor = sig if calls.names else _anchor(kind, items, roles, last - 1)
+        sig, (names, same) = (_chat_answer if kind == "chat" else _anthropic_answer)(items[last], True)
+        own_anchor = sig if names else _anchor(kind, items, roles, last - 1)
         before, before_anchor = None, b""
         if prev >= 0:
             before, called = (_chat_sig if kind == "chat" else _anthropic_sig)(items[prev])
             before_anchor = before if called else _anchor(kind, items, roles, prev - 1)
-    after = (last, _xx(base) if before is None else _print(base, before, before_anchor))
-    return Shape(after, (n, _print(base, sig, own_anchor)), calls, "tool_calls" if calls.names else "stop")
+    after = _xx(base) if before is None else _xx(b"%s%s\x01%s" % (base, before, before_anchor))
+    return (last, after), (n, _xx(b"%s%s\x01%s" % (base, sig, own_anchor))), names, same

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import operator
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -15,7 +16,8 @@ _ID = re.compile(r"[\x21-\x7e]{1,128}")  # printable ASCII without spaces
 # Claude Code's user_id before it became JSON: user_<device>_account_<uuid>_session_<uuid>
 _LEGACY_SESSION = re.compile(r"_session_([0-9a-fA-F-]{8,64})$")
 
-Headers = Sequence[tuple[bytes, bytes]]  # the request's, as the ASGI scope has them (names lower-case)
+Headers = Sequence[tuple[bytes, bytes]]
+_name = operator.itemgetter(0)  # the request's, as the ASGI scope has them (names lower-case)
 
 
 def header(raw: Headers, name: bytes) -> str | None:
@@ -58,7 +60,7 @@ def codex_conversation(data: dict[str, Any], raw: Headers) -> str | None:
 def declared(kind: str, data: dict[str, Any], raw: Headers) -> tuple[str, str] | None:
     """(run id, source) when the client names the run: `x-chatgate-run` (source "header"), else its agent's
     session ("session"); None: the run is inferred from the history."""
-    explicit = header(raw, RUN_HEADER)
+    explicit = header(raw, RUN_HEADER) if RUN_HEADER in map(_name, raw) else None  # (the test in C)
     if explicit is not None:
         value = explicit.strip()
         return (value, "header") if _ID.fullmatch(value) else None

@@ -11,18 +11,17 @@ from decimal import Decimal
 from typing import Any
 
 from chatgate.metering import text
-from chatgate.store.runs import RunHead, RunRequest, requests_of
+from chatgate.store.runs import RUN_LIMIT, RunHead, RunRecord, RunStore
 
 IDLE_SECONDS = 600.0  # a run with no request for this long has ended
 PICO = Decimal(10) ** 12
-RUN_LIMIT = "run_limit"
 
 
 def _money(pico: int) -> float:
     return float(Decimal(pico) / PICO)
 
 
-def _ended(head: RunHead, last: RunRequest | None, now: float) -> str:
+def _ended(head: RunHead, last: RunRecord | None, now: float) -> str:
     """finished, stopped (by a bound), abandoned (its last request failed and none came since), or active."""
     if head.stopped is not None and last is not None and (last.rule_code or "").startswith(RUN_LIMIT):
         return "stopped"
@@ -31,7 +30,7 @@ def _ended(head: RunHead, last: RunRequest | None, now: float) -> str:
     return "finished" if last.outcome == "ok" else "abandoned"
 
 
-def summarize(head: RunHead, requests: Sequence[RunRequest], now: float | None = None) -> dict[str, Any]:
+def summarize(head: RunHead, requests: Sequence[RunRecord], now: float | None = None) -> dict[str, Any]:
     """One run's line: who, when, how many requests and rounds, its tokens and cost, its largest context."""
     now = time.time() if now is None else now
     tools: Counter[str] = Counter()
@@ -65,7 +64,7 @@ def summarize(head: RunHead, requests: Sequence[RunRequest], now: float | None =
     }
 
 
-def rounds(requests: Sequence[RunRequest]) -> list[dict[str, Any]]:
+def rounds(requests: Sequence[RunRecord]) -> list[dict[str, Any]]:
     """The run request by request: its tokens, cost, the tools its answer called, the context it sent and
     how much that grew since the request before."""
     out: list[dict[str, Any]] = []
@@ -94,11 +93,19 @@ def runs_document(heads: Sequence[RunHead], now: float | None = None) -> dict[st
     """`{"runs": [...]}`, each run with its context per request (`context`: the chart's points)."""
     runs = []
     for head in heads:
-        requests = requests_of(head)
+        requests = head.requests_read
         line = summarize(head, requests, now)
         line["context"] = [r.prompt_tokens for r in requests if r.outcome == "ok"]
         runs.append(line)
     return {"object": "list", "runs": runs}
+
+
+def show(store: RunStore, run_id: str) -> dict[str, Any] | None:
+    """`chatgate runs show RUN`'s document: the run's line and its requests (`rounds`)."""
+    head = store.run_head(run_id)
+    if head is None:
+        return None
+    return {"run": summarize(head, head.requests_read), "rounds": rounds(head.requests_read)}
 
 
 # --- text, for the CLI --------------------------------------------------------------------------------------

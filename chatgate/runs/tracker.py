@@ -1,7 +1,8 @@
 """The runs of this process: which run each request belongs to (`Runs.enter`, before it is admitted and
-forwarded: where a run's bounds refuse it), and what it added to its run (`Runs.add`, with its usage
-record). Runs are written to the store in batches, off the request path; a run seen by another replica or
-before a restart is found there.
+forwarded: where a run's bounds refuse it, and what it gives the request's usage record: `Runs.stamp`), and
+what each request cost its run (`Runs.add`). A run is kept in the store by its requests' usage records
+(chatgate/store/runs.py), with no write of its own; a run seen by another replica or before a restart is
+found there.
 
 A request's run is the one it names (`x-chatgate-run`, its agent's session: chatgate/runs/identity.py), else
 the one whose last request its history continues (chatgate/runs/history.py), else a new one. Only requests
@@ -14,30 +15,27 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import Counter, OrderedDict
-from collections.abc import Callable, Mapping, Sequence, Sized
-from dataclasses import dataclass, field
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
-import orjson
-
 from chatgate.errors import APIError
-from chatgate.ids import new_id
+from chatgate.ids import ordered_id
 from chatgate.profiles import ModelProfile
 from chatgate.quotas.book import LimitBook
-from chatgate.runs.history import NO_CALLS, Calls, Shape, shape
+from chatgate.runs.history import Shape, shape
 from chatgate.runs.identity import Headers, declared
-from chatgate.runs.summary import RUN_LIMIT, rounds, runs_document, summarize
-from chatgate.store.base import LimitRow, StoreError, UsageRecord
-from chatgate.store.runs import RunHead, RunStore, requests_of
+from chatgate.store.base import LimitRow, StoreError
+from chatgate.store.runs import RUN_LIMIT, RunStore, detail
 
 log = logging.getLogger("chatgate.runs")
 
 MAX_RUNS = 50_000  # live runs remembered by this process (the least recently seen are forgotten)
-MAX_PRINTS = 100_000  # history prints remembered
+MAX_PRINTS = 2 * MAX_RUNS  # history prints remembered
 SAME_START = 16  # runs remembered per print: as many as an agent runs at once from the same start
-FLUSH_SECONDS = 0.2
-QUEUE_MAX = 100_000
+MAX_BOUNDS = 10_000  # (team, key) pairs whose run bounds are remembered
+RECALL_SECONDS = 86_400.0  # on start, the runs of the last day's requests are remembered (at most MAX_RUNS)
 
 
 class Caller(Protocol):
@@ -63,11 +61,6 @@ class Traced(Protocol):
     conversation: str | None
 
 
-class Repairs(Protocol):
-    @property
-    def applied(self) -> Sized: ...
-
-
 class RunRequest(Protocol):
     """What runs read of the gateway's exchange (chatgate/gateway/exchange.py)."""
 
@@ -79,15 +72,6 @@ class RunRequest(Protocol):
 
     @property
     def route(self) -> Path: ...
-
-    @property
-    def ts(self) -> float: ...
-
-    @property
-    def attempts(self) -> int: ...
-
-    @property
-    def repaired(self) -> Repairs | None: ...
 
     @property
     def trace(self) -> Traced | None: ...
@@ -116,34 +100,45 @@ class Bounds:
 
 @dataclass(slots=True)
 class Live:
-    """A run as this process knows it, and what it has not written yet (`out`, the `d_` counters)."""
+    """A run as this process knows it."""
 
-    head: RunHead
+    run_id: str
+    source: str  # how it was told apart: header, session, inferred
     turns: int = 0  # its requests forwarded (or on their way)
-    cost: int = 0
+    cost: int = 0  # pico-units of the prices' currency
     same: int = 0  # the hash of the last tool calls its model made
     streak: int = 0  # how many times in a row it made them
     own: tuple[int, int] | None = None  # the print of its last request's history
     fresh: bool = False  # it may have requests in the store this process has not counted
-    out: list[tuple[Any, ...]] = field(default_factory=list)
-    d_requests: int = 0
-    d_turns: int = 0
-    d_cost: int = 0
-    last_seen: float = 0.0
 
 
 @dataclass(slots=True)
-class Entry:
-    """A request on its way, as `add` will record it."""
+class Round:
+    """A request's part in its run, from `enter` to its usage record."""
 
     live: Live
-    retry: bool
-    calls: Calls
-    finish: str | None
+    retry: bool  # the history its run's request before it sent, sent again
+    own: tuple[int, int] | None  # the print of its history
+    names: tuple[str, ...] | None  # the tool calls of the answer it carries back (None: it carries none)
+    same: int  # one hash of those calls with their arguments
+    streak: int = 0  # the same tool call in a row, as of this request
+    stopped: str | None = None  # the bound that refused it
+
+
+Unknown = tuple[str, str, "Shape | None"]  # a run this process does not know: its id ("": none), source, read
 
 
 def thread_text(p: tuple[int, int]) -> str:
     return f"{p[0]:x}-{p[1]:016x}"
+
+
+def thread_of(text: str) -> tuple[int, int] | None:
+    """`thread_text`'s print back (None: not one)."""
+    n, _, h = text.partition("-")
+    try:
+        return int(n, 16), int(h, 16)
+    except ValueError:
+        return None
 
 
 def run_limit(run_id: str, bound: str, limit: str, what: str) -> APIError:
@@ -157,222 +152,216 @@ def run_limit(run_id: str, bound: str, limit: str, what: str) -> APIError:
 
 class Runs:
     def __init__(self, store: RunStore | None, book: LimitBook | None, profiles: Mapping[str, ModelProfile],
-                 bounds_seconds: float, shared: bool = False, clock: Callable[[], float] = time.time) -> None:
+                 bounds_seconds: float, shared: bool = False) -> None:
         self.store = store
         self.book = book
         self.profiles = profiles
         self.bounds_seconds = bounds_seconds
         self.shared = shared  # replicas share the store: a bounded run's counters are read from it
-        self.clock = clock
         # the runs and prints seen last (the first seen are forgotten first: a run forgotten here is found
         # again in the store by its last print)
         self._live: OrderedDict[str, Live] = OrderedDict()
         self._prints: OrderedDict[tuple[int, int], list[Live]] = OrderedDict()
-        self._pending: dict[str, Entry] = {}
-        self._bounds: dict[tuple[str, str], tuple[float, int, Bounds | None]] = {}
-        self._dirty: dict[str, Live] = {}  # the runs with something not written yet
-        self._unsaved: list[RunHead] = []  # updates a store error sent back, tried again first
-        self._writer: asyncio.Task[None] | None = None
+        self._bounds: OrderedDict[tuple[str, str], tuple[float, int, Bounds | None]] = OrderedDict()
+        self._windows = {model: p.context_window for model, p in profiles.items()}
+
+    async def start(self) -> None:
+        """Remember the runs the store's recent requests were in, as of their latest request (after a
+        restart, their next requests go on in them)."""
+        if self.store is None:
+            return
+        try:
+            heads = await asyncio.to_thread(self.store.recent_runs, time.time() - RECALL_SECONDS, MAX_RUNS)
+        except StoreError as exc:
+            log.warning("runs: the recent runs could not be read (%s); their next requests begin new runs",
+                        exc)
+            return
+        for head in reversed(heads):  # the latest last: the first forgotten are the oldest
+            live = Live(head.run_id, head.source, streak=head.streak, fresh=True)
+            self._remember(live)
+            if head.thread is not None and (own := thread_of(head.thread)) is not None:
+                self._advance(live, own)
 
     # --- the request path ------------------------------------------------------------------------------
 
-    async def enter(self, ex: RunRequest, header: Headers, sent: object = None) -> APIError | None:
-        """The request's run, found or begun; its refusal when it would go beyond one of the run's bounds.
-        `sent`: R1's parse of the body as the client sent it (a repair puts back what the client dropped,
-        never a part of the history runs read; and the client's next request holds its own version), so
-        that a repaired body is not parsed again. A fault of the runs' own never fails the request: it is
-        logged, and the request is in no run."""
+    async def enter(self, ex: RunRequest, header: Headers, sent: object = None
+                    ) -> tuple[Round | None, APIError | None]:
+        """The request's part in its run, found or begun (None: it is in no run), and its refusal when it
+        would go beyond one of the run's bounds. `sent`: R1's parse of the body as the client sent it (a
+        repair puts back what the client dropped, never a part of the history runs read; and the client's
+        next request holds its own version), so that a repaired body is not parsed again. A fault of the
+        runs' own never fails the request: it is logged, and the request is in no run."""
+        kind = ex.route.history
+        if kind is None:
+            return None, None
         try:
-            kind = ex.route.history
-            if kind is None:
-                return None
             data = sent if type(sent) is dict else ex.own_parse()
             if type(data) is not dict:
                 data = ex.json()
             found = self._identify(ex, kind, data, header)
             if found is None:
-                return None
-            entry, named = found
-            if entry is None:
-                entry = await self._look_up(ex, named)
-            live = entry.live
-            if ex.trace is not None:
-                ex.trace.conversation = live.head.run_id
-            streak = live.streak
-            if not entry.retry and entry.calls.names:
-                streak = streak + 1 if entry.calls.same == live.same else 1
-            bounds = None
-            if self.book is not None:
-                team, key_id = ex.identity.team, ex.identity.key_id
-                cached = self._bounds.get((team, key_id))
-                if cached is not None and cached[0] > time.monotonic() and cached[1] == self.book.generation:
+                return None, None
+            run = await self._look_up(ex, found) if isinstance(found, tuple) else found
+            live = run.live
+            if (trace := ex.trace) is not None:
+                trace.conversation = live.run_id
+            if run.names and not run.retry:
+                run.streak = live.streak + 1 if run.same == live.same else 1
+            else:
+                run.streak = live.streak
+            if (book := self.book) is not None:
+                identity = ex.identity
+                cached = self._bounds.get((identity.team, identity.key_id))
+                if cached is not None and cached[0] > time.monotonic() and cached[1] == book.generation:
                     bounds = cached[2]
                 else:
-                    bounds = await self._bounds_of(team, key_id)
-            if bounds is not None:
-                if self.shared or live.fresh:
-                    await self._catch_up(live)
-                refusal = self._over(live, bounds, streak)
-                if refusal is not None:
-                    self._pending[ex.request_id] = entry
-                    return refusal
-            if not entry.retry:
-                live.same, live.streak = (entry.calls.same, streak) if entry.calls.names else (0, 0)
+                    bounds = await self._bounds_of(identity.team, identity.key_id)
+                if bounds is not None:
+                    if self.shared or live.fresh:
+                        await self._catch_up(live)
+                    refusal = self._over(live, bounds, run.streak)
+                    if refusal is not None:
+                        run.stopped = refusal.message.split("bound ", 1)[1].split(" ", 1)[0]
+                        return run, refusal
+            if not run.retry:
+                if run.names:
+                    live.same, live.streak = run.same, run.streak
+                else:
+                    live.same = live.streak = 0
             live.turns += 1
-            self._pending[ex.request_id] = entry
-            return None
+            return run, None
         except Exception:
-            self._pending.pop(ex.request_id, None)
             log.exception("runs: request %s left out of the runs", ex.request_id)
+            return None, None
+
+    def rejected(self, ex: RunRequest) -> Round | None:
+        """The run of a request the rules refused before `enter`: counted as the run's refusal (None: in no
+        run; never raises)."""
+        try:
+            kind = ex.route.history
+            if kind is None:
+                return None
+            found = self._identify(ex, kind, ex.json(), ())
+            if not isinstance(found, tuple):
+                return found
+            run_id, source, read = found
+            live = Live(run_id or ordered_id(), source)
+            self._remember(live)
+            if read is None:
+                return Round(live, False, None, None, 0)
+            self._advance(live, read[1])
+            return Round(live, False, read[1], read[2], read[3])
+        except Exception:
+            log.exception("runs: refused request %s left out of the runs", ex.request_id)
             return None
 
-    def add(self, ex: RunRequest, record: UsageRecord) -> None:
-        """The request's usage, added to its run (written with the run's next update); never raises."""
-        try:
-            self._add(ex, record)
-        except Exception:
-            log.exception("runs: request %s not added to its run", ex.request_id)
+    def stamp(self, run: Round, model: str) -> tuple[str, str | None, str]:
+        """What the request's usage record holds of its run: its id, the print of the request's history
+        where replicas look it up, and its part in the run (chatgate/store/runs.py's `run_id`, `run_thread`,
+        `run_detail`)."""
+        own, live = run.own, run.live
+        thread = None if own is None else f"{own[0]:x}-{own[1]:016x}"
+        return live.run_id, thread if self.shared else None, detail(
+            live.source, run.retry, run.names, run.streak, self._windows.get(model, 0), run.stopped, thread)
 
-    def _add(self, ex: RunRequest, record: UsageRecord) -> None:
-        entry = self._pending.pop(ex.request_id, None)
-        if entry is None:
-            if record.outcome != "rejected":
-                return
-            entry = self._rejected(ex)  # refused by the rules, before `enter`: counted as the run's refusal
-            if entry is None:
-                return
-        live = entry.live
-        cost = record.cost_picousd
-        live.cost += cost
-        if self.store is None:  # metering off: the bounds still count, nothing is kept
-            return
-        profile = self.profiles.get(record.model)
-        window = profile.context_window if profile is not None else 0
-        rule = record.rule_code
-        live.out.append((
-            record.request_id, record.ts, record.model, record.outcome,
-            record.upstream_status or (200 if record.outcome == "ok" else 0), rule, record.prompt_tokens,
-            record.completion_tokens, record.prompt_cache_hit_tokens, record.prompt_cache_miss_tokens,
-            record.reasoning_tokens, cost, record.currency, window,
-            record.attempts, len(ex.repaired.applied) if ex.repaired is not None else 0, entry.retry,
-            Counter(entry.calls.names) if entry.calls.names and not entry.retry else {}, live.streak,
-            entry.finish))
-        live.d_requests += 1
-        if rule is None or not rule.startswith(RUN_LIMIT):
-            live.d_turns += 1
-        live.d_cost += cost
-        if record.ts > live.last_seen:
-            live.last_seen = record.ts
-        self._dirty[live.head.run_id] = live
-        if self._writer is None:
-            self._writer = asyncio.get_running_loop().create_task(self._write_every())
+    @staticmethod
+    def add(run: Round, cost: int) -> None:
+        """What the request cost, added to its run's (the bound on a run's cost)."""
+        run.live.cost += cost
 
     # --- finding the run ---------------------------------------------------------------------------------
 
     def _identify(self, ex: RunRequest, kind: str, data: dict[str, Any], header: Headers
-                  ) -> tuple[Entry | None, tuple[str, str, Shape | None]] | None:
-        """The request's entry when this process knows its run (else None and what to look up), or None
-        when the request is in no run."""
+                  ) -> Round | Unknown | None:
+        """The request's round when this process knows its run, else what to look up; None when the
+        request is in no run."""
         items = data.get("input" if kind == "responses" else "messages")
         named = declared(kind, data, header)
-        caller = ex.identity.caller or ex.identity.key_id
-        read = shape(kind, items, caller, bool(data.get("tools")) or named is not None) \
-            if type(items) is list else None
-        if named is not None:
-            run_id, source = named
-            live = self._live.get(run_id)
-            if live is None:
-                return None, (run_id, source, read)
-            retry = read is not None and live.own == read.own
-            if read is not None:
-                live.own = read.own
-            return self._entry(live, read, retry), (run_id, source, read)
+        if named is None:
+            if type(items) is not list:
+                return None
+            identity = ex.identity
+            read = shape(kind, items, identity.caller or identity.key_id, bool(data.get("tools")))
+            if read is None:
+                return None
+            after, own, names, same = read
+            if after is None:  # an opening: a new run (agents start alike)
+                live = Live(ordered_id(), "inferred")
+                self._remember(live)
+                self._advance(live, own)
+                return Round(live, False, own, names, same)
+            prints = self._prints
+            again = prints.get(own)
+            if again:  # this history again: a retry
+                return Round(again[-1], True, own, names, same)
+            before = prints.get(after)
+            if not before:
+                return "", "inferred", read
+            live = before[-1]
+            if live.own != after:  # of the runs that began alike, the latest still at that point
+                live = next((r for r in reversed(before) if r.own == after), live)
+            self._advance(live, own)
+            return Round(live, False, own, names, same)
+        run_id, source = named
+        identity = ex.identity
+        read = shape(kind, items, identity.caller or identity.key_id, True) if type(items) is list else None
+        known = self._live.get(run_id)
+        if known is None:
+            return run_id, source, read
         if read is None:
-            return None
-        if read.after is not None:
-            same = self._prints.get(read.own)
-            if same:  # this history again: a retry (an opening again is a new run: agents start alike)
-                return self._entry(same[-1], read, True), ("", "inferred", read)
-            before = self._prints.get(read.after)
-            if before:
-                live = before[0] if len(before) == 1 else next(
-                    (r for r in before if r.own == read.after), before[-1])
-                self._advance(live, read)
-                return self._entry(live, read, False), ("", "inferred", read)
-            return None, ("", "inferred", read)
-        return self._entry(self._begin(ex, new_id(), "inferred", read), read, False), ("", "inferred", read)
+            return Round(known, False, None, None, 0)
+        own = read[1]
+        retry = known.own == own
+        known.own = own
+        return Round(known, retry, own, read[2], read[3])
 
-    def _entry(self, live: Live, read: Shape | None, retry: bool) -> Entry:
-        if read is None:
-            return Entry(live, retry, NO_CALLS, None)
-        return Entry(live, retry, read.calls, read.finish)
-
-    def _advance(self, live: Live, read: Shape) -> None:
-        live.own = read.own
+    def _advance(self, live: Live, own: tuple[int, int]) -> None:
+        live.own = own
         prints = self._prints
-        runs = prints.get(read.own)
+        runs = prints.get(own)
         if runs is None:
-            prints[read.own] = [live]
+            prints[own] = [live]
+            if len(prints) > MAX_PRINTS:
+                prints.popitem(last=False)
         else:  # runs that began alike (one agent started again and again): the latest few
             runs.append(live)
             if len(runs) > SAME_START:
                 del runs[0]
-        if len(prints) > MAX_PRINTS:
-            prints.popitem(last=False)  # (a dict's first key after many deletions is found in O(n))
-
-    def _begin(self, ex: RunRequest, run_id: str, source: str, read: Shape | None) -> Live:
-        i = ex.identity
-        live = Live(RunHead(run_id, i.key_id, i.key_name, i.team, source, ex.ts))
-        self._remember(live)
-        if read is not None:
-            self._advance(live, read)
-        return live
 
     def _remember(self, live: Live) -> None:
-        self._live[live.head.run_id] = live
+        self._live[live.run_id] = live
         if len(self._live) > MAX_RUNS:
             self._live.popitem(last=False)
 
-    async def _look_up(self, ex: RunRequest, named: tuple[str, str, Shape | None]) -> Entry:
+    async def _look_up(self, ex: RunRequest, named: Unknown) -> Round:
         """A run this process does not know: one named (seen by another replica, or before a restart, or
         new), or one whose history continues a print the store may hold."""
         run_id, source, read = named
-        if not run_id and read is not None and read.after is not None and self.store is not None:
+        own, names, same = (None, None, 0) if read is None else read[1:]
+        store = self.store if self.shared else None  # (a process alone remembers every print it stored)
+        if not run_id and read is not None and read[0] is not None and store is not None:
             stored = None
             with contextlib.suppress(StoreError):
-                stored = await asyncio.to_thread(self.store.run_of_thread, thread_text(read.after))
+                stored = await asyncio.to_thread(store.run_of_thread, thread_text(read[0]))
             if stored is not None:
                 live = self._live.get(stored.run_id)
                 if live is None:
-                    h = stored
-                    head = RunHead(h.run_id, h.key_id, h.key_name, h.team, h.source, h.started,
-                                   stopped=h.stopped)
-                    live = Live(head, h.turns, h.cost_picousd, streak=h.streak, fresh=self.shared)
+                    live = Live(stored.run_id, stored.source, stored.turns, stored.cost_picousd,
+                                streak=stored.streak, fresh=self.shared)
                     self._remember(live)
-                self._advance(live, read)
-                return self._entry(live, read, False)
+                self._advance(live, read[1])
+                return Round(live, False, own, names, same)
         if not run_id:
-            return self._entry(self._begin(ex, new_id(), "inferred", read), read, False)
-        if run_id in self._live:  # begun meanwhile by another request
-            return self._entry(self._live[run_id], read, False)
-        live = self._begin(ex, run_id, source, None)
-        live.fresh = True
-        if read is not None:
-            live.own = read.own
-        return self._entry(live, read, False)
-
-    def _rejected(self, ex: RunRequest) -> Entry | None:
-        kind = ex.route.history
-        if kind is None:
-            return None
-        found = self._identify(ex, kind, ex.json(), ())
-        if found is None:
-            return None
-        entry, named = found
-        if entry is not None:
-            return entry
-        run_id, source, read = named
-        return self._entry(self._begin(ex, run_id or new_id(), source, read), read, False)
+            live = Live(ordered_id(), "inferred")
+            self._remember(live)
+            if own is not None:
+                self._advance(live, own)
+            return Round(live, False, own, names, same)
+        known = self._live.get(run_id)  # begun meanwhile by another request
+        if known is None:
+            known = Live(run_id, source, fresh=True, own=own)
+            self._remember(known)
+        return Round(known, False, own, names, same)
 
     # --- the bounds ----------------------------------------------------------------------------------------
 
@@ -389,114 +378,39 @@ class Runs:
         except StoreError:
             return None
         bounds = Bounds.of(rows)
-        if len(self._bounds) > 10_000:
-            self._bounds.clear()
         self._bounds[(team, key_id)] = (now + self.bounds_seconds, book.generation, bounds)
+        if len(self._bounds) > MAX_BOUNDS:
+            self._bounds.popitem(last=False)
         return bounds
 
     async def _catch_up(self, live: Live) -> None:
         """A bounded run's counters as the store has them (its requests on other replicas, before a
-        restart), with what this process has not written yet and its requests still under way."""
+        restart). The store lags behind by the records the usage writer has not written yet (a batch's
+        worth, milliseconds): this process's own count stands where it is ahead."""
         live.fresh = False
         if self.store is None:
             return
         try:
-            stored = await asyncio.to_thread(self.store.run_head, live.head.run_id, False)
+            stored = await asyncio.to_thread(self.store.run_head, live.run_id, False)
         except StoreError:
             return
-        if stored is None or stored.run_id != live.head.run_id:
+        if stored is None or stored.run_id != live.run_id:
             return
-        under_way = sum(1 for e in self._pending.values() if e.live is live)
-        live.turns = stored.turns + live.d_turns + under_way
-        live.cost = stored.cost_picousd + live.d_cost
-        if not live.out:
+        live.turns = max(live.turns, stored.turns)
+        live.cost = max(live.cost, stored.cost_picousd)
+        if stored.streak > live.streak:
             live.streak = stored.streak
 
     def _over(self, live: Live, bounds: Bounds, streak: int) -> APIError | None:
-        run_id = live.head.run_id
-        refusal = None
+        run_id = live.run_id
         if bounds.turns is not None and live.turns >= bounds.turns:
-            refusal = run_limit(run_id, "run_max_turns", str(bounds.turns),
-                                f"{live.turns} requests sent in this run")
-        elif bounds.cost is not None and live.cost >= bounds.cost:
-            refusal = run_limit(run_id, "run_max_cost_usd", str(bounds.cost / 1e12),
-                                f"this run has cost {live.cost / 1e12:.6f} so far")
-        elif bounds.repeats is not None and streak >= bounds.repeats:
-            refusal = run_limit(run_id, "run_max_repeats", str(bounds.repeats),
-                                f"the model made the same tool call with the same arguments {streak} "
-                                "times in a row")
-        if refusal is not None:
-            live.head.stopped = refusal.message.split("bound ", 1)[1].split(" ", 1)[0]
-        return refusal
-
-    # --- the store ---------------------------------------------------------------------------------------
-
-    async def _write_every(self) -> None:
-        while True:
-            await asyncio.sleep(FLUSH_SECONDS)
-            await self.flush()
-
-    async def flush(self) -> None:
-        """Write each run's update: what it added since the last (kept for the next try when the store is
-        down)."""
-        if self.store is None or not (self._dirty or self._unsaved):
-            return
-        dirty, self._dirty = self._dirty, {}
-        batch = []
-        for live in dirty.values():
-            h = live.head
-            batch.append((RunHead(h.run_id, h.key_id, h.key_name, h.team, h.source, h.started, live.last_seen,
-                                  h.stopped, thread_text(live.own) if live.own is not None else None,
-                                  live.d_requests, live.d_turns, live.d_cost, live.streak), live.out))
-            live.out, live.d_requests, live.d_turns, live.d_cost = [], 0, 0, 0
-        unsaved, self._unsaved = self._unsaved, []
-        try:
-            await asyncio.to_thread(_save, self.store, unsaved, batch)
-        except StoreError as exc:
-            log.warning("runs: writing %d runs' updates failed (kept for the next try): %s", len(batch), exc)
-            self._unsaved = [*unsaved, *(head for head, _ in batch)][-QUEUE_MAX:]
-
-    async def close(self) -> None:
-        if self._writer is not None:
-            self._writer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._writer
-            self._writer = None
-        await self.flush()
-
-    # --- reading -------------------------------------------------------------------------------------------
-
-    async def document(self, team: str | None = None, key_id: str | None = None, since: float = 0.0,
-                       limit: int = 200) -> dict[str, Any]:
-        """GET /admin/runs: the runs with a request since `since`, latest begun first."""
-        await self.flush()
-        if self.store is None:
-            return {"object": "list", "runs": []}
-        heads = await asyncio.to_thread(self.store.find_runs, team, key_id, since, limit)
-        return runs_document(heads)
-
-    async def one(self, run_id: str) -> dict[str, Any] | None:
-        """One run with its requests round by round (None: no such run)."""
-        await self.flush()
-        if self.store is None:
-            return None
-        return await asyncio.to_thread(show, self.store, run_id)
-
-
-Batch = list[tuple[RunHead, list[tuple[Any, ...]]]]
-
-
-def _save(store: RunStore, unsaved: list[RunHead], batch: Batch) -> None:
-    """Encode the batch's rounds (here, off the event loop) and write the updates."""
-    for head, out in batch:
-        head.rounds = b"".join([orjson.dumps(r, option=orjson.OPT_APPEND_NEWLINE) for r in out]).decode()
-    store.save_runs([*unsaved, *(head for head, _ in batch)])
-
-
-def show(store: RunStore, run_id: str) -> dict[str, Any] | None:
-    """`chatgate runs show RUN`'s document: the run's line and its requests (`rounds`)."""
-    head = store.run_head(run_id)
-    if head is None:
+            return run_limit(run_id, "run_max_turns", str(bounds.turns),
+                             f"{live.turns} requests sent in this run")
+        if bounds.cost is not None and live.cost >= bounds.cost:
+            return run_limit(run_id, "run_max_cost_usd", str(bounds.cost / 1e12),
+                             f"this run has cost {live.cost / 1e12:.6f} so far")
+        if bounds.repeats is not None and streak >= bounds.repeats:
+            return run_limit(run_id, "run_max_repeats", str(bounds.repeats),
+                             "the model made the same tool call with the same arguments "
+                             f"{streak} times in a row")
         return None
-    requests = requests_of(head)
-    return {"run": summarize(head, requests), "rounds": rounds(requests)}

@@ -239,6 +239,18 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             PRIMARY KEY (family, model, message)
         )""",
     ),
+    # 15: a run is the usage records that carry its id (chatgate/store/runs.py): its requests' run, their
+    # history's print and their part in the run ride on the records, written with them; migration 13's
+    # tables (never in a release) are dropped.
+    (
+        "ALTER TABLE usage ADD COLUMN run_id TEXT",
+        "ALTER TABLE usage ADD COLUMN run_thread TEXT",
+        "ALTER TABLE usage ADD COLUMN run_detail TEXT",
+        "CREATE INDEX usage_run ON usage (run_id) WHERE run_id IS NOT NULL",
+        "CREATE INDEX usage_run_thread ON usage (run_thread) WHERE run_thread IS NOT NULL",
+        "DROP TABLE run_rounds",
+        "DROP TABLE runs",
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -284,6 +296,9 @@ USAGE_COLUMNS = (
     "billed_estimated",
     "billed_picousd",
     "currency",
+    "run_id",
+    "run_thread",
+    "run_detail",
 )
 FILE_OWNER_COLUMNS = ("file_id", "team", "key_id", "created_at", "tokens")
 FILE_IDS_PER_QUERY = 500  # below every SQLite's limit on a statement's parameters (999 before 3.32)

@@ -69,6 +69,11 @@ class UsageRecord:
     billed_picousd: int = 0
     # the currency of the costs above (USD or CNY: pricing.currency); the *_picousd fields hold 1e-12 of it
     currency: str = "USD"
+    # the agent run it is part of (chatgate/runs/, chatgate/store/runs.py): its id, the print of the
+    # request's history, and its part in the run (a JSON array, store.runs.DETAIL)
+    run_id: str | None = None
+    run_thread: str | None = None
+    run_detail: str | None = None
 
     @property
     def day(self) -> str:

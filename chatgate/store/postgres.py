@@ -60,7 +60,7 @@ from chatgate.store.base import (
     Unpredicted,
     UsageRecord,
 )
-from chatgate.store.runs import RunHead, find_in, head_in, save_in, thread_in
+from chatgate.store.runs import RunHead, find_in, head_in, recent_in, thread_in
 
 _Q = Queries.with_placeholder("%s")
 
@@ -430,11 +430,6 @@ class PostgresStore:
         with self._connection(self._timeout) as conn:
             return conn.execute(_Q.mark_alert, (scope, subject, period_start, level, now)).rowcount == 1
 
-    def save_runs(self, updates: Sequence[RunHead]) -> None:
-        if updates:
-            with self._connection(self._insert_timeout) as conn, conn.transaction(), conn.cursor() as cur:
-                save_in(cur, "%s", updates)
-
     def find_runs(self, team: str | None, key_id: str | None, since: float, limit: int
                   ) -> list[RunHead]:
         with self._connection(self._slow_timeout) as conn, conn.cursor() as cur:
@@ -447,6 +442,10 @@ class PostgresStore:
     def run_of_thread(self, thread: str) -> RunHead | None:
         with self._connection(self._timeout) as conn, conn.cursor() as cur:
             return thread_in(cur, "%s", thread)
+
+    def recent_runs(self, since: float, limit: int) -> list[RunHead]:
+        with self._connection(self._slow_timeout) as conn, conn.cursor() as cur:
+            return recent_in(cur, "%s", since, limit)
 
     # --- the rules' evidence (issue 47) ---
 

@@ -56,7 +56,7 @@ from chatgate.store.base import (
     Unpredicted,
     UsageRecord,
 )
-from chatgate.store.runs import RunHead, find_in, head_in, save_in, thread_in
+from chatgate.store.runs import RunHead, find_in, head_in, recent_in, thread_in
 
 _Q = Queries.with_placeholder("?")
 
@@ -353,11 +353,6 @@ class SQLiteStore:
         with self._write() as conn:
             return conn.execute(_Q.mark_alert, (scope, subject, period_start, level, now)).rowcount == 1
 
-    def save_runs(self, updates: Sequence[RunHead]) -> None:
-        if updates:
-            with self._write() as conn:
-                save_in(conn.cursor(), "?", updates)
-
     def find_runs(self, team: str | None, key_id: str | None, since: float, limit: int
                   ) -> list[RunHead]:
         with self._errors():
@@ -370,6 +365,10 @@ class SQLiteStore:
     def run_of_thread(self, thread: str) -> RunHead | None:
         with self._errors():
             return thread_in(self._conn().cursor(), "?", thread)
+
+    def recent_runs(self, since: float, limit: int) -> list[RunHead]:
+        with self._errors():
+            return recent_in(self._conn().cursor(), "?", since, limit)
 
     # --- the rules' evidence (issue 47) ---
 

@@ -18,8 +18,7 @@ from chatgate.errors import APIError
 from chatgate.gateway.auth import address_of, require_admin
 from chatgate.gateway.responses import json_response
 from chatgate.metering.reports import ReportError, parse_time
-from chatgate.runs.summary import runs_document
-from chatgate.runs.tracker import show
+from chatgate.runs.summary import runs_document, show
 
 if TYPE_CHECKING:
     from chatgate.gateway.state import State
@@ -27,6 +26,12 @@ if TYPE_CHECKING:
 NO_STORE = {"cache-control": "no-store"}
 WEEK = 7 * 86400
 SCRIPT = Path(__file__).resolve().parent / "static" / "runs.js"
+
+
+async def caught_up(state: State) -> None:
+    """The records of the requests answered so far in the store: a run just seen is listed whole."""
+    if state.recorder is not None:
+        await state.recorder.caught_up()
 
 
 def add_runs(app: FastAPI, state: State) -> None:
@@ -48,22 +53,19 @@ def add_runs(app: FastAPI, state: State) -> None:
             raise APIError(400, f"Invalid value for 'limit': expected 1 to 1000, got {limit!r}.",
                            "invalid_request_error", "limit", "invalid_value")
         start = time.time() - WEEK if since is None else since
-        runs, store = state.gw.runs, state.store
-        if runs is not None:
-            document = await runs.document(q.get("team"), q.get("key"), start, int(limit))
-        elif store is not None:  # runs are off: what the store holds from before
-            found = await asyncio.to_thread(store.find_runs, q.get("team"), q.get("key"), start, int(limit))
-            document = runs_document(found)
-        else:
-            document = runs_document([])
-        return json_response(200, document, NO_STORE)
+        store = state.store
+        assert store is not None  # (admitted)
+        await caught_up(state)
+        found = await asyncio.to_thread(store.find_runs, q.get("team"), q.get("key"), start, int(limit))
+        return json_response(200, runs_document(found), NO_STORE)
 
     async def run(request: Request) -> Response:
         admitted(request)
         run_id = request.path_params["run_id"]
-        runs, store = state.gw.runs, state.store
-        found = await runs.one(run_id) if runs is not None else \
-            await asyncio.to_thread(show, store, run_id) if store is not None else None
+        store = state.store
+        assert store is not None  # (admitted)
+        await caught_up(state)
+        found = await asyncio.to_thread(show, store, run_id)
         if found is None:
             raise APIError(404, f"No run {run_id!r} (nor one run whose id starts with it).",
                            "invalid_request_error", "run_id", "run_not_found")
