@@ -260,7 +260,8 @@ def runs_of(gate: Gate, key: str, requests: int) -> list[tuple[str, int]]:
     while time.monotonic() < deadline:
         conn = sqlite3.connect(f"file:{gate.db}?mode=ro", uri=True, timeout=5)
         try:
-            rows = conn.execute("SELECT source, requests FROM runs WHERE key_id = ? ORDER BY run_id",
+            rows = conn.execute("SELECT json_extract(min(run_detail), '$[0]'), count(*) FROM usage "
+                                "WHERE key_id = ? AND run_id IS NOT NULL GROUP BY run_id ORDER BY run_id",
                                 (fingerprint(key),)).fetchall()
         except sqlite3.OperationalError:
             rows = []
