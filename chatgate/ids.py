@@ -17,18 +17,22 @@ _page = b""
 _at = _PAGE
 
 
-def new_id() -> str:
-    """32 hex characters, like uuid4().hex: 128 random bits."""
+def _random(n: int) -> bytes:
     global _page, _at
     with _lock:
-        if _at + 16 > len(_page):
+        if _at + n > len(_page):
             _page, _at = os.urandom(_PAGE), 0
         start = _at
-        _at = start + 16
-        return _page[start:start + 16].hex()
+        _at = start + n
+        return _page[start:start + n]
+
+
+def new_id() -> str:
+    """32 hex characters, like uuid4().hex: 128 random bits."""
+    return _random(16).hex()
 
 
 def ordered_id() -> str:
     """32 hex characters: the time in milliseconds (12), then 80 random bits. Ids made later sort later, so
     an index on them grows at its end instead of at random places (an agent run's id: chatgate/runs/)."""
-    return f"{time.time_ns() // 1_000_000:012x}{new_id()[:20]}"
+    return ((time.time_ns() // 1_000_000).to_bytes(6, "big") + _random(10)).hex()
