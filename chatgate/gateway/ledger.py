@@ -96,7 +96,8 @@ class Ledger:
             run = self.runs.rejected(ex)  # refused by the rules, before it entered its run
         run_id = thread = detail = None
         if run is not None and self.runs is not None:
-            run_id, thread, detail = self.runs.stamp(run, ex.model)
+            run_id, thread, detail = self.runs.stamp(
+                run, ex.model, len(ex.repaired.applied) if ex.repaired is not None else 0)
             self.runs.add(run, cost)
         record = UsageRecord(
             record_id=new_id(), ts=ex.ts, request_id=ex.request_id, key_id=ex.identity.key_id,

@@ -255,14 +255,15 @@ class Runs:
             log.exception("runs: refused request %s left out of the runs", ex.request_id)
             return None
 
-    def stamp(self, run: Round, model: str) -> tuple[str, str | None, str]:
+    def stamp(self, run: Round, model: str, repairs: int) -> tuple[str, str | None, str]:
         """What the request's usage record holds of its run: its id, the print of the request's history
         where replicas look it up, and its part in the run (chatgate/store/runs.py's `run_id`, `run_thread`,
-        `run_detail`)."""
+        `run_detail`); `repairs`: how many repairs chatgate applied to it."""
         own, live = run.own, run.live
         thread = None if own is None else f"{own[0]:x}-{own[1]:016x}"
         return live.run_id, thread if self.shared else None, detail(
-            live.source, run.retry, run.names, run.streak, self._windows.get(model, 0), run.stopped, thread)
+            live.source, run.retry, run.names, run.streak, self._windows.get(model, 0), run.stopped, thread,
+            repairs)
 
     @staticmethod
     def add(run: Round, cost: int) -> None:

@@ -56,12 +56,12 @@ class RunRecord:
 # `run_detail`, a JSON array: what of a RunRecord its usage record does not already hold. `calls`: the names
 # of the tool calls of the answer the request carries back (null: it carries none; []: that answer called no
 # tool), from which its `tool_calls` and `finish` are read.
-DETAIL = ("source", "retry", "calls", "repeats", "context_window", "stopped", "thread")
+DETAIL = ("source", "retry", "calls", "repeats", "context_window", "stopped", "thread", "repairs")
 
 
 def detail(source: str, retry: bool, calls: tuple[str, ...] | None, repeats: int, window: int,
-           stopped: str | None, thread: str | None) -> str:
-    return orjson.dumps((source, retry, calls, repeats, window, stopped, thread)).decode()
+           stopped: str | None, thread: str | None, repairs: int) -> str:
+    return orjson.dumps((source, retry, calls, repeats, window, stopped, thread, repairs)).decode()
 
 
 @dataclass(slots=True)
@@ -120,14 +120,14 @@ _CHUNK = 500  # ids per IN (…): below every SQLite's limit on a statement's pa
 def _request(row: Sequence[Any]) -> tuple[RunRecord, str, str, str, str | None]:
     """A record's row as a RunRecord, with its key id, key name, team and print."""
     (run_id, request_id, ts, model, outcome, status, rule, prompt, completion, hit, miss, reasoning, cost,
-     currency, attempts, repairs, key_id, key_name, team, thread, text) = row
+     currency, attempts, _, key_id, key_name, team, thread, text) = row
     try:
         values = orjson.loads(text) if text else None
     except orjson.JSONDecodeError:
         values = None
     if not isinstance(values, list) or len(values) != len(DETAIL):
-        values = ["inferred", False, None, 0, 0, None, None]
-    source, retry, calls, repeats, window, stopped, own = values
+        values = ["inferred", False, None, 0, 0, None, None, 0]
+    source, retry, calls, repeats, window, stopped, own, repaired = values
     if not isinstance(calls, list):
         calls, finish = [], None
     else:
@@ -136,7 +136,7 @@ def _request(row: Sequence[Any]) -> tuple[RunRecord, str, str, str, str | None]:
     request = RunRecord(
         request_id, run_id, float(ts), model, outcome, int(status or (200 if outcome == "ok" else 0)), rule,
         int(prompt), int(completion), int(hit), int(miss), int(reasoning), int(cost), currency or "USD",
-        int(window or 0), int(attempts or 1), len(repairs.split(",")) if repairs else 0, bool(retry),
+        int(window or 0), int(attempts or 1), int(repaired or 0), bool(retry),
         tool_calls, int(repeats or 0), finish, str(source), stopped,
         thread or own)
     return request, key_id, key_name, team, thread or own
