@@ -30,6 +30,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"chatgate: config error: {exc}", file=sys.stderr)
         return 2
+    except ValueError as exc:
+        from chatgate.metering.reports import ReportError
+
+        if not isinstance(exc, ReportError):
+            raise
+        print(f"chatgate: {exc}", file=sys.stderr)  # a bad --since, --until, --at or --by
+        return 2
     return result
 
 
@@ -665,13 +672,9 @@ def cmd_usage(args: argparse.Namespace) -> int:
     from chatgate import banner
     from chatgate.metering import text
     from chatgate.metering.recorder import replay_spools
-    from chatgate.metering.reports import ReportError, build_report, make_query, render_csv, render_table
+    from chatgate.metering.reports import build_report, make_query, render_csv, render_table
 
-    try:
-        query = make_query(args.by, args.since, args.until)
-    except ReportError as exc:
-        print(f"chatgate: {exc}", file=sys.stderr)
-        return 2
+    query = make_query(args.by, args.since, args.until)
     opened = _report_store(args)
     if opened is None:
         return 1
@@ -696,14 +699,10 @@ def cmd_prices(args: argparse.Namespace) -> int:
 
     from chatgate.metering import text
     from chatgate.metering.price_table import price_table, render_price_table
-    from chatgate.metering.reports import ReportError, parse_time
+    from chatgate.metering.reports import parse_time
 
     loaded = _load(args)
-    try:
-        at = parse_time(args.at, "at")
-    except ReportError as exc:
-        print(f"chatgate: {exc}", file=sys.stderr)
-        return 2
+    at = parse_time(args.at, "at")
     configured = loaded.settings.pricing.currency
     wanted = args.currency or ("both" if configured == "auto" else configured)
     currencies = ["USD", "CNY"] if wanted == "both" else [wanted]
@@ -721,13 +720,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
     from chatgate.metering import text
     from chatgate.metering.cache_report import build_cache_report, cache_query, render_cache_table
     from chatgate.metering.recorder import replay_spools
-    from chatgate.metering.reports import ReportError
-
-    try:
-        by, since, until = cache_query(args.by, args.since, args.until)
-    except ReportError as exc:
-        print(f"chatgate: {exc}", file=sys.stderr)
-        return 2
+    by, since, until = cache_query(args.by, args.since, args.until)
     opened = _report_store(args)
     if opened is None:
         return 1
@@ -776,13 +769,9 @@ def cmd_config_check(args: argparse.Namespace) -> int:
 def cmd_rules(args: argparse.Namespace) -> int:
     from chatgate.confirmation.service import rules_report
     from chatgate.metering import text
-    from chatgate.metering.reports import ReportError, parse_time
+    from chatgate.metering.reports import parse_time
 
-    try:
-        since = parse_time(args.since, "since")
-    except ReportError as exc:
-        print(f"chatgate: {exc}", file=sys.stderr)
-        return 2
+    since = parse_time(args.since, "since")
     opened = _report_store(args)
     if opened is None:
         return 1
@@ -838,14 +827,10 @@ def cmd_runs(args: argparse.Namespace) -> int:
     import time
 
     from chatgate.metering import text
-    from chatgate.metering.reports import ReportError, parse_time
+    from chatgate.metering.reports import parse_time
     from chatgate.runs.summary import runs_document, table
 
-    try:
-        since = parse_time(args.since or "7d", "since")
-    except ReportError as exc:
-        print(f"chatgate: {exc}", file=sys.stderr)
-        return 2
+    since = parse_time(args.since or "7d", "since")
     if not 1 <= args.limit <= 1000:
         print("chatgate: --limit: expected 1 to 1000", file=sys.stderr)
         return 2
@@ -884,15 +869,11 @@ def cmd_runs_show(args: argparse.Namespace) -> int:
 
 
 def cmd_refusals_list(args: argparse.Namespace) -> int:
-    from chatgate.metering.reports import ReportError, parse_time
+    from chatgate.metering.reports import parse_time
     from chatgate.refusals.service import list_refusals
     from chatgate.refusals.store import RefusalQuery, parse_cursor
 
-    try:
-        since = parse_time(args.since, "since")
-    except ReportError as exc:
-        print(f"chatgate: {exc}", file=sys.stderr)
-        return 2
+    since = parse_time(args.since, "since")
     try:
         after = parse_cursor(args.cursor) if args.cursor else None
     except ValueError as exc:
