@@ -123,6 +123,20 @@ class Confirmations:
             return True
         return any(r.last_confirmed is not None and now - r.last_confirmed < self.period for r in rows)
 
+    async def disputed(self, problems: Sequence[Problem], model: str) -> bool:
+        """Whether DeepSeek disputed every rule that refuses these problems (it accepted a body each
+        refused): what the dry run tells as warnings, as a forwarded request is told (False: one of them is
+        not a claim, or is not disputed, or the store is unreachable)."""
+        claims = claims_of(problems, model)
+        if not claims:
+            return False
+        try:
+            rows = {r.key: r for r in await asyncio.to_thread(self.store.rule_evidence,
+                                                              [c.key for c in claims])}
+        except StoreError:
+            return False
+        return all((row := rows.get(c.key)) is not None and row.status == "disputed" for c in claims)
+
     async def promoted(self, warnings: Sequence[Problem], model: str) -> list[Problem]:
         """The warnings of warned rules DeepSeek refused `promote_after` times and never accepted
         (`validation.promote_after`), as problems: enforced from now on."""

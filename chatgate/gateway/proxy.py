@@ -245,6 +245,15 @@ class Gateway:
             return error_response(model_too_long(len(verdict.model)), ex.request_id, family)
         if (verdict.problems or verdict.warnings) and self.repairs.enabled:
             verdict = await self.repairer.repair(ex, family, verdict, origin)
+        if self.confirmations is not None and route.tool is None:  # what DeepSeek said of the rules
+            ex.describe(verdict)
+            model = self._evidence_model(ex)
+            if verdict.problems and await self.confirmations.disputed(verdict.problems, model):
+                told = [dataclasses.replace(p, warning=True, message=_disputed_text(p, False))
+                        for p in verdict.problems]
+                verdict = dataclasses.replace(verdict, problems=[], warnings=[*verdict.warnings, *told])
+            if verdict.warnings and (promoted := await self.confirmations.promoted(verdict.warnings, model)):
+                verdict = dataclasses.replace(verdict, problems=promoted)
         if verdict.problems:
             return error_response(refusal(ex, family, verdict), ex.request_id, family)
         overflow = await self._context_guard(ex, family, verdict)

@@ -145,6 +145,24 @@ def test_a_rule_deepseek_stops_enforcing_is_disputed_and_enforced_again_in_its_w
     assert len(fake.state.requests) == 4  # enforced, confirmed just now: refused at once
 
 
+def test_the_dry_run_tells_a_disputed_rule_as_a_warning_as_the_gateway_does(
+        start: Callable[..., RunningChatgate], fake: RunningFake) -> None:
+    gate = start()
+    dry = CHAT + "/validate"
+    before = post(gate, R29, dry)
+    assert before.status_code == 400 and "R29" in before.text  # not confirmed yet: the rule stands
+    fake.state.configure(accept_refusals=["stream_options"])
+    assert post(gate, R29).status_code == 200  # DeepSeek accepted it: disputed
+    answer = post(gate, R29, dry)
+    assert answer.status_code == 200, answer.text
+    told = answer.json()
+    assert told["valid"] is True and [w["rule"] for w in told["warnings"]] == ["R29"]
+    assert "disputed" in told["warnings"][0]["message"]
+    assert len(fake.state.requests) == 1  # the dry run forwards nothing
+    other = post(gate, {**R29, "n": 2}, dry)  # R38 is not disputed: still refused, with R29
+    assert other.status_code == 400 and "R38" in other.text
+
+
 def test_a_new_deepseek_refusal_is_an_unpredicted_group(start: Callable[..., RunningChatgate],
                                                          fake: RunningFake) -> None:
     gate = start()
