@@ -154,6 +154,18 @@ def _anchor(kind: str, items: list[Any], roles: list[Any], upto: int) -> bytes:
     return b""
 
 
+def no_history(data: dict[str, Any]) -> bool:
+    """A chat request whose messages hold no answer and that offers no tools: no run of its own making
+    (a plain chat's first request), told in a few steps."""
+    if data.get("tools"):
+        return False
+    items = data.get("messages")
+    try:
+        return type(items) is list and "assistant" not in map(_role, items)
+    except (KeyError, TypeError):
+        return False
+
+
 def shape(kind: str, items: list[Any], caller: str, opens: bool) -> Shape | None:
     """The request's `Shape`. None: no items, or no answer in them and it does not open a run (`opens`: it
     offers tools, as an agent's first request does; a plain chat's first request is left alone).

@@ -57,10 +57,14 @@ def codex_conversation(data: dict[str, Any], raw: Headers) -> str | None:
     return _clean(header(raw, b"session_id") or header(raw, b"conversation_id"))
 
 
+def names_a_run(raw: Headers) -> bool:
+    return RUN_HEADER in map(_name, raw)  # (the test in C)
+
+
 def declared(kind: str, data: dict[str, Any], raw: Headers) -> tuple[str, str] | None:
     """(run id, source) when the client names the run: `x-chatgate-run` (source "header"), else its agent's
     session ("session"); None: the run is inferred from the history."""
-    explicit = header(raw, RUN_HEADER) if RUN_HEADER in map(_name, raw) else None  # (the test in C)
+    explicit = header(raw, RUN_HEADER) if names_a_run(raw) else None
     if explicit is not None:
         value = explicit.strip()
         return (value, "header") if _ID.fullmatch(value) else None

@@ -24,8 +24,8 @@ from chatgate.errors import APIError
 from chatgate.ids import ordered_id
 from chatgate.profiles import ModelProfile
 from chatgate.quotas.book import LimitBook
-from chatgate.runs.history import Shape, shape
-from chatgate.runs.identity import Headers, declared
+from chatgate.runs.history import Shape, no_history, shape
+from chatgate.runs.identity import Headers, declared, names_a_run
 from chatgate.store.base import LimitRow, StoreError
 from chatgate.store.runs import RUN_LIMIT, RunStore, detail
 
@@ -198,6 +198,8 @@ class Runs:
             data = sent if type(sent) is dict else ex.own_parse()
             if type(data) is not dict:
                 data = ex.json()
+            if kind == "chat" and no_history(data) and not names_a_run(header):
+                return None, None  # a plain chat's request: nothing more to read
             found = self._identify(ex, kind, data, header)
             if found is None:
                 return None, None

@@ -72,3 +72,12 @@ def test_a_plain_chat_opens_no_run_and_odd_items_do_not_fail() -> None:
     assert shape("chat", [], "fp-1", True) is None
     odd: list[Any] = [1, "two", {"role": "assistant", "tool_calls": [{"id": 3, "function": "f"}]}]
     assert shape("chat", odd, "fp-1", True) == _shape("chat", odd, "fp-1", True)
+
+
+def test_a_plain_chat_without_a_history_is_told_in_a_few_steps() -> None:
+    from chatgate.runs.history import no_history
+
+    assert no_history({"messages": TASK})
+    assert not no_history({"messages": TASK, "tools": [{"type": "function"}]})
+    assert not no_history({"messages": [*TASK, ONE, result(1)]})
+    assert not no_history({"messages": [1, "two"]})  # odd items: read the general way
