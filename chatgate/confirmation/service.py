@@ -80,14 +80,8 @@ class Confirmations:
         is not a claim, a claim DeepSeek confirmed within the period, another replica confirming it now, or
         the store unreachable)."""
         claims = claims_of(problems, model)
-        if not claims:
-            return None
-        try:
-            rows = {r.key: r for r in await asyncio.to_thread(self.store.rule_evidence,
-                                                              [c.key for c in claims])}
-        except StoreError as exc:
-            log.warning("the rules' evidence could not be read (%s); refusing as always", exc)
-            return None
+        if not claims or (rows := await self._evidence(claims)) is None:
+            return None  # (the store unreachable: refused as always)
         now = self.clock()
         watch = Watch(holder=f"{self.replica}:{new_id()}")
         for claim in claims:
@@ -128,14 +122,18 @@ class Confirmations:
         refused): what the dry run tells as warnings, as a forwarded request is told (False: one of them is
         not a claim, or is not disputed, or the store is unreachable)."""
         claims = claims_of(problems, model)
-        if not claims:
-            return False
-        try:
-            rows = {r.key: r for r in await asyncio.to_thread(self.store.rule_evidence,
-                                                              [c.key for c in claims])}
-        except StoreError:
+        if not claims or (rows := await self._evidence(claims)) is None:
             return False
         return all((row := rows.get(c.key)) is not None and row.status == "disputed" for c in claims)
+
+    async def _evidence(self, claims: Sequence[Claim]) -> dict[tuple[str, str, str], RuleEvidence] | None:
+        """The store's evidence of these claims, by their key (None: the store is unreachable, logged)."""
+        try:
+            rows = await asyncio.to_thread(self.store.rule_evidence, [c.key for c in claims])
+        except StoreError as exc:
+            log.warning("the rules' evidence could not be read (%s)", exc)
+            return None
+        return {r.key: r for r in rows}
 
     async def promoted(self, warnings: Sequence[Problem], model: str) -> list[Problem]:
         """The warnings of warned rules DeepSeek refused `promote_after` times and never accepted
