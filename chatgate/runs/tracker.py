@@ -217,7 +217,7 @@ class Runs:
                 if cached is not None and cached[0] > time.monotonic() and cached[1] == book.generation:
                     bounds = cached[2]
                 else:
-                    bounds = await self._bounds_of(identity.team, identity.key_id)
+                    bounds = await self._bounds_of(book, identity.team, identity.key_id)
                 if bounds is not None:
                     if self.shared or live.fresh:
                         await self._catch_up(live)
@@ -247,12 +247,9 @@ class Runs:
             if not isinstance(found, tuple):
                 return found
             run_id, source, read = found
-            live = Live(run_id or ordered_id(), source)
-            self._remember(live)
             if read is None:
-                return Round(live, False, None, None, 0)
-            self._advance(live, read[1])
-            return Round(live, False, read[1], read[2], read[3])
+                return Round(self._begin(run_id or ordered_id(), source, None), False, None, None, 0)
+            return Round(self._begin(run_id or ordered_id(), source, read[1]), False, *read[1:])
         except Exception:
             log.exception("runs: refused request %s left out of the runs", ex.request_id)
             return None
@@ -262,7 +259,7 @@ class Runs:
         where replicas look it up, and its part in the run (chatgate/store/runs.py's `run_id`, `run_thread`,
         `run_detail`); `repairs`: how many repairs chatgate applied to it."""
         own, live = run.own, run.live
-        thread = None if own is None else f"{own[0]:x}-{own[1]:016x}"
+        thread = None if own is None else thread_text(own)
         return live.run_id, thread if self.shared else None, detail(
             live.source, run.retry, run.names, run.streak, self._windows.get(model, 0), run.stopped, thread,
             repairs)
@@ -289,10 +286,7 @@ class Runs:
                 return None
             after, own, names, same = read
             if after is None:  # an opening: a new run (agents start alike)
-                live = Live(ordered_id(), "inferred")
-                self._remember(live)
-                self._advance(live, own)
-                return Round(live, False, own, names, same)
+                return Round(self._begin(ordered_id(), "inferred", own), False, own, names, same)
             prints = self._prints
             again = prints.get(own)
             if again:  # this history again: a retry
@@ -331,6 +325,14 @@ class Runs:
             if len(runs) > SAME_START:
                 del runs[0]
 
+    def _begin(self, run_id: str, source: str, own: tuple[int, int] | None) -> Live:
+        """A new run, remembered, at the print of its first request's history (None: none was read)."""
+        live = Live(run_id, source)
+        self._remember(live)
+        if own is not None:
+            self._advance(live, own)
+        return live
+
     def _remember(self, live: Live) -> None:
         self._live[live.run_id] = live
         if len(self._live) > MAX_RUNS:
@@ -355,11 +357,7 @@ class Runs:
                 self._advance(live, read[1])
                 return Round(live, False, own, names, same)
         if not run_id:
-            live = Live(ordered_id(), "inferred")
-            self._remember(live)
-            if own is not None:
-                self._advance(live, own)
-            return Round(live, False, own, names, same)
+            return Round(self._begin(ordered_id(), "inferred", own), False, own, names, same)
         known = self._live.get(run_id)  # begun meanwhile by another request
         if known is None:
             known = Live(run_id, source, fresh=True, own=own)
@@ -368,14 +366,9 @@ class Runs:
 
     # --- the bounds ----------------------------------------------------------------------------------------
 
-    async def _bounds_of(self, team: str, key_id: str) -> Bounds | None:
-        book = self.book
-        if book is None:
-            return None
+    async def _bounds_of(self, book: LimitBook, team: str, key_id: str) -> Bounds | None:
+        """The run bounds of a team and key, looked up (`enter` reads the ones it has cached first)."""
         now = time.monotonic()
-        cached = self._bounds.get((team, key_id))
-        if cached is not None and cached[0] > now and cached[1] == book.generation:
-            return cached[2]
         try:
             rows = (await book.get("team", team), await book.get("key", key_id))
         except StoreError:
