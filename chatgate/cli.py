@@ -828,6 +828,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
     from chatgate.metering import text
     from chatgate.metering.reports import parse_time
+    from chatgate.runs import reading
     from chatgate.runs.summary import runs_document, table
 
     since = parse_time(args.since or "7d", "since")
@@ -838,7 +839,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
     if opened is None:
         return 1
     store, _ = opened
-    document = runs_document(store.find_runs(args.team, args.key, since or 0.0, args.limit), time.time())
+    document = runs_document(reading.find(store, args.team, args.key, since or 0.0, args.limit), time.time())
     store.close()
     if args.format == "json":
         _print_json(document)

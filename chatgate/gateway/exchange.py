@@ -17,7 +17,7 @@ from chatgate.gateway.upstream import Answer, response_headers
 from chatgate.metering.cache import PromptShape, Sketch
 from chatgate.quotas.model import Admission, RateInfo
 from chatgate.repair.base import Repaired
-from chatgate.runs.tracker import Round
+from chatgate.runs.tracker import Mark, Round
 from chatgate.tracing.spans import ExchangeTrace
 from chatgate.verdict import Verdict
 
@@ -53,7 +53,7 @@ class Exchange:
     remember: bool = False  # remember the answer's tool-call turn (thinking mode, tools, a known caller)
     admission: Admission | None = None  # the request's reservations against its limits, settled at the end
     trace: ExchangeTrace | None = None  # its spans, when tracing is on (chatgate.tracing)
-    run: Round | None = None  # its part in an agent run (chatgate/runs/)
+    run: Round | Mark | None = None  # its part in an agent run (chatgate/runs/)
     # its attempts upstream and the account of the last one (chatgate/gateway/retry.py)
     tries: Tries | None = None
     checked: object = None  # the family's validated request (Verdict.request), for the cache advisor's parts

@@ -97,7 +97,7 @@ class Ledger:
         run_id = thread = detail = None
         if run is not None and self.runs is not None:
             run_id, thread, detail = self.runs.stamp(
-                run, ex.model, len(ex.repaired.applied) if ex.repaired is not None else 0)
+                run, ex.identity.key_id, ex.model, len(ex.repaired.applied) if ex.repaired is not None else 0)
             self.runs.add(run, cost)
         record = UsageRecord(
             record_id=new_id(), ts=ex.ts, request_id=ex.request_id, key_id=ex.identity.key_id,

@@ -105,8 +105,8 @@ class State:
         auth = Authenticator(s.auth, self.store, on_refused=self.metrics.auth_failure)
         store = self.recorder.store if self.recorder is not None else None
         shared = s.server.workers > 1 or (store is not None and store.server)
-        runs = Runs(store, self.quotas.book, s.profiles(), s.limits.cache_seconds, shared=shared) \
-            if s.runs.enabled else None
+        runs = Runs(store, self.quotas.book, s.profiles(), s.limits.cache_seconds, shared=shared,
+                    traced=self.tracing is not None) if s.runs.enabled else None
         if runs is not None:
             await runs.start()
         self.gateway = Gateway(

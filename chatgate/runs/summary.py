@@ -11,6 +11,7 @@ from decimal import Decimal
 from typing import Any
 
 from chatgate.metering import text
+from chatgate.runs import reading
 from chatgate.store.runs import RUN_LIMIT, RunHead, RunRecord, RunStore
 
 IDLE_SECONDS = 600.0  # a run with no request for this long has ended
@@ -102,7 +103,7 @@ def runs_document(heads: Sequence[RunHead], now: float | None = None) -> dict[st
 
 def show(store: RunStore, run_id: str) -> dict[str, Any] | None:
     """`chatgate runs show RUN`'s document: the run's line and its requests (`rounds`)."""
-    head = store.run_head(run_id)
+    head = reading.one(store, run_id)
     if head is None:
         return None
     return {"run": summarize(head, head.requests_read), "rounds": rounds(head.requests_read)}

@@ -1,12 +1,16 @@
-"""The runs of this process: which run each request belongs to (`Runs.enter`, before it is admitted and
-forwarded: where a run's bounds refuse it, and what it gives the request's usage record: `Runs.stamp`), and
-what each request cost its run (`Runs.add`). A run is kept in the store by its requests' usage records
-(chatgate/store/runs.py), with no write of its own; a run seen by another replica or before a restart is
-found there.
+"""A request's part in its agent run, read before it is admitted and forwarded (`Runs.enter`), and what its
+usage record keeps of it (`Runs.stamp`). What is forwarded never changes.
 
-A request's run is the one it names (`x-chatgate-run`, its agent's session: chatgate/runs/identity.py), else
-the one whose last request its history continues (chatgate/runs/history.py), else a new one. Only requests
-with a history, or offering tools, are read at all; what is forwarded never changes.
+Most requests are only read: the run they name (`x-chatgate-run`, their agent's session:
+chatgate/runs/identity.py), else their history's link to the request they continue
+(chatgate/runs/history.py), goes into their usage record as a `Mark`, and runs are put together from the
+records when they are read (chatgate/runs/assemble.py). Nothing is kept in memory for them.
+
+The runs of keys and teams with run bounds, and every run while tracing is on (a trace carries its run's id),
+are followed here instead, as they go (`Round`, `Live`): a request's run is the one it names, else the one
+whose last request its history continues, else a new one; its id goes into its usage record, and a bound
+refuses the request that would go beyond it (`run_limit`). A followed run seen by another replica or before
+a restart is found in the store.
 """
 
 from __future__ import annotations
@@ -24,14 +28,14 @@ from chatgate.errors import APIError
 from chatgate.ids import ordered_id
 from chatgate.profiles import ModelProfile
 from chatgate.quotas.book import LimitBook
-from chatgate.runs.history import Shape, no_history, shape
+from chatgate.runs.history import Link, calls_hash, link, no_history
 from chatgate.runs.identity import Headers, declared, names_a_run
 from chatgate.store.base import LimitRow, StoreError
 from chatgate.store.runs import RUN_LIMIT, RunStore, detail
 
 log = logging.getLogger("chatgate.runs")
 
-MAX_RUNS = 50_000  # live runs remembered by this process (the least recently seen are forgotten)
+MAX_RUNS = 50_000  # followed runs remembered by this process (the least recently seen are forgotten)
 MAX_PRINTS = 2 * MAX_RUNS  # history prints remembered
 SAME_START = 16  # runs remembered per print: as many as an agent runs at once from the same start
 MAX_BOUNDS = 10_000  # (team, key) pairs whose run bounds are remembered
@@ -98,9 +102,12 @@ class Bounds:
         return None if bounds == Bounds() else bounds
 
 
+Print = tuple[str, str]  # (key id, a print of its requests' history: chatgate/runs/history.py)
+
+
 @dataclass(slots=True)
 class Live:
-    """A run as this process knows it."""
+    """A followed run as this process knows it."""
 
     run_id: str
     source: str  # how it was told apart: header, session, inferred
@@ -108,37 +115,33 @@ class Live:
     cost: int = 0  # pico-units of the prices' currency
     same: int = 0  # the hash of the last tool calls its model made
     streak: int = 0  # how many times in a row it made them
-    own: tuple[int, int] | None = None  # the print of its last request's history
+    own: Print | None = None  # the print of its last request's history
     fresh: bool = False  # it may have requests in the store this process has not counted
 
 
 @dataclass(slots=True)
 class Round:
-    """A request's part in its run, from `enter` to its usage record."""
+    """A request's part in a followed run, from `enter` to its usage record."""
 
     live: Live
     retry: bool  # the history its run's request before it sent, sent again
-    own: tuple[int, int] | None  # the print of its history
-    names: tuple[str, ...] | None  # the tool calls of the answer it carries back (None: it carries none)
-    same: int  # one hash of those calls with their arguments
+    read: Link | None  # its history's link
+    same: int  # one hash of the tool calls it carries back, with their arguments
     streak: int = 0  # the same tool call in a row, as of this request
     stopped: str | None = None  # the bound that refused it
 
 
-Unknown = tuple[str, str, "Shape | None"]  # a run this process does not know: its id ("": none), source, read
+Mark = tuple[str | None, str, "Link | None"]
+"""A request's part in a run that is not followed: the run id it names (None: none) and how (header, session,
+inferred), and its history's link; a plain tuple, made for every request read."""
+
+Unknown = tuple[str, str, "Link | None", int]  # a run this process does not know: its id ("": none), source,
+# the request's link and tool calls' hash
 
 
-def thread_text(p: tuple[int, int]) -> str:
-    return f"{p[0]:x}-{p[1]:016x}"
-
-
-def thread_of(text: str) -> tuple[int, int] | None:
-    """`thread_text`'s print back (None: not one)."""
-    n, _, h = text.partition("-")
-    try:
-        return int(n, 16), int(h, 16)
-    except ValueError:
-        return None
+def thread_text(p: Print) -> str:
+    """A print as `run_thread` holds it."""
+    return f"{p[0]} {p[1]}"
 
 
 def run_limit(run_id: str, bound: str, limit: str, what: str) -> APIError:
@@ -152,22 +155,23 @@ def run_limit(run_id: str, bound: str, limit: str, what: str) -> APIError:
 
 class Runs:
     def __init__(self, store: RunStore | None, book: LimitBook | None, profiles: Mapping[str, ModelProfile],
-                 bounds_seconds: float, shared: bool = False) -> None:
+                 bounds_seconds: float, shared: bool = False, traced: bool = False) -> None:
         self.store = store
         self.book = book
         self.profiles = profiles
         self.bounds_seconds = bounds_seconds
         self.shared = shared  # replicas share the store: a bounded run's counters are read from it
+        self.traced = traced  # every run is followed (its id goes into the request's trace)
         # the runs and prints seen last (the first seen are forgotten first: a run forgotten here is found
         # again in the store by its last print)
         self._live: OrderedDict[str, Live] = OrderedDict()
-        self._prints: OrderedDict[tuple[int, int], list[Live]] = OrderedDict()
+        self._prints: OrderedDict[Print, list[Live]] = OrderedDict()
         self._bounds: OrderedDict[tuple[str, str], tuple[float, int, Bounds | None]] = OrderedDict()
         self._windows = {model: p.context_window for model, p in profiles.items()}
 
     async def start(self) -> None:
-        """Remember the runs the store's recent requests were in, as of their latest request (after a
-        restart, their next requests go on in them)."""
+        """Remember the followed runs the store's recent requests were in, as of their latest request (after
+        a restart, their next requests go on in them)."""
         if self.store is None:
             return
         try:
@@ -179,18 +183,19 @@ class Runs:
         for head in reversed(heads):  # the latest last: the first forgotten are the oldest
             live = Live(head.run_id, head.source, streak=head.streak, fresh=True)
             self._remember(live)
-            if head.thread is not None and (own := thread_of(head.thread)) is not None:
-                self._advance(live, own)
+            if head.thread is not None:
+                self._advance(live, (head.key_id, head.thread))
 
     # --- the request path ------------------------------------------------------------------------------
 
     async def enter(self, ex: RunRequest, header: Headers, sent: object = None
-                    ) -> tuple[Round | None, APIError | None]:
-        """The request's part in its run, found or begun (None: it is in no run), and its refusal when it
-        would go beyond one of the run's bounds. `sent`: R1's parse of the body as the client sent it (a
-        repair puts back what the client dropped, never a part of the history runs read; and the client's
-        next request holds its own version), so that a repaired body is not parsed again. A fault of the
-        runs' own never fails the request: it is logged, and the request is in no run."""
+                    ) -> tuple[Round | Mark | None, APIError | None]:
+        """The request's part in its run (None: it is in no run): a `Mark` to keep in its usage record, or
+        its `Round` in a followed run, with its refusal when it would go beyond one of the run's bounds.
+        `sent`: R1's parse of the body as the client sent it (a repair puts back what the client dropped,
+        never a part of the history runs read; and the client's next request holds its own version), so
+        that a repaired body is not parsed again. A fault of the runs' own never fails the request: it is
+        logged, and the request is in no run."""
         kind = ex.route.history
         if kind is None:
             return None, None
@@ -200,17 +205,7 @@ class Runs:
                 data = ex.json()
             if kind == "chat" and no_history(data) and not names_a_run(header):
                 return None, None  # a plain chat's request: nothing more to read
-            found = self._identify(ex, kind, data, header)
-            if found is None:
-                return None, None
-            run = await self._look_up(ex, found) if isinstance(found, tuple) else found
-            live = run.live
-            if (trace := ex.trace) is not None:
-                trace.conversation = live.run_id
-            if run.names and not run.retry:
-                run.streak = live.streak + 1 if run.same == live.same else 1
-            else:
-                run.streak = live.streak
+            bounds = None
             if (book := self.book) is not None:
                 identity = ex.identity
                 cached = self._bounds.get((identity.team, identity.key_id))
@@ -218,15 +213,29 @@ class Runs:
                     bounds = cached[2]
                 else:
                     bounds = await self._bounds_of(book, identity.team, identity.key_id)
-                if bounds is not None:
-                    if self.shared or live.fresh:
-                        await self._catch_up(live)
-                    refusal = self._over(live, bounds, run.streak)
-                    if refusal is not None:
-                        run.stopped = refusal.message.split("bound ", 1)[1].split(" ", 1)[0]
-                        return run, refusal
+            if bounds is None and not self.traced:
+                return _mark(kind, data, header), None
+            found = self._identify(ex, kind, data, header)
+            if found is None:
+                return None, None
+            run = await self._look_up(ex, found) if isinstance(found, tuple) else found
+            live = run.live
+            if (trace := ex.trace) is not None:
+                trace.conversation = live.run_id
+            names = run.read[2] if run.read is not None else None
+            if names and not run.retry:
+                run.streak = live.streak + 1 if run.same == live.same else 1
+            else:
+                run.streak = live.streak
+            if bounds is not None:
+                if self.shared or live.fresh:
+                    await self._catch_up(live)
+                refusal = self._over(live, bounds, run.streak)
+                if refusal is not None:
+                    run.stopped = refusal.message.split("bound ", 1)[1].split(" ", 1)[0]
+                    return run, refusal
             if not run.retry:
-                if run.names:
+                if names:
                     live.same, live.streak = run.same, run.streak
                 else:
                     live.same = live.streak = 0
@@ -236,40 +245,56 @@ class Runs:
             log.exception("runs: request %s left out of the runs", ex.request_id)
             return None, None
 
-    def rejected(self, ex: RunRequest) -> Round | None:
+    def rejected(self, ex: RunRequest) -> Round | Mark | None:
         """The run of a request the rules refused before `enter`: counted as the run's refusal (None: in no
         run; never raises)."""
         try:
             kind = ex.route.history
             if kind is None:
                 return None
-            found = self._identify(ex, kind, ex.json(), ())
+            data = ex.json()
+            identity = ex.identity
+            cached = self._bounds.get((identity.team, identity.key_id))
+            if not self.traced and (cached is None or cached[2] is None):
+                return _mark(kind, data, ())
+            found = self._identify(ex, kind, data, ())
             if not isinstance(found, tuple):
                 return found
-            run_id, source, read = found
-            if read is None:
-                return Round(self._begin(run_id or ordered_id(), source, None), False, None, None, 0)
-            return Round(self._begin(run_id or ordered_id(), source, read[1]), False, *read[1:])
+            run_id, source, read, same = found
+            own = None if read is None else (identity.key_id, read[1])
+            return Round(self._begin(run_id or ordered_id(), source, own), False, read, same)
         except Exception:
             log.exception("runs: refused request %s left out of the runs", ex.request_id)
             return None
 
-    def stamp(self, run: Round, model: str, repairs: int) -> tuple[str, str | None, str]:
-        """What the request's usage record holds of its run: its id, the print of the request's history
-        where replicas look it up, and its part in the run (chatgate/store/runs.py's `run_id`, `run_thread`,
-        `run_detail`); `repairs`: how many repairs chatgate applied to it."""
-        own, live = run.own, run.live
-        thread = None if own is None else thread_text(own)
-        return live.run_id, thread if self.shared else None, detail(
-            live.source, run.retry, run.names, run.streak, self._windows.get(model, 0), run.stopped, thread,
-            repairs)
+    def stamp(self, run: Round | Mark, key_id: str, model: str, repairs: int
+              ) -> tuple[str | None, str | None, str]:
+        """What the request's usage record holds of its run: the run's id (None: it is inferred when read),
+        the print of the request's history where replicas look a followed run up, and its part in the run
+        (chatgate/store/runs.py's `run_id`, `run_thread`, `run_detail`); `repairs`: how many repairs
+        chatgate applied to it."""
+        window = self._windows.get(model, 0)
+        if type(run) is tuple:
+            run_id, source, read = run
+            if read is None:
+                return run_id, None, detail(source, False, None, 0, window, None, None, repairs)
+            return run_id, None, detail(source, False, read[2], 0, window, None, None, repairs, read[:2])
+        assert isinstance(run, Round)
+        live, read = run.live, run.read
+        if read is None:
+            return live.run_id, None, detail(live.source, run.retry, None, run.streak, window, run.stopped,
+                                             None, repairs)
+        own = read[1]
+        return live.run_id, thread_text((key_id, own)) if self.shared else None, detail(
+            live.source, run.retry, read[2], run.streak, window, run.stopped, own, repairs, read[:2])
 
     @staticmethod
-    def add(run: Round, cost: int) -> None:
-        """What the request cost, added to its run's (the bound on a run's cost)."""
-        run.live.cost += cost
+    def add(run: Round | Mark, cost: int) -> None:
+        """What the request cost, added to its followed run's (the bound on a run's cost)."""
+        if type(run) is Round:
+            run.live.cost += cost
 
-    # --- finding the run ---------------------------------------------------------------------------------
+    # --- finding a followed run ----------------------------------------------------------------------------
 
     def _identify(self, ex: RunRequest, kind: str, data: dict[str, Any], header: Headers
                   ) -> Round | Unknown | None:
@@ -277,42 +302,46 @@ class Runs:
         request is in no run."""
         items = data.get("input" if kind == "responses" else "messages")
         named = declared(kind, data, header)
+        key = ex.identity.key_id
         if named is None:
             if type(items) is not list:
                 return None
-            identity = ex.identity
-            read = shape(kind, items, identity.caller or identity.key_id, bool(data.get("tools")))
+            read = link(kind, items, bool(data.get("tools")))
             if read is None:
                 return None
-            after, own, names, same = read
+            after, own, names = read
+            same = calls_hash(kind, items) if names else 0
             if after is None:  # an opening: a new run (agents start alike)
-                return Round(self._begin(ordered_id(), "inferred", own), False, own, names, same)
+                return Round(self._begin(ordered_id(), "inferred", (key, own)), False, read, same)
             prints = self._prints
-            again = prints.get(own)
+            again = prints.get((key, own))
             if again:  # this history again: a retry
-                return Round(again[-1], True, own, names, same)
-            before = prints.get(after)
+                return Round(again[-1], True, read, same)
+            before = prints.get((key, after))
             if not before:
-                return "", "inferred", read
+                return "", "inferred", read, same
             live = before[-1]
-            if live.own != after:  # of the runs that began alike, the latest still at that point
-                live = next((r for r in reversed(before) if r.own == after), live)
-            self._advance(live, own)
-            return Round(live, False, own, names, same)
+            if live.own != (key, after):  # of the runs that began alike, the latest still at that point
+                live = next((r for r in reversed(before) if r.own == (key, after)), live)
+            self._advance(live, (key, own))
+            return Round(live, False, read, same)
         run_id, source = named
-        identity = ex.identity
-        read = shape(kind, items, identity.caller or identity.key_id, True) if type(items) is list else None
+        if type(items) is not list:
+            return (run_id, source, None, 0) if run_id not in self._live else Round(self._live[run_id], False,
+                                                                                    None, 0)
+        read = link(kind, items, True)
+        same = calls_hash(kind, items) if read is not None and read[2] else 0
         known = self._live.get(run_id)
         if known is None:
-            return run_id, source, read
+            return run_id, source, read, same
         if read is None:
-            return Round(known, False, None, None, 0)
-        own = read[1]
-        retry = known.own == own
-        known.own = own
-        return Round(known, retry, own, read[2], read[3])
+            return Round(known, False, None, 0)
+        mine = (key, read[1])
+        retry = known.own == mine
+        known.own = mine
+        return Round(known, retry, read, same)
 
-    def _advance(self, live: Live, own: tuple[int, int]) -> None:
+    def _advance(self, live: Live, own: Print) -> None:
         live.own = own
         prints = self._prints
         runs = prints.get(own)
@@ -325,7 +354,7 @@ class Runs:
             if len(runs) > SAME_START:
                 del runs[0]
 
-    def _begin(self, run_id: str, source: str, own: tuple[int, int] | None) -> Live:
+    def _begin(self, run_id: str, source: str, own: Print | None) -> Live:
         """A new run, remembered, at the print of its first request's history (None: none was read)."""
         live = Live(run_id, source)
         self._remember(live)
@@ -341,28 +370,30 @@ class Runs:
     async def _look_up(self, ex: RunRequest, named: Unknown) -> Round:
         """A run this process does not know: one named (seen by another replica, or before a restart, or
         new), or one whose history continues a print the store may hold."""
-        run_id, source, read = named
-        own, names, same = (None, None, 0) if read is None else read[1:]
+        run_id, source, read, same = named
+        key = ex.identity.key_id
+        own = None if read is None else (key, read[1])
         store = self.store if self.shared else None  # (a process alone remembers every print it stored)
         if not run_id and read is not None and read[0] is not None and store is not None:
             stored = None
             with contextlib.suppress(StoreError):
-                stored = await asyncio.to_thread(store.run_of_thread, thread_text(read[0]))
+                stored = await asyncio.to_thread(store.run_of_thread, thread_text((key, read[0])))
             if stored is not None:
                 live = self._live.get(stored.run_id)
                 if live is None:
                     live = Live(stored.run_id, stored.source, stored.turns, stored.cost_picousd,
                                 streak=stored.streak, fresh=self.shared)
                     self._remember(live)
-                self._advance(live, read[1])
-                return Round(live, False, own, names, same)
+                assert own is not None
+                self._advance(live, own)
+                return Round(live, False, read, same)
         if not run_id:
-            return Round(self._begin(ordered_id(), "inferred", own), False, own, names, same)
+            return Round(self._begin(ordered_id(), "inferred", own), False, read, same)
         known = self._live.get(run_id)  # begun meanwhile by another request
         if known is None:
             known = Live(run_id, source, fresh=True, own=own)
             self._remember(known)
-        return Round(known, False, own, names, same)
+        return Round(known, False, read, same)
 
     # --- the bounds ----------------------------------------------------------------------------------------
 
@@ -387,7 +418,7 @@ class Runs:
         if self.store is None:
             return
         try:
-            stored = await asyncio.to_thread(self.store.run_head, live.run_id, False)
+            stored = await asyncio.to_thread(self.store.run_head, live.run_id)
         except StoreError:
             return
         if stored is None or stored.run_id != live.run_id:
@@ -410,3 +441,15 @@ class Runs:
                              "the model made the same tool call with the same arguments "
                              f"{streak} times in a row")
         return None
+
+
+def _mark(kind: str, data: dict[str, Any], header: Headers) -> Mark | None:
+    """A request's `Mark` (None: it is in no run)."""
+    named = declared(kind, data, header)
+    items = data.get("input" if kind == "responses" else "messages")
+    if named is None:
+        if type(items) is not list:
+            return None
+        read = link(kind, items, bool(data.get("tools")))
+        return None if read is None else (None, "inferred", read)
+    return named[0], named[1], link(kind, items, True) if type(items) is list else None

@@ -1,15 +1,15 @@
-"""Agent runs in the store (issue 52): a run is the usage records that carry its id. Each request's record
-holds its run (`run_id`) and its part in the run (`run_detail`, `DETAIL`: with the print of its history, how
-the run's next request finds it after a restart), written with the record in the usage writer's one
-transaction: a run costs no write of its own, is as durable as the usage it adds up (spooled while the
-store is down), and replicas adding to one run never overwrite each other. A run's line is read by adding
-up its records (chatgate/runs/summary.py).
+"""Agent runs in the store (issue 52): a run is the usage records of its requests. Each request's record
+holds its part in the run (`run_detail`, `DETAIL`), written with the record in the usage writer's one
+transaction: a run costs no write of its own, is as durable as the usage it adds up (spooled while the store
+is down), and replicas adding to one run never overwrite each other.
 
-Where replicas share the store, the print is also in `run_thread`, indexed, for a replica to find the run
-another one saw last. A single process does not write it: it loads the recent prints when it starts
-(`recent_runs`), and an index on a hash grows at random places, which made each record cost SQLite about
-25 µs more to write (docs/performance.md). Run ids chatgate makes begin with the time (`ids.ordered_id`),
-so that the index on `run_id` grows at its end."""
+A request whose run was named (`x-chatgate-run`, its agent's session) or followed by the tracker (a run with
+bounds, chatgate/runs/tracker.py) has the run's id in `run_id`, indexed. Any other's record holds only the
+link to the request it continues (`DETAIL`'s `link`), and its run is put together when runs are read
+(chatgate/runs/assemble.py, chatgate/runs/reading.py): nothing on the request path but reading the link.
+Where replicas share the store, the tracker also writes its print in `run_thread`, indexed, for a replica to
+find the run another one saw last. Run ids begin with the time, so that the index on `run_id` grows at its
+end (an index on a hash grows at random places, which costs SQLite about 25 µs a row: docs/performance.md)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ class RunRecord:
     """One request of a run, as its usage record metered it."""
 
     request_id: str
-    run_id: str
+    run_id: str | None  # as stored (None: the run is inferred when read, from `link`)
     ts: float
     model: str
     outcome: str
@@ -51,17 +51,23 @@ class RunRecord:
     source: str = "inferred"  # how the run was told apart: header, session, inferred
     stopped: str | None = None  # the bound that refused it (run_max_turns, run_max_cost_usd, run_max_repeats)
     thread: str | None = None  # the print of its history
+    key_id: str = ""
+    key_name: str = ""
+    team: str = ""
+    link: tuple[str | None, str] | None = None  # (the print it continues, its own): chatgate/runs/history.py
 
 
 # `run_detail`, a JSON array: what of a RunRecord its usage record does not already hold. `calls`: the names
 # of the tool calls of the answer the request carries back (null: it carries none; []: that answer called no
-# tool), from which its `tool_calls` and `finish` are read.
-DETAIL = ("source", "retry", "calls", "repeats", "context_window", "stopped", "thread", "repairs")
+# tool), from which its `tool_calls` and `finish` are read. `link`: [the print it continues, its own] (null:
+# none was read); records written before it was added have 8 items.
+DETAIL = ("source", "retry", "calls", "repeats", "context_window", "stopped", "thread", "repairs", "link")
 
 
 def detail(source: str, retry: bool, calls: tuple[str, ...] | None, repeats: int, window: int,
-           stopped: str | None, thread: str | None, repairs: int) -> str:
-    return orjson.dumps((source, retry, calls, repeats, window, stopped, thread, repairs)).decode()
+           stopped: str | None, thread: str | None, repairs: int,
+           link: tuple[str | None, str] | None = None) -> str:
+    return orjson.dumps((source, retry, calls, repeats, window, stopped, thread, repairs, link)).decode()
 
 
 @dataclass(slots=True)
@@ -87,20 +93,26 @@ class RunHead:
 
 
 class RunStore(Protocol):
-    def find_runs(self, team: str | None, key_id: str | None, since: float, limit: int) -> list[RunHead]:
-        """The runs with a request since `since`, the latest begun first, with their requests."""
+    def run_records(self, since: float, until: float | None, team: str | None, key_id: str | None,
+                    keys: Sequence[str] | None = None) -> list[RunRecord]:
+        """The records of requests in runs (named or not) made in [since, until), of `team`, `key_id` and
+        (when given) one of `keys`."""
 
-    def run_head(self, run_id: str, rounds: bool = True) -> RunHead | None:
-        """The run of this id, else the one run whose id starts with it (None: none, or several); its
-        requests only when asked (`rounds`)."""
+    def named_run(self, run_id: str) -> list[RunRecord]:
+        """The records of the run stored under this id, else of the one run stored under an id that starts
+        with it ([]: none, or several)."""
+
+    def run_head(self, run_id: str) -> RunHead | None:
+        """The counters of the run stored under this id, as its records add up, with its latest request's
+        print and repeats; without its requests (a bounded run's, read on its requests' path)."""
 
     def run_of_thread(self, thread: str) -> RunHead | None:
         """The run whose latest request left this print of its history in `run_thread`, if one did (without
         its requests)."""
 
     def recent_runs(self, since: float, limit: int) -> list[RunHead]:
-        """The runs of the latest `limit` requests in runs since `since`, each as of its latest of them: its
-        print, source and repeats (without its requests or counters)."""
+        """The runs stored under an id of the latest `limit` such requests since `since`, each as of its
+        latest of them: its print, source and repeats (without its requests or counters)."""
 
 
 class Cursor(Protocol):
@@ -117,97 +129,84 @@ _ROWS = f"SELECT {', '.join(ROW_COLUMNS)} FROM usage"
 _CHUNK = 500  # ids per IN (…): below every SQLite's limit on a statement's parameters
 
 
-def _request(row: Sequence[Any]) -> tuple[RunRecord, str, str, str, str | None]:
-    """A record's row as a RunRecord, with its key id, key name, team and print."""
+def record_of(row: Sequence[Any]) -> RunRecord:
+    """A usage row (`ROW_COLUMNS`) as a RunRecord."""
     (run_id, request_id, ts, model, outcome, status, rule, prompt, completion, hit, miss, reasoning, cost,
      currency, attempts, _, key_id, key_name, team, thread, text) = row
     try:
         values = orjson.loads(text) if text else None
     except orjson.JSONDecodeError:
         values = None
+    if isinstance(values, list) and len(values) == len(DETAIL) - 1:
+        values.append(None)
     if not isinstance(values, list) or len(values) != len(DETAIL):
-        values = ["inferred", False, None, 0, 0, None, None, 0]
-    source, retry, calls, repeats, window, stopped, own, repaired = values
+        values = ["inferred", False, None, 0, 0, None, None, 0, None]
+    source, retry, calls, repeats, window, stopped, own, repaired, link = values
     if not isinstance(calls, list):
         calls, finish = [], None
     else:
         finish = "tool_calls" if calls else "stop"
     tool_calls = {} if retry else dict(Counter(str(c) for c in calls))
-    request = RunRecord(
+    linked = None
+    if isinstance(link, list) and len(link) == 2 and isinstance(link[1], str) and \
+            (link[0] is None or isinstance(link[0], str)):
+        linked = (link[0], link[1])
+    return RunRecord(
         request_id, run_id, float(ts), model, outcome, int(status or (200 if outcome == "ok" else 0)), rule,
         int(prompt), int(completion), int(hit), int(miss), int(reasoning), int(cost), currency or "USD",
         int(window or 0), int(attempts or 1), int(repaired or 0), bool(retry),
-        tool_calls, int(repeats or 0), finish, str(source), stopped,
-        thread or own)
-    return request, key_id, key_name, team, thread or own
+        tool_calls, int(repeats or 0), finish, str(source), stopped, thread or own, key_id, key_name, team,
+        linked)
 
 
-def _heads(rows: list[Any]) -> dict[str, RunHead]:
-    """The runs these records make up, each with its requests in order."""
-    parsed = sorted((_request(row) for row in rows), key=lambda r: (r[0].ts, r[0].request_id))
-    heads: dict[str, RunHead] = {}
-    for request, key_id, key_name, team, thread in parsed:
-        head = heads.get(request.run_id)
-        if head is None:
-            head = heads[request.run_id] = RunHead(request.run_id, key_id, key_name, team, request.source,
-                                                   request.ts)
-        head.requests_read.append(request)
-        head.last_seen = request.ts
-        head.thread = thread or head.thread
-        head.requests += 1
-        if not (request.rule_code or "").startswith(RUN_LIMIT):
-            head.turns += 1
-        head.cost_picousd += request.cost_picousd
-        head.streak = request.repeats
-        if request.stopped is not None:
-            head.stopped = request.stopped
-    return heads
-
-
-def _read(cur: Cursor, p: str, run_ids: Sequence[str]) -> dict[str, RunHead]:
-    rows: list[Any] = []
-    for start in range(0, len(run_ids), _CHUNK):
-        chunk = run_ids[start:start + _CHUNK]
-        cur.execute(f"{_ROWS} WHERE run_id IN ({', '.join([p] * len(chunk))})", chunk)
-        rows.extend(cur.fetchall())
-    return _heads(rows)
-
-
-def find_in(cur: Cursor, p: str, team: str | None, key_id: str | None, since: float, limit: int
-            ) -> list[RunHead]:
-    where = [f"ts >= {p}", "run_id IS NOT NULL"]
+def records_in(cur: Cursor, p: str, since: float, until: float | None, team: str | None,
+               key_id: str | None, keys: Sequence[str] | None = None) -> list[RunRecord]:
+    where = [f"ts >= {p}", "run_detail IS NOT NULL"]
     params: list[Any] = [since]
+    if until is not None:
+        where.append(f"ts < {p}")
+        params.append(until)
     if team is not None:
         where.append(f"team = {p}")
         params.append(team)
     if key_id is not None:
         where.append(f"key_id = {p}")
         params.append(key_id)
-    cur.execute(f"SELECT run_id, min(ts) AS started FROM usage WHERE run_id IN "
-                f"(SELECT run_id FROM usage WHERE {' AND '.join(where)}) "
-                f"GROUP BY run_id ORDER BY started DESC, run_id LIMIT {int(limit)}", params)
-    ids = [row[0] for row in cur.fetchall()]
-    heads = _read(cur, p, ids)
-    return [heads[i] for i in ids if i in heads]
+    if keys is None:
+        cur.execute(f"{_ROWS} WHERE {' AND '.join(where)}", params)
+        return [record_of(row) for row in cur.fetchall()]
+    out: list[RunRecord] = []
+    keys = list(keys)
+    for start in range(0, len(keys), _CHUNK):
+        chunk = keys[start:start + _CHUNK]
+        cur.execute(f"{_ROWS} WHERE {' AND '.join(where)} AND key_id IN ({', '.join([p] * len(chunk))})",
+                    [*params, *chunk])
+        out.extend(record_of(row) for row in cur.fetchall())
+    return out
 
 
-def head_in(cur: Cursor, p: str, run_id: str, rounds: bool = True) -> RunHead | None:
+def _stored_id(cur: Cursor, p: str, run_id: str) -> str | None:
+    """The run id stored as `run_id`, else the one stored id that starts with it."""
     cur.execute(f"SELECT run_id FROM usage WHERE run_id = {p} LIMIT 1", (run_id,))
     found = [row[0] for row in cur.fetchall()]
     if not found:
         cur.execute(f"SELECT DISTINCT run_id FROM usage WHERE run_id IS NOT NULL AND "
                     f"substr(run_id, 1, {len(run_id):d}) = {p} LIMIT 2", (run_id,))
         found = [row[0] for row in cur.fetchall()]
-    if len(found) != 1:
-        return None
-    if rounds:
-        return _read(cur, p, found).get(found[0])
-    return _counters(cur, p, found[0])
+    return found[0] if len(found) == 1 else None
 
 
-def _counters(cur: Cursor, p: str, run_id: str) -> RunHead | None:
-    """The run's counters, added up in the store (a bounded run's, read on its requests' path), with its
-    latest request's print and repeats; without its requests."""
+def named_in(cur: Cursor, p: str, run_id: str) -> list[RunRecord]:
+    found = _stored_id(cur, p, run_id)
+    if found is None:
+        return []
+    cur.execute(f"{_ROWS} WHERE run_id = {p}", (found,))
+    return [record_of(row) for row in cur.fetchall()]
+
+
+def head_in(cur: Cursor, p: str, run_id: str) -> RunHead | None:
+    """The counters of the run stored under `run_id`, added up in the store, with its latest request's
+    print and repeats; without its requests."""
     cur.execute(f"SELECT count(*), coalesce(sum(cost_picousd), 0), "
                 f"coalesce(sum(CASE WHEN rule_code LIKE {p} THEN 0 ELSE 1 END), 0), min(ts) "
                 f"FROM usage WHERE run_id = {p}", (RUN_LIMIT + "%", run_id))
@@ -216,9 +215,9 @@ def _counters(cur: Cursor, p: str, run_id: str) -> RunHead | None:
         return None
     requests, cost, turns, started = counted[0]
     cur.execute(f"{_ROWS} WHERE run_id = {p} ORDER BY ts DESC, request_id DESC LIMIT 1", (run_id,))
-    last, key_id, key_name, team, thread = _request(cur.fetchall()[0])
-    return RunHead(run_id, key_id, key_name, team, last.source, float(started), last.ts, last.stopped, thread,
-                   int(requests), int(turns), int(cost), last.repeats)
+    last = record_of(cur.fetchall()[0])
+    return RunHead(run_id, last.key_id, last.key_name, last.team, last.source, float(started), last.ts,
+                   last.stopped, last.thread, int(requests), int(turns), int(cost), last.repeats)
 
 
 def recent_in(cur: Cursor, p: str, since: float, limit: int) -> list[RunHead]:
@@ -226,14 +225,14 @@ def recent_in(cur: Cursor, p: str, since: float, limit: int) -> list[RunHead]:
                 (since,))
     latest: dict[str, RunHead] = {}
     for row in cur.fetchall():
-        r, key_id, key_name, team, thread = _request(row)
-        if r.run_id not in latest:
-            latest[r.run_id] = RunHead(r.run_id, key_id, key_name, team, r.source, r.ts, r.ts, r.stopped,
-                                       thread, streak=r.repeats)
+        r = record_of(row)
+        if r.run_id is not None and r.run_id not in latest:
+            latest[r.run_id] = RunHead(r.run_id, r.key_id, r.key_name, r.team, r.source, r.ts, r.ts,
+                                       r.stopped, r.thread, streak=r.repeats)
     return list(latest.values())
 
 
 def thread_in(cur: Cursor, p: str, thread: str) -> RunHead | None:
     cur.execute(f"SELECT run_id FROM usage WHERE run_thread = {p} ORDER BY ts DESC LIMIT 1", (thread,))
     rows = cur.fetchall()
-    return _counters(cur, p, rows[0][0]) if rows else None
+    return head_in(cur, p, rows[0][0]) if rows else None

@@ -56,7 +56,7 @@ from chatgate.store.base import (
     Unpredicted,
     UsageRecord,
 )
-from chatgate.store.runs import RunHead, find_in, head_in, recent_in, thread_in
+from chatgate.store.runs import RunHead, RunRecord, head_in, named_in, recent_in, records_in, thread_in
 
 _Q = Queries.with_placeholder("?")
 
@@ -353,14 +353,18 @@ class SQLiteStore:
         with self._write() as conn:
             return conn.execute(_Q.mark_alert, (scope, subject, period_start, level, now)).rowcount == 1
 
-    def find_runs(self, team: str | None, key_id: str | None, since: float, limit: int
-                  ) -> list[RunHead]:
+    def run_records(self, since: float, until: float | None, team: str | None, key_id: str | None,
+                    keys: Sequence[str] | None = None) -> list[RunRecord]:
         with self._errors():
-            return find_in(self._conn().cursor(), "?", team, key_id, since, limit)
+            return records_in(self._conn().cursor(), "?", since, until, team, key_id, keys)
 
-    def run_head(self, run_id: str, rounds: bool = True) -> RunHead | None:
+    def named_run(self, run_id: str) -> list[RunRecord]:
         with self._errors():
-            return head_in(self._conn().cursor(), "?", run_id, rounds)
+            return named_in(self._conn().cursor(), "?", run_id)
+
+    def run_head(self, run_id: str) -> RunHead | None:
+        with self._errors():
+            return head_in(self._conn().cursor(), "?", run_id)
 
     def run_of_thread(self, thread: str) -> RunHead | None:
         with self._errors():

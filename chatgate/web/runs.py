@@ -18,6 +18,7 @@ from chatgate.errors import APIError
 from chatgate.gateway.auth import address_of, require_admin
 from chatgate.gateway.responses import json_response
 from chatgate.metering.reports import ReportError, parse_time
+from chatgate.runs import reading
 from chatgate.runs.summary import runs_document, show
 
 if TYPE_CHECKING:
@@ -56,7 +57,7 @@ def add_runs(app: FastAPI, state: State) -> None:
         store = state.store
         assert store is not None  # (admitted)
         await caught_up(state)
-        found = await asyncio.to_thread(store.find_runs, q.get("team"), q.get("key"), start, int(limit))
+        found = await asyncio.to_thread(reading.find, store, q.get("team"), q.get("key"), start, int(limit))
         return json_response(200, runs_document(found), NO_STORE)
 
     async def run(request: Request) -> Response:

@@ -31,7 +31,9 @@ import pytest
 
 from chatgate.demo.deepseek import FakeState, RecordedRequest
 from chatgate.gateway.auth import fingerprint
+from chatgate.runs import reading
 from chatgate.settings import Settings
+from chatgate.store import open_store
 from tests.ci import missing
 from tests.compat.zoo.recorder import Recorder
 from tests.fakes.server import run_fake_deepseek
@@ -253,24 +255,21 @@ def check_run(gate: Gate, done: Run, client: str, scenario: str, route: str) -> 
 
 
 def runs_of(gate: Gate, key: str, requests: int) -> list[tuple[str, int]]:
-    """The agent runs chatgate made of a key's requests (docs/runs.md), once it has written them all: (how
-    the run was told apart, its requests) per run."""
+    """The agent runs chatgate made of a key's requests (docs/runs.md), read as `chatgate runs` reads them,
+    once it has written them all: (how the run was told apart, its requests) per run."""
     deadline = time.monotonic() + 10
-    rows: list[tuple[str, int]] = []
+    found: list[tuple[str, int]] = []
     while time.monotonic() < deadline:
-        conn = sqlite3.connect(f"file:{gate.db}?mode=ro", uri=True, timeout=5)
+        store = open_store(f"sqlite:///{gate.db}")
         try:
-            rows = conn.execute("SELECT json_extract(min(run_detail), '$[0]'), count(*) FROM usage "
-                                "WHERE key_id = ? AND run_id IS NOT NULL GROUP BY run_id ORDER BY run_id",
-                                (fingerprint(key),)).fetchall()
-        except sqlite3.OperationalError:
-            rows = []
+            heads = reading.find(store, None, fingerprint(key), 0.0, 100)
+            found = sorted((h.source, h.requests) for h in heads)
         finally:
-            conn.close()
-        if sum(n for _, n in rows) >= requests:
+            store.close()
+        if sum(n for _, n in found) >= requests:
             break
         time.sleep(0.05)
-    return [(str(source), int(n)) for source, n in rows]
+    return found
 
 
 def bodies(upstream: list[RecordedRequest]) -> list[dict[str, Any]]:

@@ -1,5 +1,5 @@
-"""How runs read a history (chatgate/runs/history.py): the quick reading of an agent's chat round gives the
-same prints as the general one, and a round continues the one before it."""
+"""How runs read a history (chatgate/runs/history.py): each round's link continues the round before it, in
+each family; another caller's or task's round is another print; odd histories do not fail."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from chatgate.runs.history import _shape, shape
+from chatgate.runs.history import calls_hash, link
 
 
 def call(n: int, name: str = "read_file", args: str = '{"path": "a.py"}') -> dict[str, Any]:
@@ -40,16 +40,19 @@ HISTORIES = {
 
 
 @pytest.mark.parametrize("name", HISTORIES)
-def test_the_quick_reading_gives_the_general_prints(name: str) -> None:
-    items = HISTORIES[name]
-    assert shape("chat", items, "fp-1", True) == _shape("chat", items, "fp-1", True)
+def test_every_history_is_read_and_its_prints_are_short(name: str) -> None:
+    read = link("chat", HISTORIES[name], True)
+    assert read is not None
+    after, own, _ = read
+    assert own.startswith(f"{len(HISTORIES[name])}:") and len(own) < 80
+    assert after is None or len(after) < 80
 
 
 def test_each_round_continues_the_one_before() -> None:
     rounds = [TASK, [*TASK, ONE, result(1)], [*TASK, ONE, result(1), BOTH, result(3), result(4)],
               [*TASK, ONE, result(1), BOTH, result(3), result(4), TWO, result(2)],
               [*TASK, ONE, result(1), BOTH, result(3), result(4), TWO, result(2), TEXT]]
-    reads = [shape("chat", items, "fp-1", True) for items in rounds]
+    reads = [link("chat", items, True) for items in rounds]
     assert all(r is not None for r in reads)
     for before, after in itertools.pairwise(reads):
         assert before is not None and after is not None
@@ -58,20 +61,51 @@ def test_each_round_continues_the_one_before() -> None:
     assert names == [None, ("read_file",), ("read_file", "run"), ("grep",), ()]
 
 
-def test_another_caller_or_task_is_another_run() -> None:
-    items = [*TASK, ONE, result(1)]
-    mine = shape("chat", items, "fp-1", True)
-    assert mine is not None
-    assert shape("chat", items, "fp-2", True) != mine
-    other = [TASK[0], {"role": "user", "content": "Write the docs"}, ONE, result(1)]
-    assert shape("chat", other, "fp-1", True) != mine
+def test_another_task_is_another_print_and_the_same_words_are_told_apart_by_their_anchor() -> None:
+    mine = link("chat", [*TASK, ONE, result(1)], True)
+    other = link("chat", [TASK[0], {"role": "user", "content": "Write the docs"}, ONE, result(1)], True)
+    assert mine is not None and other is not None and mine[0] != other[0]
+    # two runs whose last answers are the same words: the tool calls before them tell them apart
+    a = link("chat", [*TASK, ONE, result(1), TEXT, {"role": "user", "content": "go on"}], True)
+    b = link("chat", [*TASK, TWO, result(2), TEXT, {"role": "user", "content": "go on"}], True)
+    assert a is not None and b is not None and a[1] != b[1]
+    # with no tool call before them, their tasks do
+    c = link("chat", [*TASK, TEXT, {"role": "user", "content": "go on"}], False)
+    go_on = {"role": "user", "content": "go on"}
+    d = link("chat", [TASK[0], {"role": "user", "content": "Other"}, TEXT, go_on], False)
+    assert c is not None and d is not None and c[1] != d[1]
 
 
 def test_a_plain_chat_opens_no_run_and_odd_items_do_not_fail() -> None:
-    assert shape("chat", TASK, "fp-1", False) is None
-    assert shape("chat", [], "fp-1", True) is None
+    assert link("chat", TASK, False) is None
+    assert link("chat", [], True) is None
     odd: list[Any] = [1, "two", {"role": "assistant", "tool_calls": [{"id": 3, "function": "f"}]}]
-    assert shape("chat", odd, "fp-1", True) == _shape("chat", odd, "fp-1", True)
+    assert link("chat", odd, True) is not None
+    assert calls_hash("chat", odd) != 0
+
+
+def test_anthropic_and_responses_rounds_continue_the_one_before() -> None:
+    user = {"role": "user", "content": "List the files"}
+    bash = {"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": {}}
+    use = {"role": "assistant", "content": [{"type": "text", "text": "Looking"}, bash]}
+    back = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "a b"}]}
+    done = {"role": "assistant", "content": [{"type": "text", "text": "Two files."}]}
+    rounds = [[user], [user, use, back], [user, use, back, done, {"role": "user", "content": "thanks"}]]
+    reads = [link("anthropic", items, True) for items in rounds]
+    assert [r[2] if r else "-" for r in reads] == [None, ("Bash",), ()]
+    for before, after in itertools.pairwise(reads):
+        assert before is not None and after is not None and after[0] == before[1]
+    task = {"role": "user", "content": "fix it"}
+    call = {"type": "function_call", "call_id": "call_9", "name": "shell", "arguments": "{}"}
+    output = {"type": "function_call_output", "call_id": "call_9", "output": "ok"}
+    answer = {"role": "assistant", "type": "message", "content": [{"type": "output_text", "text": "Fixed."}]}
+    steps = [[task], [task, call, output], [task, call, output, answer, {"role": "user", "content": "more"}]]
+    reads = [link("responses", items, True) for items in steps]
+    assert [r[2] if r else "-" for r in reads] == [None, ("shell",), ()]
+    for before, after in itertools.pairwise(reads):
+        assert before is not None and after is not None and after[0] == before[1]
+    again = [task, dict(call, call_id="call_8"), output]  # the same call with the same arguments
+    assert calls_hash("responses", steps[1]) == calls_hash("responses", again)
 
 
 def test_a_plain_chat_without_a_history_is_told_in_a_few_steps() -> None:

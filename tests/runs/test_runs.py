@@ -75,6 +75,8 @@ def test_three_loops_at_once_without_headers_are_three_runs(tmp_path: Path, fake
                                  range(3)))
         assert all(r.status_code == 200 for answers in done for r in answers)
         runs = runs_of(gate.url)
+        shown = [httpx2.get(f"{gate.url}/admin/runs/{r['run_id'][:24]}", headers=ADMIN, timeout=30)
+                 for r in runs]  # an inferred run found again by (the beginning of) its id
     assert len(runs) == 3
     assert sorted(r["requests"] for r in runs) == [6, 6, 6]
     assert all(r["source"] == "inferred" and r["key_id"] == fingerprint(key) for r in runs)
@@ -88,6 +90,12 @@ def test_three_loops_at_once_without_headers_are_three_runs(tmp_path: Path, fake
     for r in runs:  # each run's context grows request by request
         assert r["context"] == sorted(r["context"]) and len(r["context"]) == 6
         assert r["tool_calls"] == {"read_file": 3}
+    for r, resp in zip(runs, shown, strict=True):
+        assert resp.status_code == 200, resp.text
+        line = resp.json()["run"]
+        assert (line["run_id"], line["request_ids"], line["cost_usd"]) == (r["run_id"], r["request_ids"],
+                                                                          r["cost_usd"])
+        assert [s["request_id"] for s in resp.json()["rounds"]] == r["request_ids"]
 
 
 def test_the_same_words_with_two_run_headers_are_two_runs(tmp_path: Path, fake: RunningFake) -> None:

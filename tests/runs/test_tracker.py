@@ -1,5 +1,6 @@
 """`Runs.enter` in process, on the exchange's protocol (chatgate/runs/tracker.py): a plain chat is in no run
-unless it names one; a tool loop's rounds are one run, a retry is told apart."""
+unless it names one; an unfollowed request is only marked (its link, nothing remembered); a followed tool
+loop's rounds are one run, a retry is told apart."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from chatgate.runs.tracker import Round, Runs
+from chatgate.runs.tracker import Mark, Round, Runs
 from chatgate.settings import Settings
 
 
@@ -47,31 +48,47 @@ CALL = {"role": "assistant", "content": None, "tool_calls": [
 RESULT = {"role": "tool", "tool_call_id": "call_1", "content": "42"}
 
 
-def enter(runs: Runs, data: dict[str, Any], headers: list[tuple[bytes, bytes]] | None = None) -> Round | None:
+def enter(runs: Runs, data: dict[str, Any], headers: list[tuple[bytes, bytes]] | None = None
+          ) -> Round | Mark | None:
     run, refusal = asyncio.run(runs.enter(Request(data), headers or [], data))
     assert refusal is None
     return run
 
 
-def runs() -> Runs:
-    return Runs(None, None, Settings().profiles(), 2.0)
+def runs(traced: bool = False) -> Runs:
+    return Runs(None, None, Settings().profiles(), 2.0, traced=traced)
 
 
 def test_a_plain_chat_is_in_no_run_unless_it_names_one() -> None:
     r = runs()
     assert enter(r, {"messages": TASK}) is None
     named = enter(r, {"messages": TASK}, [(b"x-chatgate-run", b"mine")])
-    assert named is not None and named.live.run_id == "mine" and named.live.source == "header"
+    assert type(named) is tuple and named[:2] == ("mine", "header")
+    followed = enter(runs(traced=True), {"messages": TASK}, [(b"x-chatgate-run", b"mine")])
+    assert isinstance(followed, Round) and followed.live.run_id == "mine" and followed.live.source == "header"
 
 
-def test_a_tool_loops_rounds_are_one_run_and_a_retry_is_told_apart() -> None:
+def test_an_unfollowed_round_is_marked_with_its_link_and_nothing_is_remembered() -> None:
     r = runs()
     opening = enter(r, {"messages": TASK, "tools": TOOLS})
     second = enter(r, {"messages": [*TASK, CALL, RESULT], "tools": TOOLS})
+    assert type(opening) is tuple and type(second) is tuple
+    assert opening[:2] == (None, "inferred") and second[:2] == (None, "inferred")
+    assert opening[2] is not None and second[2] is not None and second[2][0] == opening[2][1]
+    assert second[2][2] == ("read_file",)
+    assert not r._live and not r._prints
+    run_id, thread, detail = r.stamp(second, "fp-1", "deepseek-v4-flash", 0)
+    assert run_id is None and thread is None and detail.endswith(f'["{second[2][0]}","{second[2][1]}"]]')
+
+
+def test_a_followed_tool_loops_rounds_are_one_run_and_a_retry_is_told_apart() -> None:
+    r = runs(traced=True)
+    opening = enter(r, {"messages": TASK, "tools": TOOLS})
+    second = enter(r, {"messages": [*TASK, CALL, RESULT], "tools": TOOLS})
     again = enter(r, {"messages": [*TASK, CALL, RESULT], "tools": TOOLS})
-    assert opening is not None and second is not None and again is not None
+    assert isinstance(opening, Round) and isinstance(second, Round) and isinstance(again, Round)
     assert opening.live is second.live is again.live
     assert (opening.retry, second.retry, again.retry) == (False, False, True)
-    assert second.names == ("read_file",) and second.live.turns == 3
+    assert second.read is not None and second.read[2] == ("read_file",) and second.live.turns == 3
     began = int(opening.live.run_id[:12], 16) / 1000  # the id begins with the time, in milliseconds
     assert abs(began - time.time()) < 60
