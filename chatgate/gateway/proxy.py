@@ -85,7 +85,7 @@ from chatgate.quotas.model import Refusal
 from chatgate.refusals.log import Pending, RefusalLog
 from chatgate.repair.loop import Repairer, refusal
 from chatgate.repair.memory import TurnMemory
-from chatgate.runs.tracker import Runs
+from chatgate.runs.tracker import Follow, Runs
 from chatgate.settings import Settings
 from chatgate.store.base import FileOwnerStore
 from chatgate.tools.rules import upload_summary, upload_too_large
@@ -195,11 +195,15 @@ class Gateway:
             ex.warnings.append(overflow.message)
         if ex.route.tool is None and self.pricing.rates(ex.priced_as or ex.model, ex.ts) is None:
             ex.warnings.append(self._unpriced(ex.model))
-        if self.runs is not None:
-            ex.run, stopped = await self.runs.enter(ex, request.headers.raw, sent)
-            if stopped is not None:
-                self.ledger.finish(ex, "limited", stopped.status, rule_code=stopped.code)
-                return error_response(stopped, request_id, family)
+        if (runs := self.runs) is not None:
+            marked = runs.mark(ex, request.headers.raw, sent)
+            if marked is Follow.FOLLOW:
+                ex.run, stopped = await runs.enter(ex, request.headers.raw, sent)
+                if stopped is not None:
+                    self.ledger.finish(ex, "limited", stopped.status, rule_code=stopped.code)
+                    return error_response(stopped, request_id, family)
+            else:
+                ex.run = marked
         sent = None  # let go before the upstream call, as `verdict` below
         if self.admitter is not None:
             media = functools.partial(self.media.tokens, ex, verdict) if self.media.may_hold(ex, verdict) \

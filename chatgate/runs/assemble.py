@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from chatgate.store.runs import RUN_LIMIT, RunHead, RunRecord
+from chatgate.store.runs import RUN_LIMIT, Print, RunHead, RunRecord
 
 LINK_SECONDS = 86_400.0  # a request continues a run whose latest request is at most this old
 
@@ -56,7 +56,8 @@ def add(head: RunHead, r: RunRecord) -> None:
     """`r` as `head`'s latest request."""
     head.requests_read.append(r)
     head.last_seen = r.ts
-    head.thread = r.thread or head.thread
+    if r.link is not None:
+        head.thread = r.link[1]
     head.requests += 1
     if not (r.rule_code or "").startswith(RUN_LIMIT):
         head.turns += 1
@@ -70,8 +71,8 @@ def assemble(records: Iterable[RunRecord]) -> Assembled:
     """The runs these records make up, each with its requests in order."""
     out = Assembled()
     runs = out.runs
-    tips: dict[tuple[str, str], tuple[RunHead, float]] = {}  # (key, print) -> the run whose latest left it
-    waiting: dict[tuple[str, str], list[RunHead]] = {}  # (key, opening's print) -> runs at their opening
+    tips: dict[tuple[str, Print], tuple[RunHead, float]] = {}  # (key, print) -> the run whose latest left it
+    waiting: dict[tuple[str, Print], list[RunHead]] = {}  # (key, opening's print) -> runs at their opening
     for r in sorted(records, key=lambda r: (r.ts, r.request_id)):
         named = r.run_id
         if named:

@@ -30,13 +30,16 @@ OUTPUT_TYPES = frozenset({"function_call", "custom_tool_call", "local_shell_call
                           "image_generation_call"})
 ANCHOR_SCAN = 64  # items looked back through for the last answer that called tools
 
-Link = tuple[str | None, str, tuple[str, ...] | None]
+Sig = str | int
+Print = tuple[int, Sig]
+Link = tuple[Print | None, Print, tuple[str, ...] | None]
 """A request's history as runs read it, `(after, own, names)`: the print of the request it continues (None:
 it continues none; it opens a run), its own print, and the names of the tool calls of the answer it carries
 back (the last one: None when it carries none, () when that answer called no tool). A print is
-`"<position>:<signature>"`; a signature is an answer's tool call ids, else `t<hash of its text>@<anchor>`
-(the ids of the last answer before it that called tools, else the task), or `~<hash of the task>` where no
-answer comes before."""
+`(position, signature)`; a signature is an answer's tool call ids, else `"t<hash of its text>@<anchor>"`
+(the ids of the last answer before it that called tools, else the task), or the hash of the task (an int)
+where no answer comes before. Plain tuples, strings and ints: one is made for every request read, and kept
+in its usage record as JSON as it is."""
 
 
 def _text(content: Any) -> bytes:
@@ -45,9 +48,11 @@ def _text(content: Any) -> bytes:
     return _dumps(content) if content is not None else b""
 
 
-def _task(item: Any) -> str | None:
+def _task(item: Any) -> int | None:
+    if type(item) is dict and type(content := item.get("content")) is str:  # (a chat message's words)
+        return _xx(content.encode("utf-8", "replace"))
     try:
-        return f"~{_xx(_dumps(item)):x}"
+        return _xx(_dumps(item))
     except TypeError:
         return None
 
@@ -129,13 +134,49 @@ def link(kind: str, items: list[Any], opens: bool) -> Link | None:
         return None
     if kind == "responses":
         return _responses_link(items, opens)
-    roles = _roles(items)
+    if kind == "chat":
+        return _chat_link(items, opens)
+    return _link(kind, _roles(items), items, opens)
+
+
+def _chat_link(items: list[Any], opens: bool) -> Link | None:
+    """`_link` of a chat history, in fewer steps where its last answer made one tool call (an agent's
+    round): the same prints."""
+    try:
+        roles = list(map(_role, items))
+    except (KeyError, TypeError):
+        return _link("chat", _roles(items), items, opens)
+    n = len(items)
+    if "assistant" not in roles:
+        return _link("chat", roles, items, opens)
+    last = n - 1 - roles[::-1].index("assistant")
+    calls = items[last].get("tool_calls")
+    if type(calls) is not list or len(calls) != 1 or type(call := calls[0]) is not dict:
+        return _link("chat", roles, items, opens)
+    call_id, function = call.get("id"), call.get("function")
+    name = function.get("name") if type(function) is dict else None
+    if type(call_id) is not str or type(name) is not str:
+        return _link("chat", roles, items, opens)
+    first = roles.index("assistant")
+    before: Sig | None
+    if last == first:
+        before = _task(items[first - 1] if first else items[0])
+        if before is None:
+            return None
+    else:
+        prev = last - 1 - roles[last - 1::-1].index("assistant")
+        before = _chat_ids(items[prev]) or _text_sig(_chat_ids, _chat_text, items, roles, prev, first)
+    return (last, before), (n, call_id), (name,)
+
+
+def _link(kind: str, roles: list[Any], items: list[Any], opens: bool) -> Link | None:
+    """`link` of a chat or Anthropic history, read the general way."""
     n = len(items)
     if "assistant" not in roles:
         if not opens:
             return None
         task = _task(items[-1])
-        return None if task is None else (None, f"{n}:{task}", None)
+        return None if task is None else (None, (n, task), None)
     ids, text = (_chat_ids, _chat_text) if kind == "chat" else (_anthropic_ids, _anthropic_text)
     first = roles.index("assistant")
     last = n - 1 - roles[::-1].index("assistant")
@@ -148,6 +189,7 @@ def link(kind: str, items: list[Any], opens: bool) -> Link | None:
         names = _chat_names(answer)
     else:
         names = tuple(_name(b.get("name")) for b in _uses(answer))
+    before: Sig | None
     if last == first:
         before = _task(items[first - 1] if first else items[0])
         if before is None:
@@ -155,7 +197,7 @@ def link(kind: str, items: list[Any], opens: bool) -> Link | None:
     else:
         prev = last - 1 - roles[last - 1::-1].index("assistant")
         before = ids(items[prev]) or _text_sig(ids, text, items, roles, prev, first)
-    return f"{last}:{before}", f"{n}:{sig}", names
+    return (last, before), (n, sig), names
 
 
 def _text_sig(ids: Any, text: Any, items: list[Any], roles: list[Any], at: int, first: int) -> str:
@@ -177,7 +219,7 @@ def _is_output(item: Any) -> bool:
     return type(item) is dict and (item.get("type") in OUTPUT_TYPES or item.get("role") == "assistant")
 
 
-def _group_sig(group: list[Any], task: str | None) -> tuple[str, tuple[str, ...]]:
+def _group_sig(group: list[Any], task: int) -> tuple[str, tuple[str, ...]]:
     calls = [i for i in group if i.get("call_id") is not None]
     if not calls:
         texts = b"\x00".join([_text(i.get("content")) for i in group if i.get("role") == "assistant"])
@@ -206,7 +248,7 @@ def _responses_link(items: list[Any], opens: bool) -> Link | None:
         if not opens:
             return None
         task = _task(items[-1])
-        return None if task is None else (None, f"{n}:{task}", None)
+        return None if task is None else (None, (n, task), None)
     first = starts[0]
     task = _task(items[first - 1] if first else items[0])
     if task is None:
@@ -214,7 +256,7 @@ def _responses_link(items: list[Any], opens: bool) -> Link | None:
     last = starts[-1]
     sig, names = _group_sig(_group(items, last), task)
     before = _group_sig(_group(items, starts[-2]), task)[0] if len(starts) > 1 else task
-    return f"{last}:{before}", f"{n}:{sig}", names
+    return (last, before), (n, sig), names
 
 
 # --- the same tool call in a row (a bounded run's repeats) -----------------------------------------

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import logging
 import time
 from collections import OrderedDict
@@ -24,16 +25,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import orjson
+
 from chatgate.errors import APIError
 from chatgate.ids import ordered_id
 from chatgate.profiles import ModelProfile
 from chatgate.quotas.book import LimitBook
-from chatgate.runs.history import Link, calls_hash, link, no_history
+from chatgate.runs.history import Link, Print, calls_hash, link, no_history
 from chatgate.runs.identity import Headers, declared, names_a_run
 from chatgate.store.base import LimitRow, StoreError
 from chatgate.store.runs import RUN_LIMIT, RunStore, detail
 
 log = logging.getLogger("chatgate.runs")
+_dumps = orjson.dumps
 
 MAX_RUNS = 50_000  # followed runs remembered by this process (the least recently seen are forgotten)
 MAX_PRINTS = 2 * MAX_RUNS  # history prints remembered
@@ -102,7 +106,7 @@ class Bounds:
         return None if bounds == Bounds() else bounds
 
 
-Print = tuple[str, str]  # (key id, a print of its requests' history: chatgate/runs/history.py)
+Key = tuple[str, Print]  # (key id, a print of its request's history: chatgate/runs/history.py)
 
 
 @dataclass(slots=True)
@@ -115,7 +119,7 @@ class Live:
     cost: int = 0  # pico-units of the prices' currency
     same: int = 0  # the hash of the last tool calls its model made
     streak: int = 0  # how many times in a row it made them
-    own: Print | None = None  # the print of its last request's history
+    own: Key | None = None  # the print of its last request's history
     fresh: bool = False  # it may have requests in the store this process has not counted
 
 
@@ -131,6 +135,10 @@ class Round:
     stopped: str | None = None  # the bound that refused it
 
 
+class Follow(enum.Enum):
+    FOLLOW = "follow"  # the request's run may be followed: `Runs.enter` tells
+
+
 Mark = tuple[str | None, str, "Link | None"]
 """A request's part in a run that is not followed: the run id it names (None: none) and how (header, session,
 inferred), and its history's link; a plain tuple, made for every request read."""
@@ -139,9 +147,9 @@ Unknown = tuple[str, str, "Link | None", int]  # a run this process does not kno
 # the request's link and tool calls' hash
 
 
-def thread_text(p: Print) -> str:
+def thread_text(p: Key) -> str:
     """A print as `run_thread` holds it."""
-    return f"{p[0]} {p[1]}"
+    return f"{p[0]} {p[1][0]}:{p[1][1]}"
 
 
 def run_limit(run_id: str, bound: str, limit: str, what: str) -> APIError:
@@ -165,7 +173,7 @@ class Runs:
         # the runs and prints seen last (the first seen are forgotten first: a run forgotten here is found
         # again in the store by its last print)
         self._live: OrderedDict[str, Live] = OrderedDict()
-        self._prints: OrderedDict[Print, list[Live]] = OrderedDict()
+        self._prints: OrderedDict[Key, list[Live]] = OrderedDict()
         self._bounds: OrderedDict[tuple[str, str], tuple[float, int, Bounds | None]] = OrderedDict()
         self._windows = {model: p.context_window for model, p in profiles.items()}
 
@@ -188,23 +196,45 @@ class Runs:
 
     # --- the request path ------------------------------------------------------------------------------
 
-    async def enter(self, ex: RunRequest, header: Headers, sent: object = None
-                    ) -> tuple[Round | Mark | None, APIError | None]:
-        """The request's part in its run (None: it is in no run): a `Mark` to keep in its usage record, or
-        its `Round` in a followed run, with its refusal when it would go beyond one of the run's bounds.
+    def mark(self, ex: RunRequest, header: Headers, sent: object = None) -> Mark | Follow | None:
+        """The request's `Mark` (None: it is in no run), read in a few steps, or FOLLOW where its run may be
+        followed (its key's bounds are not at hand, or it has some, or tracing is on): `enter` then tells.
         `sent`: R1's parse of the body as the client sent it (a repair puts back what the client dropped,
         never a part of the history runs read; and the client's next request holds its own version), so
         that a repaired body is not parsed again. A fault of the runs' own never fails the request: it is
         logged, and the request is in no run."""
         kind = ex.route.history
         if kind is None:
+            return None
+        try:
+            data = sent if type(sent) is dict else _data(ex)
+            if kind == "chat" and no_history(data) and not names_a_run(header):
+                return None  # a plain chat's request: nothing more to read
+            if self.traced:
+                return Follow.FOLLOW
+            if (book := self.book) is not None:
+                identity = ex.identity
+                cached = self._bounds.get((identity.team, identity.key_id))
+                if cached is None or cached[2] is not None or cached[0] <= time.monotonic() \
+                        or cached[1] != book.generation:
+                    return Follow.FOLLOW
+            return _mark(kind, data, header)
+        except Exception:
+            log.exception("runs: request %s left out of the runs", ex.request_id)
+            return None
+
+    async def enter(self, ex: RunRequest, header: Headers, sent: object = None
+                    ) -> tuple[Round | Mark | None, APIError | None]:
+        """The request's part in its run (None: it is in no run): its `Mark`, or its `Round` in a followed
+        run, with its refusal when it would go beyond one of the run's bounds (`mark` tells most requests'
+        part in fewer steps). A fault of the runs' own never fails the request."""
+        kind = ex.route.history
+        if kind is None:
             return None, None
         try:
-            data = sent if type(sent) is dict else ex.own_parse()
-            if type(data) is not dict:
-                data = ex.json()
+            data = sent if type(sent) is dict else _data(ex)
             if kind == "chat" and no_history(data) and not names_a_run(header):
-                return None, None  # a plain chat's request: nothing more to read
+                return None, None
             bounds = None
             if (book := self.book) is not None:
                 identity = ex.identity
@@ -278,15 +308,15 @@ class Runs:
             run_id, source, read = run
             if read is None:
                 return run_id, None, detail(source, False, None, 0, window, None, None, repairs)
-            return run_id, None, detail(source, False, read[2], 0, window, None, None, repairs, read[:2])
+            return run_id, None, _dumps((source, False, read[2], 0, window, None, read[:2],
+                                         repairs)).decode()  # (`detail`, in one step)
         assert isinstance(run, Round)
         live, read = run.live, run.read
         if read is None:
             return live.run_id, None, detail(live.source, run.retry, None, run.streak, window, run.stopped,
                                              None, repairs)
-        own = read[1]
-        return live.run_id, thread_text((key_id, own)) if self.shared else None, detail(
-            live.source, run.retry, read[2], run.streak, window, run.stopped, own, repairs, read[:2])
+        return live.run_id, thread_text((key_id, read[1])) if self.shared else None, detail(
+            live.source, run.retry, read[2], run.streak, window, run.stopped, read[:2], repairs)
 
     @staticmethod
     def add(run: Round | Mark, cost: int) -> None:
@@ -341,7 +371,7 @@ class Runs:
         known.own = mine
         return Round(known, retry, read, same)
 
-    def _advance(self, live: Live, own: Print) -> None:
+    def _advance(self, live: Live, own: Key) -> None:
         live.own = own
         prints = self._prints
         runs = prints.get(own)
@@ -354,7 +384,7 @@ class Runs:
             if len(runs) > SAME_START:
                 del runs[0]
 
-    def _begin(self, run_id: str, source: str, own: Print | None) -> Live:
+    def _begin(self, run_id: str, source: str, own: Key | None) -> Live:
         """A new run, remembered, at the print of its first request's history (None: none was read)."""
         live = Live(run_id, source)
         self._remember(live)
@@ -443,10 +473,15 @@ class Runs:
         return None
 
 
+def _data(ex: RunRequest) -> Any:
+    data = ex.own_parse()
+    return data if type(data) is dict else ex.json()
+
+
 def _mark(kind: str, data: dict[str, Any], header: Headers) -> Mark | None:
     """A request's `Mark` (None: it is in no run)."""
-    named = declared(kind, data, header)
     items = data.get("input" if kind == "responses" else "messages")
+    named = None if kind == "chat" and not names_a_run(header) else declared(kind, data, header)
     if named is None:
         if type(items) is not list:
             return None

@@ -22,6 +22,8 @@ import orjson
 
 RUN_LIMIT = "run_limit"  # the rule code of a request a run's bound refused
 
+Print = tuple[int, str | int]  # a print of a request's history (chatgate/runs/history.py)
+
 
 @dataclass(slots=True)  # not frozen: one per request read
 class RunRecord:
@@ -50,30 +52,28 @@ class RunRecord:
     finish: str | None  # why the answer this request carries back ended (tool_calls, stop), when it shows
     source: str = "inferred"  # how the run was told apart: header, session, inferred
     stopped: str | None = None  # the bound that refused it (run_max_turns, run_max_cost_usd, run_max_repeats)
-    thread: str | None = None  # the print of its history
     key_id: str = ""
     key_name: str = ""
     team: str = ""
-    link: tuple[str | None, str] | None = None  # (the print it continues, its own): chatgate/runs/history.py
+    link: tuple[Print | None, Print] | None = None  # the print it continues, its own (chatgate/runs/history)
 
 
 # `run_detail`, a JSON array: what of a RunRecord its usage record does not already hold. `calls`: the names
 # of the tool calls of the answer the request carries back (null: it carries none; []: that answer called no
-# tool), from which its `tool_calls` and `finish` are read. `link`: [the print it continues, its own] (null:
-# none was read); records written before it was added have 8 items.
-DETAIL = ("source", "retry", "calls", "repeats", "context_window", "stopped", "thread", "repairs", "link")
+# tool), from which its `tool_calls` and `finish` are read. `link`: [the print it continues (null: none),
+# its own], each [position, signature] (null: none was read).
+DETAIL = ("source", "retry", "calls", "repeats", "context_window", "stopped", "link", "repairs")
 
 
 def detail(source: str, retry: bool, calls: tuple[str, ...] | None, repeats: int, window: int,
-           stopped: str | None, thread: str | None, repairs: int,
-           link: tuple[str | None, str] | None = None) -> str:
-    return orjson.dumps((source, retry, calls, repeats, window, stopped, thread, repairs, link)).decode()
+           stopped: str | None, link: tuple[Print | None, Print] | None, repairs: int) -> str:
+    return orjson.dumps((source, retry, calls, repeats, window, stopped, link, repairs)).decode()
 
 
 @dataclass(slots=True)
 class RunHead:
     """A run as its records add up: who, how it was told apart, its first and last request, the bound that
-    stopped it, the print of its last request's history (`thread`), its counters, and its requests in order
+    stopped it, the print of its latest request's history (`thread`), its counters, and its requests in order
     (`requests_read`: only when they were asked for)."""
 
     run_id: str
@@ -84,7 +84,7 @@ class RunHead:
     started: float
     last_seen: float = 0.0
     stopped: str | None = None
-    thread: str | None = None
+    thread: Print | None = None  # its latest request's own print
     requests: int = 0
     turns: int = 0  # its requests not refused by a run bound
     cost_picousd: int = 0
@@ -129,34 +129,39 @@ _ROWS = f"SELECT {', '.join(ROW_COLUMNS)} FROM usage"
 _CHUNK = 500  # ids per IN (…): below every SQLite's limit on a statement's parameters
 
 
+def _print(value: Any) -> Print | None:
+    if isinstance(value, list) and len(value) == 2 and type(value[0]) is int and type(value[1]) in (str, int):
+        return value[0], value[1]
+    return None
+
+
+def _link(value: Any) -> tuple[Print | None, Print] | None:
+    if not isinstance(value, list) or len(value) != 2 or (own := _print(value[1])) is None:
+        return None
+    return (None if value[0] is None else _print(value[0])), own
+
+
 def record_of(row: Sequence[Any]) -> RunRecord:
     """A usage row (`ROW_COLUMNS`) as a RunRecord."""
     (run_id, request_id, ts, model, outcome, status, rule, prompt, completion, hit, miss, reasoning, cost,
-     currency, attempts, _, key_id, key_name, team, thread, text) = row
+     currency, attempts, _, key_id, key_name, team, _, text) = row
     try:
         values = orjson.loads(text) if text else None
     except orjson.JSONDecodeError:
         values = None
-    if isinstance(values, list) and len(values) == len(DETAIL) - 1:
-        values.append(None)
     if not isinstance(values, list) or len(values) != len(DETAIL):
-        values = ["inferred", False, None, 0, 0, None, None, 0, None]
-    source, retry, calls, repeats, window, stopped, own, repaired, link = values
+        values = ["inferred", False, None, 0, 0, None, None, 0]
+    source, retry, calls, repeats, window, stopped, link, repaired = values
     if not isinstance(calls, list):
         calls, finish = [], None
     else:
         finish = "tool_calls" if calls else "stop"
     tool_calls = {} if retry else dict(Counter(str(c) for c in calls))
-    linked = None
-    if isinstance(link, list) and len(link) == 2 and isinstance(link[1], str) and \
-            (link[0] is None or isinstance(link[0], str)):
-        linked = (link[0], link[1])
     return RunRecord(
         request_id, run_id, float(ts), model, outcome, int(status or (200 if outcome == "ok" else 0)), rule,
         int(prompt), int(completion), int(hit), int(miss), int(reasoning), int(cost), currency or "USD",
         int(window or 0), int(attempts or 1), int(repaired or 0), bool(retry),
-        tool_calls, int(repeats or 0), finish, str(source), stopped, thread or own, key_id, key_name, team,
-        linked)
+        tool_calls, int(repeats or 0), finish, str(source), stopped, key_id, key_name, team, _link(link))
 
 
 def records_in(cur: Cursor, p: str, since: float, until: float | None, team: str | None,
@@ -217,7 +222,8 @@ def head_in(cur: Cursor, p: str, run_id: str) -> RunHead | None:
     cur.execute(f"{_ROWS} WHERE run_id = {p} ORDER BY ts DESC, request_id DESC LIMIT 1", (run_id,))
     last = record_of(cur.fetchall()[0])
     return RunHead(run_id, last.key_id, last.key_name, last.team, last.source, float(started), last.ts,
-                   last.stopped, last.thread, int(requests), int(turns), int(cost), last.repeats)
+                   last.stopped, last.link[1] if last.link else None, int(requests), int(turns), int(cost),
+                   last.repeats)
 
 
 def recent_in(cur: Cursor, p: str, since: float, limit: int) -> list[RunHead]:
@@ -228,7 +234,7 @@ def recent_in(cur: Cursor, p: str, since: float, limit: int) -> list[RunHead]:
         r = record_of(row)
         if r.run_id is not None and r.run_id not in latest:
             latest[r.run_id] = RunHead(r.run_id, r.key_id, r.key_name, r.team, r.source, r.ts, r.ts,
-                                       r.stopped, r.thread, streak=r.repeats)
+                                       r.stopped, r.link[1] if r.link else None, streak=r.repeats)
     return list(latest.values())
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from chatgate.runs.history import calls_hash, link
+from chatgate.runs.history import _link, _roles, calls_hash, link
 
 
 def call(n: int, name: str = "read_file", args: str = '{"path": "a.py"}') -> dict[str, Any]:
@@ -43,9 +43,10 @@ HISTORIES = {
 def test_every_history_is_read_and_its_prints_are_short(name: str) -> None:
     read = link("chat", HISTORIES[name], True)
     assert read is not None
+    assert read == _link("chat", _roles(HISTORIES[name]), HISTORIES[name], True)  # the quick reading's too
     after, own, _ = read
-    assert own.startswith(f"{len(HISTORIES[name])}:") and len(own) < 80
-    assert after is None or len(after) < 80
+    assert own[0] == len(HISTORIES[name]) and len(str(own[1])) < 80
+    assert after is None or len(str(after[1])) < 80
 
 
 def test_each_round_continues_the_one_before() -> None:
