@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -22,6 +23,9 @@ class Verdict:
     profile: ModelProfile | None = None
     media: bool = True  # the body may hold images (False: certainly none, so they need not be looked for)
     request: Any = None  # the family's validated request (its in-place restore reads it), when there is one
+    # the model's answers in the history as the family's rules found them, (position, message): what agent
+    # runs read of it (chatgate/runs/history.py), when the family has them
+    answers: Sequence[tuple[int, Any]] | None = None
 
     def without_problems(self) -> Verdict:
         """The same verdict with no problems left (a repair fixed them all)."""

@@ -196,7 +196,8 @@ class Gateway:
         if ex.route.tool is None and self.pricing.rates(ex.priced_as or ex.model, ex.ts) is None:
             ex.warnings.append(self._unpriced(ex.model))
         if (runs := self.runs) is not None:
-            marked = runs.mark(ex, request.headers.raw, sent)
+            answers = verdict.answers if verdict is not None else None
+            marked = runs.mark(ex, request.headers.raw, sent, answers)
             if marked is Follow.FOLLOW:
                 ex.run, stopped = await runs.enter(ex, request.headers.raw, sent)
                 if stopped is not None:

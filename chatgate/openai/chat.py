@@ -56,7 +56,7 @@ class ChatFamily(FamilyBase):
         if req is None:
             return Verdict(checked.problems, checked.warnings, profile=checked.profile)
         return Verdict(checked.problems, checked.warnings, req.model, req.stream is True, checked.thinking,
-                       bool(req.tools), req.max_tokens, checked.profile, checked.media, req)
+                       bool(req.tools), req.max_tokens, checked.profile, checked.media, req, checked.answers)
 
     def repairable(self, found: Sequence[Problem], options: RepairOptions) -> bool:
         return wanted(found, options)

@@ -111,6 +111,7 @@ class Checked:
     warnings: list[Problem] = field(default_factory=list)
     thinking: bool = False  # the request runs in thinking mode (docs/rules-chat.md)
     media: bool = True  # the messages may hold images (False: no content array at all)
+    answers: list[tuple[int, AssistantMessage]] | None = None  # the assistant messages, by position
 
     @property
     def ok(self) -> bool:
@@ -166,7 +167,7 @@ def check_request(request: ChatCompletionRequest, policy: Policy, *, beta: bool 
     ctx = ChatContext(profile, known, policy.options, beta, is_thinking(request, profile, known), policy,
                       index_messages(request.messages), origin)
     problems, warnings = run_rules(RULES, request, ctx, ORDERING)
-    return Checked(request, problems, profile, warnings, ctx.thinking, ctx.index.media)
+    return Checked(request, problems, profile, warnings, ctx.thinking, ctx.index.media, ctx.index.assistants)
 
 
 def is_thinking(request: ChatCompletionRequest, profile: ModelProfile, known: bool) -> bool:

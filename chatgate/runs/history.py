@@ -17,6 +17,7 @@ in memory for the runs it bounds.
 from __future__ import annotations
 
 import operator
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
@@ -137,6 +138,36 @@ def link(kind: str, items: list[Any], opens: bool) -> Link | None:
     if kind == "chat":
         return _chat_link(items, opens)
     return _link(kind, _roles(items), items, opens)
+
+
+def answered_link(items: list[Any], answers: Sequence[tuple[int, Any]], opens: bool) -> Link | None:
+    """`link` of a chat history whose answers (its assistant messages, by position) the rules have found
+    already (`Verdict.answers`): in fewer steps where its last answer made one tool call (an agent's round),
+    else read the general way. The same prints."""
+    n = len(items)
+    if not answers:
+        if not opens:
+            return None
+        task = _task(items[-1])
+        return None if task is None else (None, (n, task), None)
+    last, answer = answers[-1]
+    calls = answer.get("tool_calls")
+    if type(calls) is not list or len(calls) != 1 or type(call := calls[0]) is not dict:
+        return _chat_link(items, opens)
+    call_id, function = call.get("id"), call.get("function")
+    name = function.get("name") if type(function) is dict else None
+    if type(call_id) is not str or type(name) is not str:
+        return _chat_link(items, opens)
+    before: Sig | None
+    if len(answers) == 1:
+        before = _task(items[last - 1] if last else items[0])
+        if before is None:
+            return None
+    else:
+        before = _chat_ids(answers[-2][1])
+        if before is None:  # a text answer: its signature's anchor is read the general way
+            return _chat_link(items, opens)
+    return (last, before), (n, call_id), (name,)
 
 
 def _chat_link(items: list[Any], opens: bool) -> Link | None:

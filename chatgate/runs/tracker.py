@@ -31,7 +31,7 @@ from chatgate.errors import APIError
 from chatgate.ids import ordered_id
 from chatgate.profiles import ModelProfile
 from chatgate.quotas.book import LimitBook
-from chatgate.runs.history import Link, Print, calls_hash, link, no_history
+from chatgate.runs.history import Link, Print, answered_link, calls_hash, link, no_history
 from chatgate.runs.identity import Headers, declared, names_a_run
 from chatgate.store.base import LimitRow, StoreError
 from chatgate.store.runs import RUN_LIMIT, RunStore, detail
@@ -196,19 +196,23 @@ class Runs:
 
     # --- the request path ------------------------------------------------------------------------------
 
-    def mark(self, ex: RunRequest, header: Headers, sent: object = None) -> Mark | Follow | None:
+    def mark(self, ex: RunRequest, header: Headers, sent: object = None,
+             answers: Sequence[tuple[int, Any]] | None = None) -> Mark | Follow | None:
         """The request's `Mark` (None: it is in no run), read in a few steps, or FOLLOW where its run may be
         followed (its key's bounds are not at hand, or it has some, or tracing is on): `enter` then tells.
         `sent`: R1's parse of the body as the client sent it (a repair puts back what the client dropped,
         never a part of the history runs read; and the client's next request holds its own version), so
-        that a repaired body is not parsed again. A fault of the runs' own never fails the request: it is
+        that a repaired body is not parsed again; `answers`: the assistant messages of a chat history, as
+        its rules found them (`Verdict.answers`). A fault of the runs' own never fails the request: it is
         logged, and the request is in no run."""
         kind = ex.route.history
         if kind is None:
             return None
         try:
             data = sent if type(sent) is dict else _data(ex)
-            if kind == "chat" and no_history(data) and not names_a_run(header):
+            named = names_a_run(header)
+            if kind == "chat" and not named and (not answers if answers is not None else no_history(data)) \
+                    and not data.get("tools"):
                 return None  # a plain chat's request: nothing more to read
             if self.traced:
                 return Follow.FOLLOW
@@ -218,6 +222,10 @@ class Runs:
                 if cached is None or cached[2] is not None or cached[0] <= time.monotonic() \
                         or cached[1] != book.generation:
                     return Follow.FOLLOW
+            if kind == "chat" and not named and answers is not None and type(items := data.get("messages")) \
+                    is list:
+                read = answered_link(items, answers, bool(data.get("tools")))
+                return None if read is None else (None, "inferred", read)
             return _mark(kind, data, header)
         except Exception:
             log.exception("runs: request %s left out of the runs", ex.request_id)

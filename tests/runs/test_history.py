@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from chatgate.runs.history import _link, _roles, calls_hash, link
+from chatgate.runs.history import _link, _roles, answered_link, calls_hash, link
 
 
 def call(n: int, name: str = "read_file", args: str = '{"path": "a.py"}') -> dict[str, Any]:
@@ -43,7 +43,10 @@ HISTORIES = {
 def test_every_history_is_read_and_its_prints_are_short(name: str) -> None:
     read = link("chat", HISTORIES[name], True)
     assert read is not None
-    assert read == _link("chat", _roles(HISTORIES[name]), HISTORIES[name], True)  # the quick reading's too
+    items = HISTORIES[name]
+    assert read == _link("chat", _roles(items), items, True)  # the quick readings give the general prints
+    answers = [(i, m) for i, m in enumerate(items) if type(m) is dict and m.get("role") == "assistant"]
+    assert read == answered_link(items, answers, True)
     after, own, _ = read
     assert own[0] == len(HISTORIES[name]) and len(str(own[1])) < 80
     assert after is None or len(str(after[1])) < 80
