@@ -72,6 +72,10 @@ def _chat_ids(item: Any) -> str | None:
     if len(calls) == 1 and type(call := calls[0]) is dict and type(one := call.get("id")) is str:
         return one
     try:
+        return ",".join([call["id"] for call in calls])
+    except (KeyError, TypeError):
+        pass
+    try:
         return ",".join([str(call["id"]) for call in calls])
     except (KeyError, TypeError):
         return f"h{_xx(_dumps(calls)):x}"
