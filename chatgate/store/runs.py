@@ -13,7 +13,6 @@ end (an index on a hash grows at random places, which costs SQLite about 25 µs 
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -156,7 +155,11 @@ def record_of(row: Sequence[Any]) -> RunRecord:
         calls, finish = [], None
     else:
         finish = "tool_calls" if calls else "stop"
-    tool_calls = {} if retry else dict(Counter(str(c) for c in calls))
+    tool_calls: dict[str, int] = {}
+    if not retry:
+        for call in calls:  # (most answers call one tool, or none: a Counter costs more than the rest)
+            name = str(call)
+            tool_calls[name] = tool_calls.get(name, 0) + 1
     return RunRecord(
         request_id, run_id, float(ts), model, outcome, int(status or (200 if outcome == "ok" else 0)), rule,
         int(prompt), int(completion), int(hit), int(miss), int(reasoning), int(cost), currency or "USD",

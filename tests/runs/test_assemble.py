@@ -110,6 +110,32 @@ def test_a_run_begun_days_before_the_period_is_listed_whole_under_its_one_id() -
     last_day = find(store, None, None, now - DAY, 10)  # type: ignore[arg-type]
     assert [h.requests for h in whole] == [6] and [h.requests for h in last_day] == [6]
     assert whole[0].run_id == last_day[0].run_id == inferred_id(records[0].ts, "r0")
-    shown = one(store, whole[0].run_id[:16])  # type: ignore[arg-type]
-    assert shown is not None and [r.request_id for r in shown.requests_read] == [f"r{n}" for n in range(6)]
+    for beginning in (whole[0].run_id, whole[0].run_id[:16], whole[0].run_id[:8]):
+        shown = one(store, beginning)  # type: ignore[arg-type]
+        assert shown is not None and shown.run_id == whole[0].run_id
+        assert [r.request_id for r in shown.requests_read] == [f"r{n}" for n in range(6)]
+    assert one(store, whole[0].run_id[:4]) is None  # type: ignore[arg-type]
     assert one(store, "no-such-run") is None  # type: ignore[arg-type]
+
+
+def test_the_latest_runs_are_read_from_the_end_of_the_period() -> None:
+    now = 100 * DAY
+    records = []
+    for run in range(6):  # a run begun every 5 hours, each of 3 requests a minute apart
+        for n, items in enumerate(loop(run, 3)):
+            records.append(record(items, now - (5 - run) * 5 * 3600 + 60 * n, f"r{run}{n}"))
+    store = Records(records)
+    read: list[tuple[float, float | None]] = []
+    reading = store.run_records
+
+    def counted(since: float, until: float | None, team: str | None, key_id: str | None,
+                keys: Sequence[str] | None = None) -> list[RunRecord]:
+        read.append((since, until))
+        return reading(since, until, team, key_id, keys)
+
+    store.run_records = counted  # type: ignore[method-assign]
+    latest = find(store, None, None, now - 30 * DAY, 2, until=now + 600)  # type: ignore[arg-type]
+    assert [h.requests_read[0].request_id for h in latest] == ["r50", "r40"]
+    assert min(since for since, _ in read) > now - 2 * DAY  # not the month
+    everything = find(store, None, None, now - 30 * DAY, 10, until=now + 600)  # type: ignore[arg-type]
+    assert [h.requests for h in everything] == [3] * 6
