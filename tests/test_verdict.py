@@ -12,7 +12,7 @@ def test_without_problems_keeps_every_other_field() -> None:
     warning = Problem("unknown_model", "model", "warned", "R1", warning=True)
     values = {"problems": [problem], "warnings": [warning], "model": "deepseek-v4-flash", "stream": True,
               "thinking": True, "tools": True, "max_tokens": 77, "profile": profile, "media": False,
-              "request": object()}
+              "request": object(), "answers": [(2, {"role": "assistant"})]}
     assert set(values) == {f.name for f in dataclasses.fields(Verdict)}, "a new field: give it a value here"
     verdict = Verdict(**values)
     assert verdict.without_problems() == dataclasses.replace(verdict, problems=[])

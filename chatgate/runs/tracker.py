@@ -1,13 +1,13 @@
-"""A request's part in its agent run, read before it is admitted and forwarded (`Runs.enter`), and what its
-usage record keeps of it (`Runs.stamp`). What is forwarded never changes.
+"""A request's part in its agent run, read before it is admitted and forwarded (`Runs.mark`, `Runs.enter`),
+and what its usage record keeps of it (`Runs.stamp`). What is forwarded never changes.
 
-Most requests are only read: the run they name (`x-chatgate-run`, their agent's session:
+Most requests are only read (`Runs.mark`): the run they name (`x-chatgate-run`, their agent's session:
 chatgate/runs/identity.py), else their history's link to the request they continue
 (chatgate/runs/history.py), goes into their usage record as a `Mark`, and runs are put together from the
 records when they are read (chatgate/runs/assemble.py). Nothing is kept in memory for them.
 
 The runs of keys and teams with run bounds, and every run while tracing is on (a trace carries its run's id),
-are followed here instead, as they go (`Round`, `Live`): a request's run is the one it names, else the one
+are followed here instead, as they go (`Runs.enter`, `Round`, `Live`): a request's run is the one it names, else the one
 whose last request its history continues, else a new one; its id goes into its usage record, and a bound
 refuses the request that would go beyond it (`run_limit`). A followed run seen by another replica or before
 a restart is found in the store.
