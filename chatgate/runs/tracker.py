@@ -7,10 +7,10 @@ chatgate/runs/identity.py), else their history's link to the request they contin
 records when they are read (chatgate/runs/assemble.py). Nothing is kept in memory for them.
 
 The runs of keys and teams with run bounds, and every run while tracing is on (a trace carries its run's id),
-are followed here instead, as they go (`Runs.enter`, `Round`, `Live`): a request's run is the one it names, else the one
-whose last request its history continues, else a new one; its id goes into its usage record, and a bound
-refuses the request that would go beyond it (`run_limit`). A followed run seen by another replica or before
-a restart is found in the store.
+are followed here instead, as they go (`Runs.enter`, `Round`, `Live`): a request's run is the one it names,
+else the one whose last request its history continues, else a new one; its id goes into its usage record,
+and a bound refuses the request that would go beyond it (`run_limit`). A followed run seen by another
+replica or before a restart is found in the store.
 """
 
 from __future__ import annotations
