@@ -148,19 +148,11 @@ def answered_link(items: list[Any], answers: Sequence[tuple[int, Any]], opens: b
     """`link` of a chat history whose answers (its assistant messages, by position) the rules have found
     already (`Verdict.answers`): in fewer steps where its last answer made one tool call (an agent's round),
     else read the general way. The same prints."""
-    n = len(items)
     if not answers:
-        if not opens:
-            return None
-        task = _task(items[-1])
-        return None if task is None else (None, (n, task), None)
+        return _opening(items, opens)
     last, answer = answers[-1]
-    calls = answer.get("tool_calls")
-    if type(calls) is not list or len(calls) != 1 or type(call := calls[0]) is not dict:
-        return _chat_link(items, opens)
-    call_id, function = call.get("id"), call.get("function")
-    name = function.get("name") if type(function) is dict else None
-    if type(call_id) is not str or type(name) is not str:
+    one = _one_call(answer)
+    if one is None:
         return _chat_link(items, opens)
     before: Sig | None
     if len(answers) == 1:
@@ -171,7 +163,7 @@ def answered_link(items: list[Any], answers: Sequence[tuple[int, Any]], opens: b
         before = _chat_ids(answers[-2][1])
         if before is None:  # a text answer: its signature's anchor is read the general way
             return _chat_link(items, opens)
-    return (last, before), (n, call_id), (name,)
+    return (last, before), (len(items), one[0]), (one[1],)
 
 
 def _chat_link(items: list[Any], opens: bool) -> Link | None:
@@ -181,16 +173,11 @@ def _chat_link(items: list[Any], opens: bool) -> Link | None:
         roles = list(map(_role, items))
     except (KeyError, TypeError):
         return _link("chat", _roles(items), items, opens)
-    n = len(items)
     if "assistant" not in roles:
-        return _link("chat", roles, items, opens)
-    last = n - 1 - roles[::-1].index("assistant")
-    calls = items[last].get("tool_calls")
-    if type(calls) is not list or len(calls) != 1 or type(call := calls[0]) is not dict:
-        return _link("chat", roles, items, opens)
-    call_id, function = call.get("id"), call.get("function")
-    name = function.get("name") if type(function) is dict else None
-    if type(call_id) is not str or type(name) is not str:
+        return _opening(items, opens)
+    last = len(items) - 1 - roles[::-1].index("assistant")
+    one = _one_call(items[last])
+    if one is None:
         return _link("chat", roles, items, opens)
     first = roles.index("assistant")
     before: Sig | None
@@ -201,17 +188,32 @@ def _chat_link(items: list[Any], opens: bool) -> Link | None:
     else:
         prev = last - 1 - roles[last - 1::-1].index("assistant")
         before = _chat_ids(items[prev]) or _text_sig(_chat_ids, _chat_text, items, roles, prev, first)
-    return (last, before), (n, call_id), (name,)
+    return (last, before), (len(items), one[0]), (one[1],)
+
+
+def _one_call(answer: Any) -> tuple[str, str] | None:
+    """(id, name) of an assistant message's one tool call (None: it made none, several, or an odd one)."""
+    calls = answer.get("tool_calls") if type(answer) is dict else None
+    if type(calls) is not list or len(calls) != 1 or type(call := calls[0]) is not dict:
+        return None
+    call_id, function = call.get("id"), call.get("function")
+    name = function.get("name") if type(function) is dict else None
+    return (call_id, name) if type(call_id) is str and type(name) is str else None
+
+
+def _opening(items: list[Any], opens: bool) -> Link | None:
+    """The link of a history with no answer in it: it opens a run (when `opens`) at its task's print."""
+    if not opens:
+        return None
+    task = _task(items[-1])
+    return None if task is None else (None, (len(items), task), None)
 
 
 def _link(kind: str, roles: list[Any], items: list[Any], opens: bool) -> Link | None:
     """`link` of a chat or Anthropic history, read the general way."""
     n = len(items)
     if "assistant" not in roles:
-        if not opens:
-            return None
-        task = _task(items[-1])
-        return None if task is None else (None, (n, task), None)
+        return _opening(items, opens)
     ids, text = (_chat_ids, _chat_text) if kind == "chat" else (_anthropic_ids, _anthropic_text)
     first = roles.index("assistant")
     last = n - 1 - roles[::-1].index("assistant")
@@ -280,10 +282,7 @@ def _responses_link(items: list[Any], opens: bool) -> Link | None:
     n = len(items)
     starts = _starts(items)
     if not starts:
-        if not opens:
-            return None
-        task = _task(items[-1])
-        return None if task is None else (None, (n, task), None)
+        return _opening(items, opens)
     first = starts[0]
     task = _task(items[first - 1] if first else items[0])
     if task is None:
