@@ -285,6 +285,32 @@ def test_replicas_on_postgresql_share_runs_and_their_bounds(tmp_path: Path, fake
     assert [(r["run_id"], r["requests"], r["rounds"]) for r in seen[0]] == [("shared-run", 5, 4)]
 
 
+@pytest.mark.slow
+def test_an_inferred_loop_across_replicas_on_postgresql_is_one_run(tmp_path: Path, fake: RunningFake) -> None:
+    """No header, no bounds: each replica only marks its requests, and the run is put together when read."""
+    key = "sk-across"
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Port the parser"}]
+    with fresh_database() as store, \
+            run_chatgate(settings_for(tmp_path / "a", fake, store={"url": store})) as a, \
+            run_chatgate(settings_for(tmp_path / "b", fake, store={"url": store})) as b:
+        for n in range(5):
+            resp = httpx2.post(f"{(a, b)[n % 2].url}/v1/chat/completions", json={
+                "model": "deepseek-flash", "messages": messages, "tools": TOOLS},
+                headers={"authorization": f"Bearer {key}"}, timeout=30)
+            assert resp.status_code == 200, resp.text
+            message = resp.json()["choices"][0]["message"]
+            messages.append({k: v for k, v in message.items() if k in ("role", "content", "tool_calls")})
+            if message.get("tool_calls"):
+                call = message["tool_calls"][0]
+                messages.append({"role": "tool", "tool_call_id": call["id"], "content": f"line {n}"})
+            else:
+                messages.append({"role": "user", "content": "next"})
+        runs_of(a.url)
+        seen = [runs_of(g.url) for g in (a, b)]
+    assert seen[0] == seen[1]
+    assert [(r["source"], r["requests"], r["rounds"]) for r in seen[0]] == [("inferred", 5, 5)]
+
+
 @pytest.mark.parametrize("messages", [
     [{"role": "user", "content": "a"}, {"role": "assistant", "tool_calls": "not a list"}, {"role": "user"}],
     [{"role": "user", "content": "a"}, {"role": "assistant", "tool_calls": [1, {"id": None}]},
