@@ -151,8 +151,12 @@ def answered_link(items: list[Any], answers: Sequence[tuple[int, Any]], opens: b
     if not answers:
         return _opening(items, opens)
     last, answer = answers[-1]
-    one = _one_call(answer)
-    if one is None:
+    calls = answer.get("tool_calls")  # (`_one_call`, inline: this is every agent round's path)
+    if type(calls) is not list or len(calls) != 1 or type(call := calls[0]) is not dict:
+        return _chat_link(items, opens)
+    call_id, function = call.get("id"), call.get("function")
+    name = function.get("name") if type(function) is dict else None
+    if type(call_id) is not str or type(name) is not str:
         return _chat_link(items, opens)
     before: Sig | None
     if len(answers) == 1:
@@ -163,7 +167,7 @@ def answered_link(items: list[Any], answers: Sequence[tuple[int, Any]], opens: b
         before = _chat_ids(answers[-2][1])
         if before is None:  # a text answer: its signature's anchor is read the general way
             return _chat_link(items, opens)
-    return (last, before), (len(items), one[0]), (one[1],)
+    return (last, before), (len(items), call_id), (name,)
 
 
 def _chat_link(items: list[Any], opens: bool) -> Link | None:

@@ -37,15 +37,17 @@ def settings_for(tmp_path: Path, fake: RunningFake, **sections: dict[str, Any]) 
     return make_settings(tmp_path, fake.url, auth=auth, **sections)
 
 
-def chat_loop(url: str, key: str, task: str, rounds: int, headers: dict[str, str] | None = None
-              ) -> list[httpx2.Response]:
-    """A raw tool loop: the task, the fake's tool call, its result, the answer, "go on", ... (`rounds`)."""
+def chat_loop(url: str | tuple[str, ...], key: str, task: str, rounds: int,
+              headers: dict[str, str] | None = None) -> list[httpx2.Response]:
+    """A raw tool loop: the task, the fake's tool call, its result, the answer, "go on", ... (`rounds`); sent
+    to each of several chatgates in turn when `url` names several."""
+    urls = (url,) if isinstance(url, str) else url
     messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a coding agent."},
                                       {"role": "user", "content": task}]
     answers = []
     http = httpx2.Client(timeout=30)
     for n in range(rounds):
-        resp = http.post(f"{url}/v1/chat/completions", json={
+        resp = http.post(f"{urls[n % len(urls)]}/v1/chat/completions", json={
             "model": "deepseek-flash", "messages": messages, "tools": TOOLS},
             headers={"authorization": f"Bearer {key}", **(headers or {})})
         answers.append(resp)
@@ -289,22 +291,11 @@ def test_replicas_on_postgresql_share_runs_and_their_bounds(tmp_path: Path, fake
 def test_an_inferred_loop_across_replicas_on_postgresql_is_one_run(tmp_path: Path, fake: RunningFake) -> None:
     """No header, no bounds: each replica only marks its requests, and the run is put together when read."""
     key = "sk-across"
-    messages: list[dict[str, Any]] = [{"role": "user", "content": "Port the parser"}]
     with fresh_database() as store, \
             run_chatgate(settings_for(tmp_path / "a", fake, store={"url": store})) as a, \
             run_chatgate(settings_for(tmp_path / "b", fake, store={"url": store})) as b:
-        for n in range(5):
-            resp = httpx2.post(f"{(a, b)[n % 2].url}/v1/chat/completions", json={
-                "model": "deepseek-flash", "messages": messages, "tools": TOOLS},
-                headers={"authorization": f"Bearer {key}"}, timeout=30)
-            assert resp.status_code == 200, resp.text
-            message = resp.json()["choices"][0]["message"]
-            messages.append({k: v for k, v in message.items() if k in ("role", "content", "tool_calls")})
-            if message.get("tool_calls"):
-                call = message["tool_calls"][0]
-                messages.append({"role": "tool", "tool_call_id": call["id"], "content": f"line {n}"})
-            else:
-                messages.append({"role": "user", "content": "next"})
+        answers = chat_loop((a.url, b.url), key, "Port the parser", 5)
+        assert [r.status_code for r in answers] == [200] * 5
         runs_of(a.url)
         seen = [runs_of(g.url) for g in (a, b)]
     assert seen[0] == seen[1]
