@@ -139,8 +139,6 @@ def link(kind: str, items: list[Any], opens: bool) -> Link | None:
         return None
     if kind == "responses":
         return _responses_link(items, opens)
-    if kind == "chat":
-        return _chat_link(items, opens)
     return _link(kind, _roles(items), items, opens)
 
 
@@ -151,13 +149,13 @@ def answered_link(items: list[Any], answers: Sequence[tuple[int, Any]], opens: b
     if not answers:
         return _opening(items, opens)
     last, answer = answers[-1]
-    calls = answer.get("tool_calls")  # (`_one_call`, inline: this is every agent round's path)
+    calls = answer.get("tool_calls")
     if type(calls) is not list or len(calls) != 1 or type(call := calls[0]) is not dict:
-        return _chat_link(items, opens)
+        return _link("chat", _roles(items), items, opens)
     call_id, function = call.get("id"), call.get("function")
     name = function.get("name") if type(function) is dict else None
     if type(call_id) is not str or type(name) is not str:
-        return _chat_link(items, opens)
+        return _link("chat", _roles(items), items, opens)
     before: Sig | None
     if len(answers) == 1:
         before = _task(items[last - 1] if last else items[0])
@@ -166,43 +164,8 @@ def answered_link(items: list[Any], answers: Sequence[tuple[int, Any]], opens: b
     else:
         before = _chat_ids(answers[-2][1])
         if before is None:  # a text answer: its signature's anchor is read the general way
-            return _chat_link(items, opens)
+            return _link("chat", _roles(items), items, opens)
     return (last, before), (len(items), call_id), (name,)
-
-
-def _chat_link(items: list[Any], opens: bool) -> Link | None:
-    """`_link` of a chat history, in fewer steps where its last answer made one tool call (an agent's
-    round): the same prints."""
-    try:
-        roles = list(map(_role, items))
-    except (KeyError, TypeError):
-        return _link("chat", _roles(items), items, opens)
-    if "assistant" not in roles:
-        return _opening(items, opens)
-    last = len(items) - 1 - roles[::-1].index("assistant")
-    one = _one_call(items[last])
-    if one is None:
-        return _link("chat", roles, items, opens)
-    first = roles.index("assistant")
-    before: Sig | None
-    if last == first:
-        before = _task(items[first - 1] if first else items[0])
-        if before is None:
-            return None
-    else:
-        prev = last - 1 - roles[last - 1::-1].index("assistant")
-        before = _chat_ids(items[prev]) or _text_sig(_chat_ids, _chat_text, items, roles, prev, first)
-    return (last, before), (len(items), one[0]), (one[1],)
-
-
-def _one_call(answer: Any) -> tuple[str, str] | None:
-    """(id, name) of an assistant message's one tool call (None: it made none, several, or an odd one)."""
-    calls = answer.get("tool_calls") if type(answer) is dict else None
-    if type(calls) is not list or len(calls) != 1 or type(call := calls[0]) is not dict:
-        return None
-    call_id, function = call.get("id"), call.get("function")
-    name = function.get("name") if type(function) is dict else None
-    return (call_id, name) if type(call_id) is str and type(name) is str else None
 
 
 def _opening(items: list[Any], opens: bool) -> Link | None:

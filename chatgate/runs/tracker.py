@@ -214,14 +214,8 @@ class Runs:
             if kind == "chat" and not named and (not answers if answers is not None else no_history(data)) \
                     and not data.get("tools"):
                 return None  # a plain chat's request: nothing more to read
-            if self.traced:
+            if self.traced or self._at_hand(ex.identity) is not None:
                 return Follow.FOLLOW
-            if (book := self.book) is not None:
-                identity = ex.identity
-                cached = self._bounds.get((identity.team, identity.key_id))
-                if cached is None or cached[2] is not None or cached[0] <= time.monotonic() \
-                        or cached[1] != book.generation:
-                    return Follow.FOLLOW
             if kind == "chat" and not named and answers is not None and type(items := data.get("messages")) \
                     is list:
                 read = answered_link(items, answers, bool(data.get("tools")))
@@ -243,14 +237,10 @@ class Runs:
             data = sent if type(sent) is dict else _data(ex)
             if kind == "chat" and no_history(data) and not names_a_run(header):
                 return None, None
-            bounds = None
-            if (book := self.book) is not None:
-                identity = ex.identity
-                cached = self._bounds.get((identity.team, identity.key_id))
-                if cached is not None and cached[0] > time.monotonic() and cached[1] == book.generation:
-                    bounds = cached[2]
-                else:
-                    bounds = await self._bounds_of(book, identity.team, identity.key_id)
+            bounds = self._at_hand(ex.identity)
+            if bounds is Follow.FOLLOW:
+                assert self.book is not None  # (none: no bounds, at hand)
+                bounds = await self._bounds_of(self.book, ex.identity.team, ex.identity.key_id)
             if bounds is None and not self.traced:
                 return _mark(kind, data, header), None
             found = self._identify(ex, kind, data, header)
@@ -435,8 +425,19 @@ class Runs:
 
     # --- the bounds ----------------------------------------------------------------------------------------
 
+    def _at_hand(self, identity: Caller) -> Bounds | Follow | None:
+        """The run bounds of the caller's team and key as cached (None: none), or FOLLOW when they are not at
+        hand (never looked up, expired, or a limit row changed since)."""
+        book = self.book
+        if book is None:
+            return None
+        cached = self._bounds.get((identity.team, identity.key_id))
+        if cached is None or cached[0] <= time.monotonic() or cached[1] != book.generation:
+            return Follow.FOLLOW
+        return cached[2]
+
     async def _bounds_of(self, book: LimitBook, team: str, key_id: str) -> Bounds | None:
-        """The run bounds of a team and key, looked up (`enter` reads the ones it has cached first)."""
+        """The run bounds of a team and key, looked up (`_at_hand` has the ones cached)."""
         now = time.monotonic()
         try:
             rows = (await book.get("team", team), await book.get("key", key_id))
